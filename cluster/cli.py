@@ -1,0 +1,275 @@
+"""The ``pscluster`` command line. Definitions only: behaviour lives in the launcher, training
+and supervisor modules; this module turns their results into output and their errors into
+exit codes (0 ok, 1 failure, 2 bad input or usage, 130 interrupted).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from . import console as ui
+from .codesync import project_root
+from .errors import PsclusterError, UsageError
+from .inventory import MODES, load_inventory
+from .plan import ClusterPlan, PlanOptions, plan_cluster
+from .state import StateStore
+from .transport import TransportPool
+
+
+@dataclass
+class Env:
+    """What commands read and write instead of globals (tests pass their own)."""
+
+    out: Console
+    err: Console
+    store: StateStore
+    traceback: bool = False
+    pool_factory: type = TransportPool
+    extra: dict = field(default_factory=dict)
+
+
+def _plan(inventory: str, *, name: str | None, mode: str | None, port_base: int | None) -> ClusterPlan:
+    options = PlanOptions(local_python=sys.executable, local_workdir=str(project_root()), name=name,
+                          mode=mode, port_base=port_base)
+    return plan_cluster(load_inventory(inventory), options)
+
+
+def _secrets(plan: ClusterPlan) -> dict[str, str]:
+    """Values of the inventory's secret variables, from this machine's environment."""
+    names = sorted({name for host in plan.hosts for name in host.secret_env})
+    missing = [name for name in names if name not in os.environ]
+    if missing:
+        raise UsageError(f"secret variable(s) {', '.join(missing)} named in pscluster_secret_env are not set here",
+                         hint="export them in this shell; they travel to the hosts over SSH stdin only")
+    return {name: os.environ[name] for name in names}
+
+
+inventory_arg = click.argument("inventory", type=click.Path(dir_okay=False))
+name_opt = click.option("--name", help="Cluster name (default: the inventory's file name without .yaml).")
+mode_opt = click.option("--mode", type=click.Choice(MODES), help="Training mode (default: pscluster_mode, else async).")
+port_opt = click.option("--port-base", type=click.IntRange(1024, 65000), help="First port (overrides pscluster_port_base).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--state-dir", type=click.Path(file_okay=False), envvar="PSCLUSTER_STATE_DIR",
+              help="Where cluster state files live (default ~/.local/state/pscluster).")
+@click.option("--traceback", is_flag=True, help="Show the full Python traceback on errors.")
+@click.option("--no-color", is_flag=True, envvar="NO_COLOR", help="Plain output.")
+@click.version_option(package_name="pscluster")
+@click.pass_context
+def cli(ctx: click.Context, state_dir: str | None, traceback: bool, no_color: bool) -> None:
+    """Plan, launch and tear down TensorFlow parameter-server clusters over SSH."""
+    if ctx.obj is None:
+        out, err = ui.make_consoles(no_color=no_color)
+        ctx.obj = Env(out=out, err=err, store=StateStore(Path(state_dir) if state_dir else None))
+    ctx.obj.traceback = ctx.obj.traceback or traceback
+
+
+@cli.command()
+@inventory_arg
+@name_opt
+@mode_opt
+@port_opt
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--firewall", is_flag=True, help="Also show the firewall rules up --firewall would install.")
+@click.pass_obj
+def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base: int | None, as_json: bool,
+         firewall: bool) -> None:
+    """Show the cluster an inventory describes, touching no host."""
+    cluster = _plan(inventory, name=name, mode=mode, port_base=port_base)
+    secret_names = sorted({n for host in cluster.hosts for n in host.secret_env})
+    if as_json:
+        document = cluster.to_json()
+        for task in document["tasks"]:
+            task["env"] = {key: ("****" if key in secret_names else value) for key, value in task["env"].items()}
+        if firewall or cluster.firewall:
+            from .firewall import ruleset_for
+            document["firewall"] = {host.name: ruleset_for(cluster, host.name) for host in cluster.hosts
+                                    if not host.is_local or True}
+        env.out.print_json(json.dumps(document))
+        return
+    ui.render_plan(env.out, cluster, secret_names=secret_names)
+    if firewall or cluster.firewall:
+        from .firewall import ruleset_for
+        for host in cluster.hosts:
+            env.out.print(f"\n[bold]nftables ruleset for {host.name}[/]")
+            env.out.print(ruleset_for(cluster, host.name), markup=False, highlight=False)
+
+
+@cli.command()
+@inventory_arg
+@name_opt
+@mode_opt
+@port_opt
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@click.pass_obj
+def check(env: Env, inventory: str, name: str | None, mode: str | None, port_base: int | None, as_json: bool) -> None:
+    """Preflight only: reachability, interpreter, TensorFlow, ports, GPUs, per host."""
+    from .events import Reporter
+    from .preflight import run_preflight
+    cluster = _plan(inventory, name=name, mode=mode, port_base=port_base)
+    with env.pool_factory() as pool:
+        report = run_preflight(cluster, pool, Reporter(), tools=("nft",) if cluster.firewall else ())
+    if as_json:
+        env.out.print_json(json.dumps({"ok": report.ok, "seconds": report.seconds,
+                                       "checks": [asdict(result) for result in report.results]}))
+    else:
+        ui.render_checks(env.out, report)
+    if not report.ok:
+        raise SystemExit(1)
+
+
+@cli.command()
+@inventory_arg
+@name_opt
+@mode_opt
+@port_opt
+@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for every server to answer.")
+@click.option("--firewall", is_flag=True, help="Install nftables rules so only cluster members reach the ports.")
+@click.option("--json", "as_json", is_flag=True, help="Print the resulting status as JSON.")
+@click.pass_obj
+def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: int | None, timeout: float,
+       firewall: bool, as_json: bool) -> None:
+    """Preflight, sync code, start the standing servers and wait until they answer."""
+    from dataclasses import replace as _replace
+    from .launcher import bring_up
+    cluster = _plan(inventory, name=name, mode=mode, port_base=port_base)
+    if firewall:
+        cluster = _replace(cluster, firewall=True)
+    secrets = _secrets(cluster)
+    reporter = ui.RichReporter(env.err)
+    firewall_hook = None
+    if cluster.firewall:
+        from .firewall import install_rules
+        firewall_hook = install_rules
+    try:
+        with env.pool_factory() as pool:
+            result = bring_up(cluster, store=env.store, reporter=reporter, timeout=timeout, pool=pool,
+                              secrets=secrets, firewall=firewall_hook)
+            reporter.close()
+            _print_status(env, cluster.name, as_json=as_json, pool=pool)
+    finally:
+        reporter.close()
+    if not as_json:
+        env.err.print(f"[green]cluster {cluster.name!r} is up[/] in {result.seconds:.1f} s "
+                      f"({len(result.devices)} server(s) ready). Next: pscluster train distributed_mnist"
+                      + (f" --name {cluster.name}" if len(env.store.names()) > 1 else ""))
+
+
+def _print_status(env: Env, name: str, *, as_json: bool, pool: TransportPool) -> None:
+    from .launcher import cluster_status
+    from .probe import Prober
+    state = env.store.load(name)
+    if state is None:
+        raise UsageError(f"no cluster named {name!r}")
+    with Prober() as prober:
+        rows = cluster_status(state, pool=pool, prober=prober)
+    if as_json:
+        env.out.print_json(json.dumps({
+            "name": state.name, "mode": state.mode, "phase": state.phase, "message": state.message,
+            "job": state.job,
+            "tasks": [{"role": r.role, "index": r.index, "host": r.host, "address": r.address, "port": r.port,
+                       "kind": r.kind, "pid": r.pid, "state": r.state, "devices": list(r.devices),
+                       "uptime": r.uptime, "exit_code": r.exit_code, "restarts": r.restarts, "detail": r.detail}
+                      for r in rows]}))
+    else:
+        ui.render_status(env.out, state.name, state.mode, state.phase, rows, job=state.job, message=state.message)
+
+
+@cli.command()
+@name_opt
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.pass_obj
+def status(env: Env, name: str | None, as_json: bool) -> None:
+    """Each task's host, pid, state, uptime and devices; the running job's progress."""
+    resolved = env.store.resolve_name(name)
+    with env.pool_factory() as pool:
+        _print_status(env, resolved, as_json=as_json, pool=pool)
+
+
+@cli.command()
+@click.argument("task", required=False)
+@name_opt
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines.")
+@click.option("-n", "--lines", type=int, default=None, help="Only the last N lines of each log.")
+@click.pass_obj
+def logs(env: Env, task: str | None, name: str | None, follow: bool, lines: int | None) -> None:
+    """One task's log (TASK like worker:1), or all of them with a [task@host] prefix."""
+    from .logs import select_tasks, stream_logs
+    state = env.store.load(env.store.resolve_name(name))
+    tasks = select_tasks(state, task)
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    with env.pool_factory() as pool:
+        try:
+            stream_logs(state, tasks, pool, write, lines=lines, follow=follow, prefix=task is None)
+        except KeyboardInterrupt:
+            pass
+
+
+@cli.command()
+@name_opt
+@click.option("--grace", default=10.0, show_default=True, help="Seconds between SIGTERM and SIGKILL.")
+@click.pass_obj
+def down(env: Env, name: str | None, grace: float) -> None:
+    """Stop every process this cluster started, on every host, and remove its state."""
+    from .launcher import bring_down
+    resolved = env.store.resolve_name(name)
+    reporter = ui.RichReporter(env.err)
+    cleanup = None
+    state = env.store.load(resolved)
+    if state is not None and state.firewall:
+        from .firewall import remove_rules
+        cleanup = remove_rules
+    try:
+        result = bring_down(resolved, store=env.store, reporter=reporter, grace=grace, firewall_cleanup=cleanup)
+    finally:
+        reporter.close()
+    hosts = len({record.host for record in result.stopped})
+    env.err.print(f"[green]cluster {resolved!r} is down[/]: {len(result.stopped)} process(es) stopped on "
+                  f"{hosts} host(s) in {result.seconds:.1f} s; nothing left running")
+
+
+def run(argv: list[str] | None = None, env: Env | None = None) -> int:
+    """Run the CLI and return its exit code (what tests call)."""
+    try:
+        cli.main(args=argv, prog_name="pscluster", standalone_mode=False, obj=env)
+        return 0
+    except PsclusterError as exc:
+        env = env or _fallback_env()
+        if env.traceback:
+            env.err.print(traceback.format_exc(), markup=False)
+        ui.render_error(env.err, exc)
+        return exc.exit_code
+    except click.exceptions.Abort:
+        return 130
+    except KeyboardInterrupt:
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+
+
+def _fallback_env() -> Env:
+    out, err = ui.make_consoles()
+    return Env(out=out, err=err, store=StateStore(), traceback="--traceback" in sys.argv)
+
+
+def main() -> None:
+    sys.exit(run(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

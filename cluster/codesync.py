@@ -1,0 +1,125 @@
+"""Code sync: put ``roles/`` and ``examples/`` (and a user's job) into each host's workdir.
+
+Only files whose sha256 differs from the host's copy travel (SFTP over the host's existing SSH
+connection, or a local copy), each written to a temporary name and renamed into place. A host
+whose ``pscluster_workdir`` is this machine's checkout is assumed to see it already (a shared
+filesystem, or this machine itself) and is skipped.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import hostops
+from .errors import Failure, HostError, MultiHostError
+from .events import Reporter
+from .plan import ClusterPlan, HostSpec
+from .transport import TransportPool
+
+SYNC_DIRS = ("roles", "examples")
+_SKIP_DIRS = {"__pycache__", ".pscluster", ".git", ".pytest_cache"}
+_SKIP_SUFFIXES = (".pyc", ".pyo", ".log")
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    rel: str          # path relative to the destination root, with "/" separators
+    path: str         # absolute local path
+    sha256: str
+    size: int
+
+
+def project_root() -> Path:
+    """This installation's root: the folder holding ``cluster/``, ``roles/`` and ``examples/``."""
+    return Path(__file__).resolve().parent.parent
+
+
+def _digest(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def collect(root: Path, entries: tuple[str, ...], *, prefix: str = "") -> list[LocalFile]:
+    """Files under ``root/entry`` for each entry (a folder or a file), skipping caches."""
+    files = []
+    for entry in entries:
+        base = root / entry
+        if base.is_file():
+            files.append(LocalFile(prefix + entry, str(base), _digest(str(base)), base.stat().st_size))
+            continue
+        for folder, dirs, names in os.walk(base):
+            dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
+            for name in sorted(names):
+                if name.endswith(_SKIP_SUFFIXES):
+                    continue
+                path = os.path.join(folder, name)
+                rel = os.path.relpath(path, root).replace(os.sep, "/")
+                files.append(LocalFile(prefix + rel, path, _digest(path), os.path.getsize(path)))
+    return files
+
+
+def needs_sync(host: HostSpec, root: Path) -> bool:
+    workdir = os.path.expanduser(host.workdir) if host.is_local else host.workdir
+    return os.path.normpath(workdir) != os.path.normpath(str(root))
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    host: str
+    sent: int
+    bytes: int
+    unchanged: int
+    skipped: bool
+
+
+def sync_files(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, files: list[LocalFile],
+               root: Path) -> list[SyncResult]:
+    """Bring ``files`` up to date on every host that needs them, in parallel.
+
+    Hosts sharing one address and workdir are synced once.
+
+    Raises:
+        MultiHostError: copying failed on some hosts (each named, with the cause).
+    """
+    targets: dict[tuple[str, str], HostSpec] = {}
+    for host in plan.hosts:
+        targets.setdefault((host.address, host.workdir), host)
+
+    def one(host: HostSpec) -> SyncResult:
+        if not needs_sync(host, root):
+            return SyncResult(host.name, 0, 0, len(files), True)
+        transport = pool.get(host)
+        remote = hostops.hashes(transport, host.workdir, [f.rel for f in files])
+        changed = [f for f in files if remote.get(f.rel) != f.sha256]
+        if changed:
+            transport.put_files([(f.path, f"{host.workdir.rstrip('/')}/{f.rel}") for f in changed])
+        return SyncResult(host.name, len(changed), sum(f.size for f in changed), len(files) - len(changed), False)
+
+    results, failures = [], []
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(targets)))) as executor:
+        futures = [(host, executor.submit(one, host)) for host in targets.values()]
+        for host, future in futures:
+            try:
+                result = future.result()
+            except HostError as exc:
+                failures.append(Failure(host.name, exc))
+                continue
+            results.append(result)
+            reporter.emit("sync", host=host.name, files=result.sent, bytes=result.bytes,
+                          unchanged=result.unchanged, skipped=result.skipped)
+    if failures:
+        raise MultiHostError(f"code sync failed on {len(failures)} host(s)", failures)
+    return results
+
+
+def sync_code(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, root: Path | None = None) -> list[SyncResult]:
+    """Sync ``roles/`` and ``examples/`` of this installation to the hosts."""
+    root = root or project_root()
+    reporter.emit("phase", name="sync", detail="roles/ and examples/")
+    return sync_files(plan, pool, reporter, collect(root, SYNC_DIRS), root)

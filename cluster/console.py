@@ -1,0 +1,283 @@
+"""Everything the user sees: the only module of pscluster that imports rich.
+
+:class:`RichReporter` turns launcher events into live progress; the ``render_*`` functions
+draw plans, preflight reports, status tables and errors.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Sequence
+
+from rich import box
+from rich.console import Console
+from rich.live import Live
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from .errors import PsclusterError
+from .events import Reporter
+from .plan import ClusterPlan
+from .preflight import CheckReport
+
+STATE_STYLES = {"ready": "green", "running": "green", "starting": "yellow", "exited": "red", "lost": "red",
+                "not started": "dim", "stopped": "dim", "failed": "red", "up": "green", "done": "green"}
+
+
+def make_consoles(*, no_color: bool = False) -> tuple[Console, Console]:
+    """(stdout console, stderr console)."""
+    return Console(no_color=no_color, highlight=False), Console(stderr=True, no_color=no_color, highlight=False)
+
+
+def _mask(value: str | None) -> str:
+    return "(none)" if value is None else (f'"{value}"' if value == "" else value)
+
+
+def render_plan(console: Console, plan: ClusterPlan, *, secret_names: Sequence[str] = ()) -> None:
+    table = Table(title=f"cluster {plan.name!r}: mode {plan.mode}", box=box.SIMPLE_HEAVY)
+    for column in ("task", "host", "address:port", "CUDA_VISIBLE_DEVICES", "started by"):
+        table.add_column(column)
+    for task in plan.tasks:
+        table.add_row(task.name, task.host, task.target, _mask(task.cuda_visible_devices),
+                      "up (standing server)" if task.standing else "train")
+    console.print(table)
+    for role, reason in plan.unused:
+        console.print(f"[dim]{role} tasks in the inventory are not used: {reason}[/]")
+    console.print("[bold]ClusterSpec[/]")
+    console.print_json(json.dumps(plan.cluster_spec))
+    for task in plan.tasks:
+        console.print(f"\n[bold]{task.name}[/] on {task.host}  (cwd {task.workdir}, log {task.log_path})")
+        env = dict(task.env)
+        console.print(f"  TF_CONFIG={env.pop('TF_CONFIG')}")
+        shown = " ".join(f"{key}={'****' if key in secret_names else value}" for key, value in env.items())
+        console.print(f"  env: {shown}", soft_wrap=True)
+        console.print(f"  argv: {' '.join(task.argv)}", soft_wrap=True)
+
+
+def render_checks(console: Console, report: CheckReport) -> None:
+    table = Table(title="preflight", box=box.SIMPLE_HEAVY)
+    for column in ("host", "check", "result", "detail"):
+        table.add_column(column)
+    for result in report.results:
+        table.add_row(result.host, result.check, Text("ok", "green") if result.ok else Text("FAIL", "bold red"),
+                      result.detail + (f"\nhint: {result.hint}" if result.hint and not result.ok else ""))
+    console.print(table)
+    hosts = len({result.host for result in report.results})
+    verdict = "[green]all checks passed[/]" if report.ok else f"[red]{len(report.failures)} check(s) failed[/]"
+    console.print(f"{verdict} on {hosts} host(s) in {report.seconds:.2f} s")
+
+
+def _uptime(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def render_status(console: Console, name: str, mode: str, phase: str, rows: Sequence[Any],
+                  job: dict | None = None, message: str | None = None) -> None:
+    table = Table(title=f"cluster {name!r} ({mode}): {phase}", box=box.SIMPLE_HEAVY)
+    for column in ("task", "host", "address:port", "pid", "state", "uptime", "restarts", "devices / detail"):
+        table.add_column(column)
+    for row in rows:
+        style = STATE_STYLES.get(row.state, "")
+        devices = ", ".join(device.rsplit("/", 1)[-1] for device in row.devices)
+        table.add_row(row.task, row.host, f"{row.address}:{row.port}", str(row.pid or ""),
+                      Text(row.state, style), _uptime(row.uptime), str(row.restarts or ""),
+                      devices or row.detail)
+    console.print(table)
+    if message:
+        console.print(f"[yellow]{message}[/]")
+    if job:
+        console.print(render_job_line(job))
+
+
+def render_job_line(job: dict) -> str:
+    parts = [f"job {job.get('job', '')} [{job.get('state', '?')}]"]
+    if job.get("step") is not None:
+        total = f"/{job['steps_total']}" if job.get("steps_total") else ""
+        parts.append(f"step {job['step']}{total}")
+    if job.get("loss") is not None:
+        parts.append(f"loss {job['loss']:.4f}")
+    if job.get("examples_per_second"):
+        parts.append(f"{job['examples_per_second']:.0f} examples/s")
+    if job.get("val_accuracy") is not None:
+        parts.append(f"val_accuracy {job['val_accuracy']:.4f}")
+    return "  ".join(parts)
+
+
+def render_error(console: Console, error: PsclusterError) -> None:
+    text = str(error)
+    first, _, rest = text.partition("\n")
+    console.print(Text("error: ", "bold red") + Text(first))
+    if rest:
+        console.print(Text(rest))
+
+
+class RichReporter(Reporter):
+    """Live progress for ``up``, ``down``, ``check`` and ``train``."""
+
+    def __init__(self, console: Console, *, verbose: bool = False):
+        self.console = console
+        self.verbose = verbose
+        self._progress: Progress | None = None
+        self._rows: dict[str, Any] = {}
+        self._checks: list[dict] = []
+
+    # -- task progress rows
+    def _ensure_progress(self) -> Progress:
+        if self._progress is None:
+            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
+                                      TimeElapsedColumn(), console=self.console, transient=False)
+            self._progress.start()
+        return self._progress
+
+    def _stop_progress(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+            self._rows.clear()
+
+    def _say(self, text: str) -> None:
+        (self._progress.console if self._progress else self.console).print(text)
+
+    def emit(self, kind: str, **data: Any) -> None:
+        handler = getattr(self, "_on_" + kind.replace("-", "_"), None)
+        if handler is not None:
+            handler(**data)
+
+    def _on_phase(self, name: str, detail: str = "") -> None:
+        if name not in ("ready",):
+            self._stop_progress()
+        if self._checks and name != "preflight":
+            self._flush_checks()
+        self._say(f"[bold cyan]▸ {name}[/] {detail}")
+
+    def _flush_checks(self) -> None:
+        failed = [check for check in self._checks if not check["ok"]]
+        hosts = len({check["host"] for check in self._checks})
+        if failed:
+            for check in failed:
+                hint = f"\n      hint: {check['hint']}" if check.get("hint") else ""
+                self._say(f"  [red]✗[/] {check['host']}: {check['check']}: {check['detail']}{hint}")
+        else:
+            self._say(f"  [green]✓[/] {len(self._checks)} checks passed on {hosts} host(s)")
+        self._checks = []
+
+    def _on_check(self, **check: Any) -> None:
+        self._checks.append(check)
+
+    def _on_sync(self, host: str, files: int, bytes: int, unchanged: int, skipped: bool) -> None:
+        if skipped:
+            self._say(f"  {host}: uses this machine's checkout (nothing to copy)")
+        else:
+            self._say(f"  {host}: {files} file(s) sent ({bytes / 1e6:.1f} MB), {unchanged} unchanged")
+
+    def _row(self, task: str, host: str) -> int:
+        progress = self._ensure_progress()
+        key = f"{task}@{host}"
+        if key not in self._rows:
+            self._rows[key] = progress.add_task(f"{key:<24} starting", total=1)
+        return self._rows[key]
+
+    def _on_task_starting(self, task: str, host: str) -> None:
+        self._row(task, host)
+
+    def _on_task_started(self, task: str, host: str, pid: int) -> None:
+        self._ensure_progress().update(self._row(task, host), description=f"{task + '@' + host:<24} pid {pid}, waiting")
+
+    def _on_task_ready(self, task: str, host: str, devices: Sequence[str], seconds: float) -> None:
+        shown = ", ".join(device.rsplit("/", 1)[-1] for device in devices)
+        self._ensure_progress().update(self._row(task, host), completed=1,
+                                       description=f"{task + '@' + host:<24} [green]ready[/] ({shown})")
+
+    def _on_task_failed(self, task: str, host: str, error: str) -> None:
+        self._say(f"  [red]✗ {task}@{host}[/]: {error}")
+
+    def _on_task_stopped(self, task: str, host: str, signals: Sequence[str], found: bool) -> None:
+        how = "was already gone" if not found else f"stopped ({' then '.join(signals)})"
+        self._say(f"  {task}@{host} {how}")
+
+    def _on_host_failed(self, host: str, error: str) -> None:
+        self._say(f"  [red]✗ {host}[/]: {error.splitlines()[0]}")
+
+    def _on_message(self, text: str, level: str = "info") -> None:
+        style = {"warning": "yellow", "error": "red"}.get(level, "")
+        self._say(f"[{style}]{text}[/]" if style else text)
+
+    def close(self) -> None:
+        self._stop_progress()
+        if self._checks:
+            self._flush_checks()
+
+
+class TrainDisplay(Reporter):
+    """Live training progress: one line per worker plus the job total."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self._live: Live | None = None
+        self._job: dict = {}
+        self._workers: dict[str, dict] = {}
+        self._notes: list[str] = []
+        self._started = time.monotonic()
+
+    def emit(self, kind: str, **data: Any) -> None:
+        if kind == "job":
+            self._job.update(data)
+            if data.get("per_worker"):
+                for worker, eps in data["per_worker"].items():
+                    self._workers.setdefault(worker, {})["examples_per_second"] = eps
+            if data.get("worker_progress"):
+                worker, info = data["worker_progress"]
+                self._workers.setdefault(worker, {}).update(info)
+        elif kind == "message":
+            self._print(data["text"], data.get("level", "info"))
+            return
+        elif kind == "phase":
+            self._print(f"[bold cyan]▸ {data['name']}[/] {data.get('detail', '')}")
+            return
+        elif kind in ("task-failed", "task-restarted", "task-lost"):
+            self._print(f"[yellow]{kind}[/] {data.get('task')}@{data.get('host')}: {data.get('error', data.get('detail', ''))}",
+                        "warning")
+            return
+        else:
+            return
+        self._refresh()
+
+    def _print(self, text: str, level: str = "info") -> None:
+        style = {"warning": "yellow", "error": "red"}.get(level)
+        (self._live.console if self._live else self.console).print(f"[{style}]{text}[/]" if style else text)
+
+    def _render(self) -> Table:
+        job = self._job
+        table = Table(box=box.SIMPLE, title=f"training {job.get('job', '')} ({job.get('mode', '')}, "
+                                            f"{job.get('workers', '?')} worker(s))")
+        for column in ("", "epoch", "step", "loss", "examples/s"):
+            table.add_column(column, justify="right" if column else "left")
+        for worker, info in sorted(self._workers.items()):
+            eps = info.get("examples_per_second")
+            table.add_row(worker, str(info.get("epoch", "")), str(info.get("step", "")),
+                          f"{info['loss']:.4f}" if info.get("loss") is not None else "",
+                          f"{eps:,.0f}" if eps else "")
+        step = job.get("step")
+        total = job.get("steps_total")
+        table.add_row(Text("total", "bold"), str(job.get("epoch", "")),
+                      f"{step}/{total}" if step is not None and total else str(step or ""),
+                      f"{job['loss']:.4f}" if job.get("loss") is not None else "",
+                      f"{job['examples_per_second']:,.0f}" if job.get("examples_per_second") else "")
+        return table
+
+    def _refresh(self) -> None:
+        if self._live is None:
+            self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+            self._live.start()
+        else:
+            self._live.update(self._render())
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+            self._live.stop()
+            self._live = None

@@ -1,0 +1,134 @@
+"""Error types of pscluster.
+
+Every error the user can cause or meet derives from :class:`PsclusterError`. Each carries what
+is needed to act on it (file and line, host, task, exit code, log tail) and renders it in
+``__str__``, leading with the root cause. Only the CLI turns errors into exit codes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+class PsclusterError(Exception):
+    """Root of all pscluster errors. ``hint`` says what to do about it."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        text = self.message
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+
+class UsageError(PsclusterError):
+    """A command-line request that cannot be honoured (unknown cluster, bad task name)."""
+
+    exit_code = 2
+
+
+class InventoryError(PsclusterError):
+    """An inventory that cannot be used. Names file, line and key path, e.g.
+
+    ``lab.yaml:14: worker.hosts.node-b.worker_gpus[1]: expected a GPU index or a list of them, got "one"``
+    """
+
+    exit_code = 2
+
+    def __init__(self, file: str, line: int | None, key_path: str, message: str,
+                 *, hint: str | None = None):
+        self.file = file
+        self.line = line
+        self.key_path = key_path
+        where = f"{file}:{line}" if line else file
+        prefix = f"{where}: {key_path}: " if key_path else f"{where}: "
+        super().__init__(prefix + message, hint=hint)
+
+
+class PlanError(PsclusterError):
+    """The inventory is valid YAML but describes a cluster that cannot run."""
+
+    exit_code = 2
+
+
+class StateError(PsclusterError):
+    """The cluster state on this machine is missing, locked or unreadable."""
+
+
+def tail_text(text: str, lines: int = 12) -> str:
+    """The last ``lines`` non-empty lines of ``text``, for error messages."""
+    kept = [line for line in text.splitlines() if line.strip()]
+    return "\n".join(kept[-lines:])
+
+
+class HostError(PsclusterError):
+    """A command on a host failed or the host could not be reached."""
+
+    def __init__(self, host: str, message: str, *, argv: Sequence[str] | None = None,
+                 exit_code: int | None = None, stderr: str = "", hint: str | None = None):
+        self.host = host
+        self.argv = list(argv) if argv else None
+        self.remote_exit_code = exit_code
+        self.stderr = stderr
+        text = f"{host}: {message}"
+        if exit_code is not None:
+            text += f" (exit code {exit_code})"
+        if stderr.strip():
+            text += "\n    " + tail_text(stderr, 8).replace("\n", "\n    ")
+        super().__init__(text, hint=hint)
+
+
+class UnreachableHostError(HostError):
+    """SSH could not connect to the host (refused, timed out, authentication, host key)."""
+
+
+class TaskError(PsclusterError):
+    """A task (one TF process) failed: exited, never became ready, or was lost."""
+
+    def __init__(self, task: str, host: str, message: str, *, exit_code: int | None = None,
+                 log_tail: str = "", log_path: str | None = None, hint: str | None = None):
+        self.task = task
+        self.host = host
+        self.task_exit_code = exit_code
+        self.log_tail = log_tail
+        self.log_path = log_path
+        text = f"{task}@{host}: {message}"
+        if exit_code is not None:
+            text += f" (exit code {exit_code})"
+        if log_tail.strip():
+            where = f" ({log_path})" if log_path else ""
+            text += f"\n  last lines of its log{where}:\n    " + \
+                tail_text(log_tail, 12).replace("\n", "\n    ")
+        super().__init__(text, hint=hint)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failure among several, for multi-host operations."""
+
+    where: str
+    error: PsclusterError
+
+
+class MultiHostError(PsclusterError):
+    """Several hosts or tasks failed. Leads with the root cause (the first observed failure)."""
+
+    def __init__(self, summary: str, failures: Sequence[Failure], *, hint: str | None = None):
+        self.failures = list(failures)
+        root = self.failures[0].error if self.failures else None
+        lines = [summary]
+        if root is not None:
+            lines.append(f"Root cause (first observed failure): {root}")
+        for other in self.failures[1:]:
+            lines.append(f"Also: {other.error}")
+        super().__init__("\n".join(lines), hint=hint or (root.hint if root else None))
+
+    @property
+    def root_cause(self) -> PsclusterError | None:
+        return self.failures[0].error if self.failures else None

@@ -1,0 +1,205 @@
+"""Host operations, built on :class:`~cluster.transport.Transport` and ``roles/hostctl.py``.
+
+The host-side program travels with each call (compressed, on stdin, behind a one-line
+``python -c`` bootstrap) followed by its request as JSON, so it works before any code is synced, and secret environment values never
+appear on a command line. One call per host per operation: ``stop`` does the whole
+TERM -> grace -> KILL -> verify sequence on the host itself.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import zlib
+from dataclasses import dataclass
+from typing import Sequence
+
+from .errors import HostError
+from .plan import TaskSpec
+from .state import ProcessRecord
+from .transport import Transport
+
+
+@functools.lru_cache(maxsize=1)
+def hostctl_source() -> str:
+    """The host program's source (found without importing ``roles``)."""
+    spec = importlib.util.find_spec("roles.hostctl")
+    if spec is None or spec.origin is None:
+        raise HostError("localhost", "roles/hostctl.py is missing from this installation")
+    with open(spec.origin, encoding="utf-8") as handle:
+        return handle.read()
+
+
+@functools.lru_cache(maxsize=1)
+def packed_source() -> bytes:
+    return zlib.compress(hostctl_source().encode(), 9)
+
+
+# Reads the compressed program from stdin (its size is argv[1]); the JSON request follows it.
+BOOTSTRAP = "import sys,zlib;exec(zlib.decompress(sys.stdin.buffer.read(int(sys.argv[1]))))"
+
+
+def call(transport: Transport, operation: str, request: dict, *, timeout: float = 60.0) -> dict:
+    """Run one hostctl operation on the transport's host and return its JSON answer.
+
+    Raises:
+        HostError: the interpreter is missing, the program failed, or it reported an error.
+        UnreachableHostError: the host cannot be reached.
+    """
+    python = transport.host.python
+    program = packed_source()
+    argv = [python, "-c", BOOTSTRAP, str(len(program)), operation]
+    result = transport.run(argv, stdin=program + json.dumps(request).encode(), timeout=timeout)
+    shown = [python, "-c", "<pscluster hostctl>", operation]
+    if result.exit_code == 127 or "No such file or directory" in result.stderr and not result.stdout:
+        raise HostError(transport.host.name, f"interpreter {python!r} not found", argv=shown,
+                        exit_code=result.exit_code, stderr=result.stderr,
+                        hint="set pscluster_python to the host's Python that has TensorFlow installed")
+    if result.exit_code != 0:
+        raise HostError(transport.host.name, f"host operation {operation!r} failed with {python}",
+                        argv=shown, exit_code=result.exit_code, stderr=result.stderr or result.stdout)
+    try:
+        answer = json.loads(result.stdout)
+    except ValueError:
+        raise HostError(transport.host.name, f"host operation {operation!r} printed no JSON", argv=shown,
+                        stderr=result.stdout + result.stderr) from None
+    if isinstance(answer, dict) and answer.get("error") and operation != "start":
+        raise HostError(transport.host.name, f"host operation {operation!r}: {answer['error']}", argv=shown)
+    return answer
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What preflight learns about a host in one call."""
+
+    host: str
+    python: str
+    executable: str
+    hostname: str
+    cpus: int
+    tf_dist: str | None
+    tf_version: str | None
+    tf_importable: bool
+    busy_ports: tuple[tuple[int, str], ...]
+    gpus: tuple[str, ...] | None
+    gpu_error: str | None
+    workdir_error: str | None
+    tools: tuple[tuple[str, bool], ...]
+    uid: int
+
+
+def facts(transport: Transport, *, ports: Sequence[int], gpus: bool, workdir: str | None,
+          tools: Sequence[str] = (), timeout: float = 30.0) -> HostFacts:
+    answer = call(transport, "facts", {"ports": list(ports), "gpus": gpus, "workdir": workdir,
+                                       "tools": list(tools)}, timeout=timeout)
+    tf = answer.get("tensorflow") or {}
+    return HostFacts(
+        host=transport.host.name, python=answer["python"], executable=answer["executable"],
+        hostname=answer["hostname"], cpus=answer.get("cpus") or 0, tf_dist=tf.get("dist"),
+        tf_version=tf.get("version"), tf_importable=bool(tf.get("importable")),
+        busy_ports=tuple((item["port"], item["error"]) for item in answer.get("busy_ports", [])),
+        gpus=tuple(answer["gpus"]) if answer.get("gpus") is not None else None,
+        gpu_error=answer.get("gpu_error"), workdir_error=answer.get("workdir_error"),
+        tools=tuple(sorted((answer.get("tools") or {}).items())), uid=answer.get("uid", -1))
+
+
+def start(transport: Transport, task: TaskSpec, record: ProcessRecord, *, argv: Sequence[str],
+          env: dict[str, str], timeout: float = 30.0) -> ProcessRecord:
+    """Start one task detached on its host; returns the record with pid/pgid filled in.
+
+    Raises:
+        HostError: the process could not be started (e.g. its interpreter is missing).
+    """
+    answer = call(transport, "start", {"argv": list(argv), "env": env, "cwd": task.workdir,
+                                       "log": record.log}, timeout=timeout)
+    if answer.get("error"):
+        raise HostError(transport.host.name, f"{task.name}: {answer['error']}", argv=argv,
+                        hint="check pscluster_python and pscluster_workdir for this host")
+    return ProcessRecord(**{**record.__dict__, "pid": answer["pid"], "pgid": answer["pgid"],
+                            "starttime": answer["starttime"], "task_starttime": answer["task_starttime"],
+                            "started": answer["started"], "log": answer["log"],
+                            "exit_file": answer["exit_file"]})
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    key: str
+    state: str                  # "running" | "exited" | "gone"
+    exit_code: int | None = None
+    signal: int | None = None
+    uptime: float | None = None
+    never_started: bool = False
+
+    def describe(self) -> str:
+        if self.state == "exited":
+            return f"exited with code {self.exit_code}" if self.signal is None else f"killed by signal {self.signal}"
+        return self.state
+
+
+def status(transport: Transport, records: Sequence[ProcessRecord], *, timeout: float = 20.0) -> dict[str, TaskStatus]:
+    if not records:
+        return {}
+    answer = call(transport, "status", {"tasks": [record.to_hostctl() for record in records]}, timeout=timeout)
+    return {item["key"]: TaskStatus(key=item["key"], state=item["state"], exit_code=item.get("exit_code"),
+                                    signal=item.get("signal"), uptime=item.get("uptime"),
+                                    never_started=bool(item.get("never_started")))
+            for item in answer["tasks"]}
+
+
+@dataclass(frozen=True)
+class StopResult:
+    key: str
+    found: bool
+    signals: tuple[str, ...]
+    survivors: tuple[int, ...]
+
+
+def stop(transport: Transport, records: Sequence[ProcessRecord], *, grace: float,
+         first_signal: str = "TERM") -> dict[str, StopResult]:
+    """Stop recorded process groups on one host: TERM, wait ``grace``, KILL, verify."""
+    if not records:
+        return {}
+    answer = call(transport, "stop", {"tasks": [record.to_hostctl() for record in records],
+                                      "grace": grace, "signal": first_signal}, timeout=grace + 30)
+    return {item["key"]: StopResult(item["key"], item["found"], tuple(item["signals"]),
+                                    tuple(item["survivors"])) for item in answer["tasks"]}
+
+
+def send_signal(transport: Transport, records: Sequence[ProcessRecord], signal_name: str, *,
+                task_only: bool = False) -> list[str]:
+    """Send one signal (e.g. ``KILL``, ``STOP``) to recorded tasks; returns the keys signalled."""
+    answer = call(transport, "signal", {"tasks": [record.to_hostctl() for record in records],
+                                        "signal": signal_name, "task_only": task_only})
+    return list(answer["sent"])
+
+
+@dataclass(frozen=True)
+class FileChunk:
+    exists: bool
+    size: int
+    offset: int
+    end: int          # offset of the byte after this chunk (where the next read starts)
+    data: str
+
+
+def read(transport: Transport, path: str, *, offset: int = 0, limit: int = 1 << 20) -> FileChunk:
+    """Read part of a file on the host; a negative offset reads from the end."""
+    answer = call(transport, "read", {"path": path, "offset": offset, "max": limit})
+    return FileChunk(answer["exists"], answer["size"], answer["offset"], answer["end"], answer["data"])
+
+
+def log_tail(transport: Transport, path: str, *, limit: int = 4000) -> str:
+    """The end of a log (best effort: an unreachable host gives an empty tail)."""
+    try:
+        return read(transport, path, offset=-limit, limit=limit).data
+    except HostError:
+        return ""
+
+
+def hashes(transport: Transport, root: str, files: Sequence[str]) -> dict[str, str | None]:
+    answer = call(transport, "hashes", {"root": root, "files": list(files)})
+    return answer["hashes"]
+
+
+def remove(transport: Transport, paths: Sequence[str]) -> list[str]:
+    return call(transport, "remove", {"paths": list(paths)})["removed"]

@@ -1,0 +1,543 @@
+"""Ansible-style inventory loading and validation (pure: reads one file, touches no host).
+
+The format is Ansible's YAML inventory: groups with ``hosts``, ``vars`` and ``children``; host
+vars beat group vars (deeper groups beat shallower ones, ties by name) beat ``all`` vars; host
+ranges such as ``node-[01:04]`` expand. pscluster reads four role groups (``chief``, ``ps``,
+``worker``, ``evaluator``) and these host variables:
+
+* connection: ``ansible_host``, ``ansible_port``, ``ansible_user``,
+  ``ansible_ssh_private_key_file``, ``ansible_connection`` (``local`` runs without SSH);
+* tasks, per role (``<role>_tasks``, ``<role>_gpus``, ``<role>_ports``);
+* ``pscluster_*`` settings (see ``PSCLUSTER_KEYS``). Unknown ``pscluster_*`` keys and
+  unknown ``<role>_*`` suffixes are errors: a typo must not be silently ignored.
+
+Every error names file, line and key path (:class:`~cluster.errors.InventoryError`).
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .errors import InventoryError
+from .yamlsrc import KeyPath, SourceMap, load_yaml_with_lines, render_path
+
+ROLES = ("chief", "ps", "worker", "evaluator")
+MODES = ("async", "sync", "sync-ps")
+ROLE_SUFFIXES = ("tasks", "gpus", "ports")
+HOST_KEY_POLICIES = ("reject", "accept-new")
+DEFAULT_PORT_BASE = 2222
+PASSWORD_KEYS = ("ansible_password", "ansible_ssh_pass", "ansible_ssh_password",
+                 "ansible_become_password", "ansible_become_pass", "ansible_sudo_pass")
+# Set by pscluster per task; a user value would silently break the cluster.
+RESERVED_ENV = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RANGE = re.compile(r"\[([0-9a-zA-Z]+):([0-9a-zA-Z]+)(?::([0-9]+))?\]")
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a value was written: for errors raised after loading (plan, preflight)."""
+
+    file: str
+    line: int | None
+    key_path: str
+
+    def error(self, message: str, hint: str | None = None) -> InventoryError:
+        return InventoryError(self.file, self.line, self.key_path, message, hint=hint)
+
+
+@dataclass(frozen=True)
+class RoleSlots:
+    """The tasks of one role on one host, as the inventory asks for them.
+
+    ``gpus`` holds one CUDA_VISIBLE_DEVICES value per task ("" = CPU only), or None when the
+    inventory sets no mask (the role's default applies). ``ports`` are explicit ports or None.
+    """
+
+    role: str
+    count: int
+    gpus: tuple[str, ...] | None
+    ports: tuple[int, ...] | None
+    origin: Origin
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """One inventory host with its merged, validated variables."""
+
+    name: str
+    address: str
+    connection: str                   # "ssh" or "local"
+    ssh_port: int | None
+    user: str | None
+    key_file: str | None
+    python: str | None
+    workdir: str | None
+    port_base: int
+    host_key_policy: str
+    known_hosts: str | None
+    connect_timeout: float
+    env: tuple[tuple[str, str], ...]
+    secret_env: tuple[str, ...]
+    intra_op_threads: int | None
+    inter_op_threads: int | None
+    slots: tuple[RoleSlots, ...]
+    origin: Origin
+
+    def slots_for(self, role: str) -> RoleSlots | None:
+        return next((slot for slot in self.slots if slot.role == role), None)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """A validated inventory: hosts in file order and, per role, its hosts in order."""
+
+    path: str
+    name: str
+    hosts: tuple[HostConfig, ...]
+    role_hosts: tuple[tuple[str, tuple[str, ...]], ...]
+    mode: str | None
+    mode_origin: Origin | None
+    firewall: bool
+
+    def host(self, name: str) -> HostConfig:
+        return next(host for host in self.hosts if host.name == name)
+
+    def hosts_of(self, role: str) -> tuple[str, ...]:
+        return dict(self.role_hosts).get(role, ())
+
+
+# ----------------------------------------------------------------------------- raw structure
+
+@dataclass
+class _Group:
+    name: str
+    path: KeyPath
+    hosts: list[str] = field(default_factory=list)
+    vars: dict[str, tuple[Any, KeyPath]] = field(default_factory=dict)
+    children: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Raw:
+    source: SourceMap
+    groups: dict[str, _Group] = field(default_factory=dict)
+    # host -> [(key, value, path)] in file order
+    host_vars: dict[str, list[tuple[str, Any, KeyPath]]] = field(default_factory=dict)
+    host_first: dict[str, KeyPath] = field(default_factory=dict)
+
+
+def display_path(path: KeyPath) -> str:
+    """Key path as users read it: from the innermost group (``worker.hosts.node-b.worker_gpus[1]``)."""
+    parts = list(path)
+    for index in range(len(parts) - 1, -1, -1):
+        if parts[index] == "children" and index + 1 < len(parts):
+            parts = parts[index + 1:]
+            break
+    return render_path(tuple(parts))
+
+
+def expand_host_pattern(pattern: str) -> list[str]:
+    """Expand Ansible host ranges: ``node-[01:03]`` -> node-01, node-02, node-03.
+
+    Numeric ranges keep the start's zero padding; ``[a:c]`` ranges letters; ``[1:9:2]`` steps.
+    Several ranges in one name expand as a product.
+
+    Raises:
+        ValueError: a range whose bounds do not make sense.
+    """
+    match = _RANGE.search(pattern)
+    if not match:
+        return [pattern]
+    start, end, step_text = match.group(1), match.group(2), match.group(3)
+    step = int(step_text) if step_text else 1
+    if step < 1:
+        raise ValueError(f"range step must be at least 1 in {pattern!r}")
+    if start.isdigit() and end.isdigit():
+        if int(start) > int(end):
+            raise ValueError(f"range start {start} is after its end {end} in {pattern!r}")
+        width = len(start) if start.startswith("0") and len(start) > 1 else 0
+        values = [str(number).zfill(width) for number in range(int(start), int(end) + 1, step)]
+    elif len(start) == 1 and len(end) == 1 and start.isalpha() and end.isalpha():
+        if start > end:
+            raise ValueError(f"range start {start} is after its end {end} in {pattern!r}")
+        values = [chr(code) for code in range(ord(start), ord(end) + 1, step)]
+    else:
+        raise ValueError(f"cannot expand range [{start}:{end}] in {pattern!r}: "
+                         "use numbers ([01:04]) or single letters ([a:d])")
+    prefix, suffix = pattern[:match.start()], pattern[match.end():]
+    return [name for value in values for name in expand_host_pattern(prefix + value + suffix)]
+
+
+def _err(raw: _Raw, path: KeyPath, message: str, hint: str | None = None) -> InventoryError:
+    return InventoryError(raw.source.file, raw.source.line(path), display_path(path), message, hint=hint)
+
+
+def _parse_group(raw: _Raw, name: str, data: Any, path: KeyPath) -> None:
+    group = raw.groups.setdefault(name, _Group(name, path))
+    if data is None:
+        return
+    if not isinstance(data, dict):
+        raise _err(raw, path, f"a group must be a mapping with hosts/vars/children, got {_describe(data)}")
+    for key in data:
+        if key not in ("hosts", "vars", "children"):
+            raise _err(raw, path + (key,), f"unknown group key {key!r}",
+                       hint="a group holds only 'hosts', 'vars' and 'children'; "
+                            "is this host or group indented one level too deep?")
+    hosts = data.get("hosts")
+    if hosts is not None and not isinstance(hosts, dict):
+        raise _err(raw, path + ("hosts",), f"expected a mapping of host names, got {_describe(hosts)}",
+                   hint="write hosts as 'hosts: {node-a: , node-b: }' or one 'name:' per line")
+    for pattern, host_vars in (hosts or {}).items():
+        host_path = path + ("hosts", pattern)
+        try:
+            names = expand_host_pattern(pattern)
+        except ValueError as exc:
+            raise _err(raw, host_path, str(exc)) from None
+        if host_vars is not None and not isinstance(host_vars, dict):
+            raise _err(raw, host_path, f"host variables must be a mapping, got {_describe(host_vars)}")
+        for host in names:
+            raw.host_first.setdefault(host, host_path)
+            if host not in group.hosts:
+                group.hosts.append(host)
+            for key, value in (host_vars or {}).items():
+                raw.host_vars.setdefault(host, []).append((key, value, host_path + (key,)))
+            raw.host_vars.setdefault(host, [])
+    group_vars = data.get("vars")
+    if group_vars is not None and not isinstance(group_vars, dict):
+        raise _err(raw, path + ("vars",), f"expected a mapping of variables, got {_describe(group_vars)}")
+    for key, value in (group_vars or {}).items():
+        if key in group.vars and group.vars[key][0] != value:
+            raise _err(raw, path + ("vars", key), f"set twice for group {name!r} with different values")
+        group.vars[key] = (value, path + ("vars", key))
+    children = data.get("children")
+    if children is not None and not isinstance(children, dict):
+        raise _err(raw, path + ("children",), f"expected a mapping of groups, got {_describe(children)}")
+    for child, child_data in (children or {}).items():
+        if child not in group.children:
+            group.children.append(child)
+        _parse_group(raw, child, child_data, path + ("children", child))
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, dict)):
+        return f"a {type(value).__name__}"
+    return repr(value)
+
+
+def _members(raw: _Raw, name: str, seen: tuple[str, ...] = ()) -> list[str]:
+    """Hosts of a group, including its descendants, in file order."""
+    if name in seen:
+        raise _err(raw, raw.groups[name].path, f"group {name!r} contains itself via {' -> '.join(seen)}")
+    group = raw.groups.get(name)
+    if group is None:
+        return []
+    result = list(group.hosts)
+    for child in group.children:
+        for host in _members(raw, child, seen + (name,)):
+            if host not in result:
+                result.append(host)
+    return result
+
+
+def _depths(raw: _Raw) -> dict[str, int]:
+    """Longest distance of each group from ``all`` (Ansible applies deeper groups later)."""
+    depth = {name: 0 if name == "all" else 1 for name in raw.groups}
+    for _ in range(len(raw.groups)):
+        changed = False
+        for group in raw.groups.values():
+            for child in group.children:
+                if child in depth and depth[child] < depth[group.name] + 1:
+                    depth[child] = depth[group.name] + 1
+                    changed = True
+        if not changed:
+            break
+    return depth
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _as_int(raw: _Raw, path: KeyPath, value: Any, low: int, high: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _err(raw, path, f"expected {what}, got {_describe(value)}")
+    if not low <= value <= high:
+        raise _err(raw, path, f"expected {what} between {low} and {high}, got {value}")
+    return value
+
+
+def _as_str(raw: _Raw, path: KeyPath, value: Any, what: str = "a string") -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise _err(raw, path, f"expected {what}, got {_describe(value)}")
+    text = str(value)
+    if not text.strip():
+        raise _err(raw, path, f"expected {what}, got an empty value")
+    return text
+
+
+def _gpu_mask(raw: _Raw, path: KeyPath, value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, list)):
+        raise _err(raw, path, f"expected a GPU index or a list of them, got {_describe(value)}",
+                   hint="write 0, [0, 1], or [] for a CPU-only task")
+    items = value if isinstance(value, list) else [value]
+    for index, item in enumerate(items):
+        item_path = path + (index,) if isinstance(value, list) else path
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise _err(raw, item_path, f"expected a GPU index (0, 1, ...), got {_describe(item)}",
+                       hint="GPU indices are the numbers 'nvidia-smi -L' prints")
+    if len(set(items)) != len(items):
+        raise _err(raw, path, f"GPU {sorted(items)} listed twice in one mask")
+    return ",".join(str(item) for item in items)
+
+
+Validator = Callable[[_Raw, KeyPath, Any], Any]
+
+
+def _env_map(raw: _Raw, path: KeyPath, value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, dict):
+        raise _err(raw, path, f"expected a mapping NAME: value, got {_describe(value)}",
+                   hint="e.g. pscluster_env: {OMP_NUM_THREADS: 2}")
+    result = []
+    for name, item in value.items():
+        if not _ENV_NAME.match(name):
+            raise _err(raw, path + (name,), f"{name!r} is not a valid environment variable name")
+        if name in RESERVED_ENV:
+            raise _err(raw, path + (name,), f"{name} is set by pscluster for each task",
+                       hint="use <role>_gpus for CUDA_VISIBLE_DEVICES; TF_CONFIG comes from the plan")
+        if item is None or isinstance(item, (dict, list)):
+            raise _err(raw, path + (name,), f"expected a string or number, got {_describe(item)}")
+        result.append((name, str(item).lower() if isinstance(item, bool) else str(item)))
+    return tuple(result)
+
+
+def _name_list(raw: _Raw, path: KeyPath, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise _err(raw, path, f"expected a list of environment variable names, got {_describe(value)}",
+                   hint="e.g. pscluster_secret_env: [WANDB_API_KEY]; values go in pscluster_env "
+                        "or in this machine's environment")
+    for index, item in enumerate(value):
+        if not _ENV_NAME.match(item):
+            raise _err(raw, path + (index,), f"{item!r} is not a valid environment variable name")
+    return tuple(value)
+
+
+def _choice(options: tuple[str, ...]) -> Validator:
+    def check(raw: _Raw, path: KeyPath, value: Any) -> str:
+        if value not in options:
+            raise _err(raw, path, f"expected one of {', '.join(options)}, got {_describe(value)}")
+        return value
+    return check
+
+
+def _boolean(raw: _Raw, path: KeyPath, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _err(raw, path, f"expected true or false, got {_describe(value)}")
+    return value
+
+
+PSCLUSTER_KEYS: dict[str, Validator] = {
+    "pscluster_python": lambda raw, path, value: _as_str(raw, path, value, "an interpreter path"),
+    "pscluster_workdir": lambda raw, path, value: _as_str(raw, path, value, "a directory path"),
+    "pscluster_port_base": lambda raw, path, value: _as_int(raw, path, value, 1024, 65000, "a port number"),
+    "pscluster_host_key_policy": _choice(HOST_KEY_POLICIES),
+    "pscluster_known_hosts": lambda raw, path, value: _as_str(raw, path, value, "a known_hosts path"),
+    "pscluster_env": _env_map,
+    "pscluster_secret_env": _name_list,
+    "pscluster_mode": _choice(MODES),
+    "pscluster_firewall": _boolean,
+    "pscluster_intra_op_threads": lambda raw, path, value: _as_int(raw, path, value, 0, 1024, "a thread count"),
+    "pscluster_inter_op_threads": lambda raw, path, value: _as_int(raw, path, value, 0, 1024, "a thread count"),
+    "pscluster_connect_timeout": lambda raw, path, value: _as_int(raw, path, value, 1, 600, "seconds"),
+}
+# Settings of the whole cluster: only `all.vars` may set them.
+CLUSTER_WIDE_KEYS = ("pscluster_mode", "pscluster_firewall")
+
+CONNECTION_KEYS: dict[str, Validator] = {
+    "ansible_host": lambda raw, path, value: _as_str(raw, path, value, "a host name or address"),
+    "ansible_port": lambda raw, path, value: _as_int(raw, path, value, 1, 65535, "an SSH port"),
+    "ansible_user": lambda raw, path, value: _as_str(raw, path, value, "a user name"),
+    "ansible_ssh_private_key_file": lambda raw, path, value: _as_str(raw, path, value, "a key file path"),
+    "ansible_connection": _choice(("ssh", "local", "paramiko", "smart")),
+    "ansible_python_interpreter": lambda raw, path, value: _as_str(raw, path, value, "an interpreter path"),
+}
+
+
+def _check_key(raw: _Raw, key: str, path: KeyPath) -> None:
+    """Reject keys pscluster would otherwise ignore by mistake."""
+    if key in PASSWORD_KEYS:
+        raise _err(raw, path, "passwords are not accepted in inventories",
+                   hint="use key authentication (ansible_ssh_private_key_file) or an SSH agent")
+    if key.startswith("pscluster_") and key not in PSCLUSTER_KEYS:
+        close = [known for known in PSCLUSTER_KEYS if _similar(key, known)]
+        hint = f"did you mean {close[0]}?" if close else \
+            "known settings: " + ", ".join(sorted(PSCLUSTER_KEYS))
+        raise _err(raw, path, f"unknown setting {key!r}", hint=hint)
+    role, _, suffix = key.partition("_")
+    if role in ROLES and suffix and suffix not in ROLE_SUFFIXES:
+        raise _err(raw, path, f"unknown task setting {key!r}",
+                   hint=f"per-role settings are {', '.join(role + '_' + s for s in ROLE_SUFFIXES)}")
+
+
+def _similar(left: str, right: str) -> bool:
+    """Cheap typo detector: same letters but one, or one a prefix of the other."""
+    if left.startswith(right) or right.startswith(left):
+        return True
+    if abs(len(left) - len(right)) > 2:
+        return False
+    return sum(1 for a, b in zip(left, right) if a != b) + abs(len(left) - len(right)) <= 2
+
+
+def _merged_vars(raw: _Raw, host: str, groups_of_host: list[str], depth: dict[str, int]
+                 ) -> dict[str, tuple[Any, KeyPath]]:
+    merged: dict[str, tuple[Any, KeyPath]] = {}
+    for group in sorted(groups_of_host, key=lambda name: (depth.get(name, 1), name)):
+        merged.update(raw.groups[group].vars)
+    seen: dict[str, tuple[Any, KeyPath]] = {}
+    for key, value, path in raw.host_vars.get(host, []):
+        if key in seen and seen[key][0] != value:
+            raise _err(raw, path, f"host {host!r} sets {key} twice with different values "
+                                  f"(also on line {raw.source.line(seen[key][1])})",
+                       hint="set each host variable in one place")
+        seen[key] = (value, path)
+    merged.update(seen)
+    return merged
+
+
+def _role_slots(raw: _Raw, host: str, role: str, merged: dict[str, tuple[Any, KeyPath]]) -> RoleSlots:
+    count_item = merged.get(f"{role}_tasks")
+    gpus_item = merged.get(f"{role}_gpus")
+    ports_item = merged.get(f"{role}_ports")
+    origin_path = raw.host_first[host]
+    count = None
+    if count_item is not None:
+        count = _as_int(raw, count_item[1], count_item[0], 1, 64, "a task count")
+        origin_path = count_item[1]
+    gpus = None
+    if gpus_item is not None:
+        value, path = gpus_item
+        if not isinstance(value, list) or not value:
+            raise _err(raw, path, f"expected a list with one GPU mask per task, got {_describe(value)}",
+                       hint="e.g. [[0], [1]] for two tasks with one GPU each, [[]] for one CPU-only task")
+        gpus = tuple(_gpu_mask(raw, path + (index,), item) for index, item in enumerate(value))
+        if count is not None and count != len(gpus):
+            raise _err(raw, path, f"lists {len(gpus)} GPU masks but {role}_tasks is {count}",
+                       hint=f"give one mask per task, or drop {role}_tasks (the list fixes the count)")
+        count = len(gpus)
+        origin_path = path
+    if count is None:
+        count = 1
+    ports = None
+    if ports_item is not None:
+        value, path = ports_item
+        values = value if isinstance(value, list) else [value]
+        ports = tuple(_as_int(raw, path + ((index,) if isinstance(value, list) else ()), port, 1, 65535,
+                              "a port number") for index, port in enumerate(values))
+        if len(ports) != count:
+            raise _err(raw, path, f"lists {len(ports)} ports for {count} {role} task(s) on {host}",
+                       hint="give one port per task")
+        if len(set(ports)) != len(ports):
+            raise _err(raw, path, "lists the same port twice")
+    origin = Origin(raw.source.file, raw.source.line(origin_path), display_path(origin_path))
+    return RoleSlots(role, count, gpus, ports, origin)
+
+
+def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
+    """Load and validate an inventory file.
+
+    Args:
+        path: the YAML file.
+        display_name: how to name the file in errors (default: the path as given).
+
+    Raises:
+        InventoryError: with file, line, key path and a hint.
+    """
+    data, source = load_yaml_with_lines(path, display_name)
+    raw = _Raw(source)
+    if data is None:
+        raise InventoryError(source.file, None, "", "the inventory is empty",
+                             hint="see inventories/local.yaml for the format")
+    if not isinstance(data, dict):
+        raise InventoryError(source.file, source.line(()), "", f"expected a mapping of groups, got {_describe(data)}",
+                             hint="an inventory starts with 'all:' (see inventories/local.yaml)")
+    for name, group_data in data.items():
+        _parse_group(raw, name, group_data, (name,))
+    all_group = raw.groups.setdefault("all", _Group("all", ("all",)))
+    for name in list(data):
+        if name != "all" and name not in all_group.children:
+            all_group.children.append(name)
+    for name, group in raw.groups.items():
+        for key, (_, key_path) in group.vars.items():
+            _check_key(raw, key, key_path)
+            if key in CLUSTER_WIDE_KEYS and name != "all":
+                raise _err(raw, key_path, f"{key} applies to the whole cluster",
+                           hint="set it under all.vars")
+    for host, items in raw.host_vars.items():
+        for key, _, key_path in items:
+            _check_key(raw, key, key_path)
+            if key in CLUSTER_WIDE_KEYS:
+                raise _err(raw, key_path, f"{key} applies to the whole cluster", hint="set it under all.vars")
+
+    depth = _depths(raw)
+    membership = {name: _members(raw, name) for name in raw.groups}
+    all_hosts = list(membership["all"])
+    for host in raw.host_first:
+        if host not in all_hosts:
+            all_hosts.append(host)
+    role_hosts = tuple((role, tuple(membership[role])) for role in ROLES if membership.get(role))
+
+    hosts = []
+    for host in all_hosts:
+        groups_of_host = [name for name, members in membership.items() if host in members]
+        if "all" not in groups_of_host:
+            groups_of_host.append("all")
+        merged = _merged_vars(raw, host, groups_of_host, depth)
+        hosts.append(_host_config(raw, host, merged, [r for r, members in role_hosts if host in members]))
+
+    mode_item = all_group.vars.get("pscluster_mode")
+    firewall_item = all_group.vars.get("pscluster_firewall")
+    mode = PSCLUSTER_KEYS["pscluster_mode"](raw, mode_item[1], mode_item[0]) if mode_item else None
+    mode_origin = Origin(source.file, source.line(mode_item[1]), display_path(mode_item[1])) if mode_item else None
+    firewall = _boolean(raw, firewall_item[1], firewall_item[0]) if firewall_item else False
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return Inventory(path=source.file, name=stem, hosts=tuple(hosts), role_hosts=role_hosts,
+                     mode=mode, mode_origin=mode_origin, firewall=firewall)
+
+
+def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], roles: list[str]) -> HostConfig:
+    def get(key: str, validators: dict[str, Validator], default: Any = None) -> Any:
+        item = merged.get(key)
+        if item is None or item[0] is None:
+            return default
+        return validators[key](raw, item[1], item[0])
+
+    connection = get("ansible_connection", CONNECTION_KEYS, "ssh")
+    connection = "local" if connection == "local" else "ssh"
+    address = get("ansible_host", CONNECTION_KEYS) or host
+    python = get("pscluster_python", PSCLUSTER_KEYS) or get("ansible_python_interpreter", CONNECTION_KEYS)
+    slots = tuple(_role_slots(raw, host, role, merged) for role in roles)
+    first = raw.host_first[host]
+    return HostConfig(
+        name=host,
+        address=address,
+        connection=connection,
+        ssh_port=get("ansible_port", CONNECTION_KEYS),
+        user=get("ansible_user", CONNECTION_KEYS),
+        key_file=get("ansible_ssh_private_key_file", CONNECTION_KEYS),
+        python=python,
+        workdir=get("pscluster_workdir", PSCLUSTER_KEYS),
+        port_base=get("pscluster_port_base", PSCLUSTER_KEYS, DEFAULT_PORT_BASE),
+        host_key_policy=get("pscluster_host_key_policy", PSCLUSTER_KEYS, "reject"),
+        known_hosts=get("pscluster_known_hosts", PSCLUSTER_KEYS),
+        connect_timeout=float(get("pscluster_connect_timeout", PSCLUSTER_KEYS, 10)),
+        env=get("pscluster_env", PSCLUSTER_KEYS, ()),
+        secret_env=get("pscluster_secret_env", PSCLUSTER_KEYS, ()),
+        intra_op_threads=get("pscluster_intra_op_threads", PSCLUSTER_KEYS),
+        inter_op_threads=get("pscluster_inter_op_threads", PSCLUSTER_KEYS),
+        slots=slots,
+        origin=Origin(raw.source.file, raw.source.line(first), display_path(first)),
+    )

@@ -1,0 +1,400 @@
+"""Bringing a cluster up and down, and reading its status.
+
+``up``: preflight -> code sync -> start each standing server (recorded in the state before it is
+started, its pid recorded as soon as it is known) -> wait until every server answers the gRPC
+probe -> state ``up``. Any failure or Ctrl-C on the way stops everything started, marks the
+state ``failed`` with the root cause, and re-raises.
+
+``down``: per host, one call stops every recorded process group (TERM, grace, KILL, verify).
+Unreachable hosts are reported and keep their records, so a later ``down`` finishes the job.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+from . import hostops
+from .codesync import sync_code
+from .errors import Failure, HostError, MultiHostError, PsclusterError, StateError, TaskError, UsageError
+from .events import Reporter
+from .plan import ClusterPlan, TaskSpec
+from .preflight import CheckReport, run_preflight
+from .probe import Prober
+from .state import ProcessRecord, RunState, StateStore
+from .transport import TransportPool
+
+DEFAULT_READY_TIMEOUT = 120.0
+DEFAULT_GRACE = 10.0
+
+
+class Aborted(PsclusterError):
+    """Another command (``down``) took the cluster over while this one was working."""
+
+
+class StateWriter:
+    """Serialises changes to one :class:`RunState` from several threads, saving each at once."""
+
+    def __init__(self, store: StateStore, state: RunState, *, expect_phase: str | None = None):
+        self.store = store
+        self.state = state
+        self.expect_phase = expect_phase
+        self._lock = threading.Lock()
+
+    def change(self, mutate: Callable[[RunState], None]) -> None:
+        with self._lock, self.store.lock(self.state.name):
+            if self.expect_phase is not None:
+                on_disk = self.store.load(self.state.name)
+                if on_disk is None or on_disk.phase != self.expect_phase:
+                    raise Aborted(f"cluster {self.state.name!r} was taken down by another command")
+            mutate(self.state)
+            self.store.save(self.state)
+
+
+def records_by_host(records: Sequence[ProcessRecord]) -> dict[str, list[ProcessRecord]]:
+    grouped: dict[str, list[ProcessRecord]] = {}
+    for record in records:
+        grouped.setdefault(record.host, []).append(record)
+    return grouped
+
+
+def new_record(task: TaskSpec, *, kind: str, attempt: int, log: str | None = None,
+               events: str | None = None) -> ProcessRecord:
+    log = log or (task.log_path if attempt == 1 else task.log_path.replace(".log", f".{attempt}.log"))
+    return ProcessRecord(key=f"{task.name}#{attempt}", task=task.name, host=task.host, kind=kind,
+                         attempt=attempt, log=log, exit_file=log + ".exit", events=events)
+
+
+def start_task(writer: StateWriter, pool: TransportPool, plan: ClusterPlan, task: TaskSpec,
+               record: ProcessRecord, *, argv: Sequence[str], env: dict[str, str],
+               reporter: Reporter) -> ProcessRecord:
+    """Record, then start one task; the pid reaches the state as soon as it is known."""
+    writer.change(lambda state: state.processes.append(record))
+    reporter.emit("task-starting", task=task.name, host=task.host)
+    started = hostops.start(pool.get(plan.host(task.host)), task, record, argv=argv, env=env)
+    writer.change(lambda state: state.replace_record(started))
+    reporter.emit("task-started", task=task.name, host=task.host, pid=started.pid)
+    return started
+
+
+def task_env(task: TaskSpec, secrets: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(task.env)
+    env.update(secrets or {})
+    return env
+
+
+def wait_ready(plan: ClusterPlan, records: dict[str, ProcessRecord], pool: TransportPool, prober: Prober,
+               reporter: Reporter, *, timeout: float) -> dict[str, tuple[str, ...]]:
+    """Wait until every task in ``records`` answers the gRPC probe.
+
+    Returns:
+        the devices each task reported, by task name.
+
+    Raises:
+        TaskError: a task exited, or was not ready by the deadline (with its log tail).
+    """
+    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    pending = dict(records)
+    devices: dict[str, tuple[str, ...]] = {}
+    last_check = 0.0
+    while pending:
+        for name in list(pending):
+            task = plan.task(name)
+            result = prober.probe(task.target, timeout=1.0)
+            if result.ok:
+                devices[name] = tuple(device.name for device in result.devices)
+                reporter.emit("task-ready", task=name, host=task.host, devices=devices[name],
+                              seconds=time.monotonic() - started)
+                del pending[name]
+        if not pending:
+            break
+        now = time.monotonic()
+        if now - last_check > 1.0:
+            last_check = now
+            for host, host_records in records_by_host(list(pending.values())).items():
+                transport = pool.get(plan.host(host))
+                for key, status in hostops.status(transport, host_records).items():
+                    if status.state != "running":
+                        record = next(r for r in host_records if r.key == key)
+                        raise TaskError(record.task, host, f"exited before it was ready ({status.describe()})",
+                                        exit_code=status.exit_code,
+                                        log_tail=hostops.log_tail(transport, record.log), log_path=record.log,
+                                        hint="the log above says why; 'pscluster logs " + record.task + "' shows all")
+        if now > deadline:
+            name, record = next(iter(pending.items()))
+            transport = pool.get(plan.host(record.host))
+            others = f" (also not ready: {', '.join(list(pending)[1:])})" if len(pending) > 1 else ""
+            raise TaskError(name, record.host, f"not ready after {timeout:.0f} s{others}",
+                            log_tail=hostops.log_tail(transport, record.log), log_path=record.log,
+                            hint="a slow host may need a longer --timeout; otherwise the log says why")
+        time.sleep(0.1)
+    return devices
+
+
+def stop_records(plan: ClusterPlan, records: Sequence[ProcessRecord], pool: TransportPool, reporter: Reporter,
+                 *, grace: float) -> tuple[list[ProcessRecord], dict[str, PsclusterError]]:
+    """Stop recorded processes, all hosts in parallel.
+
+    Returns:
+        the records now known stopped, and the error of each host that could not be reached
+        or still had survivors.
+    """
+    grouped = records_by_host(records)
+    stopped: list[ProcessRecord] = []
+    errors: dict[str, PsclusterError] = {}
+
+    def one(host: str) -> dict[str, hostops.StopResult]:
+        return hostops.stop(pool.get(plan.host(host)), grouped[host], grace=grace)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(grouped)))) as executor:
+        futures = {host: executor.submit(one, host) for host in grouped}
+        for host, future in futures.items():
+            try:
+                results = future.result()
+            except PsclusterError as exc:
+                errors[host] = exc
+                reporter.emit("host-failed", host=host, error=str(exc))
+                continue
+            survivors = {key: r.survivors for key, r in results.items() if r.survivors}
+            for record in grouped[host]:
+                result = results[record.key]
+                if record.key in survivors:
+                    continue
+                stopped.append(replace(record, stopped=True))
+                reporter.emit("task-stopped", task=record.task, host=host, signals=result.signals,
+                              found=result.found)
+            if survivors:
+                errors[host] = HostError(host, f"processes survived SIGKILL: {survivors}")
+    return stopped, errors
+
+
+@dataclass
+class UpResult:
+    state: RunState
+    report: CheckReport
+    devices: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeout: float = DEFAULT_READY_TIMEOUT,
+             root: Path | None = None, pool: TransportPool | None = None,
+             secrets: dict[str, str] | None = None, firewall=None) -> UpResult:
+    """Preflight, sync, start the standing servers and wait until they answer.
+
+    ``firewall`` is an optional callable ``(plan, pool, writer, reporter)`` that installs rules
+    before servers start (see :mod:`cluster.firewall`).
+
+    Raises:
+        UsageError: a cluster of that name is already up.
+        MultiHostError: preflight failed (nothing was started).
+        PsclusterError: a start failed; everything started was stopped again.
+    """
+    began = time.monotonic()
+    own_pool = pool is None
+    pool = pool or TransportPool()
+    with store.lock(plan.name):
+        existing = store.load(plan.name)
+        if existing is not None and existing.phase not in ("failed", "down"):
+            raise UsageError(f"cluster {plan.name!r} is already {existing.phase} "
+                             f"(state {store.path(plan.name)})",
+                             hint=f"'pscluster down --name {plan.name}' first, or use another --name "
+                                  "and pscluster_port_base")
+        if existing is not None and existing.live_records():
+            raise UsageError(f"cluster {plan.name!r} failed earlier and may still have processes",
+                             hint=f"run 'pscluster down --name {plan.name}' first")
+        state = RunState(name=plan.name, plan=plan)
+        store.save(state)
+    writer = StateWriter(store, state, expect_phase="starting")
+    devices: dict[str, tuple[str, ...]] = {}
+    try:
+        report = run_preflight(plan, pool, reporter, tools=("nft",) if plan.firewall else ())
+        if not report.ok:
+            store.delete(plan.name)   # nothing started: leave nothing behind
+            report.raise_for_failures()
+        sync_results = sync_code(plan, pool, reporter, root)
+        writer.change(lambda s: s.synced.update({r.host: "synced" if not r.skipped else "shared"
+                                                 for r in sync_results}))
+        if firewall is not None:
+            firewall(plan, pool, writer, reporter)
+        standing = plan.standing_tasks
+        reporter.emit("phase", name="start", detail=f"{len(standing)} server(s)")
+        records: dict[str, ProcessRecord] = {}
+        failures: list[Failure] = []
+
+        def launch(task: TaskSpec) -> ProcessRecord:
+            record = new_record(task, kind="server", attempt=1)
+            return start_task(writer, pool, plan, task, record, argv=task.argv,
+                              env=task_env(task, secrets), reporter=reporter)
+
+        with ThreadPoolExecutor(max_workers=max(1, min(32, len(standing)))) as executor:
+            futures = {task.name: executor.submit(launch, task) for task in standing}
+            for name, future in futures.items():
+                try:
+                    records[name] = future.result()
+                except PsclusterError as exc:
+                    failures.append(Failure(name, exc))
+        if failures:
+            raise failures[0].error if len(failures) == 1 else \
+                MultiHostError(f"{len(failures)} task(s) could not be started", failures)
+        if records:
+            reporter.emit("phase", name="ready", detail=f"waiting for {len(records)} server(s) to answer")
+            with Prober() as prober:
+                devices = wait_ready(plan, records, pool, prober, reporter, timeout=timeout)
+        writer.change(lambda s: setattr(s, "phase", "up"))
+        return UpResult(state, report, devices, time.monotonic() - began)
+    except (PsclusterError, KeyboardInterrupt) as exc:
+        if not isinstance(exc, Aborted) and store.path(plan.name).exists():
+            _roll_back(plan, store, state, pool, reporter, exc)
+        raise
+    finally:
+        if own_pool:
+            pool.close()
+
+
+def _roll_back(plan: ClusterPlan, store: StateStore, state: RunState, pool: TransportPool, reporter: Reporter,
+               cause: BaseException) -> None:
+    message = "interrupted" if isinstance(cause, KeyboardInterrupt) else str(cause)
+    live = state.live_records()
+    if live:
+        reporter.emit("phase", name="rollback", detail=f"stopping {len(live)} task(s) started so far")
+    stopped, errors = stop_records(plan, live, pool, reporter, grace=3.0)
+    with store.lock(plan.name):
+        for record in stopped:
+            state.replace_record(record)
+        state.phase = "failed"
+        state.message = message
+        if errors:
+            state.message += "\nrollback could not reach: " + ", ".join(sorted(errors))
+        store.save(state)
+
+
+@dataclass
+class DownResult:
+    name: str
+    stopped: list[ProcessRecord]
+    errors: dict[str, PsclusterError]
+    seconds: float
+
+
+def bring_down(name: str, *, store: StateStore, reporter: Reporter, grace: float = DEFAULT_GRACE,
+               pool: TransportPool | None = None, firewall_cleanup=None) -> DownResult:
+    """Stop every recorded process of a cluster and remove its state.
+
+    Raises:
+        MultiHostError: some hosts could not be reached (or had survivors); the rest was
+            stopped and the state keeps only what is still unaccounted for.
+    """
+    began = time.monotonic()
+    own_pool = pool is None
+    pool = pool or TransportPool()
+    try:
+        with store.lock(name):
+            state = store.load(name)
+            if state is None:
+                raise StateError(f"no state for cluster {name!r}")
+            state.phase = "stopping"
+            store.save(state)
+        live = state.live_records()
+        reporter.emit("phase", name="stop", detail=f"{len(live)} process(es) on "
+                                                   f"{len(records_by_host(live))} host(s)")
+        stopped, errors = stop_records(state.plan, live, pool, reporter, grace=grace)
+        if firewall_cleanup is not None:
+            errors.update(firewall_cleanup(state, pool, reporter))
+        with store.lock(name):
+            for record in stopped:
+                state.replace_record(record)
+            if not errors and not state.live_records():
+                store.delete(name)
+            else:
+                state.message = "down incomplete: " + "; ".join(f"{host}: {err.message.splitlines()[0]}"
+                                                                for host, err in sorted(errors.items()))
+                store.save(state)
+        if errors:
+            raise MultiHostError(
+                f"down could not finish on {len(errors)} host(s): {', '.join(sorted(errors))}; "
+                f"everything else is stopped",
+                [Failure(host, err) for host, err in errors.items()],
+                hint=f"when the host is reachable again, run 'pscluster down --name {name}' to finish")
+        return DownResult(name, stopped, errors, time.monotonic() - began)
+    finally:
+        if own_pool:
+            pool.close()
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """One line of ``status``."""
+
+    role: str
+    index: int
+    host: str
+    address: str
+    port: int
+    kind: str
+    pid: int | None
+    state: str                # starting | ready | running | exited | lost | not started | stopped
+    devices: tuple[str, ...] = ()
+    uptime: float | None = None
+    exit_code: int | None = None
+    restarts: int = 0
+    detail: str = ""
+
+    @property
+    def task(self) -> str:
+        return f"{self.role}:{self.index}"
+
+
+def cluster_status(state: RunState, *, pool: TransportPool, prober: Prober | None = None) -> list[TaskRow]:
+    """Each task's process state on its host, plus the devices its server reports."""
+    plan = state.plan
+    latest = {task.name: state.latest(task.name) for task in plan.tasks}
+    live = [record for record in latest.values() if record is not None and not record.stopped]
+    statuses: dict[str, hostops.TaskStatus] = {}
+    unreachable: dict[str, str] = {}
+
+    def one(host: str, records: list[ProcessRecord]):
+        return host, hostops.status(pool.get(plan.host(host)), records)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(plan.hosts)))) as executor:
+        futures = [executor.submit(one, host, records) for host, records in records_by_host(live).items()]
+        for future, host in zip(futures, records_by_host(live)):
+            try:
+                _, result = future.result()
+                statuses.update(result)
+            except PsclusterError as exc:
+                unreachable[host] = exc.message
+    rows = []
+    for task in plan.tasks:
+        record = latest[task.name]
+        restarts = state.restarts.get(task.name, 0)
+        base = dict(role=task.role, index=task.index, host=task.host, address=task.address, port=task.port,
+                    kind="server" if task.standing else "train", restarts=restarts)
+        if record is None:
+            rows.append(TaskRow(**base, pid=None, state="not started",
+                                detail="started by 'pscluster train'" if not task.standing else ""))
+            continue
+        if record.stopped:
+            rows.append(TaskRow(**base, pid=record.pid, state="stopped"))
+            continue
+        if task.host in unreachable:
+            rows.append(TaskRow(**base, pid=record.pid, state="lost", detail=unreachable[task.host]))
+            continue
+        status = statuses.get(record.key)
+        if status is None or status.state == "gone":
+            rows.append(TaskRow(**base, pid=record.pid, state="lost",
+                                detail="process gone without an exit record"))
+        elif status.state == "exited":
+            rows.append(TaskRow(**base, pid=record.pid, state="exited", exit_code=status.exit_code,
+                                detail=status.describe()))
+        elif task.standing and prober is not None:
+            probe = prober.probe(task.target, timeout=2.0)
+            rows.append(TaskRow(**base, pid=record.pid, state="ready" if probe.ok else "starting",
+                                devices=tuple(d.name for d in probe.devices), uptime=status.uptime,
+                                detail="" if probe.ok else (probe.error or "")))
+        else:
+            rows.append(TaskRow(**base, pid=record.pid, state="running", uptime=status.uptime))
+    return rows

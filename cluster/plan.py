@@ -1,0 +1,336 @@
+"""Cluster planning: from an :class:`~cluster.inventory.Inventory` to a :class:`ClusterPlan`.
+
+Pure: no host, clock or environment is read, so ``plan --json``, ``up`` and the tests agree on
+every port, mask and TF_CONFIG. What each mode runs:
+
+========  =======================================  ==========================================
+mode      standing servers (started by ``up``)     training processes (started by ``train``)
+========  =======================================  ==========================================
+async     every ps and worker task                 the chief (ClusterCoordinator)
+sync      none                                     one per worker (worker 0 acts as chief)
+sync-ps   every ps task                            one per worker (worker 0 acts as chief)
+========  =======================================  ==========================================
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+from dataclasses import dataclass
+
+from .errors import PlanError
+from .inventory import MODES, ROLES, HostConfig, Inventory, RoleSlots
+
+# Which roles take part in the cluster spec, and which of them stand (started by `up`).
+MODE_ROLES = {
+    "async": (("chief", False), ("ps", True), ("worker", True)),
+    "sync": (("worker", False),),
+    "sync-ps": (("ps", True), ("worker", False)),
+}
+UNUSED_REASONS = {
+    ("sync", "chief"): "sync mode: worker 0 acts as chief",
+    ("sync", "ps"): "sync mode (MultiWorkerMirroredStrategy) uses no parameter servers",
+    ("sync-ps", "chief"): "sync-ps mode: worker 0 acts as chief",
+}
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+DEFAULT_REMOTE_WORKDIR = "~/pscluster"
+DEFAULT_REMOTE_PYTHON = "python3"
+# Quiet TF logging by default (users may override through pscluster_env).
+BASE_ENV = (("GRPC_FAIL_FAST", "use_caller"), ("TF_CPP_MIN_LOG_LEVEL", "1"), ("PYTHONUNBUFFERED", "1"))
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """How to reach one host and run things there."""
+
+    name: str
+    address: str
+    connection: str            # "ssh" | "local"
+    ssh_port: int | None
+    user: str | None
+    key_file: str | None
+    python: str
+    workdir: str
+    host_key_policy: str
+    known_hosts: str | None
+    connect_timeout: float
+    secret_env: tuple[str, ...] = ()
+
+    @property
+    def is_local(self) -> bool:
+        return self.connection == "local"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One TensorFlow process of the cluster."""
+
+    role: str
+    index: int
+    host: str
+    address: str
+    port: int
+    cuda_visible_devices: str | None
+    standing: bool
+    env: tuple[tuple[str, str], ...]
+    argv: tuple[str, ...]
+    workdir: str
+    log_path: str
+    events_path: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}:{self.index}"
+
+    @property
+    def target(self) -> str:
+        return f"{self.address}:{self.port}"
+
+    @property
+    def tf_config(self) -> dict:
+        return json.loads(dict(self.env)["TF_CONFIG"])
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    """Everything ``up``, ``train`` and ``down`` need to know about a cluster."""
+
+    name: str
+    mode: str
+    inventory_path: str
+    cluster: tuple[tuple[str, tuple[str, ...]], ...]
+    tasks: tuple[TaskSpec, ...]
+    hosts: tuple[HostSpec, ...]
+    unused: tuple[tuple[str, str], ...] = ()
+    firewall: bool = False
+
+    def host(self, name: str) -> HostSpec:
+        return next(host for host in self.hosts if host.name == name)
+
+    def task(self, name: str) -> TaskSpec:
+        return next(task for task in self.tasks if task.name == name)
+
+    @property
+    def cluster_spec(self) -> dict[str, list[str]]:
+        return {job: list(addresses) for job, addresses in self.cluster}
+
+    @property
+    def standing_tasks(self) -> tuple[TaskSpec, ...]:
+        return tuple(task for task in self.tasks if task.standing)
+
+    @property
+    def training_tasks(self) -> tuple[TaskSpec, ...]:
+        return tuple(task for task in self.tasks if not task.standing)
+
+    @property
+    def is_multi_host(self) -> bool:
+        return len({task.address for task in self.tasks}) > 1
+
+    def to_json(self) -> dict:
+        """The ``plan --json`` document."""
+        return {
+            "name": self.name,
+            "mode": self.mode,
+            "inventory": self.inventory_path,
+            "cluster": self.cluster_spec,
+            "tasks": [{
+                "role": task.role, "index": task.index, "host": task.host,
+                "address": task.address, "port": task.port,
+                "cuda_visible_devices": task.cuda_visible_devices,
+                "tf_config": task.tf_config, "argv": list(task.argv),
+                "standing": task.standing, "env": dict(task.env), "workdir": task.workdir,
+                "log_path": task.log_path,
+            } for task in self.tasks],
+            "unused": [{"role": role, "reason": reason} for role, reason in self.unused],
+        }
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """Choices that do not come from the inventory.
+
+    ``local_python`` and ``local_workdir`` are the interpreter and checkout of this machine,
+    used for ``ansible_connection: local`` hosts that do not set their own.
+    """
+
+    local_python: str
+    local_workdir: str
+    name: str | None = None
+    mode: str | None = None
+    port_base: int | None = None
+
+
+@dataclass(frozen=True)
+class _Slot:
+    role: str
+    index: int
+    host: HostConfig
+    gpus: str | None
+    explicit_port: int | None
+    slots: RoleSlots
+
+
+def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
+    """Plan the cluster an inventory describes.
+
+    Raises:
+        PlanError: the mode cannot run on these groups, or ports collide.
+        InventoryError: an explicit setting conflicts (named by file and line).
+    """
+    mode = options.mode or inventory.mode or "async"
+    if mode not in MODES:
+        raise PlanError(f"unknown mode {mode!r}", hint=f"choose one of {', '.join(MODES)}")
+    name = options.name or inventory.name
+    slots = _slots(inventory)
+    ports = _assign_ports(slots, options.port_base)
+    host_specs = {host.name: _host_spec(host, options) for host in inventory.hosts}
+
+    used_roles = dict(MODE_ROLES[mode])
+    _check_counts(inventory, slots, mode)
+    cluster = tuple(
+        (role, tuple(f"{slot.host.address}:{ports[(slot.role, slot.index)]}"
+                     for slot in slots if slot.role == role))
+        for role, _ in MODE_ROLES[mode]
+    )
+    cluster_json = {job: list(addresses) for job, addresses in cluster}
+    tasks = []
+    for slot in slots:
+        if slot.role not in used_roles:
+            continue
+        host = host_specs[slot.host.name]
+        port = ports[(slot.role, slot.index)]
+        tf_config = json.dumps({"cluster": cluster_json, "task": {"type": slot.role, "index": slot.index}},
+                               sort_keys=True, separators=(",", ":"))
+        standing = used_roles[slot.role]
+        run_dir = f"{host.workdir.rstrip('/')}/.pscluster/{name}"
+        env = _task_env(slot, tf_config, name)
+        argv = (host.python, "-m", "roles.server") if standing else \
+            (host.python, "-m", "roles.train", "--mode", mode)
+        tasks.append(TaskSpec(
+            role=slot.role, index=slot.index, host=slot.host.name, address=slot.host.address,
+            port=port, cuda_visible_devices=slot.gpus, standing=standing, env=env, argv=argv,
+            workdir=host.workdir, log_path=f"{run_dir}/{slot.role}-{slot.index}.log",
+            events_path=f"{run_dir}/{slot.role}-{slot.index}.events.jsonl"))
+    used_hosts = {task.host for task in tasks}
+    unused = tuple((role, UNUSED_REASONS.get((mode, role), f"{role} tasks are not used in {mode} mode"))
+                   for role in ROLES if role not in used_roles and any(s.role == role for s in slots))
+    return ClusterPlan(
+        name=name, mode=mode, inventory_path=inventory.path, cluster=cluster, tasks=tuple(tasks),
+        hosts=tuple(spec for host_name, spec in host_specs.items() if host_name in used_hosts),
+        unused=unused, firewall=inventory.firewall)
+
+
+def _host_spec(host: HostConfig, options: PlanOptions) -> HostSpec:
+    local = host.connection == "local"
+    python = host.python or (options.local_python if local else DEFAULT_REMOTE_PYTHON)
+    workdir = host.workdir or (options.local_workdir if local else DEFAULT_REMOTE_WORKDIR)
+    return HostSpec(name=host.name, address=host.address, connection=host.connection,
+                    ssh_port=host.ssh_port, user=host.user, key_file=host.key_file, python=python,
+                    workdir=workdir, host_key_policy=host.host_key_policy, known_hosts=host.known_hosts,
+                    connect_timeout=host.connect_timeout, secret_env=host.secret_env)
+
+
+def _slots(inventory: Inventory) -> list[_Slot]:
+    """Every task the inventory asks for, indexed per role in host order."""
+    result = []
+    for role in ROLES:
+        index = 0
+        for host_name in inventory.hosts_of(role):
+            host = inventory.host(host_name)
+            role_slots = host.slots_for(role)
+            if role_slots is None:
+                continue
+            for local_index in range(role_slots.count):
+                if role_slots.gpus is not None:
+                    gpus = role_slots.gpus[local_index]
+                else:
+                    gpus = "" if role == "ps" else None   # a ps must not grab GPU memory
+                port = role_slots.ports[local_index] if role_slots.ports else None
+                result.append(_Slot(role, index, host, gpus, port, role_slots))
+                index += 1
+    return result
+
+
+def _assign_ports(slots: list[_Slot], port_base: int | None) -> dict[tuple[str, int], int]:
+    """Ports per (role, index): explicit ones first, then the next free port from the host's base.
+
+    Deterministic in (host, role, index) and never colliding on one address.
+    """
+    by_address: dict[str, list[_Slot]] = {}
+    for slot in slots:
+        by_address.setdefault(slot.host.address, []).append(slot)
+    ports: dict[tuple[str, int], int] = {}
+    for address, address_slots in by_address.items():
+        taken: dict[int, _Slot] = {}
+        for slot in address_slots:
+            if slot.explicit_port is None:
+                continue
+            if slot.explicit_port in taken:
+                other = taken[slot.explicit_port]
+                raise slot.slots.origin.error(
+                    f"port {slot.explicit_port} is given to both {other.role}:{other.index} and "
+                    f"{slot.role}:{slot.index} on {address}",
+                    hint=f"see also {other.slots.origin.file}:{other.slots.origin.line}")
+            taken[slot.explicit_port] = slot
+            ports[(slot.role, slot.index)] = slot.explicit_port
+        next_port = port_base or address_slots[0].host.port_base
+        for slot in address_slots:
+            if slot.explicit_port is not None:
+                continue
+            while next_port in taken:
+                next_port += 1
+            if next_port > 65535:
+                raise PlanError(f"ran out of ports on {address}", hint="lower pscluster_port_base")
+            taken[next_port] = slot
+            ports[(slot.role, slot.index)] = next_port
+    return ports
+
+
+def _check_counts(inventory: Inventory, slots: list[_Slot], mode: str) -> None:
+    counts = {role: sum(1 for slot in slots if slot.role == role) for role in ROLES}
+    if counts["chief"] > 1:
+        chief = next(slot for slot in slots if slot.role == "chief")
+        raise chief.slots.origin.error(f"the chief group holds {counts['chief']} tasks; a cluster has at most one",
+                                       hint="put one host in 'chief' with chief_tasks: 1")
+    where = f"{inventory.path}: mode {mode}"
+    for role, _ in MODE_ROLES[mode]:
+        if role == "chief" and counts["chief"] == 0:
+            raise PlanError(f"{where} needs a chief task to run the ClusterCoordinator",
+                            hint="add a 'chief' group with one host, or use --mode sync / sync-ps")
+        if counts[role] == 0:
+            raise PlanError(f"{where} needs at least one {role} task",
+                            hint=f"add a '{role}' group with at least one host")
+
+
+def _task_env(slot: _Slot, tf_config: str, name: str) -> tuple[tuple[str, str], ...]:
+    env = dict(BASE_ENV)
+    env["TF_CONFIG"] = tf_config
+    env["PSCLUSTER_CLUSTER"] = name
+    env["PSCLUSTER_TASK"] = f"{slot.role}:{slot.index}"
+    if slot.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = slot.gpus
+    if slot.host.intra_op_threads is not None:
+        env["PSCLUSTER_INTRA_OP_THREADS"] = str(slot.host.intra_op_threads)
+    if slot.host.inter_op_threads is not None:
+        env["PSCLUSTER_INTER_OP_THREADS"] = str(slot.host.inter_op_threads)
+    env.update(dict(slot.host.env))
+    return tuple(env.items())
+
+
+def loopback_addresses(plan: ClusterPlan) -> list[TaskSpec]:
+    """Tasks whose address is loopback in a multi-host cluster (other hosts cannot reach them)."""
+    if not plan.is_multi_host:
+        return []
+    bad = []
+    for task in plan.tasks:
+        address = task.address.lower()
+        if address in LOOPBACK_NAMES:
+            bad.append(task)
+            continue
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            continue
+        if ip == ipaddress.ip_address("127.0.0.1") or ip == ipaddress.ip_address("::1"):
+            bad.append(task)
+    return bad
+

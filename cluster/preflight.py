@@ -1,0 +1,172 @@
+"""Preflight: every host checked in parallel before anything starts.
+
+One connection and one host call per host gather the facts; the checks themselves are pure
+functions of those facts and the plan, so they are tested without hosts.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from . import hostops
+from .errors import Failure, HostError, MultiHostError, PsclusterError
+from .events import Reporter
+from .plan import ClusterPlan, HostSpec, loopback_addresses
+from .transport import TransportPool
+
+MIN_TF = (2, 16)        # Keras 3 era; the drivers in roles/ are written against it
+MAX_PARALLEL = 64
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    host: str
+    check: str
+    ok: bool
+    detail: str
+    hint: str | None = None
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    results: tuple[CheckResult, ...]
+    facts: tuple[tuple[str, hostops.HostFacts], ...]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(result.ok for result in self.results)
+
+    @property
+    def failures(self) -> tuple[CheckResult, ...]:
+        return tuple(result for result in self.results if not result.ok)
+
+    def facts_of(self, host: str) -> hostops.HostFacts | None:
+        return dict(self.facts).get(host)
+
+    def raise_for_failures(self) -> None:
+        if self.ok:
+            return
+        failures = [Failure(result.host, PsclusterError(f"{result.host}: {result.check}: {result.detail}",
+                                                        hint=result.hint))
+                    for result in self.failures]
+        hosts = sorted({result.host for result in self.failures})
+        raise MultiHostError(f"preflight failed on {len(hosts)} host(s): {', '.join(hosts)}; nothing was started",
+                             failures)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, connect_seconds: float,
+               *, tools: tuple[str, ...] = ()) -> list[CheckResult]:
+    """The checks of one host, from what it reported (pure)."""
+    name = host.name
+    tasks = [task for task in plan.tasks if task.host == name]
+    results = [
+        CheckResult(name, "ssh", True, "local (no SSH)" if host.is_local else f"connected in {connect_seconds:.2f} s"),
+        CheckResult(name, "python", True, f"{facts.python} ({facts.executable})"),
+    ]
+    if facts.tf_version is None or not facts.tf_importable:
+        results.append(CheckResult(name, "tensorflow", False, f"TensorFlow is not installed for {host.python}",
+                                   hint="install it there: pip install 'pscluster[cpu]' (or [gpu]), "
+                                        "or point pscluster_python at the interpreter that has it"))
+    elif _version_tuple(facts.tf_version) < MIN_TF:
+        results.append(CheckResult(name, "tensorflow", False,
+                                   f"{facts.tf_dist} {facts.tf_version} is too old (need {MIN_TF[0]}.{MIN_TF[1]} or newer)",
+                                   hint="upgrade TensorFlow on this host"))
+    else:
+        results.append(CheckResult(name, "tensorflow", True, f"{facts.tf_dist} {facts.tf_version}"))
+    busy = dict(facts.busy_ports)
+    clashes = [f"{task.port} ({task.name}: {busy[task.port]})" for task in tasks if task.port in busy]
+    if clashes:
+        results.append(CheckResult(name, "ports", False, "in use: " + ", ".join(clashes),
+                                   hint="stop what holds them (another cluster?) or set pscluster_port_base "
+                                        "/ <role>_ports to free ports"))
+    else:
+        results.append(CheckResult(name, "ports", True, "free: " + ", ".join(str(task.port) for task in tasks)))
+    wanted = sorted({int(gpu) for task in tasks if task.cuda_visible_devices
+                     for gpu in task.cuda_visible_devices.split(",")})
+    if wanted:
+        available = len(facts.gpus or ())
+        missing = [gpu for gpu in wanted if gpu >= available]
+        if missing:
+            users = [task.name for task in tasks if task.cuda_visible_devices and
+                     any(int(gpu) in missing for gpu in task.cuda_visible_devices.split(","))]
+            found = f"{available} GPU(s) found" if facts.gpu_error is None else facts.gpu_error
+            results.append(CheckResult(name, "gpus", False,
+                                       f"{', '.join(users)} ask(s) for GPU {', '.join(map(str, missing))}, but {found}",
+                                       hint="fix <role>_gpus for this host, or [] for CPU-only tasks"))
+        else:
+            results.append(CheckResult(name, "gpus", True, f"{available} GPU(s); masks use {wanted}"))
+    if facts.workdir_error:
+        results.append(CheckResult(name, "workdir", False, f"not writable: {facts.workdir_error}",
+                                   hint="set pscluster_workdir to a directory this user can write"))
+    else:
+        results.append(CheckResult(name, "workdir", True, host.workdir))
+    for tool, present in facts.tools:
+        if tool in tools:
+            results.append(CheckResult(name, tool, present, "found" if present else f"{tool} not found",
+                                       hint=None if present else f"install {tool} on this host"))
+    return results
+
+
+def check_cluster(plan: ClusterPlan, facts: dict[str, hostops.HostFacts]) -> list[CheckResult]:
+    """Checks across hosts: one TensorFlow version everywhere; no loopback in a multi-host spec."""
+    results = []
+    versions = {host: f.tf_version for host, f in facts.items() if f.tf_version}
+    if len(set(versions.values())) > 1:
+        reference_host = next(iter(versions))
+        reference = versions[reference_host]
+        for host, version in versions.items():
+            if version != reference:
+                results.append(CheckResult(host, "tensorflow", False,
+                                           f"TensorFlow {version} here but {reference} on {reference_host}",
+                                           hint="install the same TensorFlow version on every host"))
+    for task in loopback_addresses(plan):
+        results.append(CheckResult(task.host, "address", False,
+                                   f"{task.name} has address {task.address!r} in a multi-host cluster; "
+                                   "other hosts cannot reach it",
+                                   hint=f"set ansible_host for {task.host} to an address the other hosts can reach"))
+    return results
+
+
+def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, *,
+                  tools: tuple[str, ...] = ()) -> CheckReport:
+    """Check every host of the plan in parallel and report each check as it is known."""
+    start = time.monotonic()
+    reporter.emit("phase", name="preflight", detail=f"{len(plan.hosts)} host(s)")
+
+    def one(host: HostSpec) -> tuple[list[CheckResult], hostops.HostFacts | None]:
+        transport = pool.get(host)
+        began = time.monotonic()
+        try:
+            transport.connect()
+            connected = time.monotonic() - began
+            ports = [task.port for task in plan.tasks if task.host == host.name]
+            gpus = any(task.cuda_visible_devices for task in plan.tasks if task.host == host.name)
+            facts = hostops.facts(transport, ports=ports, gpus=gpus, workdir=host.workdir, tools=tools)
+        except HostError as exc:
+            check = "ssh" if "interpreter" not in exc.message else "python"
+            return [CheckResult(host.name, check, False, exc.message.split(": ", 1)[-1], hint=exc.hint)], None
+        return check_host(plan, host, facts, connected, tools=tools), facts
+
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(plan.hosts)))) as executor:
+        outcomes = list(executor.map(one, plan.hosts))
+    results: list[CheckResult] = []
+    facts: dict[str, hostops.HostFacts] = {}
+    for host, (host_results, host_facts) in zip(plan.hosts, outcomes):
+        results.extend(host_results)
+        if host_facts is not None:
+            facts[host.name] = host_facts
+    results.extend(check_cluster(plan, facts))
+    for result in results:
+        reporter.emit("check", host=result.host, check=result.check, ok=result.ok, detail=result.detail,
+                      hint=result.hint)
+    return CheckReport(tuple(results), tuple(facts.items()), time.monotonic() - start)

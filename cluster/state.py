@@ -1,0 +1,215 @@
+"""Cluster state on the control machine: one JSON file per cluster name.
+
+``status`` and ``down`` read nothing else, so the file must say, at every moment, what runs
+where: a process is recorded before anyone waits on it, every write is atomic (temporary file +
+rename) and happens under an exclusive lock, and the state holds the whole plan (hosts and
+connection settings), so ``down`` works without the inventory and after the orchestrator died.
+
+The state directory is ``$PSCLUSTER_STATE_DIR``, else ``$XDG_STATE_HOME/pscluster``, else
+``~/.local/state/pscluster``.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from .errors import StateError, UsageError
+from .plan import ClusterPlan, HostSpec, TaskSpec
+
+PHASES = ("starting", "up", "failed", "stopping", "down")
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """A process pscluster started: enough to find, probe and stop it on its host later.
+
+    ``pgid`` is the session/process-group leader (pscluster's monitor on the host), ``pid`` the
+    task itself; the start times guard against PID reuse.
+    """
+
+    key: str                 # unique within the cluster: "worker:1#2" (task, attempt)
+    task: str                # "worker:1"
+    host: str
+    kind: str                # "server" | "train"
+    attempt: int
+    log: str
+    exit_file: str
+    events: str | None = None
+    pid: int | None = None
+    pgid: int | None = None
+    starttime: str | None = None
+    task_starttime: str | None = None
+    started: float | None = None
+    stopped: bool = False
+
+    def to_hostctl(self) -> dict:
+        return {"key": self.key, "pid": self.pid, "pgid": self.pgid, "starttime": self.starttime,
+                "task_starttime": self.task_starttime, "started": self.started, "log": self.log,
+                "exit_file": self.exit_file}
+
+
+@dataclass
+class RunState:
+    """Everything known about one cluster on this machine."""
+
+    name: str
+    plan: ClusterPlan
+    phase: str = "starting"
+    processes: list[ProcessRecord] = field(default_factory=list)
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+    message: str | None = None
+    job: dict | None = None
+    restarts: dict[str, int] = field(default_factory=dict)
+    synced: dict[str, str] = field(default_factory=dict)
+    firewall: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def mode(self) -> str:
+        return self.plan.mode
+
+    def live_records(self) -> list[ProcessRecord]:
+        return [record for record in self.processes if not record.stopped]
+
+    def latest(self, task: str) -> ProcessRecord | None:
+        found = [record for record in self.processes if record.task == task]
+        return found[-1] if found else None
+
+    def replace_record(self, record: ProcessRecord) -> None:
+        self.processes = [record if r.key == record.key else r for r in self.processes]
+
+    def to_json(self) -> dict:
+        return {
+            "version": 1, "name": self.name, "phase": self.phase, "created": self.created,
+            "updated": self.updated, "message": self.message, "job": self.job,
+            "restarts": self.restarts, "synced": self.synced, "firewall": self.firewall,
+            "plan": plan_to_json(self.plan),
+            "processes": [dataclasses.asdict(record) for record in self.processes],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RunState":
+        return cls(name=data["name"], plan=plan_from_json(data["plan"]), phase=data["phase"],
+                   processes=[ProcessRecord(**record) for record in data["processes"]],
+                   created=data["created"], updated=data["updated"], message=data.get("message"),
+                   job=data.get("job"), restarts=data.get("restarts", {}), synced=data.get("synced", {}),
+                   firewall=data.get("firewall", {}))
+
+
+def plan_to_json(plan: ClusterPlan) -> dict:
+    return dataclasses.asdict(plan)
+
+
+def plan_from_json(data: dict) -> ClusterPlan:
+    def tuples(value):
+        return tuple(tuple(item) if isinstance(item, list) else item for item in value)
+
+    tasks = tuple(TaskSpec(**dict(task, env=tuples(task["env"]), argv=tuple(task["argv"])))
+                  for task in data["tasks"])
+    hosts = tuple(HostSpec(**dict(host, secret_env=tuple(host.get("secret_env", ()))))
+                  for host in data["hosts"])
+    cluster = tuple((job, tuple(addresses)) for job, addresses in data["cluster"])
+    unused = tuple((role, reason) for role, reason in data.get("unused", ()))
+    return ClusterPlan(name=data["name"], mode=data["mode"], inventory_path=data["inventory_path"],
+                       cluster=cluster, tasks=tasks, hosts=hosts, unused=unused,
+                       firewall=data.get("firewall", False))
+
+
+def default_state_dir() -> Path:
+    if os.environ.get("PSCLUSTER_STATE_DIR"):
+        return Path(os.environ["PSCLUSTER_STATE_DIR"])
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "pscluster"
+
+
+class StateStore:
+    """Reads and writes cluster states in one directory."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root) if root else default_state_dir()
+
+    def path(self, name: str) -> Path:
+        return self.root / f"{name}.json"
+
+    def names(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(path.stem for path in self.root.glob("*.json"))
+
+    def load(self, name: str) -> RunState | None:
+        path = self.path(name)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return RunState.from_json(json.load(handle))
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StateError(f"cluster state {path} is unreadable: {exc}",
+                             hint="inspect it; 'pscluster down' needs it to find the processes") from None
+
+    def save(self, state: RunState) -> None:
+        state.updated = time.time()
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.path(state.name)
+        tmp = path.with_suffix(f".json.tmp{os.getpid()}")
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(state.to_json(), handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+
+    def delete(self, name: str) -> None:
+        for path in (self.path(name), self.root / f"{name}.lock"):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    @contextlib.contextmanager
+    def lock(self, name: str, *, wait: float = 10.0) -> Iterator[None]:
+        """Exclusive lock on one cluster's state (released if this process dies)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        handle = open(self.root / f"{name}.lock", "a+")
+        deadline = time.monotonic() + wait
+        try:
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise StateError(f"cluster {name!r} is locked by another pscluster command",
+                                         hint="wait for it to finish") from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            handle.close()
+
+    def update(self, state: RunState) -> None:
+        """Save under the lock (the usual way to record progress)."""
+        with self.lock(state.name):
+            self.save(state)
+
+    def resolve_name(self, name: str | None) -> str:
+        """The cluster a command means: the given name, or the only one that has a state.
+
+        Raises:
+            UsageError: no cluster, or several and no name given.
+        """
+        if name:
+            if not self.path(name).exists():
+                known = ", ".join(self.names()) or "none"
+                raise UsageError(f"no cluster named {name!r} (known: {known})",
+                                 hint="'pscluster up INVENTORY' creates one")
+            return name
+        names = self.names()
+        if not names:
+            raise UsageError("no cluster is up", hint="start one with 'pscluster up inventories/local.yaml'")
+        if len(names) > 1:
+            raise UsageError(f"several clusters are up ({', '.join(names)})", hint="pick one with --name")
+        return names[0]

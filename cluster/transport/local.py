@@ -1,0 +1,33 @@
+"""Transport for ``ansible_connection: local`` hosts: plain subprocesses on this machine."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import Sequence
+
+from ..errors import HostError
+from .base import CommandResult, Transport
+
+
+class LocalTransport(Transport):
+    """Runs argv lists with subprocess (never a shell) and copies files with shutil."""
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> CommandResult:
+        try:
+            proc = subprocess.run(list(argv), input=stdin or b"", capture_output=True, timeout=timeout)
+        except FileNotFoundError as exc:
+            return CommandResult(self.host.name, tuple(argv), 127, "", f"{argv[0]}: {exc.strerror}")
+        except subprocess.TimeoutExpired:
+            raise HostError(self.host.name, f"command timed out after {timeout:.0f} s", argv=argv) from None
+        return CommandResult(self.host.name, tuple(argv), proc.returncode,
+                             proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))
+
+    def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
+        for local, remote in files:
+            target = os.path.expanduser(remote)
+            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+            tmp = f"{target}.pscluster-tmp{os.getpid()}"
+            shutil.copyfile(local, tmp)
+            os.chmod(tmp, mode if mode is not None else (os.stat(local).st_mode & 0o777))
+            os.replace(tmp, target)

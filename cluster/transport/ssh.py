@@ -1,0 +1,203 @@
+"""SSH transport: the only module of pscluster that imports Fabric or paramiko.
+
+Fabric gives us the connection (``~/.ssh/config`` is honoured, keys, agent) and SFTP. Two of
+its defaults are replaced on purpose:
+
+* Host keys: Fabric 3 sets paramiko's ``AutoAddPolicy`` and loads no known_hosts file, i.e. it
+  trusts any server. We load the inventory's known_hosts (default ``~/.ssh/known_hosts``) and
+  reject unknown keys, or accept and remember them on first contact with
+  ``pscluster_host_key_policy: accept-new`` (like OpenSSH's ``StrictHostKeyChecking=accept-new``);
+  a changed key is refused either way.
+* Commands run on raw exec channels rather than Invoke runners, so stdin can be fed and closed
+  at once and a deadline bounds every call; keepalives every second let a dead host surface
+  within seconds instead of hanging the caller.
+"""
+from __future__ import annotations
+
+import os
+import select
+import shlex
+import socket
+import threading
+import time
+from typing import Sequence
+
+import fabric
+import paramiko
+
+from ..errors import HostError, UnreachableHostError
+from .base import CommandResult, Transport
+
+KEEPALIVE_SECONDS = 1
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """Trust an unknown host key on first contact and append it to known_hosts.
+
+    Only called for hosts that have no key on record; paramiko raises ``BadHostKeyException``
+    itself when a recorded key differs, so a changed key is never accepted.
+    """
+
+    def __init__(self, known_hosts_path: str):
+        self.path = known_hosts_path
+
+    def missing_host_key(self, client, hostname, key):
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        with _KNOWN_HOSTS_LOCK:
+            os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
+            with open(self.path, "a", encoding="ascii") as handle:
+                handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+class SSHTransport(Transport):
+    """Runs commands on a host over one persistent SSH connection."""
+
+    def __init__(self, host):
+        super().__init__(host)
+        self._conn: fabric.Connection | None = None
+        self._lock = threading.Lock()
+        self._sftp_lock = threading.Lock()
+
+    @property
+    def where(self) -> str:
+        user = f"{self.host.user}@" if self.host.user else ""
+        port = f":{self.host.ssh_port}" if self.host.ssh_port else ""
+        return f"{user}{self.host.address}{port}"
+
+    def known_hosts_path(self) -> str:
+        return os.path.expanduser(self.host.known_hosts or "~/.ssh/known_hosts")
+
+    def connect(self) -> None:
+        with self._lock:
+            if self._conn is not None and self._conn.is_connected:
+                return
+            self._conn = self._open()
+
+    def _open(self) -> fabric.Connection:
+        timeout = self.host.connect_timeout
+        connect_kwargs: dict = {"banner_timeout": timeout, "auth_timeout": timeout,
+                                "allow_agent": True, "look_for_keys": True}
+        if self.host.key_file:
+            connect_kwargs["key_filename"] = [os.path.expanduser(self.host.key_file)]
+            connect_kwargs["look_for_keys"] = False
+        conn = fabric.Connection(host=self.host.address, user=self.host.user, port=self.host.ssh_port,
+                                 connect_timeout=timeout, connect_kwargs=connect_kwargs)
+        known_hosts = self.known_hosts_path()
+        if os.path.exists(known_hosts):
+            conn.client.load_host_keys(known_hosts)
+        if self.host.host_key_policy == "accept-new":
+            conn.client.set_missing_host_key_policy(AcceptNewPolicy(known_hosts))
+        else:
+            conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        try:
+            conn.open()
+        except paramiko.BadHostKeyException as exc:
+            raise UnreachableHostError(
+                self.host.name, f"host key of {self.where} does not match {known_hosts} "
+                f"(got {exc.key.get_name()} {exc.key.get_fingerprint().hex()})",
+                hint="if the host was reinstalled, remove its old line with "
+                     f"'ssh-keygen -R {self.host.address} -f {known_hosts}' after checking the new key") from None
+        except paramiko.AuthenticationException as exc:
+            raise UnreachableHostError(
+                self.host.name, f"authentication failed for {self.where}: {exc}",
+                hint="check ansible_user and ansible_ssh_private_key_file (key authentication only)") from None
+        except paramiko.SSHException as exc:
+            text = str(exc)
+            if "not found in known_hosts" in text:
+                raise UnreachableHostError(
+                    self.host.name, f"unknown host key for {self.where} (not in {known_hosts})",
+                    hint=f"check the host's fingerprint, then add it: 'ssh-keyscan {self.host.address} "
+                         f">> {known_hosts}'; or set pscluster_host_key_policy: accept-new") from None
+            raise UnreachableHostError(self.host.name, f"SSH to {self.where} failed: {text}",
+                                       hint="is sshd running there?") from None
+        except (socket.timeout, TimeoutError) as exc:
+            raise UnreachableHostError(
+                self.host.name, f"cannot reach {self.where}: timed out after {timeout:.0f} s",
+                hint="is the host up and on the network? check ansible_host / ansible_port") from exc
+        except (OSError, EOFError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            raise UnreachableHostError(self.host.name, f"cannot reach {self.where}: {reason}",
+                                       hint="is the host up and sshd listening? check ansible_host / ansible_port") from None
+        conn.transport.set_keepalive(KEEPALIVE_SECONDS)
+        return conn
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> CommandResult:
+        self.connect()
+        command = shlex.join(argv)
+        deadline = time.monotonic() + timeout
+        try:
+            channel = self._conn.client.get_transport().open_session(timeout=timeout)
+            channel.settimeout(timeout)
+            channel.exec_command(command)
+            if stdin:
+                channel.sendall(stdin)
+            channel.shutdown_write()
+            out, err = bytearray(), bytearray()
+            while True:
+                while channel.recv_ready():
+                    out += channel.recv(65536)
+                while channel.recv_stderr_ready():
+                    err += channel.recv_stderr(65536)
+                if channel.exit_status_ready() and channel.eof_received and \
+                        not channel.recv_ready() and not channel.recv_stderr_ready():
+                    break
+                if time.monotonic() > deadline:
+                    channel.close()
+                    raise HostError(self.host.name, f"command timed out after {timeout:.0f} s", argv=argv,
+                                    stderr=err.decode("utf-8", "replace"))
+                if not self._conn.transport.is_active():
+                    raise UnreachableHostError(self.host.name, f"connection to {self.where} lost", argv=argv)
+                select.select([channel], [], [], 0.02)
+            code = channel.recv_exit_status()
+            channel.close()
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            self._drop()
+            raise UnreachableHostError(self.host.name, f"connection to {self.where} lost: {exc or type(exc).__name__}",
+                                       argv=argv) from None
+        return CommandResult(self.host.name, tuple(argv), code, out.decode("utf-8", "replace"),
+                             err.decode("utf-8", "replace"))
+
+    def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
+        self.connect()
+        with self._sftp_lock:
+            try:
+                sftp = self._conn.sftp()
+                made: set[str] = set()
+                for local, remote in files:
+                    path = remote[2:] if remote.startswith("~/") else remote   # SFTP starts in $HOME
+                    self._makedirs(sftp, os.path.dirname(path), made)
+                    tmp = f"{path}.pscluster-tmp"
+                    sftp.put(local, tmp)
+                    sftp.chmod(tmp, mode if mode is not None else (os.stat(local).st_mode & 0o777))
+                    sftp.posix_rename(tmp, path)
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                self._drop()
+                raise HostError(self.host.name, f"copying files to {self.where} failed: {exc}") from None
+
+    @staticmethod
+    def _makedirs(sftp, directory: str, made: set[str]) -> None:
+        if not directory or directory in made:
+            return
+        parts = directory.split("/")
+        for end in range(1, len(parts) + 1):
+            partial = "/".join(parts[:end]) or "/"
+            if partial in made or partial in ("", "/"):
+                continue
+            try:
+                sftp.stat(partial)
+            except FileNotFoundError:
+                sftp.mkdir(partial)
+            made.add(partial)
+
+    def _drop(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                except Exception:   # closing a broken connection may raise anything
+                    pass
+                self._conn = None
+
+    def close(self) -> None:
+        self._drop()

@@ -1,0 +1,374 @@
+"""Host-side control program of pscluster (standard library only; never imports TensorFlow).
+
+The orchestrator does not install this file on hosts before using it: a one-line ``python -c``
+bootstrap reads this source, compressed, from stdin, and the JSON request follows it there (so
+nothing secret is on a command line); the answer is one JSON object on stdout. Operations:
+
+``facts``   interpreter, TensorFlow distribution and version (from package metadata, without the
+            3 s import), busy ports, GPUs (``nvidia-smi -L``), workdir writability.
+``start``   start one task detached: a monitor process becomes session and group leader
+            (pgid = its pid), starts the task in its group with output to the log file, and
+            writes the task's exit status to ``<log>.exit`` when it ends.
+``status``  per recorded task: running / exited (with code or signal) / gone.
+``stop``    SIGTERM each recorded process group, wait up to a grace period, SIGKILL what is
+            left, verify; only groups whose leader's start time matches the record.
+``read``    bytes of a file from an offset (logs, event files).
+``hashes``  sha256 of files under a directory (code sync sends only what changed).
+``nft``     apply or delete an nftables ruleset (the firewall feature).
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+def _expand(path):
+    return os.path.abspath(os.path.expanduser(path)) if path else path
+
+
+def _proc_stat(pid):
+    """(state, pgrp, session, starttime) of a process, or None if there is no such process."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            text = handle.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return fields[0], int(fields[2]), int(fields[3]), fields[19]
+
+
+def _alive(pid, starttime=None):
+    stat = _proc_stat(pid)
+    if stat is None or stat[0] in ("Z", "X"):
+        return False
+    return starttime is None or stat[3] == starttime
+
+
+def _session_members(sid):
+    """Live processes of a session (used when its leader is gone but members remain)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _proc_stat(int(entry))
+            if stat and stat[2] == sid and stat[0] not in ("Z", "X"):
+                members.append(int(entry))
+    return members
+
+
+def op_facts(req):
+    result = {"python": sys.version.split()[0], "executable": sys.executable,
+              "hostname": socket.gethostname(), "cpus": os.cpu_count()}
+    try:
+        from importlib import metadata
+    except ImportError:  # pragma: no cover - Python < 3.8
+        metadata = None
+    tf = None
+    for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tf-nightly-cpu",
+                 "tensorflow-intel", "tensorflow-macos"):
+        try:
+            tf = {"dist": dist, "version": metadata.version(dist)} if metadata else None
+            break
+        except Exception:  # PackageNotFoundError
+            continue
+    if tf is not None:
+        import importlib.util
+        spec = importlib.util.find_spec("tensorflow")
+        tf["importable"] = spec is not None
+    result["tensorflow"] = tf
+    busy = []
+    for port in req.get("ports", []):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))   # TF servers bind every interface
+        except OSError as exc:
+            busy.append({"port": port, "error": exc.strerror})
+        finally:
+            sock.close()
+    result["busy_ports"] = busy
+    if req.get("gpus"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 timeout=20, universal_newlines=True)
+            result["gpus"] = [line for line in out.stdout.splitlines() if line.startswith("GPU ")]
+            result["gpu_error"] = out.stderr.strip() if out.returncode else None
+        except FileNotFoundError:
+            result["gpus"], result["gpu_error"] = [], "nvidia-smi not found"
+        except subprocess.TimeoutExpired:
+            result["gpus"], result["gpu_error"] = [], "nvidia-smi -L timed out"
+    workdir = req.get("workdir")
+    if workdir:
+        path = _expand(workdir)
+        try:
+            os.makedirs(path, exist_ok=True)
+            probe = os.path.join(path, ".pscluster-write-test-%d" % os.getpid())
+            with open(probe, "w") as handle:
+                handle.write("ok")
+            os.unlink(probe)
+            result["workdir_error"] = None
+        except OSError as exc:
+            result["workdir_error"] = "%s: %s" % (path, exc.strerror)
+    for tool in req.get("tools", []):
+        result.setdefault("tools", {})[tool] = any(
+            os.access(os.path.join(d, tool), os.X_OK) for d in
+            os.environ.get("PATH", "").split(os.pathsep) + ["/usr/sbin", "/sbin"])
+    result["uid"] = os.getuid()
+    return result
+
+
+def op_start(req):
+    cwd = _expand(req["cwd"])
+    log = _expand(req["log"])
+    exit_file = log + ".exit"
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    if os.path.exists(exit_file):
+        os.unlink(exit_file)
+    env = dict(os.environ) if req.get("inherit_env", True) else {}
+    env.update(req.get("env", {}))   # arrives on stdin: secret values never touch argv
+    read_end, write_end = os.pipe()
+    monitor = os.fork()
+    if monitor == 0:  # monitor: session leader, parent of the task
+        try:
+            os.close(read_end)
+            os.setsid()
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.write(log_fd, ("pscluster: %s starting %s\n" % (
+                time.strftime("%Y-%m-%d %H:%M:%S"), " ".join(req["argv"]))).encode())
+            try:
+                task = subprocess.Popen(req["argv"], cwd=cwd, env=env, stdin=devnull,
+                                        stdout=log_fd, stderr=log_fd, close_fds=True)
+            except OSError as exc:
+                message = "cannot start %s: %s" % (req["argv"][0], exc.strerror)
+                os.write(log_fd, ("pscluster: %s\n" % message).encode())
+                _write_json(exit_file, {"exit_code": 127, "signal": None, "ended": time.time(),
+                                        "error": message})
+                os.write(write_end, json.dumps({"error": message}).encode())
+                os._exit(0)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)   # outlive the task to record its exit
+            me = os.getpid()
+            record = {"pid": task.pid, "pgid": me, "starttime": _proc_stat(me)[3],
+                      "task_starttime": (_proc_stat(task.pid) or [None] * 4)[3],
+                      "started": time.time(), "log": log, "exit_file": exit_file}
+            # Written before anyone is told: an orchestrator killed right now still finds it.
+            _write_json(log + ".pid", record)
+            os.write(write_end, json.dumps(record).encode())
+            os.close(write_end)
+            code = task.wait()
+            _write_json(exit_file, {"exit_code": code if code >= 0 else None,
+                                    "signal": -code if code < 0 else None, "ended": time.time()})
+            os.write(log_fd, ("pscluster: %s task ended with %s\n" % (
+                time.strftime("%Y-%m-%d %H:%M:%S"),
+                "exit code %d" % code if code >= 0 else "signal %d" % -code)).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    chunks = []
+    while True:
+        chunk = os.read(read_end, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.waitpid(monitor, os.WNOHANG)
+    data = b"".join(chunks)
+    if not data:
+        return {"error": "the monitor process died before starting the task"}
+    return json.loads(data.decode())
+
+
+def _write_json(path, data):
+    tmp = path + ".tmp%d" % os.getpid()
+    with open(tmp, "w") as handle:
+        json.dump(data, handle)
+    os.replace(tmp, path)
+
+
+def _read_exit(path):
+    try:
+        with open(_expand(path)) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def _resolve(rec):
+    """Fill pid/pgid from the pid file when the orchestrator died before recording them."""
+    if rec.get("pgid") is None and rec.get("log"):
+        found = _read_exit(rec["log"] + ".pid")
+        if found:
+            rec = dict(rec, **{k: found[k] for k in ("pid", "pgid", "starttime", "task_starttime",
+                                                      "started", "exit_file")})
+    return rec
+
+
+def _task_state(rec, now):
+    rec = _resolve(rec)
+    if rec.get("pgid") is None:
+        return {"state": "gone", "never_started": True}
+    exit_info = _read_exit(rec["exit_file"]) if rec.get("exit_file") else None
+    if _alive(rec["pid"], rec.get("task_starttime")):
+        return {"state": "running", "uptime": now - rec.get("started", now)}
+    if exit_info is not None:
+        return dict(exit_info, state="exited")
+    if _alive(rec["pgid"], rec.get("starttime")):
+        # The task is gone and the monitor has not written yet: about to be "exited".
+        return {"state": "running", "uptime": now - rec.get("started", now)}
+    return {"state": "gone"}
+
+
+def op_status(req):
+    now = time.time()
+    return {"tasks": [dict(_task_state(rec, now), key=rec["key"]) for rec in req["tasks"]]}
+
+
+def _group_members(rec):
+    """Live processes in the recorded group, checking the leader is the one we started."""
+    rec = _resolve(rec)
+    if rec.get("pgid") is None:
+        return []
+    leader_ok = _alive(rec["pgid"], rec.get("starttime"))
+    stat = _proc_stat(rec["pgid"])
+    if stat is not None and not leader_ok and stat[0] not in ("Z", "X"):
+        return []   # the PID was reused by an unrelated process: never touch it
+    # Linux does not reuse a PID while it names a live session, so members are ours.
+    return _session_members(rec["pgid"])
+
+
+def op_stop(req):
+    grace = float(req.get("grace", 10))
+    records = [_resolve(rec) for rec in req["tasks"]]
+    first_signal = getattr(signal, "SIG" + req.get("signal", "TERM"))
+    results = {rec["key"]: {"key": rec["key"], "signals": [], "found": False} for rec in records}
+    for rec in records:
+        members = _group_members(rec)
+        if members:
+            results[rec["key"]]["found"] = True
+            _kill_group(rec["pgid"], members, first_signal)
+            results[rec["key"]]["signals"].append(first_signal.name)
+    deadline = time.time() + grace
+    pending = [rec for rec in records if results[rec["key"]]["found"]]
+    while pending and time.time() < deadline:
+        time.sleep(0.05)
+        pending = [rec for rec in pending if _group_members(rec)]
+    for rec in pending:
+        members = _group_members(rec)
+        if members:
+            _kill_group(rec["pgid"], members, signal.SIGKILL)
+            results[rec["key"]]["signals"].append("SIGKILL")
+    deadline = time.time() + 5
+    while pending and time.time() < deadline:
+        pending = [rec for rec in pending if _group_members(rec)]
+        if pending:
+            time.sleep(0.05)
+    for rec in records:
+        survivors = _group_members(rec)
+        results[rec["key"]]["survivors"] = survivors
+        results[rec["key"]]["exit"] = _read_exit(rec["exit_file"]) if rec.get("exit_file") else None
+    return {"tasks": list(results.values())}
+
+
+def _kill_group(pgid, members, sig):
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        for pid in members:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def op_signal(req):
+    """Send one signal to recorded groups or single task processes (fault tests, Ctrl-C)."""
+    sig = getattr(signal, "SIG" + req["signal"])
+    sent = []
+    for rec in map(_resolve, req["tasks"]):
+        if req.get("task_only"):
+            if rec.get("pid") and _alive(rec["pid"], rec.get("task_starttime")):
+                os.kill(rec["pid"], sig)
+                sent.append(rec["key"])
+        elif _group_members(rec):
+            _kill_group(rec["pgid"], _group_members(rec), sig)
+            sent.append(rec["key"])
+    return {"sent": sent}
+
+
+def op_read(req):
+    path = _expand(req["path"])
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            offset = req.get("offset", 0)
+            if offset < 0:
+                offset = max(0, size + offset)
+            handle.seek(offset)
+            data = handle.read(req.get("max", 1 << 20))
+    except FileNotFoundError:
+        return {"exists": False, "size": 0, "offset": 0, "end": 0, "data": ""}
+    return {"exists": True, "size": size, "offset": offset, "end": offset + len(data),
+            "data": data.decode("utf-8", "replace")}
+
+
+def op_hashes(req):
+    import hashlib
+    root = _expand(req["root"])
+    result = {}
+    for rel in req["files"]:
+        path = os.path.join(root, rel)
+        try:
+            with open(path, "rb") as handle:
+                result[rel] = hashlib.sha256(handle.read()).hexdigest()
+        except OSError:
+            result[rel] = None
+    return {"root": root, "hashes": result}
+
+
+def op_remove(req):
+    removed = []
+    for path in req["paths"]:
+        path = _expand(path)
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+    return {"removed": removed}
+
+
+def op_nft(req):
+    proc = subprocess.run(["nft", "-f", "-"], input=req["ruleset"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True)
+    listing = None
+    if req.get("list_table"):
+        out = subprocess.run(["nft", "list", "tables"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, universal_newlines=True)
+        listing = out.stdout
+    return {"exit_code": proc.returncode, "stderr": proc.stderr, "tables": listing}
+
+
+OPERATIONS = {"facts": op_facts, "start": op_start, "status": op_status, "stop": op_stop,
+              "signal": op_signal, "read": op_read, "hashes": op_hashes, "remove": op_remove,
+              "nft": op_nft}
+
+
+def main():
+    request = json.loads(sys.stdin.buffer.read().decode() or "{}")
+    operation = OPERATIONS[sys.argv[-1]]
+    try:
+        result = operation(request)
+    except Exception as exc:  # report, never a traceback the orchestrator cannot parse
+        result = {"error": "%s: %s" % (type(exc).__name__, exc)}
+    sys.stdout.write(json.dumps(result))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

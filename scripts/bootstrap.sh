@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Sets up everything pscluster needs on this machine, idempotently:
+#   - Debian packages the lab tests and SSH hosts need (openssh-server/client, iproute2, nftables),
+#   - a virtualenv in .venv with pscluster (editable), TensorFlow (CPU) and the test tools.
+# Re-running is cheap: pip runs again only when setup.cfg changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_missing=()
+command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || apt_missing+=(openssh-server)
+command -v ssh >/dev/null 2>&1 || apt_missing+=(openssh-client)
+command -v ip >/dev/null 2>&1 || apt_missing+=(iproute2)
+command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || apt_missing+=(nftables)
+if [ ${#apt_missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "bootstrap: installing Debian packages: ${apt_missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_missing[@]}" >/dev/null
+  else
+    echo "bootstrap: missing ${apt_missing[*]}; install them (apt-get install ${apt_missing[*]}) or run as root" >&2
+    echo "bootstrap: continuing; the SSH lab tests will be skipped without them" >&2
+  fi
+fi
+
+PY=${PSCLUSTER_BOOTSTRAP_PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "bootstrap: creating .venv with $($PY --version)"
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.pscluster-setup-stamp
+want=$(cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "bootstrap: installing pscluster[cpu,test] into .venv (first time: ~1 minute)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e '.[cpu,test]'
+  # Legacy Keras, only for the tf-keras baseline benchmark; --no-deps keeps it from
+  # pulling the full tensorflow wheel over tensorflow-cpu (see TF-NOTES).
+  .venv/bin/python -m pip install -q --no-deps tf-keras==2.21.0
+  echo "$want" > "$stamp"
+fi

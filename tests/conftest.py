@@ -1,0 +1,109 @@
+"""Shared pytest fixtures: the network-namespace SSH lab (tests/lab/netlab.py).
+
+* ``lab3``      -- a 3-host lab shared by the tests of one module; hosts cut by
+                   a test are healed after it.
+* ``make_lab``  -- factory ``make_lab(n, **Lab_kwargs) -> started Lab``; every
+                   lab it made is stopped at the end of the test.  The subnet
+                   defaults to ``"auto"`` (a free 127.77.x.0/24) so labs can
+                   coexist with each other and with a CLI-started lab.
+* ``write_lab_inventory`` -- ``netlab.write_inventory(lab, path, groups, extra_vars)``.
+
+All of them skip (with the reason) when the machine cannot run the lab: not
+root, no ``ip``, no ``/usr/sbin/sshd``...
+
+Lab directories live under ``$PSCLUSTER_LAB_DIR`` (default
+``/tmp/pscluster-netlab``); labs left there by a crashed earlier run are reaped
+at session start (only those whose owning process is gone).  A lab's directory
+is removed after a clean stop unless ``PSCLUSTER_LAB_KEEP=1``.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import tempfile
+
+import pytest
+
+from tests.lab import netlab
+
+LAB_BASE = pathlib.Path(os.environ.get("PSCLUSTER_LAB_DIR", "/tmp/pscluster-netlab"))
+KEEP_DIRS = os.environ.get("PSCLUSTER_LAB_KEEP") == "1"
+
+write_lab_inventory = netlab.write_inventory  # plain helper, also a fixture below
+
+
+@pytest.fixture(scope="session")
+def lab_base() -> pathlib.Path:
+    """Directory holding this session's labs; reaps stale labs once."""
+    try:
+        netlab.check_available()
+    except netlab.LabUnavailable as e:
+        pytest.skip(f"network lab unavailable: {e.reason}")
+    LAB_BASE.mkdir(parents=True, exist_ok=True)
+    netlab.reap_stale(LAB_BASE)
+    return LAB_BASE
+
+
+def _start_lab(base: pathlib.Path, n: int, **kw) -> netlab.Lab:
+    kw.setdefault("subnet", "auto")
+    root = kw.pop("root_dir", None)
+    if root is None:
+        root = pathlib.Path(tempfile.mkdtemp(prefix=f"lab{n}-", dir=base))
+    lab = netlab.Lab(n, pathlib.Path(root), **kw)
+    try:
+        lab.start()
+    except BaseException as e:
+        if not KEEP_DIRS and lab.root_dir.parent == base:
+            shutil.rmtree(lab.root_dir, ignore_errors=True)
+        if isinstance(e, netlab.LabUnavailable):
+            pytest.skip(f"network lab unavailable: {e.reason}")
+        raise
+    return lab
+
+
+def _stop_lab(lab: netlab.Lab) -> None:
+    lab.stop()
+    if not KEEP_DIRS and lab.root_dir.parent == LAB_BASE:
+        shutil.rmtree(lab.root_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def make_lab(lab_base):
+    """Factory: ``lab = make_lab(4, subnet="127.78.0", tag="x1")``."""
+    labs: list[netlab.Lab] = []
+
+    def factory(n: int, **kw) -> netlab.Lab:
+        lab = _start_lab(lab_base, n, **kw)
+        labs.append(lab)
+        return lab
+
+    yield factory
+    errors = []
+    for lab in reversed(labs):
+        try:
+            _stop_lab(lab)
+        except Exception as e:  # stop them all, then report
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
+@pytest.fixture(scope="module")
+def _lab3_module(lab_base):
+    lab = _start_lab(lab_base, 3)
+    yield lab
+    _stop_lab(lab)
+
+
+@pytest.fixture
+def lab3(_lab3_module):
+    """A running 3-host lab (node-1..node-3), shared within the module."""
+    yield _lab3_module
+    _lab3_module.heal_all()
+
+
+@pytest.fixture(name="write_lab_inventory")
+def _write_lab_inventory_fixture():
+    return netlab.write_inventory
