@@ -6,6 +6,7 @@ draw plans, preflight reports, status tables and errors.
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any, Sequence
 
@@ -26,8 +27,15 @@ STATE_STYLES = {"ready": "green", "running": "green", "starting": "yellow", "exi
 
 
 def make_consoles(*, no_color: bool = False) -> tuple[Console, Console]:
-    """(stdout console, stderr console)."""
-    return Console(no_color=no_color, highlight=False), Console(stderr=True, no_color=no_color, highlight=False)
+    """(stdout console, stderr console). Output to a pipe or file is 160 columns wide rather
+    than rich's 80, so tables stay readable in CI logs; $COLUMNS still wins."""
+    consoles = []
+    for stderr in (False, True):
+        console = Console(stderr=stderr, no_color=no_color, highlight=False)
+        if not console.is_terminal and not os.environ.get("COLUMNS"):
+            console = Console(stderr=stderr, no_color=no_color, highlight=False, width=160)
+        consoles.append(console)
+    return consoles[0], consoles[1]
 
 
 def _mask(value: str | None) -> str:

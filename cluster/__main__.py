@@ -1,0 +1,4 @@
+"""``python -m cluster`` is ``pscluster``."""
+from .cli import main
+
+main()

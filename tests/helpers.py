@@ -1,0 +1,82 @@
+"""Helpers shared by the local, lab and fault tests (real processes, real hosts)."""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+_PORTS = itertools.count(0)
+
+
+def port_base() -> int:
+    """A distinct port range per test in this session (20 ports each), away from 2222."""
+    return 31000 + 40 * (os.getpid() % 50) + 20 * next(_PORTS) % 8000
+
+
+def run_cli(args, *, state_dir, timeout: float = 300, env: dict | None = None,
+            check: bool = False) -> subprocess.CompletedProcess:
+    """Run ``pscluster ARGS`` as a real process, as a user would."""
+    full_env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), COLUMNS="200", NO_COLOR="1")
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, "-m", "cluster", *map(str, args)], cwd=REPO, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"pscluster {' '.join(map(str, args))} failed ({proc.returncode}):\n"
+                             f"{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def run_json(args, *, state_dir, **kw) -> dict:
+    proc = run_cli([*args, "--json"], state_dir=state_dir, check=True, **kw)
+    return json.loads(proc.stdout)
+
+
+def cluster_pids(name: str) -> list[int]:
+    """Live processes started for cluster ``name`` (read-only scan of /proc environments).
+
+    Every task pscluster starts carries ``PSCLUSTER_CLUSTER=<name>``; the fake hosts share this
+    machine's PID space, so this sees every host. Used only to assert, never to kill.
+    """
+    marker = f"PSCLUSTER_CLUSTER={name}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                environ = handle.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as handle:
+                state = handle.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in environ and state not in ("Z", "X"):
+            found.append(int(entry))
+    return found
+
+
+def assert_no_survivors(name: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = cluster_pids(name)
+        if not pids:
+            return
+        if time.monotonic() > deadline:
+            details = []
+            for pid in pids:
+                try:
+                    details.append(f"{pid}: {open(f'/proc/{pid}/cmdline').read().replace(chr(0), ' ')[:120]}")
+                except OSError:
+                    pass
+            raise AssertionError(f"processes of cluster {name!r} survive:\n" + "\n".join(details))
+        time.sleep(0.2)
+
+
+def netns_of(pid: int) -> str | None:
+    """The named network namespace a process lives in (``ip netns identify``)."""
+    proc = subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True)
+    return proc.stdout.strip() or None
