@@ -240,6 +240,62 @@ def down(env: Env, name: str | None, grace: float) -> None:
                   f"{hosts} host(s) in {result.seconds:.1f} s; nothing left running")
 
 
+@cli.command()
+@click.argument("job")
+@name_opt
+@click.option("--epochs", type=float, help="Epochs to train (default: the job's).")
+@click.option("--steps", type=int, help="Global steps to train (instead of epochs).")
+@click.option("--batch-size", type=int, help="Global batch size (default: the job's).")
+@click.option("--learning-rate", type=float, help="Learning rate (default: the job's).")
+@click.option("--scale-lr", is_flag=True, help="Multiply the learning rate by the number of workers.")
+@click.option("--checkpoint-dir", help="Checkpoint folder on the chief's host "
+                                       "(default: <workdir>/.pscluster/<name>/checkpoints/<job>).")
+@click.option("--checkpoint-every", type=int, metavar="STEPS", help="Checkpoint interval in steps.")
+@click.option("--resume", is_flag=True, help="Continue from the latest checkpoint.")
+@click.option("--data", help="Data file for the job, as a path on the hosts.")
+@click.option("--steps-per-execution", type=int, metavar="K", help="Steps per scheduled function / traced call.")
+@click.option("--restart-policy", type=click.Choice(["never", "on-failure", "always"]), default="on-failure",
+              show_default=True, help="What to do when a task fails.")
+@click.option("--max-restarts", type=click.IntRange(0, 100), default=3, show_default=True,
+              help="Restarts allowed per task (exponential backoff from 1 s).")
+@click.option("--start-timeout", type=float, default=180.0, show_default=True,
+              help="Seconds a training process may take to start training.")
+@click.option("--collective-timeout", type=float, default=30.0, show_default=True,
+              help="Sync mode: seconds a collective may wait for a peer.")
+@click.option("--host-timeout", type=float, default=60.0, show_default=True,
+              help="Seconds to wait for an unreachable host before failing the job.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the final report, as JSON.")
+@click.pass_obj
+def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learning_rate, scale_lr, checkpoint_dir,
+          checkpoint_every, resume, data, steps_per_execution, restart_policy, max_restarts, start_timeout,
+          collective_timeout, host_timeout, as_json: bool) -> None:
+    """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
+    from .events import Reporter
+    from .supervisor import Supervisor
+    from .training import TrainOptions, resolve_job
+    if epochs is not None and steps is not None:
+        raise UsageError("give --epochs or --steps, not both")
+    resolved = env.store.resolve_name(name)
+    job_ref = resolve_job(job, project_root())
+    options = TrainOptions(epochs=epochs, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
+                           scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                           resume=resume, data=data, steps_per_execution=steps_per_execution,
+                           restart_policy=restart_policy, max_restarts=max_restarts, start_timeout=start_timeout,
+                           collective_timeout=collective_timeout, host_timeout=host_timeout)
+    state = env.store.load(resolved)
+    display = Reporter() if as_json else ui.TrainDisplay(env.err)
+    try:
+        with env.pool_factory() as pool:
+            summary = Supervisor(store=env.store, name=resolved, job=job_ref, options=options, reporter=display,
+                                 pool=pool, root=project_root(), secrets=_secrets(state.plan)).run()
+    finally:
+        display.close()
+    if as_json:
+        env.out.print_json(json.dumps(summary))
+    else:
+        ui.render_summary(env.out, summary)
+
+
 def run(argv: list[str] | None = None, env: Env | None = None) -> int:
     """Run the CLI and return its exit code (what tests call)."""
     try:

@@ -246,7 +246,7 @@ class TrainDisplay(Reporter):
         elif kind == "phase":
             self._print(f"[bold cyan]▸ {data['name']}[/] {data.get('detail', '')}")
             return
-        elif kind in ("task-failed", "task-restarted", "task-lost"):
+        elif kind in ("task-failed", "task-restarting", "task-restarted", "task-lost"):
             self._print(f"[yellow]{kind}[/] {data.get('task')}@{data.get('host')}: {data.get('error', data.get('detail', ''))}",
                         "warning")
             return
@@ -289,3 +289,27 @@ class TrainDisplay(Reporter):
             self._live.update(self._render())
             self._live.stop()
             self._live = None
+
+
+def render_summary(console: Console, summary: dict) -> None:
+    """The end-of-training report people expect when they run this by hand."""
+    def number(key: str, fmt: str) -> str:
+        value = summary.get(key)
+        return format(value, fmt) if isinstance(value, (int, float)) else "n/a"
+
+    table = Table(title=f"{summary.get('job')} ({summary.get('mode')}, {summary.get('workers')} worker(s))",
+                  box=box.SIMPLE_HEAVY, show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("validation loss", number("val_loss", ".4f"))
+    table.add_row("validation accuracy", number("val_accuracy", ".4f"))
+    table.add_row("running time", f"{number('wall_seconds', '.1f')} s (training {number('train_seconds', '.1f')} s)")
+    table.add_row("throughput", f"{number('examples_per_second', ',.0f')} examples/s")
+    table.add_row("global step", str(summary.get("global_step")))
+    if summary.get("restored_step"):
+        table.add_row("resumed from step", str(summary["restored_step"]))
+    if summary.get("restarts"):
+        table.add_row("restarts", ", ".join(f"{task} x{count}" for task, count in summary["restarts"].items()))
+        table.add_row("steps redone", str(summary.get("steps_redone", 0)))
+    table.add_row("checkpoint", str(summary.get("checkpoint")))
+    console.print(table)

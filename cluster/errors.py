@@ -124,7 +124,8 @@ class MultiHostError(PsclusterError):
         root = self.failures[0].error if self.failures else None
         lines = [summary]
         if root is not None:
-            lines.append(f"Root cause (first observed failure): {root}")
+            # The root cause's hint becomes this error's hint (printed once, last).
+            lines.append(f"Root cause (first observed failure): {root.message if hint is None else root}")
         for other in self.failures[1:]:
             lines.append(f"Also: {other.error}")
         super().__init__("\n".join(lines), hint=hint or (root.hint if root else None))

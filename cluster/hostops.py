@@ -124,7 +124,7 @@ def start(transport: Transport, task: TaskSpec, record: ProcessRecord, *, argv: 
 @dataclass(frozen=True)
 class TaskStatus:
     key: str
-    state: str                  # "running" | "exited" | "gone"
+    state: str                  # "running" | "frozen" (SIGSTOP) | "exited" | "gone"
     exit_code: int | None = None
     signal: int | None = None
     uptime: float | None = None
@@ -139,11 +139,22 @@ class TaskStatus:
 def status(transport: Transport, records: Sequence[ProcessRecord], *, timeout: float = 20.0) -> dict[str, TaskStatus]:
     if not records:
         return {}
-    answer = call(transport, "status", {"tasks": [record.to_hostctl() for record in records]}, timeout=timeout)
-    return {item["key"]: TaskStatus(key=item["key"], state=item["state"], exit_code=item.get("exit_code"),
-                                    signal=item.get("signal"), uptime=item.get("uptime"),
-                                    never_started=bool(item.get("never_started")))
-            for item in answer["tasks"]}
+    return status_and_read(transport, records, (), timeout=timeout)[0]
+
+
+def status_and_read(transport: Transport, records: Sequence[ProcessRecord], reads: Sequence[tuple[str, int]], *,
+                    timeout: float = 20.0) -> tuple[dict[str, TaskStatus], list["FileChunk"]]:
+    """Task states and new bytes of files (path, offset) in one round trip."""
+    answer = call(transport, "status", {"tasks": [record.to_hostctl() for record in records],
+                                        "reads": [{"path": path, "offset": offset, "max": 1 << 20}
+                                                  for path, offset in reads]}, timeout=timeout)
+    states = {item["key"]: TaskStatus(key=item["key"], state=item["state"], exit_code=item.get("exit_code"),
+                                      signal=item.get("signal"), uptime=item.get("uptime"),
+                                      never_started=bool(item.get("never_started")))
+              for item in answer["tasks"]}
+    chunks = [FileChunk(r["exists"], r["size"], r["offset"], r["end"], r["data"], r["path"])
+              for r in answer.get("reads", [])]
+    return states, chunks
 
 
 @dataclass(frozen=True)
@@ -180,12 +191,14 @@ class FileChunk:
     offset: int
     end: int          # offset of the byte after this chunk (where the next read starts)
     data: str
+    path: str = ""
 
 
 def read(transport: Transport, path: str, *, offset: int = 0, limit: int = 1 << 20) -> FileChunk:
     """Read part of a file on the host; a negative offset reads from the end."""
     answer = call(transport, "read", {"path": path, "offset": offset, "max": limit})
-    return FileChunk(answer["exists"], answer["size"], answer["offset"], answer["end"], answer["data"])
+    return FileChunk(answer["exists"], answer["size"], answer["offset"], answer["end"], answer["data"],
+                     answer["path"])
 
 
 def log_tail(transport: Transport, path: str, *, limit: int = 4000) -> str:
@@ -203,3 +216,38 @@ def hashes(transport: Transport, root: str, files: Sequence[str]) -> dict[str, s
 
 def remove(transport: Transport, paths: Sequence[str]) -> list[str]:
     return call(transport, "remove", {"paths": list(paths)})["removed"]
+
+
+@dataclass(frozen=True)
+class WatchUpdate:
+    """One line of a host's ``watch`` stream."""
+
+    ts: float
+    states: dict[str, TaskStatus]
+    reads: tuple[FileChunk, ...]
+
+
+def watch(transport: Transport, records: Sequence[ProcessRecord], files: Sequence[tuple[str, int]], *,
+          interval: float = 0.5, heartbeat: float = 1.0):
+    """Start the host-side watch loop; returns a :class:`~cluster.transport.base.Stream`."""
+    program = packed_source()
+    request = {"tasks": [record.to_hostctl() for record in records],
+               "files": [{"path": path, "offset": offset} for path, offset in files],
+               "interval": interval, "heartbeat": heartbeat}
+    argv = [transport.host.python, "-c", BOOTSTRAP, str(len(program)), "watch"]
+    return transport.stream(argv, stdin=program + json.dumps(request).encode())
+
+
+def parse_watch_line(line: str) -> WatchUpdate | None:
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or "tasks" not in data:
+        return None
+    states = {item["key"]: TaskStatus(key=item["key"], state=item["state"], exit_code=item.get("exit_code"),
+                                      signal=item.get("signal"), never_started=bool(item.get("never_started")))
+              for item in data["tasks"]}
+    reads = tuple(FileChunk(r["exists"], r["size"], r["offset"], r["end"], r["data"], r["path"])
+                  for r in data["reads"])
+    return WatchUpdate(data["ts"], states, reads)

@@ -136,7 +136,7 @@ def wait_ready(plan: ClusterPlan, records: dict[str, ProcessRecord], pool: Trans
 
 
 def stop_records(plan: ClusterPlan, records: Sequence[ProcessRecord], pool: TransportPool, reporter: Reporter,
-                 *, grace: float) -> tuple[list[ProcessRecord], dict[str, PsclusterError]]:
+                 *, grace: float, first_signal: str = "TERM") -> tuple[list[ProcessRecord], dict[str, PsclusterError]]:
     """Stop recorded processes, all hosts in parallel.
 
     Returns:
@@ -148,7 +148,7 @@ def stop_records(plan: ClusterPlan, records: Sequence[ProcessRecord], pool: Tran
     errors: dict[str, PsclusterError] = {}
 
     def one(host: str) -> dict[str, hostops.StopResult]:
-        return hostops.stop(pool.get(plan.host(host)), grouped[host], grace=grace)
+        return hostops.stop(pool.get(plan.host(host)), grouped[host], grace=grace, first_signal=first_signal)
 
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(grouped)))) as executor:
         futures = {host: executor.submit(one, host) for host in grouped}

@@ -113,6 +113,9 @@ class ClusterPlan:
     def cluster_spec(self) -> dict[str, list[str]]:
         return {job: list(addresses) for job, addresses in self.cluster}
 
+    def tasks_of(self, role: str) -> tuple[TaskSpec, ...]:
+        return tuple(task for task in self.tasks if task.role == role)
+
     @property
     def standing_tasks(self) -> tuple[TaskSpec, ...]:
         return tuple(task for task in self.tasks if task.standing)

@@ -9,7 +9,8 @@ nothing secret is on a command line); the answer is one JSON object on stdout. O
 ``start``   start one task detached: a monitor process becomes session and group leader
             (pgid = its pid), starts the task in its group with output to the log file, and
             writes the task's exit status to ``<log>.exit`` when it ends.
-``status``  per recorded task: running / exited (with code or signal) / gone.
+``status``  per recorded task: running / frozen / exited (with code or signal) / gone.
+``watch``   the same, streamed as JSON lines with new bytes of event files (supervision).
 ``stop``    SIGTERM each recorded process group, wait up to a grace period, SIGKILL what is
             left, verify; only groups whose leader's start time matches the record.
 ``read``    bytes of a file from an offset (logs, event files).
@@ -213,7 +214,8 @@ def _task_state(rec, now):
         return {"state": "gone", "never_started": True}
     exit_info = _read_exit(rec["exit_file"]) if rec.get("exit_file") else None
     if _alive(rec["pid"], rec.get("task_starttime")):
-        return {"state": "running", "uptime": now - rec.get("started", now)}
+        stopped = _proc_stat(rec["pid"])[0] in ("T", "t")     # SIGSTOP or a tracer: frozen
+        return {"state": "frozen" if stopped else "running", "uptime": now - rec.get("started", now)}
     if exit_info is not None:
         return dict(exit_info, state="exited")
     if _alive(rec["pgid"], rec.get("starttime")):
@@ -223,8 +225,50 @@ def _task_state(rec, now):
 
 
 def op_status(req):
+    """Task states, plus (optionally) new bytes of files: one round trip per host per poll."""
     now = time.time()
-    return {"tasks": [dict(_task_state(rec, now), key=rec["key"]) for rec in req["tasks"]]}
+    result = {"tasks": [dict(_task_state(rec, now), key=rec["key"]) for rec in req["tasks"]]}
+    if req.get("reads"):
+        result["reads"] = [op_read(read) for read in req["reads"]]
+    return result
+
+
+def op_watch(req):
+    """Stream task states and new file bytes as JSON lines until the reader goes away.
+
+    A line goes out when a state changes, a watched file grew, or ``heartbeat`` seconds
+    passed; the orchestrator treats a silent channel as a lost host. Ends when stdout is
+    closed (EPIPE), so it never outlives the orchestrator's connection by more than a beat.
+    """
+    interval = float(req.get("interval", 0.5))
+    heartbeat = float(req.get("heartbeat", 1.0))
+    offsets = {item["path"]: int(item.get("offset", 0)) for item in req.get("files", [])}
+    previous = None
+    last_sent = 0.0
+    while True:
+        now = time.time()
+        states = [dict(_task_state(rec, now), key=rec["key"]) for rec in req.get("tasks", [])]
+        for item in states:
+            item.pop("uptime", None)      # changes every beat: not a reason to send
+        reads = []
+        for path, offset in offsets.items():
+            try:
+                size = os.path.getsize(_expand(path))
+            except OSError:
+                continue
+            if size > offset:
+                chunk = op_read({"path": path, "offset": offset, "max": 1 << 20})
+                offsets[path] = chunk["end"]
+                reads.append(chunk)
+        if reads or states != previous or now - last_sent >= heartbeat:
+            line = json.dumps({"ts": now, "tasks": states, "reads": reads}) + "\n"
+            try:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            except (BrokenPipeError, OSError):
+                return None
+            previous, last_sent = states, now
+        time.sleep(interval)
 
 
 def _group_members(rec):
@@ -312,8 +356,8 @@ def op_read(req):
             handle.seek(offset)
             data = handle.read(req.get("max", 1 << 20))
     except FileNotFoundError:
-        return {"exists": False, "size": 0, "offset": 0, "end": 0, "data": ""}
-    return {"exists": True, "size": size, "offset": offset, "end": offset + len(data),
+        return {"path": req["path"], "exists": False, "size": 0, "offset": 0, "end": 0, "data": ""}
+    return {"path": req["path"], "exists": True, "size": size, "offset": offset, "end": offset + len(data),
             "data": data.decode("utf-8", "replace")}
 
 
@@ -356,7 +400,7 @@ def op_nft(req):
 
 OPERATIONS = {"facts": op_facts, "start": op_start, "status": op_status, "stop": op_stop,
               "signal": op_signal, "read": op_read, "hashes": op_hashes, "remove": op_remove,
-              "nft": op_nft}
+              "nft": op_nft, "watch": op_watch}
 
 
 def main():
@@ -366,6 +410,8 @@ def main():
         result = operation(request)
     except Exception as exc:  # report, never a traceback the orchestrator cannot parse
         result = {"error": "%s: %s" % (type(exc).__name__, exc)}
+    if result is None:        # a streaming operation that already wrote its output
+        return
     sys.stdout.write(json.dumps(result))
     sys.stdout.flush()
 

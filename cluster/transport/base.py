@@ -8,8 +8,10 @@ implementation uses subprocess, the SSH one Fabric/paramiko. Higher-level host o
 from __future__ import annotations
 
 import abc
+import queue
+import threading
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..errors import HostError
 from ..plan import HostSpec
@@ -37,6 +39,54 @@ class CommandResult:
         return self
 
 
+class Stream:
+    """Lines from a long-running command, collected by a reader thread.
+
+    ``lines()`` never blocks; ``closed`` turns true when the command's output ended or the
+    connection broke (``error`` then says why).
+    """
+
+    def __init__(self, read_chunk: Callable[[], bytes], close: Callable[[], None]):
+        self._read_chunk = read_chunk
+        self._close = close
+        self._queue: queue.Queue[str] = queue.Queue()
+        self.closed = False
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        buffer = b""
+        try:
+            while True:
+                chunk = self._read_chunk()
+                if not chunk:
+                    break
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                for line in complete:
+                    self._queue.put(line.decode("utf-8", "replace"))
+        except Exception as exc:   # a broken connection ends the stream, whatever the exception
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.closed = True
+
+    def lines(self) -> list[str]:
+        found = []
+        while True:
+            try:
+                found.append(self._queue.get_nowait())
+            except queue.Empty:
+                return found
+
+    def close(self) -> None:
+        try:
+            self._close()
+        except Exception:   # closing a broken stream may raise anything; it is closed either way
+            pass
+        self.closed = True
+
+
 class Transport(abc.ABC):
     """Runs commands and copies files on one host."""
 
@@ -51,6 +101,10 @@ class Transport(abc.ABC):
             UnreachableHostError: the host cannot be reached.
             HostError: the command did not finish within ``timeout``.
         """
+
+    @abc.abstractmethod
+    def stream(self, argv: Sequence[str], *, stdin: bytes | None = None) -> Stream:
+        """Start ``argv`` and return its output as a :class:`Stream` (stdin is sent, then closed)."""
 
     @abc.abstractmethod
     def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:

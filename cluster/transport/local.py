@@ -7,7 +7,7 @@ import subprocess
 from typing import Sequence
 
 from ..errors import HostError
-from .base import CommandResult, Transport
+from .base import CommandResult, Stream, Transport
 
 
 class LocalTransport(Transport):
@@ -22,6 +22,22 @@ class LocalTransport(Transport):
             raise HostError(self.host.name, f"command timed out after {timeout:.0f} s", argv=argv) from None
         return CommandResult(self.host.name, tuple(argv), proc.returncode,
                              proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))
+
+    def stream(self, argv: Sequence[str], *, stdin: bytes | None = None) -> Stream:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL)
+        proc.stdin.write(stdin or b"")
+        proc.stdin.close()
+
+        def close() -> None:
+            proc.stdout.close()      # the command sees EPIPE on its next line and ends
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()          # our own direct child, by its Popen handle
+                proc.wait()
+
+        return Stream(lambda: proc.stdout.read1(65536), close)
 
     def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
         for local, remote in files:

@@ -26,7 +26,7 @@ import fabric
 import paramiko
 
 from ..errors import HostError, UnreachableHostError
-from .base import CommandResult, Transport
+from .base import CommandResult, Stream, Transport
 
 KEEPALIVE_SECONDS = 1
 _KNOWN_HOSTS_LOCK = threading.Lock()
@@ -157,6 +157,20 @@ class SSHTransport(Transport):
                                        argv=argv) from None
         return CommandResult(self.host.name, tuple(argv), code, out.decode("utf-8", "replace"),
                              err.decode("utf-8", "replace"))
+
+    def stream(self, argv: Sequence[str], *, stdin: bytes | None = None) -> Stream:
+        self.connect()
+        try:
+            channel = self._conn.client.get_transport().open_session(timeout=self.host.connect_timeout)
+            channel.exec_command(shlex.join(argv))
+            if stdin:
+                channel.sendall(stdin)
+            channel.shutdown_write()
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            self._drop()
+            raise UnreachableHostError(self.host.name, f"connection to {self.where} lost: {exc}", argv=argv) from None
+        channel.settimeout(None)
+        return Stream(lambda: channel.recv(65536), channel.close)
 
     def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
         self.connect()

@@ -1,0 +1,198 @@
+"""Training jobs: what to run where (pure parts) and reading what training processes report.
+
+A job is ``distributed_mnist`` (a folder under ``examples/``, synced by ``up``) or a path to a
+user's ``job.py`` / job folder, which is copied to each host that does not share this
+machine's checkout. Training processes are ``python -m roles.train --mode MODE --job PATH
+--events PATH ...``; they write JSON-lines events (see ``roles/events.py``) that
+:class:`EventTail` reads back over the host's transport.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from . import hostops
+from .codesync import LocalFile, collect, needs_sync
+from .errors import UsageError
+from .plan import ClusterPlan, HostSpec, TaskSpec
+from .transport import Transport
+
+RESTART_POLICIES = ("never", "on-failure", "always")
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """A job as the user named it, resolved on this machine."""
+
+    spec: str
+    name: str
+    local_path: Path
+    example: bool
+
+    @property
+    def is_dir(self) -> bool:
+        return self.local_path.is_dir()
+
+
+def resolve_job(spec: str, root: Path) -> JobRef:
+    """``distributed_mnist`` -> ``examples/distributed_mnist``; a path -> that file or folder.
+
+    Raises:
+        UsageError: nothing by that name, or a folder without ``job.py``.
+    """
+    path = Path(spec).expanduser()
+    if path.exists():
+        path = path.resolve()
+        if path.is_dir() and not (path / "job.py").is_file():
+            raise UsageError(f"job folder {spec} has no job.py", hint="a job folder holds job.py (see examples/)")
+        if path.is_file() and path.suffix != ".py":
+            raise UsageError(f"job file {spec} is not a .py file")
+        name = path.stem if path.is_file() else path.name
+        example = _is_within(path, root / "examples")
+        return JobRef(spec, name, path, example)
+    example = root / "examples" / spec
+    if (example / "job.py").is_file():
+        return JobRef(spec, spec, example, True)
+    known = sorted(p.name for p in (root / "examples").iterdir() if (p / "job.py").is_file()) \
+        if (root / "examples").is_dir() else []
+    raise UsageError(f"no job named {spec!r}", hint=f"shipped jobs: {', '.join(known) or 'none'}; "
+                                                   "or give the path of a job.py or a job folder")
+
+
+def _is_within(path: Path, folder: Path) -> bool:
+    try:
+        path.relative_to(folder.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def job_files(job: JobRef, plan: ClusterPlan) -> list[LocalFile]:
+    """Files to copy for a user job, relative to the host workdir."""
+    return collect(job.local_path.parent, (job.local_path.name,), prefix=f".pscluster/{plan.name}/jobs/{job.name}/")
+
+
+def job_path_on(host: HostSpec, job: JobRef, plan: ClusterPlan, root: Path) -> str:
+    """Where the training process on ``host`` finds the job."""
+    if not needs_sync(host, root):
+        return str(job.local_path)
+    if job.example:
+        return str(job.local_path.relative_to(root))
+    return f".pscluster/{plan.name}/jobs/{job.name}/{job.local_path.name}"
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """``pscluster train`` options; None means the job's own default."""
+
+    epochs: float | None = None
+    steps: int | None = None
+    batch_size: int | None = None
+    learning_rate: float | None = None
+    scale_lr: bool = False
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    resume: bool = False
+    data: str | None = None
+    steps_per_execution: int | None = None
+    start_timeout: float = 180.0
+    collective_timeout: float = 30.0
+    restart_policy: str = "on-failure"
+    max_restarts: int = 3
+    backoff: float = 1.0
+    host_timeout: float = 60.0
+    grace: float = 10.0
+    extra_args: tuple[str, ...] = ()
+
+
+def leader_task(plan: ClusterPlan) -> TaskSpec:
+    """The task that drives the job and keeps checkpoints: the chief in async mode, else worker 0."""
+    return plan.task("chief:0") if plan.mode == "async" else plan.task("worker:0")
+
+
+def default_checkpoint_dir(plan: ClusterPlan, job: JobRef) -> str:
+    leader = leader_task(plan)
+    return f"{leader.workdir.rstrip('/')}/.pscluster/{plan.name}/checkpoints/{job.name}"
+
+
+def train_argv(task: TaskSpec, *, job_path: str, events_path: str, checkpoint_dir: str,
+               options: TrainOptions, resume: bool) -> list[str]:
+    """The command line of one training process."""
+    argv = list(task.argv) + ["--job", job_path, "--events", events_path, "--checkpoint-dir", checkpoint_dir,
+                              "--start-timeout", f"{options.start_timeout:g}"]
+    if task.role == "worker" and task.argv[-1] == "sync":
+        argv += ["--collective-timeout", f"{options.collective_timeout:g}"]
+    for flag, value in (("--epochs", options.epochs), ("--steps", options.steps),
+                        ("--batch-size", options.batch_size), ("--learning-rate", options.learning_rate),
+                        ("--checkpoint-every", options.checkpoint_every), ("--data", options.data),
+                        ("--steps-per-execution", options.steps_per_execution)):
+        if value is not None:
+            argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    if options.scale_lr:
+        argv.append("--scale-lr")
+    if resume:
+        argv.append("--resume")
+    argv += list(options.extra_args)
+    return argv
+
+
+@dataclass
+class EventTail:
+    """Reads new events from one training process's events file, over its host's transport."""
+
+    path: str
+    offset: int = 0
+    partial: str = ""
+    events: list[dict] = field(default_factory=list)
+
+    def poll(self, transport: Transport) -> list[dict]:
+        return self.feed(hostops.read(transport, self.path, offset=self.offset, limit=1 << 20))
+
+    def feed(self, chunk: hostops.FileChunk) -> list[dict]:
+        """Parse the new bytes of a read that started at ``self.offset``."""
+        if not chunk.data or chunk.offset != self.offset:
+            return []
+        self.offset = chunk.end
+        text = self.partial + chunk.data
+        lines = text.split("\n")
+        self.partial = lines.pop()
+        fresh = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                fresh.append(json.loads(line))
+            except ValueError:
+                continue     # a torn line from a process killed mid-write
+        self.events.extend(fresh)
+        return fresh
+
+    def last(self, kind: str) -> dict | None:
+        return next((event for event in reversed(self.events) if event.get("event") == kind), None)
+
+
+def run_dir(task: TaskSpec, plan: ClusterPlan) -> str:
+    return f"{task.workdir.rstrip('/')}/.pscluster/{plan.name}"
+
+
+def job_paths(task: TaskSpec, plan: ClusterPlan, job_id: int, attempt: int) -> tuple[str, str]:
+    """(log, events) of one attempt of one task in one job."""
+    base = f"{run_dir(task, plan)}/job-{job_id}/{task.role}-{task.index}.{attempt}"
+    return base + ".log", base + ".events.jsonl"
+
+
+def server_log(task: TaskSpec, attempt: int) -> str:
+    return task.log_path if attempt == 1 else task.log_path[:-len(".log")] + f".{attempt}.log"
+
+
+def summarize(result: dict, *, wall_seconds: float, restarts: dict[str, int], steps_redone: int,
+              job: JobRef) -> dict:
+    """The final report (``train --json``)."""
+    return {
+        "job": job.name, "mode": result.get("mode"), "workers": result.get("workers"),
+        "global_step": result.get("global_step"), "val_loss": result.get("val_loss"),
+        "val_accuracy": result.get("val_accuracy"), "wall_seconds": round(wall_seconds, 2),
+        "train_seconds": result.get("wall_seconds"),
+        "examples_per_second": result.get("examples_per_second"), "checkpoint": result.get("checkpoint"),
+        "restored_step": result.get("restored_step"), "restarts": dict(restarts), "steps_redone": steps_redone,
+    }
