@@ -15,13 +15,14 @@ Every error names file, line and key path (:class:`~cluster.errors.InventoryErro
 """
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .errors import InventoryError
-from .yamlsrc import KeyPath, SourceMap, load_yaml_with_lines, render_path
+from .yamlsrc import KeyPath, SourceMap, display_path, load_yaml_with_lines
 
 ROLES = ("chief", "ps", "worker", "evaluator")
 MODES = ("async", "sync", "sync-ps")
@@ -127,16 +128,6 @@ class _Raw:
     # host -> [(key, value, path)] in file order
     host_vars: dict[str, list[tuple[str, Any, KeyPath]]] = field(default_factory=dict)
     host_first: dict[str, KeyPath] = field(default_factory=dict)
-
-
-def display_path(path: KeyPath) -> str:
-    """Key path as users read it: from the innermost group (``worker.hosts.node-b.worker_gpus[1]``)."""
-    parts = list(path)
-    for index in range(len(parts) - 1, -1, -1):
-        if parts[index] == "children" and index + 1 < len(parts):
-            parts = parts[index + 1:]
-            break
-    return render_path(tuple(parts))
 
 
 def expand_host_pattern(pattern: str) -> list[str]:
@@ -290,8 +281,9 @@ def _gpu_mask(raw: _Raw, path: KeyPath, value: Any) -> str:
         if isinstance(item, bool) or not isinstance(item, int) or item < 0:
             raise _err(raw, item_path, f"expected a GPU index (0, 1, ...), got {_describe(item)}",
                        hint="GPU indices are the numbers 'nvidia-smi -L' prints")
-    if len(set(items)) != len(items):
-        raise _err(raw, path, f"GPU {sorted(items)} listed twice in one mask")
+    repeated = sorted({item for item in items if items.count(item) > 1})
+    if repeated:
+        raise _err(raw, path, f"GPU {', '.join(map(str, repeated))} listed twice in one mask")
     return ",".join(str(item) for item in items)
 
 
@@ -384,12 +376,8 @@ def _check_key(raw: _Raw, key: str, path: KeyPath) -> None:
 
 
 def _similar(left: str, right: str) -> bool:
-    """Cheap typo detector: same letters but one, or one a prefix of the other."""
-    if left.startswith(right) or right.startswith(left):
-        return True
-    if abs(len(left) - len(right)) > 2:
-        return False
-    return sum(1 for a, b in zip(left, right) if a != b) + abs(len(left) - len(right)) <= 2
+    """Typo detector for setting names (a letter missing, added, swapped or wrong)."""
+    return difflib.SequenceMatcher(None, left, right).ratio() >= 0.85 or right.startswith(left)
 
 
 def _merged_vars(raw: _Raw, host: str, groups_of_host: list[str], depth: dict[str, int]
@@ -421,7 +409,8 @@ def _role_slots(raw: _Raw, host: str, role: str, merged: dict[str, tuple[Any, Ke
     if gpus_item is not None:
         value, path = gpus_item
         if not isinstance(value, list) or not value:
-            raise _err(raw, path, f"expected a list with one GPU mask per task, got {_describe(value)}",
+            got = "an empty list" if value == [] else _describe(value)
+            raise _err(raw, path, f"expected a list with one GPU mask per task, got {got}",
                        hint="e.g. [[0], [1]] for two tasks with one GPU each, [[]] for one CPU-only task")
         gpus = tuple(_gpu_mask(raw, path + (index,), item) for index, item in enumerate(value))
         if count is not None and count != len(gpus):
@@ -442,6 +431,7 @@ def _role_slots(raw: _Raw, host: str, role: str, merged: dict[str, tuple[Any, Ke
                        hint="give one port per task")
         if len(set(ports)) != len(ports):
             raise _err(raw, path, "lists the same port twice")
+        origin_path = path
     origin = Origin(raw.source.file, raw.source.line(origin_path), display_path(origin_path))
     return RoleSlots(role, count, gpus, ports, origin)
 

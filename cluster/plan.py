@@ -38,6 +38,13 @@ DEFAULT_REMOTE_PYTHON = "python3"
 BASE_ENV = (("GRPC_FAIL_FAST", "use_caller"), ("TF_CPP_MIN_LOG_LEVEL", "1"), ("PYTHONUNBUFFERED", "1"))
 
 
+def host_port(address: str, port: int) -> str:
+    """``host:port``, with IPv6 addresses in brackets as gRPC and TF_CONFIG expect."""
+    if ":" in address and not address.startswith("["):
+        return f"[{address}]:{port}"
+    return f"{address}:{port}"
+
+
 @dataclass(frozen=True)
 class HostSpec:
     """How to reach one host and run things there."""
@@ -83,7 +90,7 @@ class TaskSpec:
 
     @property
     def target(self) -> str:
-        return f"{self.address}:{self.port}"
+        return host_port(self.address, self.port)
 
     @property
     def tf_config(self) -> dict:
@@ -190,7 +197,7 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
     used_roles = dict(MODE_ROLES[mode])
     _check_counts(inventory, slots, mode)
     cluster = tuple(
-        (role, tuple(f"{slot.host.address}:{ports[(slot.role, slot.index)]}"
+        (role, tuple(host_port(slot.host.address, ports[(slot.role, slot.index)])
                      for slot in slots if slot.role == role))
         for role, _ in MODE_ROLES[mode]
     )

@@ -58,15 +58,19 @@ def _fields(data: bytes):
         number, wire = key >> 3, key & 7
         if wire == 0:
             value, pos = _varint(data, pos)
-        elif wire == 1:
-            value, pos = data[pos:pos + 8], pos + 8
+            yield number, wire, value
+            continue
+        if wire == 1:
+            length = 8
         elif wire == 2:
             length, pos = _varint(data, pos)
-            value, pos = data[pos:pos + length], pos + length
         elif wire == 5:
-            value, pos = data[pos:pos + 4], pos + 4
+            length = 4
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
+        if pos + length > len(data):
+            raise ValueError(f"field {number} runs past the end of the message")
+        value, pos = data[pos:pos + length], pos + length
         yield number, wire, value
 
 

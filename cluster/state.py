@@ -166,9 +166,10 @@ class StateStore:
         os.replace(tmp, path)
 
     def delete(self, name: str) -> None:
-        for path in (self.path(name), self.root / f"{name}.lock"):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        """Remove the state. The lock file stays: deleting it while another command holds
+        or waits for it would let two commands lock the same cluster at once."""
+        with contextlib.suppress(FileNotFoundError):
+            self.path(name).unlink()
 
     @contextlib.contextmanager
     def lock(self, name: str, *, wait: float = 10.0) -> Iterator[None]:

@@ -43,6 +43,18 @@ def render_path(path: KeyPath) -> str:
     return text
 
 
+def display_path(path: KeyPath) -> str:
+    """Key path as users read it: from the innermost inventory group, e.g.
+    ``("all", "children", "worker", "hosts", "node-b", "worker_gpus", 1)`` ->
+    ``worker.hosts.node-b.worker_gpus[1]``."""
+    parts = list(path)
+    for index in range(len(parts) - 1, -1, -1):
+        if parts[index] == "children" and index + 1 < len(parts):
+            parts = parts[index + 1:]
+            break
+    return render_path(tuple(parts))
+
+
 def load_yaml_with_lines(path: str, display_name: str | None = None) -> tuple[Any, SourceMap]:
     """Parse one YAML file into plain values and a :class:`SourceMap`.
 
@@ -77,16 +89,16 @@ def _convert(node: yaml.Node, path: KeyPath, source: SourceMap) -> Any:
         result: dict[Any, Any] = {}
         for key_node, value_node in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
-                raise InventoryError(source.file, key_node.start_mark.line + 1, render_path(path),
+                raise InventoryError(source.file, key_node.start_mark.line + 1, display_path(path),
                                      "YAML merge keys (<<) are not supported in inventories")
             key = _LOADER.construct_object(key_node, deep=True)
             if not isinstance(key, (str, int)):
-                raise InventoryError(source.file, key_node.start_mark.line + 1, render_path(path),
+                raise InventoryError(source.file, key_node.start_mark.line + 1, display_path(path),
                                      f"keys must be strings, got {type(key).__name__}")
             key = str(key)
             if key in result:
                 raise InventoryError(source.file, key_node.start_mark.line + 1,
-                                     render_path(path + (key,)),
+                                     display_path(path + (key,)),
                                      f"duplicate key (first defined on line {source.lines[path + (key,)]})")
             source.lines[path + (key,)] = key_node.start_mark.line + 1
             result[key] = _convert(value_node, path + (key,), source)

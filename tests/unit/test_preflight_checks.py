@@ -1,0 +1,195 @@
+"""Preflight checks as pure functions (cluster/preflight.py ``check_host``, ``check_cluster``).
+
+HostFacts are written by hand, as a host would report them; the plan is that of the shipped
+lab inventory (node-a: chief, ps:0 on 2223, worker:0 on GPU 0 at 2224; node-b: ps:1 on 2222,
+worker:1 on GPU 0 at 2223, worker:2 on GPU 1 at 2224).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cluster.errors import MultiHostError
+from cluster.hostops import HostFacts
+from cluster.inventory import load_inventory
+from cluster.plan import ClusterPlan, PlanOptions, plan_cluster
+from cluster.preflight import CheckReport, CheckResult, check_cluster, check_host
+
+from .conftest import INVENTORIES
+
+OPTIONS = PlanOptions(local_python="/here/python", local_workdir="/here/checkout")
+
+
+@pytest.fixture(scope="module")
+def lab() -> ClusterPlan:
+    return plan_cluster(load_inventory(str(INVENTORIES / "lab.yaml")), OPTIONS)
+
+
+@pytest.fixture(scope="module")
+def local() -> ClusterPlan:
+    return plan_cluster(load_inventory(str(INVENTORIES / "local.yaml")), OPTIONS)
+
+
+def facts(host: str, **changes) -> HostFacts:
+    healthy = HostFacts(
+        host=host, python="3.11.9", executable="/opt/pscluster/venv/bin/python", hostname=host, cpus=8,
+        tf_dist="tensorflow", tf_version="2.21.0", tf_importable=True, busy_ports=(),
+        gpus=("GPU 0: NVIDIA A100 (UUID: GPU-0)", "GPU 1: NVIDIA A100 (UUID: GPU-1)"), gpu_error=None,
+        workdir_error=None, tools=(), uid=1000)
+    return dataclasses.replace(healthy, **changes)
+
+
+def by_check(results: list[CheckResult]) -> dict[str, CheckResult]:
+    checks = {result.check: result for result in results}
+    assert len(checks) == len(results), "one result per check"
+    return checks
+
+
+def failed(results: list[CheckResult]) -> list[tuple[str, str]]:
+    return [(result.host, result.check) for result in results if not result.ok]
+
+
+def test_healthy_host(lab):
+    results = check_host(lab, lab.host("node-b"), facts("node-b"), 0.25)
+    assert [result.check for result in results] == ["ssh", "python", "tensorflow", "ports", "gpus", "workdir"]
+    assert all(result.ok for result in results)
+    assert {result.host for result in results} == {"node-b"}
+    checks = by_check(results)
+    assert checks["ssh"].detail == "connected in 0.25 s"
+    assert checks["ports"].detail == "free: 2222, 2223, 2224"
+    assert checks["tensorflow"].detail == "tensorflow 2.21.0"
+
+
+def test_local_host_without_gpu_masks_has_no_gpu_check(local):
+    host_facts = facts("localhost", gpus=None, gpu_error="nvidia-smi: not found")
+    results = check_host(local, local.host("localhost"), host_facts, 0.0)
+    checks = by_check(results)
+    assert "gpus" not in checks              # ps masks are "" (CPU-only): no GPU needed
+    assert checks["ssh"].detail == "local (no SSH)"
+    assert all(result.ok for result in results)
+
+
+def test_busy_port_names_the_task(lab):
+    host_facts = facts("node-b", busy_ports=((2223, "[Errno 98] Address already in use"),))
+    results = check_host(lab, lab.host("node-b"), host_facts, 0.1)
+    assert failed(results) == [("node-b", "ports")]
+    ports = by_check(results)["ports"]
+    assert ports.detail == "in use: 2223 (worker:1: [Errno 98] Address already in use)"
+    assert "pscluster_port_base" in ports.hint
+
+
+def test_busy_ports_of_another_host_do_not_matter(lab):
+    # node-a's tasks use 2222-2224 too, but 2225 is not one of them.
+    results = check_host(lab, lab.host("node-a"), facts("node-a", busy_ports=((2225, "in use"),)), 0.1)
+    assert failed(results) == []
+
+
+def test_gpu_index_beyond_the_host_names_the_task(lab):
+    host_facts = facts("node-b", gpus=("GPU 0: NVIDIA A100 (UUID: GPU-0)",))
+    results = check_host(lab, lab.host("node-b"), host_facts, 0.1)
+    assert failed(results) == [("node-b", "gpus")]
+    gpus = by_check(results)["gpus"]
+    assert gpus.detail == "worker:2 ask(s) for GPU 1, but 1 GPU(s) found"
+    assert "_gpus" in gpus.hint
+
+
+def test_gpus_asked_but_nvidia_smi_missing(lab):
+    host_facts = facts("node-b", gpus=None, gpu_error="nvidia-smi: command not found")
+    gpus = by_check(check_host(lab, lab.host("node-b"), host_facts, 0.1))["gpus"]
+    assert not gpus.ok
+    assert gpus.detail == "worker:1, worker:2 ask(s) for GPU 0, 1, but nvidia-smi: command not found"
+
+
+@pytest.mark.parametrize("changes, detail", [
+    ({"tf_version": None, "tf_dist": None, "tf_importable": False},
+     "TensorFlow is not installed for /opt/pscluster/venv/bin/python"),
+    ({"tf_importable": False}, "TensorFlow is not installed for /opt/pscluster/venv/bin/python"),
+    ({"tf_version": "2.15.1"}, "tensorflow 2.15.1 is too old (need 2.16 or newer)"),
+    ({"tf_version": "2.9.3"}, "tensorflow 2.9.3 is too old (need 2.16 or newer)"),     # 9 < 16, not "9" > "1"
+    ({"tf_version": "1.15.5", "tf_dist": "tensorflow-gpu"}, "tensorflow-gpu 1.15.5 is too old (need 2.16 or newer)"),
+])
+def test_tensorflow_missing_or_too_old(lab, changes, detail):
+    results = check_host(lab, lab.host("node-a"), facts("node-a", **changes), 0.1)
+    assert failed(results) == [("node-a", "tensorflow")]
+    tensorflow = by_check(results)["tensorflow"]
+    assert tensorflow.detail == detail
+    assert tensorflow.hint
+
+
+@pytest.mark.parametrize("version", ["2.16.0", "2.16.0rc1", "2.21.0", "3.0.0"])
+def test_tensorflow_new_enough(lab, version):
+    tensorflow = by_check(check_host(lab, lab.host("node-a"), facts("node-a", tf_version=version), 0.1))["tensorflow"]
+    assert tensorflow.ok
+
+
+def test_workdir_not_writable(lab):
+    results = check_host(lab, lab.host("node-a"), facts("node-a", workdir_error="Permission denied"), 0.1)
+    assert failed(results) == [("node-a", "workdir")]
+    assert by_check(results)["workdir"].detail == "not writable: Permission denied"
+
+
+def test_requested_tools(lab):
+    host_facts = facts("node-a", tools=(("nft", False), ("rsync", True)))
+    results = check_host(lab, lab.host("node-a"), host_facts, 0.1, tools=("nft",))
+    assert failed(results) == [("node-a", "nft")]
+    assert "rsync" not in by_check(results)       # reported but not asked for
+
+
+def test_cluster_with_one_tensorflow_version(lab):
+    assert check_cluster(lab, {"node-a": facts("node-a"), "node-b": facts("node-b")}) == []
+
+
+def test_tensorflow_versions_differ_across_hosts(lab):
+    results = check_cluster(lab, {"node-a": facts("node-a"), "node-b": facts("node-b", tf_version="2.20.0")})
+    assert failed(results) == [("node-b", "tensorflow")]
+    assert results[0].detail == "TensorFlow 2.20.0 here but 2.21.0 on node-a"
+    assert results[0].hint
+
+
+def test_host_without_tensorflow_is_not_a_version_mismatch(lab):
+    # The missing TensorFlow is check_host's finding; check_cluster compares installed versions only.
+    results = check_cluster(lab, {"node-a": facts("node-a"),
+                                  "node-b": facts("node-b", tf_version=None, tf_importable=False)})
+    assert results == []
+
+
+def test_loopback_address_in_a_multi_host_plan(write_inventory):
+    path = write_inventory("""\
+        all:
+          children:
+            chief:
+              hosts:
+                localhost:
+            ps:
+              hosts:
+                node-b: {ansible_host: 10.0.0.2}
+            worker:
+              hosts:
+                node-b:
+                node-c: {ansible_host: 127.0.0.1}
+        """)
+    plan = plan_cluster(load_inventory(path), OPTIONS)
+    results = check_cluster(plan, {})
+    assert failed(results) == [("localhost", "address"), ("node-c", "address")]
+    assert results[0].detail.startswith("chief:0 has address 'localhost' in a multi-host cluster")
+    assert results[1].detail.startswith("worker:1 has address '127.0.0.1' in a multi-host cluster")
+    assert "ansible_host" in results[1].hint
+
+
+def test_loopback_address_in_a_single_host_plan_is_fine(local):
+    assert check_cluster(local, {"localhost": facts("localhost")}) == []
+
+
+def test_report_of_failures_leads_with_the_root_cause(lab):
+    results = (check_host(lab, lab.host("node-a"), facts("node-a"), 0.1) +
+               check_host(lab, lab.host("node-b"), facts("node-b", gpus=()), 0.1))
+    report = CheckReport(tuple(results), (), 0.5)
+    assert not report.ok
+    assert [(result.host, result.check) for result in report.failures] == [("node-b", "gpus")]
+    with pytest.raises(MultiHostError) as caught:
+        report.raise_for_failures()
+    assert caught.value.root_cause.message.startswith("node-b: gpus: worker:1, worker:2 ask(s) for GPU 0, 1")
+    lines = str(caught.value).splitlines()
+    assert lines[0] == "preflight failed on 1 host(s): node-b; nothing was started"
+    assert lines[1].startswith("Root cause (first observed failure): node-b: gpus: ")
