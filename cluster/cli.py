@@ -91,13 +91,14 @@ def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base
             task["env"] = {key: ("****" if key in secret_names else value) for key, value in task["env"].items()}
         if firewall or cluster.firewall:
             from .firewall import ruleset_for
-            document["firewall"] = {host.name: ruleset_for(cluster, host.name) for host in cluster.hosts
-                                    if not host.is_local or True}
+            document["firewall"] = {host.name: ruleset_for(cluster, host.name) for host in cluster.hosts}
         env.out.print_json(json.dumps(document))
         return
     ui.render_plan(env.out, cluster, secret_names=secret_names)
     if firewall or cluster.firewall:
         from .firewall import ruleset_for
+        env.out.print("\n[bold]firewall[/] (the control machine's address, as each host sees it over SSH, "
+                      "is added at up)")
         for host in cluster.hosts:
             env.out.print(f"\n[bold]nftables ruleset for {host.name}[/]")
             env.out.print(ruleset_for(cluster, host.name), markup=False, highlight=False)
@@ -116,7 +117,7 @@ def check(env: Env, inventory: str, name: str | None, mode: str | None, port_bas
     from .preflight import run_preflight
     cluster = _plan(inventory, name=name, mode=mode, port_base=port_base)
     with env.pool_factory() as pool:
-        report = run_preflight(cluster, pool, Reporter(), tools=("nft",) if cluster.firewall else ())
+        report = run_preflight(cluster, pool, Reporter())
     if as_json:
         env.out.print_json(json.dumps({"ok": report.ok, "seconds": report.seconds,
                                        "checks": [asdict(result) for result in report.results]}))
@@ -145,14 +146,10 @@ def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: 
         cluster = _replace(cluster, firewall=True)
     secrets = _secrets(cluster)
     reporter = ui.RichReporter(env.err)
-    firewall_hook = None
-    if cluster.firewall:
-        from .firewall import install_rules
-        firewall_hook = install_rules
     try:
         with env.pool_factory() as pool:
             result = bring_up(cluster, store=env.store, reporter=reporter, timeout=timeout, pool=pool,
-                              secrets=secrets, firewall=firewall_hook)
+                              secrets=secrets)
             reporter.close()
             _print_status(env, cluster.name, as_json=as_json, pool=pool)
     finally:
@@ -226,13 +223,8 @@ def down(env: Env, name: str | None, grace: float) -> None:
     from .launcher import bring_down
     resolved = env.store.resolve_name(name)
     reporter = ui.RichReporter(env.err)
-    cleanup = None
-    state = env.store.load(resolved)
-    if state is not None and state.firewall:
-        from .firewall import remove_rules
-        cleanup = remove_rules
     try:
-        result = bring_down(resolved, store=env.store, reporter=reporter, grace=grace, firewall_cleanup=cleanup)
+        result = bring_down(resolved, store=env.store, reporter=reporter, grace=grace)
     finally:
         reporter.close()
     hosts = len({record.host for record in result.stopped})

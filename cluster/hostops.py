@@ -86,12 +86,14 @@ class HostFacts:
     workdir_error: str | None
     tools: tuple[tuple[str, bool], ...]
     uid: int
+    ssh_client: str | None = None
+    root: bool | None = None
 
 
 def facts(transport: Transport, *, ports: Sequence[int], gpus: bool, workdir: str | None,
-          tools: Sequence[str] = (), timeout: float = 30.0) -> HostFacts:
+          tools: Sequence[str] = (), need_root: bool = False, timeout: float = 30.0) -> HostFacts:
     answer = call(transport, "facts", {"ports": list(ports), "gpus": gpus, "workdir": workdir,
-                                       "tools": list(tools)}, timeout=timeout)
+                                       "tools": list(tools), "need_root": need_root}, timeout=timeout)
     tf = answer.get("tensorflow") or {}
     return HostFacts(
         host=transport.host.name, python=answer["python"], executable=answer["executable"],
@@ -100,7 +102,8 @@ def facts(transport: Transport, *, ports: Sequence[int], gpus: bool, workdir: st
         busy_ports=tuple((item["port"], item["error"]) for item in answer.get("busy_ports", [])),
         gpus=tuple(answer["gpus"]) if answer.get("gpus") is not None else None,
         gpu_error=answer.get("gpu_error"), workdir_error=answer.get("workdir_error"),
-        tools=tuple(sorted((answer.get("tools") or {}).items())), uid=answer.get("uid", -1))
+        tools=tuple(sorted((answer.get("tools") or {}).items())), uid=answer.get("uid", -1),
+        ssh_client=answer.get("ssh_client"), root=answer.get("root"))
 
 
 def start(transport: Transport, task: TaskSpec, record: ProcessRecord, *, argv: Sequence[str],
@@ -251,3 +254,16 @@ def parse_watch_line(line: str) -> WatchUpdate | None:
     reads = tuple(FileChunk(r["exists"], r["size"], r["offset"], r["end"], r["data"], r["path"])
                   for r in data["reads"])
     return WatchUpdate(data["ts"], states, reads)
+
+
+def nft_apply(transport: Transport, ruleset: str) -> list[str]:
+    """Apply an nftables ruleset on the host; returns the host's tables afterwards.
+
+    Raises:
+        HostError: nft refused the ruleset (its stderr is in the error).
+    """
+    answer = call(transport, "nft", {"ruleset": ruleset})
+    if answer["exit_code"] != 0:
+        raise HostError(transport.host.name, "nft refused the firewall rules", exit_code=answer["exit_code"],
+                        stderr=answer["stderr"], hint="pscluster needs root or passwordless sudo and nftables there")
+    return [line for line in (answer["tables"] or []) if line.strip()]

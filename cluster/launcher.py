@@ -21,6 +21,7 @@ from . import hostops
 from .codesync import sync_code
 from .errors import Failure, HostError, MultiHostError, PsclusterError, StateError, TaskError, UsageError
 from .events import Reporter
+from .firewall import install_rules, remove_rules
 from .plan import ClusterPlan, TaskSpec
 from .preflight import CheckReport, run_preflight
 from .probe import Prober
@@ -182,11 +183,9 @@ class UpResult:
 
 def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeout: float = DEFAULT_READY_TIMEOUT,
              root: Path | None = None, pool: TransportPool | None = None,
-             secrets: dict[str, str] | None = None, firewall=None) -> UpResult:
-    """Preflight, sync, start the standing servers and wait until they answer.
-
-    ``firewall`` is an optional callable ``(plan, pool, writer, reporter)`` that installs rules
-    before servers start (see :mod:`cluster.firewall`).
+             secrets: dict[str, str] | None = None) -> UpResult:
+    """Preflight, sync, install the firewall if asked, start the standing servers and wait
+    until they answer.
 
     Raises:
         UsageError: a cluster of that name is already up.
@@ -211,15 +210,15 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
     writer = StateWriter(store, state, expect_phase="starting")
     devices: dict[str, tuple[str, ...]] = {}
     try:
-        report = run_preflight(plan, pool, reporter, tools=("nft",) if plan.firewall else ())
+        report = run_preflight(plan, pool, reporter)
         if not report.ok:
             store.delete(plan.name)   # nothing started: leave nothing behind
             report.raise_for_failures()
         sync_results = sync_code(plan, pool, reporter, root)
         writer.change(lambda s: s.synced.update({r.host: "synced" if not r.skipped else "shared"
                                                  for r in sync_results}))
-        if firewall is not None:
-            firewall(plan, pool, writer, reporter)
+        if plan.firewall:
+            install_rules(plan, pool, writer, reporter)
         standing = plan.standing_tasks
         reporter.emit("phase", name="start", detail=f"{len(standing)} server(s)")
         records: dict[str, ProcessRecord] = {}
@@ -262,6 +261,8 @@ def _roll_back(plan: ClusterPlan, store: StateStore, state: RunState, pool: Tran
     if live:
         reporter.emit("phase", name="rollback", detail=f"stopping {len(live)} task(s) started so far")
     stopped, errors = stop_records(plan, live, pool, reporter, grace=3.0)
+    if state.firewall:
+        errors.update(remove_rules(state, pool, reporter))
     with store.lock(plan.name):
         for record in stopped:
             state.replace_record(record)
@@ -281,7 +282,7 @@ class DownResult:
 
 
 def bring_down(name: str, *, store: StateStore, reporter: Reporter, grace: float = DEFAULT_GRACE,
-               pool: TransportPool | None = None, firewall_cleanup=None) -> DownResult:
+               pool: TransportPool | None = None) -> DownResult:
     """Stop every recorded process of a cluster and remove its state.
 
     Raises:
@@ -302,12 +303,12 @@ def bring_down(name: str, *, store: StateStore, reporter: Reporter, grace: float
         reporter.emit("phase", name="stop", detail=f"{len(live)} process(es) on "
                                                    f"{len(records_by_host(live))} host(s)")
         stopped, errors = stop_records(state.plan, live, pool, reporter, grace=grace)
-        if firewall_cleanup is not None:
-            errors.update(firewall_cleanup(state, pool, reporter))
+        if state.firewall:
+            errors.update(remove_rules(state, pool, reporter))
         with store.lock(name):
             for record in stopped:
                 state.replace_record(record)
-            if not errors and not state.live_records():
+            if not errors and not state.live_records() and not state.firewall:
                 store.delete(name)
             else:
                 state.message = "down incomplete: " + "; ".join(f"{host}: {err.message.splitlines()[0]}"

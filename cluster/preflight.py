@@ -64,8 +64,7 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, connect_seconds: float,
-               *, tools: tuple[str, ...] = ()) -> list[CheckResult]:
+def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, connect_seconds: float) -> list[CheckResult]:
     """The checks of one host, from what it reported (pure)."""
     name = host.name
     tasks = [task for task in plan.tasks if task.host == name]
@@ -110,10 +109,16 @@ def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, conn
                                    hint="set pscluster_workdir to a directory this user can write"))
     else:
         results.append(CheckResult(name, "workdir", True, host.workdir))
-    for tool, present in facts.tools:
-        if tool in tools:
-            results.append(CheckResult(name, tool, present, "found" if present else f"{tool} not found",
-                                       hint=None if present else f"install {tool} on this host"))
+    if plan.firewall:
+        has_nft = dict(facts.tools).get("nft", False)
+        if not has_nft or not facts.root:
+            missing = " and ".join(([] if has_nft else ["nft is not installed"]) +
+                                   ([] if facts.root else [f"uid {facts.uid} has neither root nor passwordless sudo"]))
+            results.append(CheckResult(name, "firewall", False, missing,
+                                       hint="install nftables and connect as root (or allow 'sudo -n nft'), "
+                                            "or bring the cluster up without --firewall"))
+        else:
+            results.append(CheckResult(name, "firewall", True, "nft and root available"))
     return results
 
 
@@ -137,8 +142,7 @@ def check_cluster(plan: ClusterPlan, facts: dict[str, hostops.HostFacts]) -> lis
     return results
 
 
-def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, *,
-                  tools: tuple[str, ...] = ()) -> CheckReport:
+def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter) -> CheckReport:
     """Check every host of the plan in parallel and report each check as it is known."""
     start = time.monotonic()
     reporter.emit("phase", name="preflight", detail=f"{len(plan.hosts)} host(s)")
@@ -151,11 +155,12 @@ def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, *,
             connected = time.monotonic() - began
             ports = [task.port for task in plan.tasks if task.host == host.name]
             gpus = any(task.cuda_visible_devices for task in plan.tasks if task.host == host.name)
-            facts = hostops.facts(transport, ports=ports, gpus=gpus, workdir=host.workdir, tools=tools)
+            facts = hostops.facts(transport, ports=ports, gpus=gpus, workdir=host.workdir,
+                                  tools=("nft",) if plan.firewall else (), need_root=plan.firewall)
         except HostError as exc:
             check = "ssh" if "interpreter" not in exc.message else "python"
             return [CheckResult(host.name, check, False, exc.message.split(": ", 1)[-1], hint=exc.hint)], None
-        return check_host(plan, host, facts, connected, tools=tools), facts
+        return check_host(plan, host, facts, connected), facts
 
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(plan.hosts)))) as executor:
         outcomes = list(executor.map(one, plan.hosts))

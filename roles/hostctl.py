@@ -117,6 +117,12 @@ def op_facts(req):
             os.access(os.path.join(d, tool), os.X_OK) for d in
             os.environ.get("PATH", "").split(os.pathsep) + ["/usr/sbin", "/sbin"])
     result["uid"] = os.getuid()
+    # The address this machine's SSH client connects from, as this host sees it.
+    ssh = os.environ.get("SSH_CONNECTION", "").split()
+    result["ssh_client"] = ssh[0] if ssh else None
+    if req.get("need_root"):
+        result["root"] = os.getuid() == 0 or subprocess.run(
+            ["sudo", "-n", "true"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
     return result
 
 
@@ -388,14 +394,14 @@ def op_remove(req):
 
 
 def op_nft(req):
-    proc = subprocess.run(["nft", "-f", "-"], input=req["ruleset"], stdout=subprocess.PIPE,
+    """Apply an nftables ruleset (one atomic transaction), as root or through ``sudo -n``."""
+    prefix = [] if os.getuid() == 0 else ["sudo", "-n"]
+    proc = subprocess.run(prefix + ["nft", "-f", "-"], input=req["ruleset"], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True)
-    listing = None
-    if req.get("list_table"):
-        out = subprocess.run(["nft", "list", "tables"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, universal_newlines=True)
-        listing = out.stdout
-    return {"exit_code": proc.returncode, "stderr": proc.stderr, "tables": listing}
+    tables = subprocess.run(prefix + ["nft", "list", "tables"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, universal_newlines=True)
+    return {"exit_code": proc.returncode, "stderr": proc.stderr,
+            "tables": tables.stdout.split("\n") if tables.returncode == 0 else None}
 
 
 OPERATIONS = {"facts": op_facts, "start": op_start, "status": op_status, "stop": op_stop,

@@ -129,11 +129,24 @@ def test_workdir_not_writable(lab):
     assert by_check(results)["workdir"].detail == "not writable: Permission denied"
 
 
-def test_requested_tools(lab):
-    host_facts = facts("node-a", tools=(("nft", False), ("rsync", True)))
-    results = check_host(lab, lab.host("node-a"), host_facts, 0.1, tools=("nft",))
-    assert failed(results) == [("node-a", "nft")]
-    assert "rsync" not in by_check(results)       # reported but not asked for
+def test_no_firewall_check_without_firewall(lab):
+    results = check_host(lab, lab.host("node-a"), facts("node-a", tools=(("nft", False),)), 0.1)
+    assert "firewall" not in by_check(results)
+
+
+@pytest.mark.parametrize("nft, root, ok, words", [
+    (True, True, True, "nft and root available"),
+    (False, True, False, "nft is not installed"),
+    (True, False, False, "uid 1000 has neither root nor passwordless sudo"),
+    (False, False, False, "nft is not installed and uid 1000"),
+])
+def test_firewall_needs_nft_and_root(lab, nft, root, ok, words):
+    plan = dataclasses.replace(lab, firewall=True)
+    host_facts = dataclasses.replace(facts("node-a", tools=(("nft", nft),)), root=root)
+    check = by_check(check_host(plan, plan.host("node-a"), host_facts, 0.1))["firewall"]
+    assert check.ok is ok
+    assert words in check.detail
+    assert (check.hint is None) is ok
 
 
 def test_cluster_with_one_tensorflow_version(lab):
