@@ -288,6 +288,49 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
         ui.render_summary(env.out, summary)
 
 
+@cli.command()
+@inventory_arg
+@click.option("--format", "fmt", type=click.Choice(["tfjob"]), default="tfjob", show_default=True,
+              help="Manifest format: a Kubeflow TFJob (kubeflow.org/v1).")
+@click.option("--image", help="Container image of every replica (docker/Dockerfile builds one).  [default: "
+                              "pscluster-node:tf2.21.0-cpu]")
+@click.option("--job", default="distributed_mnist", show_default=True,
+              help="A job of examples/, or a job's path inside the image.")
+@mode_opt
+@name_opt
+@click.option("--restart-policy", type=click.Choice(["OnFailure", "Never", "Always", "ExitCode"]),
+              default="OnFailure", show_default=True, help="The replicas' restart policy.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the manifest to FILE, not stdout.")
+@click.pass_obj
+def export(env: Env, inventory: str, fmt: str, image: str | None, job: str, mode: str | None, name: str | None,
+           restart_policy: str, output: str | None) -> None:
+    """Write the cluster as a manifest for another launcher (Kubernetes TFJob), touching no host."""
+    import yaml
+    from .export import DEFAULT_IMAGE, secret_refs, tfjob_manifest, train_command
+    shipped = project_root() / "examples"      # the image is built from this checkout
+    if shipped.is_dir() and "/" not in job and not job.endswith(".py") and not (shipped / job / "job.py").is_file():
+        known = sorted(p.name for p in shipped.iterdir() if (p / "job.py").is_file())
+        raise UsageError(f"no job named {job!r} in examples/",
+                         hint=f"shipped jobs: {', '.join(known) or 'none'}; or give the job's path inside the image")
+    cluster = _plan(inventory, name=name, mode=mode, port_base=None)
+    manifest = tfjob_manifest(cluster, image=image or DEFAULT_IMAGE, job_command=train_command(cluster.mode, job),
+                              restart_policy=restart_policy, name=name)
+    text = yaml.safe_dump(manifest, sort_keys=False)
+    if output:
+        try:
+            Path(output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
+        env.err.print(f"wrote TFJob {manifest['metadata']['name']!r} to {output}", markup=False, highlight=False)
+    else:
+        env.out.file.write(text)
+        env.out.file.flush()
+    for secret, keys in secret_refs(manifest).items():
+        env.err.print(f"the manifest reads {', '.join(keys)} from the Secret {secret!r}; create it first from a "
+                      f"file of KEY=value lines (not on a command line): kubectl create secret generic {secret} "
+                      "--from-env-file=FILE", markup=False, highlight=False)
+
+
 def run(argv: list[str] | None = None, env: Env | None = None) -> int:
     """Run the CLI and return its exit code (what tests call)."""
     try:

@@ -509,6 +509,14 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
     connection = "local" if connection == "local" else "ssh"
     address = get("ansible_host", CONNECTION_KEYS) or host
     python = get("pscluster_python", PSCLUSTER_KEYS) or get("ansible_python_interpreter", CONNECTION_KEYS)
+    env = get("pscluster_env", PSCLUSTER_KEYS, ())
+    secret_env = get("pscluster_secret_env", PSCLUSTER_KEYS, ())
+    exposed = [name for name, _ in env if name in secret_env]
+    if exposed:
+        raise _err(raw, merged["pscluster_env"][1] + (exposed[0],),
+                   f"{exposed[0]} is listed in pscluster_secret_env but has a plain value here",
+                   hint="a secret's value comes from this machine's environment at up; "
+                        "keep it out of the inventory")
     slots = tuple(_role_slots(raw, host, role, merged) for role in roles)
     first = raw.host_first[host]
     return HostConfig(
@@ -524,8 +532,8 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
         host_key_policy=get("pscluster_host_key_policy", PSCLUSTER_KEYS, "reject"),
         known_hosts=get("pscluster_known_hosts", PSCLUSTER_KEYS),
         connect_timeout=float(get("pscluster_connect_timeout", PSCLUSTER_KEYS, 10)),
-        env=get("pscluster_env", PSCLUSTER_KEYS, ()),
-        secret_env=get("pscluster_secret_env", PSCLUSTER_KEYS, ()),
+        env=env,
+        secret_env=secret_env,
         intra_op_threads=get("pscluster_intra_op_threads", PSCLUSTER_KEYS),
         inter_op_threads=get("pscluster_inter_op_threads", PSCLUSTER_KEYS),
         slots=slots,

@@ -900,3 +900,16 @@ def test_ansible_inventory_agrees_on_precedence(ansible_lists):
     assert {host: values["pscluster_workdir"] for host, values in hostvars.items()} == PRECEDENCE_WORKDIRS
     inventory = load_inventory(str(path))
     assert {host.name: host.workdir for host in inventory.hosts} == PRECEDENCE_WORKDIRS
+
+
+def test_secret_with_a_plain_value_is_refused(tmp_path):
+    from cluster.errors import InventoryError
+    from cluster.inventory import load_inventory
+    path = tmp_path / "secret.yaml"
+    path.write_text("all:\n  vars:\n    pscluster_secret_env: [API_TOKEN]\n    pscluster_env:\n"
+                    "      API_TOKEN: hunter2\n  children:\n    worker: {hosts: {a: }}\n")
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(str(path))
+    assert caught.value.line == 5
+    assert caught.value.key_path == "all.vars.pscluster_env.API_TOKEN"
+    assert "plain value" in caught.value.message
