@@ -262,7 +262,6 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
           checkpoint_every, resume, data, steps_per_execution, restart_policy, max_restarts, start_timeout,
           collective_timeout, host_timeout, as_json: bool) -> None:
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
-    from .events import Reporter
     from .supervisor import Supervisor
     from .training import TrainOptions, resolve_job
     if epochs is not None and steps is not None:
@@ -275,7 +274,7 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
                            restart_policy=restart_policy, max_restarts=max_restarts, start_timeout=start_timeout,
                            collective_timeout=collective_timeout, host_timeout=host_timeout)
     state = env.store.load(resolved)
-    display = Reporter() if as_json else ui.TrainDisplay(env.err)
+    display = ui.EventLineReporter(env.err) if as_json else ui.TrainDisplay(env.err)
     try:
         with env.pool_factory() as pool:
             summary = Supervisor(store=env.store, name=resolved, job=job_ref, options=options, reporter=display,

@@ -314,3 +314,24 @@ def render_summary(console: Console, summary: dict) -> None:
         table.add_row("steps redone", str(summary.get("steps_redone", 0)))
     table.add_row("checkpoint", str(summary.get("checkpoint")))
     console.print(table)
+
+
+class EventLineReporter(Reporter):
+    """Plain lines on stderr for what matters during ``train --json``: phases, failures,
+    restarts, lost hosts and messages (stdout stays one JSON document)."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    def emit(self, kind: str, **data: Any) -> None:
+        if kind == "phase":
+            text = f"▸ {data['name']} {data.get('detail', '')}"
+        elif kind == "message":
+            text = data["text"]
+        elif kind in ("task-failed", "task-restarting", "task-restarted", "task-lost", "host-failed"):
+            detail = data.get("error") or data.get("detail") or ""
+            where = f"{data.get('task')}@{data.get('host')}" if data.get("task") else data.get("host")
+            text = f"{kind}: {where}: {detail}"
+        else:
+            return
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)

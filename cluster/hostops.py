@@ -113,8 +113,8 @@ def start(transport: Transport, task: TaskSpec, record: ProcessRecord, *, argv: 
     Raises:
         HostError: the process could not be started (e.g. its interpreter is missing).
     """
-    answer = call(transport, "start", {"argv": list(argv), "env": env, "cwd": task.workdir,
-                                       "log": record.log}, timeout=timeout)
+    answer = call(transport, "start", {"argv": list(argv), "env": env, "cwd": task.workdir, "log": record.log,
+                                       "fresh": [record.events] if record.events else []}, timeout=timeout)
     if answer.get("error"):
         raise HostError(transport.host.name, f"{task.name}: {answer['error']}", argv=argv,
                         hint="check pscluster_python and pscluster_workdir for this host")

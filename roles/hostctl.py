@@ -131,8 +131,10 @@ def op_start(req):
     log = _expand(req["log"])
     exit_file = log + ".exit"
     os.makedirs(os.path.dirname(log), exist_ok=True)
-    if os.path.exists(exit_file):
-        os.unlink(exit_file)
+    # Each attempt starts clean: a name reused by a later cluster or job must not show old lines.
+    for stale in [exit_file, log + ".pid"] + [_expand(path) for path in req.get("fresh", [])]:
+        if os.path.exists(stale):
+            os.unlink(stale)
     env = dict(os.environ) if req.get("inherit_env", True) else {}
     env.update(req.get("env", {}))   # arrives on stdin: secret values never touch argv
     read_end, write_end = os.pipe()
@@ -144,7 +146,7 @@ def op_start(req):
             devnull = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
-            log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
             os.write(log_fd, ("pscluster: %s starting %s\n" % (
                 time.strftime("%Y-%m-%d %H:%M:%S"), " ".join(req["argv"]))).encode())
             try:

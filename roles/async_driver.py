@@ -1,0 +1,199 @@
+"""Async mode: ParameterServerStrategy driven by the chief's own training loop.
+
+Runs on the ``chief`` task only; ps and workers are standing ``roles.server``
+processes. Keras 3 ``model.fit`` does not work under ParameterServerStrategy (TF-NOTES),
+so the loop is ours:
+
+* variables (model and optimizer state) are created eagerly in ``strategy.scope()``
+  and land round-robin on the ps tasks; the optimizer's ``iterations`` is the global
+  step;
+* each worker reads its own shard through ``create_per_worker_dataset`` (the dataset
+  function is traced once; ``experimental_get_current_worker_index`` tells each worker
+  which shard is its own);
+* one scheduled closure runs ``steps_per_execution`` steps in a ``tf.range`` loop,
+  because the coordinator->worker round trip costs as much as many small steps;
+* at most a few closures per worker are in flight: enough to keep every worker busy,
+  few enough that the loop wakes often to report progress and that a checkpoint
+  boundary is reached soon after it is scheduled;
+* checkpoints are written by the chief alone (``experimental_io_device``), after
+  ``coordinator.join()`` so they hold a consistent step;
+* evaluation runs on the chief itself, reading the variables from the ps tasks.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import Any
+
+import tensorflow as tf
+
+from roles.checkpoint import (CheckpointKeeper, chief_io_device, make_checkpoint,
+                              make_step_counter)
+from roles.datasets import eval_dataset, sample_batch, train_dataset
+from roles.evaluation import EVAL_BATCH_SIZE, make_evaluator, means
+from roles.jobs import Job, Shard
+from roles.lifecycle import TrainerLink
+from roles.plan import TrainPlan
+from roles.reporting import ProgressMeter, Reporter, TrainResult, placements_of
+from roles.tfconfig import ConfigError, TaskInfo
+
+log = logging.getLogger("pscluster.async")
+
+# Closures in flight per worker: 2 keeps a worker's queue non-empty while the chief
+# handles the previous result; more only delays progress reports and checkpoints.
+IN_FLIGHT_PER_WORKER = 2
+
+
+def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
+        deadline: TrainerLink) -> TrainResult:
+    if task.task_type != "chief":
+        raise ConfigError(f"async mode runs on the chief task only; this is {task.name} "
+                          f"(ps and workers run roles.server)")
+    if task.num_ps < 1:
+        raise ConfigError("async mode needs at least one 'ps' task in TF_CONFIG")
+
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+
+    x0, _ = sample_batch(job, plan.seed)
+    with strategy.scope():
+        model = job.build_model()
+        model(x0, training=False)  # create the variables now, on the ps tasks
+        optimizer = job.optimizer(plan.learning_rate)
+        optimizer.build(model.trainable_variables)
+        # Not optimizer.iterations: Keras 3 increments it with assign(v + 1), a
+        # read-modify-write that loses counts when workers update concurrently (300
+        # scheduled steps showed as 292). tf.Variable.assign_add is one atomic op.
+        step_var = make_step_counter()
+
+    keeper = None
+    restored_step = None
+    if plan.checkpoint_dir:
+        keeper = CheckpointKeeper(make_checkpoint(model, optimizer, step_var),
+                                  plan.checkpoint_dir,
+                                  io_device=chief_io_device(task.task_type, task.task_index))
+        if plan.resume:
+            path = keeper.restore_latest()
+            if path is not None:
+                restored_step = int(step_var.numpy())
+                log.info("restored %s at step %d", path, restored_step)
+            else:
+                log.info("--resume: no checkpoint in %s yet; starting at step 0",
+                         plan.checkpoint_dir)
+
+    reporter.placement(placements_of(
+        list(model.weights) + list(optimizer.variables) + [step_var]))
+    reporter.start(restored_step)
+
+    def dataset_fn() -> tf.data.Dataset:
+        index = tf.distribute.coordinator.experimental_get_current_worker_index()
+        shard = Shard(index=index, count=plan.workers, split="train", seed=plan.seed)
+        return train_dataset(job, shard, plan.worker_batch_size)
+
+    per_worker_iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    train_steps = _make_train_steps(job, plan, strategy, model, optimizer, step_var)
+
+    meter = ProgressMeter(reporter)
+    start_step = int(step_var.numpy())
+    scheduled = start_step
+    next_checkpoint = _next_boundary(start_step, plan.checkpoint_every)
+    in_flight: collections.deque[tuple[Any, int]] = collections.deque()
+    max_in_flight = IN_FLIGHT_PER_WORKER * plan.workers
+    last_checkpoint = keeper.latest() if keeper else None
+    last_saved_step = -1
+    first_done = False
+
+    def collect_one() -> None:
+        nonlocal first_done
+        remote, n = in_flight.popleft()
+        loss, worker = remote.fetch()
+        if not first_done:
+            first_done = True
+            deadline.disarm()
+            meter.restart_clock()  # exclude tracing and worker start-up from rates
+            return
+        examples = n * plan.worker_batch_size
+        meter.add(n, examples, float(loss), [(f"worker:{int(worker)}", examples)])
+        if meter.due():
+            meter.maybe_emit(int(step_var.numpy()))
+
+    while scheduled < plan.steps_total:
+        n = min(plan.steps_per_execution, plan.steps_total - scheduled)
+        if next_checkpoint is not None:
+            n = min(n, next_checkpoint - scheduled)
+        remote = coordinator.schedule(train_steps, args=(per_worker_iterator, tf.constant(n)))
+        in_flight.append((remote, n))
+        scheduled += n
+        # The first closure alone proves the cluster works; wait for it before
+        # queueing more so the start deadline measures the cluster, not the queue.
+        while in_flight and (len(in_flight) >= max_in_flight or not first_done):
+            collect_one()
+        if next_checkpoint is not None and scheduled >= next_checkpoint:
+            while in_flight:
+                collect_one()
+            coordinator.join()
+            if keeper:
+                last_saved_step = int(step_var.numpy())
+                last_checkpoint = keeper.save(last_saved_step)
+                reporter.checkpoint(last_saved_step, last_checkpoint)
+            next_checkpoint = _next_boundary(scheduled, plan.checkpoint_every)
+    while in_flight:
+        collect_one()
+    coordinator.join()
+    deadline.disarm()  # nothing to train (resumed at the budget): still a clean start
+    final_step = int(step_var.numpy())
+    meter.maybe_emit(final_step, force=meter.total_steps > 0)
+    rate = meter.overall_rate()
+
+    if keeper and last_saved_step != final_step:
+        last_checkpoint = keeper.save(final_step)
+        reporter.checkpoint(final_step, last_checkpoint)
+
+    evaluate = make_evaluator(job, model)
+    totals = evaluate(eval_dataset(job, Shard(0, 1, "test", plan.seed), EVAL_BATCH_SIZE))
+    val_loss, val_accuracy = means(totals.numpy())
+    return TrainResult(global_step=final_step, val_loss=val_loss, val_accuracy=val_accuracy,
+                       examples_per_second=rate, checkpoint=last_checkpoint,
+                       restored_step=restored_step)
+
+
+def _next_boundary(step: int, every: int | None) -> int | None:
+    if not every:
+        return None
+    return (step // every + 1) * every
+
+
+def _make_train_steps(job: Job, plan: TrainPlan, strategy: Any, model: Any,
+                      optimizer: Any, step_var: tf.Variable) -> Any:
+    """The scheduled function: ``n`` steps on one worker's iterator.
+
+    Returns the mean loss over the ``n`` steps and the index of the worker that ran
+    them (for the per-worker throughput in progress events).
+    """
+
+    def step_fn(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            outputs = model(x, training=True)
+            per_example = tf.cast(job.loss(y, outputs), tf.float32)
+            loss = tf.nn.compute_average_loss(per_example,
+                                              global_batch_size=plan.worker_batch_size)
+        variables = model.trainable_variables
+        grads = tape.gradient(loss, variables)
+        optimizer.apply_gradients(zip(grads, variables))
+        return loss
+
+    @tf.function
+    def train_steps(iterator: Any, n: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        total = tf.constant(0.0)
+        for _ in tf.range(n):
+            x, y = next(iterator)
+            per_replica = strategy.run(step_fn, args=(x, y))
+            total += strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        step_var.assign_add(tf.cast(n, tf.int64))
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        return total / tf.cast(n, tf.float32), worker
+
+    return train_steps

@@ -1,0 +1,97 @@
+"""Object-based checkpoints for the TF2 modes (async and sync), kept by the chief.
+
+Async (ParameterServerStrategy): the variables live on the ps tasks and by default
+each ps would write its own shard *on its own host*, which fails without a shared
+filesystem (``NOT_FOUND ... default_temp``) and scatters the files when one exists.
+Passing ``experimental_io_device`` set to the chief's CPU makes the chief read every
+variable and write every file itself, so ``--checkpoint-dir`` only needs to exist on
+the chief (and may be relative to the chief's working directory).
+
+Sync (MultiWorkerMirroredStrategy): saving may run collectives, so every worker must
+call save; TensorFlow's multi-worker guide has the non-chief workers write to a
+throw-away directory and delete it, which :class:`CheckpointKeeper` does with
+``keep=False``. Restoring needs the files only on the chief; the sync driver then
+copies the chief's values to the other workers.
+
+Sync-ps (graph mode) uses ``tf.compat.v1.train.Saver`` instead; see syncps_driver.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import tensorflow as tf
+
+MAX_TO_KEEP = 3
+CHECKPOINT_NAME = "ckpt"
+
+
+class CheckpointKeeper:
+    """Saves and restores one ``tf.train.Checkpoint`` under a directory.
+
+    ``keep=False`` saves into a fresh temporary directory and deletes it afterwards
+    (the non-chief side of the multi-worker protocol). ``io_device`` routes all file
+    I/O through one device (the chief's CPU under ParameterServerStrategy).
+    """
+
+    def __init__(self, checkpoint: tf.train.Checkpoint, directory: str, *,
+                 keep: bool = True, io_device: str | None = None) -> None:
+        self._checkpoint = checkpoint
+        self._keep = keep
+        self._directory = directory if keep else tempfile.mkdtemp(prefix="pscluster-ckpt-")
+        self._options = (tf.train.CheckpointOptions(experimental_io_device=io_device)
+                         if io_device else tf.train.CheckpointOptions())
+        if keep:
+            os.makedirs(directory, exist_ok=True)
+        self._manager = tf.train.CheckpointManager(
+            checkpoint, self._directory, max_to_keep=MAX_TO_KEEP,
+            checkpoint_name=CHECKPOINT_NAME)
+
+    @property
+    def directory(self) -> str:
+        return self._directory
+
+    def latest(self) -> str | None:
+        return self._manager.latest_checkpoint if self._keep else None
+
+    def restore_latest(self) -> str | None:
+        """Restores the newest checkpoint; returns its path, or None if there is none.
+
+        Every existing object must match the checkpoint: restoring another job's
+        checkpoint fails here rather than training from half-restored weights.
+        """
+        path = self.latest()
+        if path is None:
+            return None
+        status = self._checkpoint.restore(path, options=self._options)
+        status.assert_existing_objects_matched()
+        return path
+
+    def save(self, step: int) -> str | None:
+        """Writes a checkpoint numbered ``step``; returns its path (None if not kept)."""
+        path = self._manager.save(checkpoint_number=step, options=self._options)
+        if not self._keep:
+            shutil.rmtree(self._directory, ignore_errors=True)
+            return None
+        return path
+
+    def close(self) -> None:
+        if not self._keep:
+            shutil.rmtree(self._directory, ignore_errors=True)
+
+
+def chief_io_device(task_type: str = "chief", task_index: int = 0) -> str:
+    return f"/job:{task_type}/replica:0/task:{task_index}/device:CPU:0"
+
+
+def make_step_counter() -> tf.Variable:
+    """The global step of the TF2 modes; create it inside the strategy's scope."""
+    return tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+
+
+def make_checkpoint(model: Any, optimizer: Any, step: tf.Variable) -> tf.train.Checkpoint:
+    """The object graph saved in the TF2 modes: weights, optimizer state, global step."""
+    return tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)

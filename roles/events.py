@@ -1,0 +1,138 @@
+"""The structured event stream a training process writes for the orchestrator.
+
+The orchestrator never parses log text: it reads one JSON object per line from the
+file named by ``roles.train --events PATH``. Every object carries ``event`` (the kind),
+``ts`` (unix seconds) and ``task`` (``"chief:0"``, ``"worker:1"``); the remaining keys
+depend on the kind and are listed in :data:`EVENT_FIELDS`, which is the contract the
+orchestrator's reader is written against.
+
+Each line is written with a single ``write`` and flushed at once, so a reader that
+tails the file while training runs never sees half an object unless the process dies
+mid-write; it should skip a trailing line that does not parse.
+
+This module imports no TensorFlow, so the orchestrator's tests may use it to write or
+validate fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from typing import IO, Any, Callable, Mapping
+
+# Keys each kind of event carries besides "event", "ts" and "task".
+EVENT_FIELDS: Mapping[str, tuple[str, ...]] = {
+    "start": (
+        "mode", "workers", "global_batch_size", "steps_total", "epochs",
+        "learning_rate", "steps_per_execution", "restored_step",
+    ),
+    "placement": ("variables",),
+    "progress": (
+        "step", "steps_total", "epoch", "loss", "examples_per_second", "per_worker",
+    ),
+    "checkpoint": ("step", "path"),
+    "done": (
+        "mode", "workers", "global_step", "val_loss", "val_accuracy", "wall_seconds",
+        "examples_per_second", "checkpoint", "restored_step",
+    ),
+    "error": ("message", "exception"),
+}
+
+
+def _plain(value: Any) -> Any:
+    """Turns numpy/TensorFlow scalars into JSON values; NaN and inf become null.
+
+    Why: json.dumps writes NaN as a bare ``NaN`` token, which strict JSON readers
+    reject, and a diverging loss must not make the event file unreadable.
+    """
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if hasattr(value, "item"):  # numpy scalar or 0-d array
+        return _plain(value.item())
+    if hasattr(value, "numpy"):  # eager tensor
+        return _plain(value.numpy())
+    return str(value)
+
+
+class EventWriter:
+    """Appends events as JSON lines to one file, flushed per line.
+
+    Thread-safe: the signal watcher may write an ``error`` event while the training
+    loop is writing progress.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], task: str,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._path = os.fspath(path)
+        self._task = task
+        self._clock = clock
+        self._lock = threading.Lock()
+        parent = os.path.dirname(os.path.abspath(self._path))
+        os.makedirs(parent, exist_ok=True)
+        # Line-buffered append: each event is one write + flush.
+        self._file: IO[str] | None = open(self._path, "a", encoding="utf-8", buffering=1)
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def task(self) -> str:
+        return self._task
+
+    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        """Writes one event; unknown kinds are refused so typos fail in tests."""
+        if event not in EVENT_FIELDS:
+            raise ValueError(f"unknown event kind {event!r}; known: {sorted(EVENT_FIELDS)}")
+        missing = [k for k in EVENT_FIELDS[event] if k not in fields]
+        if missing:
+            raise ValueError(f"event {event!r} lacks fields {missing}")
+        record = {"event": event, "ts": round(self._clock(), 3), "task": self._task}
+        record.update(_plain(fields))
+        line = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
+        with self._lock:
+            if self._file is None:
+                return record
+            self._file.write(line)
+            self._file.flush()
+        return record
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def __enter__(self) -> "EventWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Reads an events file, skipping a torn last line (the writer died mid-line)."""
+    events: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i >= len(lines) - 2:  # only the final line may be torn
+                break
+            raise
+    return events

@@ -1,0 +1,177 @@
+"""How a training process ends when nobody lets it finish: signals and deadlines.
+
+Two facts checked on TF 2.21 make in-process handling unreliable:
+
+* while ``MultiWorkerMirroredStrategy()`` waits for a peer that never starts,
+  TensorFlow blocks in C++ *holding the GIL*: no Python code runs in that process
+  any more, in any thread (no ``signal.signal`` handler, no timer thread);
+* MultiWorkerMirroredStrategy's coordination service installs its own C++ SIGTERM
+  handler (``preemption_notifier.cc: SIGTERM caught``) that records the signal and
+  does *not* end the process.
+
+So ``roles.train`` splits itself in two, before TensorFlow is imported:
+
+* the original process -- the PID the orchestrator recorded -- becomes the
+  :class:`Guardian`: a few MB of plain Python that never imports TensorFlow;
+* a forked child does the training and tells the guardian through a pipe when the
+  first step has run (``disarm``) and when it has written its own final event
+  (``finished``).
+
+The guardian turns SIGTERM/SIGINT/SIGHUP into SIGKILL for the trainer, enforces
+``--start-timeout``, writes the ``error`` event when the trainer could not, and exits
+with the trainer's exit code (or 128+signal, or :data:`EXIT_START_TIMEOUT`). The
+trainer gets ``PR_SET_PDEATHSIG`` so it cannot outlive a SIGKILLed guardian.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import sys
+import time
+from typing import Callable
+
+TERMINATION_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+EXIT_START_TIMEOUT = 3
+
+_DISARM = b"d"
+_FINISHED = b"f"
+_PR_SET_PDEATHSIG = 1
+
+Report = Callable[[str, str], None]  # (message, exception) -> writes an error event
+
+
+class TrainerLink:
+    """The trainer's end of the pipe to the guardian."""
+
+    def __init__(self, write_fd: int) -> None:
+        self._fd: int | None = write_fd
+
+    def disarm(self) -> None:
+        """The first step ran: the start deadline no longer applies."""
+        self._send(_DISARM)
+
+    def finished(self) -> None:
+        """The trainer has written its final event (done or error) itself."""
+        self._send(_FINISHED)
+
+    def _send(self, message: bytes) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.write(self._fd, message)
+        except OSError:
+            self._fd = None  # the guardian is gone; PDEATHSIG will follow
+
+
+def _die_with_parent(parent: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the orchestrator's process-group kill still reaches us
+    if os.getppid() != parent:  # the guardian died before prctl took effect
+        os._exit(1)
+
+
+def split(start_timeout: float, what: str, report: Report) -> TrainerLink:
+    """Forks; returns a :class:`TrainerLink` in the trainer and never returns in the
+    guardian (which exits with the trainer's outcome).
+
+    Call before importing TensorFlow: ``fork`` is only safe without threads.
+    """
+    read_fd, write_fd = os.pipe()
+    parent = os.getpid()
+    # Block termination signals across the fork so none is lost in between; each
+    # side then installs what it needs and unblocks.
+    signal.pthread_sigmask(signal.SIG_BLOCK, TERMINATION_SIGNALS)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = os.fork()
+    if child == 0:
+        os.close(read_fd)
+        for sig in TERMINATION_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        _die_with_parent(parent)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, TERMINATION_SIGNALS)
+        return TrainerLink(write_fd)
+    os.close(write_fd)
+    code = 1
+    try:
+        code = Guardian(child, read_fd, start_timeout, what, report).supervise()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class Guardian:
+    """The supervising side; see the module docstring."""
+
+    def __init__(self, child: int, read_fd: int, start_timeout: float, what: str,
+                 report: Report) -> None:
+        self._child = child
+        self._fd = read_fd
+        self._start_timeout = start_timeout
+        self._what = what
+        self._report = report
+        self._signal: int | None = None
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        if self._signal is None:
+            self._signal = signum
+        try:
+            os.kill(self._child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def supervise(self) -> int:
+        for sig in TERMINATION_SIGNALS:
+            signal.signal(sig, self._on_signal)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, TERMINATION_SIGNALS)
+        deadline = time.monotonic() + self._start_timeout
+        armed, finished, timed_out = True, False, False
+        while True:
+            timeout = max(0.0, deadline - time.monotonic()) if armed else None
+            ready, _, _ = select.select([self._fd], [], [], timeout)  # retried on EINTR
+            if not ready:
+                timed_out, armed = True, False
+                try:
+                    os.kill(self._child, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                continue
+            data = os.read(self._fd, 64)
+            if _DISARM in data:
+                armed = False
+            if _FINISHED in data:
+                finished = True
+            if not data:
+                break  # the trainer closed the pipe: it is exiting or dead
+        _, status = os.waitpid(self._child, 0)
+        return self._outcome(status, finished, timed_out)
+
+    def _outcome(self, status: int, finished: bool, timed_out: bool) -> int:
+        if self._signal is not None:
+            name = signal.Signals(self._signal).name
+            if not finished:
+                self._report(f"terminated by {name}", "Terminated")
+            return 128 + self._signal
+        if timed_out and not finished:
+            self._report(f"{self._what} did not happen within {self._start_timeout:g} s "
+                         f"(--start-timeout); a peer task is probably not running",
+                         "StartTimeout")
+            return EXIT_START_TIMEOUT
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            if not finished:
+                self._report(f"the training process was killed by "
+                             f"{signal.Signals(sig).name}", "Terminated")
+            return 128 + sig
+        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
+        if code != 0 and not finished:
+            self._report(f"the training process exited with code {code} without "
+                         f"reporting why (see its log)", "Crashed")
+        return code

@@ -1,0 +1,182 @@
+"""Turns a job's defaults and the command line into one training plan.
+
+Pure: no TensorFlow, no clock, no files, so every mode computes batch sizes, step
+budgets and learning rates the same way and the arithmetic is unit-tested.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from roles.jobs import Job
+from roles.tfconfig import ConfigError
+
+MODES = ("async", "sync", "sync-ps")
+
+# Steps run inside one traced function call, per mode, unless --steps-per-execution
+# says otherwise. Async: every scheduled closure costs a coordinator->worker RPC
+# round trip (~5-15 ms here), so a step must be amortised over many; 32 measured
+# within a few % of 64 on this machine while keeping per-closure latency (and the
+# work redone when a worker dies) small. Sync: the collective all-reduce is paid per
+# step anyway; looping in-graph only saves the Python dispatch (8 is plenty).
+# Sync-ps runs one session.run per step (the SyncReplicasOptimizer token protocol is
+# per step), so the value is always 1 there.
+DEFAULT_STEPS_PER_EXECUTION = {"async": 32, "sync": 8, "sync-ps": 1}
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """The ``roles.train`` command line, parsed and type-checked."""
+
+    mode: str
+    job: str
+    events: str
+    epochs: float | None = None
+    steps: int | None = None
+    batch_size: int | None = None
+    learning_rate: float | None = None
+    scale_lr: bool = False
+    checkpoint_dir: str | None = None
+    checkpoint_every: int | None = None
+    resume: bool = False
+    data: str | None = None
+    steps_per_execution: int | None = None
+    start_timeout: float = 300.0
+    collective_timeout: float = 60.0
+    seed: int = 1234
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """Everything a driver needs to know about the budget and the batch.
+
+    ``global_batch_size`` is the number of examples behind one optimizer update (one
+    global step); ``worker_batch_size`` is what each worker's pipeline yields per step.
+    """
+
+    mode: str
+    workers: int
+    global_batch_size: int
+    worker_batch_size: int
+    steps_total: int
+    epochs: float | None
+    learning_rate: float
+    steps_per_execution: int
+    train_examples: int | None
+    checkpoint_dir: str | None
+    checkpoint_every: int | None
+    resume: bool
+    seed: int
+    start_timeout: float
+    collective_timeout: float
+
+    def epoch_at(self, step: int) -> float | None:
+        """Epochs of data consumed after ``step`` global steps (None if unknown)."""
+        if not self.train_examples:
+            return None
+        return step * self.global_batch_size / self.train_examples
+
+    def start_fields(self, restored_step: int | None) -> dict[str, object]:
+        """The fields of the ``start`` event."""
+        return {
+            "mode": self.mode,
+            "workers": self.workers,
+            "global_batch_size": self.global_batch_size,
+            "steps_total": self.steps_total,
+            "epochs": self.epochs,
+            "learning_rate": self.learning_rate,
+            "steps_per_execution": self.steps_per_execution,
+            "restored_step": restored_step,
+        }
+
+
+def make_plan(job: Job, options: TrainOptions, workers: int) -> TrainPlan:
+    """Resolves the plan; the command line wins over the job's defaults.
+
+    Budget precedence: ``--steps``, then ``--epochs``, then the job's STEPS, then its
+    EPOCHS. Epochs become steps as ``ceil(epochs * TRAIN_EXAMPLES / global batch)``.
+
+    Raises:
+        ConfigError: an impossible combination, with what to change.
+    """
+    if options.mode not in MODES:
+        raise ConfigError(f"--mode {options.mode!r}: choose one of {', '.join(MODES)}")
+    if workers < 1:
+        raise ConfigError("the cluster in TF_CONFIG has no 'worker' tasks")
+    global_batch = options.batch_size or job.batch_size
+    if global_batch < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {global_batch}")
+    if options.mode == "async":
+        worker_batch = global_batch
+    else:
+        worker_batch = global_batch // workers
+        if worker_batch < 1:
+            raise ConfigError(
+                f"global batch {global_batch} is smaller than the {workers} workers that "
+                f"share it; raise --batch-size to at least {workers}")
+        global_batch = worker_batch * workers  # what is really averaged per step
+
+    if options.steps is not None:
+        steps, epochs = options.steps, None
+    elif options.epochs is not None:
+        steps, epochs = None, options.epochs
+    elif job.steps is not None:
+        steps, epochs = job.steps, None
+    else:
+        steps, epochs = None, job.epochs
+    if steps is None:
+        if epochs is None:
+            raise ConfigError(f"{job.path}: the job defines neither EPOCHS nor STEPS")
+        if epochs <= 0:
+            raise ConfigError(f"--epochs must be > 0, got {epochs}")
+        if not job.train_examples:
+            raise ConfigError(f"{job.path}: define TRAIN_EXAMPLES to train by epochs, "
+                              f"or pass --steps")
+        steps = math.ceil(epochs * job.train_examples / global_batch)
+    elif steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {steps}")
+
+    learning_rate = options.learning_rate or job.learning_rate
+    if learning_rate <= 0:
+        raise ConfigError(f"--learning-rate must be > 0, got {learning_rate}")
+    if options.scale_lr:
+        learning_rate *= workers
+
+    k = options.steps_per_execution or DEFAULT_STEPS_PER_EXECUTION[options.mode]
+    if k < 1:
+        raise ConfigError(f"--steps-per-execution must be >= 1, got {k}")
+    if options.mode == "sync-ps":
+        k = 1
+
+    if options.checkpoint_every is not None:
+        if options.checkpoint_every < 1:
+            raise ConfigError(f"--checkpoint-every must be >= 1, got {options.checkpoint_every}")
+        if not options.checkpoint_dir:
+            raise ConfigError("--checkpoint-every needs --checkpoint-dir")
+    if options.resume and not options.checkpoint_dir:
+        raise ConfigError("--resume needs --checkpoint-dir (where to find the checkpoint)")
+    if options.start_timeout <= 0 or options.collective_timeout <= 0:
+        raise ConfigError("--start-timeout and --collective-timeout must be > 0 seconds")
+
+    if epochs is None and job.train_examples:
+        epochs_reported: float | None = round(steps * global_batch / job.train_examples, 4)
+    else:
+        epochs_reported = epochs
+    return TrainPlan(
+        mode=options.mode,
+        workers=workers,
+        global_batch_size=global_batch,
+        worker_batch_size=worker_batch,
+        steps_total=steps,
+        epochs=epochs_reported,
+        learning_rate=learning_rate,
+        steps_per_execution=k,
+        train_examples=job.train_examples,
+        checkpoint_dir=options.checkpoint_dir,
+        checkpoint_every=options.checkpoint_every,
+        resume=options.resume,
+        seed=options.seed,
+        start_timeout=options.start_timeout,
+        collective_timeout=options.collective_timeout,
+    )

@@ -1,0 +1,163 @@
+"""What the drivers report, and when: typed helpers over :class:`EventWriter`.
+
+Drivers call :class:`Reporter` methods instead of writing event dicts, so the field
+sets stay the contract in ``roles/events.py``. :class:`ProgressMeter` turns "this
+worker finished n steps" notifications into one ``progress`` event every
+``interval`` seconds, with throughput measured over that window.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+from roles.events import EventWriter
+from roles.plan import TrainPlan
+
+PROGRESS_INTERVAL_SECONDS = 1.5
+
+
+@dataclass(frozen=True)
+class VariablePlacement:
+    name: str
+    device: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a driver hands back to ``roles.train`` for the ``done`` event."""
+
+    global_step: int
+    val_loss: float | None
+    val_accuracy: float | None
+    examples_per_second: float | None
+    checkpoint: str | None
+    restored_step: int | None
+
+
+class Reporter:
+    """Writes this task's events; ``is_chief`` gates the job-level ones."""
+
+    def __init__(self, writer: EventWriter, plan: TrainPlan, is_chief: bool) -> None:
+        self.writer = writer
+        self.plan = plan
+        self.is_chief = is_chief
+
+    def start(self, restored_step: int | None) -> None:
+        self.writer.emit("start", **self.plan.start_fields(restored_step))
+
+    def placement(self, variables: Iterable[VariablePlacement]) -> None:
+        if not self.is_chief:
+            return
+        self.writer.emit("placement", variables=[
+            {"name": v.name, "device": v.device, "shape": list(v.shape)} for v in variables])
+
+    def checkpoint(self, step: int, path: str) -> None:
+        if self.is_chief:
+            self.writer.emit("checkpoint", step=step, path=path)
+
+    def progress(self, step: int, loss: float | None, examples_per_second: float | None,
+                 per_worker: dict[str, float]) -> None:
+        self.writer.emit("progress", step=step, steps_total=self.plan.steps_total,
+                         epoch=_round(self.plan.epoch_at(step), 4), loss=_round(loss, 5),
+                         examples_per_second=_round(examples_per_second, 1),
+                         per_worker={k: round(v, 1) for k, v in per_worker.items()})
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(float(value), digits)
+
+
+class ProgressMeter:
+    """Accumulates finished work and emits ``progress`` at most every ``interval`` s.
+
+    ``examples_per_second`` is the job's rate over the last window (all workers);
+    ``per_worker`` splits it by the worker that did the work, as far as the mode can
+    tell (async knows which worker ran each closure; a sync worker knows only itself).
+    """
+
+    def __init__(self, reporter: Reporter, interval: float = PROGRESS_INTERVAL_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._reporter = reporter
+        self._interval = interval
+        self._clock = clock
+        self._started = clock()
+        self._window_start = self._started
+        self._window_examples = 0
+        self._window_by_worker: dict[str, int] = {}
+        self._window_loss_sum = 0.0
+        self._window_loss_steps = 0
+        self.total_examples = 0
+        self.total_steps = 0
+
+    def restart_clock(self) -> None:
+        """Starts measuring now (after compilation / first step, say)."""
+        self._started = self._window_start = self._clock()
+
+    def add(self, steps: int, examples: int, loss: float | None,
+            workers: Sequence[tuple[str, int]] = ()) -> None:
+        """Records ``steps`` finished steps worth ``examples`` examples in total.
+
+        ``workers`` optionally attributes examples to workers (name, examples).
+        """
+        self.total_steps += steps
+        self.total_examples += examples
+        self._window_examples += examples
+        for name, n in workers:
+            self._window_by_worker[name] = self._window_by_worker.get(name, 0) + n
+        if loss is not None and loss == loss:  # skip NaN in the mean, report it below
+            self._window_loss_sum += float(loss) * steps
+            self._window_loss_steps += steps
+        elif loss is not None:
+            self._window_loss_sum = float("nan")
+            self._window_loss_steps = max(self._window_loss_steps, 1)
+
+    def due(self) -> bool:
+        return self._clock() - self._window_start >= self._interval
+
+    def maybe_emit(self, step: int, force: bool = False) -> bool:
+        """Emits a progress event if the interval has passed (or ``force``)."""
+        now = self._clock()
+        elapsed = now - self._window_start
+        if not force and elapsed < self._interval:
+            return False
+        if self._window_examples == 0:
+            return False  # nothing new since the last event (forced or not)
+        elapsed = max(elapsed, 1e-6)
+        loss = (self._window_loss_sum / self._window_loss_steps
+                if self._window_loss_steps else None)
+        self._reporter.progress(
+            step=step, loss=loss,
+            examples_per_second=self._window_examples / elapsed,
+            per_worker={k: v / elapsed for k, v in sorted(self._window_by_worker.items())})
+        self._window_start = now
+        self._window_examples = 0
+        self._window_by_worker = {}
+        self._window_loss_sum = 0.0
+        self._window_loss_steps = 0
+        return True
+
+    def overall_rate(self) -> float | None:
+        """Examples per second since the clock started (for the ``done`` event)."""
+        elapsed = self._clock() - self._started
+        if elapsed <= 0 or self.total_examples == 0:
+            return None
+        return self.total_examples / elapsed
+
+
+def placements_of(variables: Iterable[Any]) -> list[VariablePlacement]:
+    """Name, device and shape of TensorFlow/Keras variables.
+
+    Keras 3 variables report ``device=None`` under ParameterServerStrategy; the
+    TensorFlow variable they wrap (``.value``) knows where it lives.
+    """
+    out = []
+    for v in variables:
+        inner = getattr(v, "value", v)
+        device = getattr(inner, "device", None) or getattr(v, "device", None) or ""
+        name = getattr(v, "path", None) or getattr(v, "name", "?")
+        shape = tuple(int(d) if d is not None else -1 for d in v.shape)
+        out.append(VariablePlacement(name=str(name), device=str(device), shape=shape))
+    return out

@@ -1,0 +1,200 @@
+"""Sync mode: MultiWorkerMirroredStrategy, one process per worker, our own loop.
+
+Keras 3 ``model.fit`` fails under MultiWorkerMirroredStrategy with more than one
+worker (keras-team/keras#20585), so each worker runs this loop:
+
+* the strategy sees only the ``worker`` job of TF_CONFIG (a ``ps`` or ``chief`` entry
+  the orchestrator may list would otherwise join the collective group and hang it);
+* collectives carry ``--collective-timeout``, so a frozen peer turns into a
+  ``DeadlineExceededError`` instead of a hang (a dead peer fails at once anyway);
+* each worker reads its own shard through ``distribute_datasets_from_function``;
+  ``steps_per_execution`` steps run inside one traced ``tf.range`` loop; the Keras
+  optimizer all-reduces the gradients; the per-example loss is averaged over the
+  *global* batch so the summed gradients are the global mean;
+* worker 0 is the chief: it keeps checkpoints; the others save into a temporary
+  directory and delete it (TensorFlow's multi-worker checkpoint protocol). On
+  ``--resume`` only the chief needs the files: it restores, then every worker takes
+  the chief's values through one all-reduce, so no shared filesystem is needed;
+* evaluation is distributed: each worker evaluates its shard of the test set and one
+  all-reduce sums the totals, so all workers finish together and agree on the result.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import tensorflow as tf
+
+from roles.checkpoint import CheckpointKeeper, make_checkpoint, make_step_counter
+from roles.datasets import eval_dataset, sample_batch, train_dataset
+from roles.evaluation import EVAL_BATCH_SIZE, make_evaluator, means
+from roles.jobs import Job, Shard
+from roles.lifecycle import TrainerLink
+from roles.plan import TrainPlan
+from roles.reporting import ProgressMeter, Reporter, TrainResult
+from roles.tfconfig import ConfigError, TaskInfo
+
+log = logging.getLogger("pscluster.sync")
+
+
+def make_strategy(task: TaskInfo, collective_timeout: float) -> Any:
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({"worker": list(task.cluster["worker"])}),
+        task_type="worker", task_id=task.task_index, rpc_layer="grpc")
+    options = tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=collective_timeout,
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver, communication_options=options)
+
+
+def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
+        deadline: TrainerLink) -> TrainResult:
+    if task.task_type != "worker":
+        raise ConfigError(f"sync mode runs one process per worker task; this is {task.name}")
+    is_chief = task.task_index == 0
+    strategy = make_strategy(task, plan.collective_timeout)
+    local_replicas = len(strategy.extended.worker_devices)  # >1 only with several GPUs
+
+    x0, _ = sample_batch(job, plan.seed)
+    with strategy.scope():
+        model = job.build_model()
+        model(x0, training=False)
+        optimizer = job.optimizer(plan.learning_rate)
+        optimizer.build(model.trainable_variables)
+        step_var = make_step_counter()  # same role as in async mode
+    state = list(model.variables) + list(optimizer.variables) + [step_var]
+
+    keeper = None
+    restored_step = None
+    if plan.checkpoint_dir:
+        keeper = CheckpointKeeper(make_checkpoint(model, optimizer, step_var), plan.checkpoint_dir,
+                                  keep=is_chief)
+        if plan.resume:
+            path = keeper.restore_latest() if is_chief else None
+            if is_chief:
+                log.info("restored %s", path) if path else log.info(
+                    "--resume: no checkpoint in %s yet; starting at step 0", plan.checkpoint_dir)
+            _copy_from_chief(strategy, state, is_chief, local_replicas)
+            step = int(step_var.numpy())
+            restored_step = step if step > 0 else None
+    reporter.start(restored_step)
+
+    def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        shard = Shard(index=context.input_pipeline_id, count=context.num_input_pipelines,
+                      split="train", seed=plan.seed)
+        return train_dataset(job, shard,
+                             context.get_per_replica_batch_size(plan.global_batch_size))
+
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    train_steps = _make_train_steps(job, plan, strategy, model, optimizer, step_var)
+
+    meter = ProgressMeter(reporter)
+    step = int(step_var.numpy())
+    last_saved = -1
+    last_checkpoint = keeper.latest() if keeper else None
+    first = True
+    while step < plan.steps_total:
+        n = min(plan.steps_per_execution, plan.steps_total - step)
+        if plan.checkpoint_every:
+            n = min(n, plan.checkpoint_every - step % plan.checkpoint_every)
+        loss = float(train_steps(iterator, tf.constant(n)))
+        step += n
+        if first:
+            first = False
+            deadline.disarm()
+            meter.restart_clock()
+        else:
+            meter.add(n, n * plan.global_batch_size, loss,
+                      [(task.name, n * plan.worker_batch_size)])
+            meter.maybe_emit(step)
+        if keeper and plan.checkpoint_every and step % plan.checkpoint_every == 0:
+            last_checkpoint = _save(keeper, reporter, step) or last_checkpoint
+            last_saved = step
+    deadline.disarm()
+    step = int(step_var.numpy())
+    meter.maybe_emit(step, force=meter.total_steps > 0)
+    rate = meter.overall_rate()
+    if keeper and last_saved != step:
+        last_checkpoint = _save(keeper, reporter, step) or last_checkpoint
+    if keeper:
+        keeper.close()
+
+    evaluate = make_evaluator(job, model)
+    local = evaluate(eval_dataset(
+        job, Shard(task.task_index, plan.workers, "test", plan.seed), EVAL_BATCH_SIZE))
+    totals = _sum_over_workers(strategy, local, local_replicas)
+    val_loss, val_accuracy = means(totals.numpy())
+    return TrainResult(global_step=step, val_loss=val_loss, val_accuracy=val_accuracy,
+                       examples_per_second=rate,
+                       checkpoint=last_checkpoint if is_chief else None,
+                       restored_step=restored_step)
+
+
+def _save(keeper: CheckpointKeeper, reporter: Reporter, step: int) -> str | None:
+    path = keeper.save(step)
+    if path:
+        reporter.checkpoint(step, path)
+    return path
+
+
+def _make_train_steps(job: Job, plan: TrainPlan, strategy: Any, model: Any,
+                      optimizer: Any, step_var: tf.Variable) -> Any:
+    def step_fn(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            outputs = model(x, training=True)
+            per_example = tf.cast(job.loss(y, outputs), tf.float32)
+            loss = tf.nn.compute_average_loss(per_example,
+                                              global_batch_size=plan.global_batch_size)
+        variables = model.trainable_variables
+        grads = tape.gradient(loss, variables)
+        optimizer.apply_gradients(zip(grads, variables))  # all-reduces the gradients
+        # This worker's mean loss, for its progress events: reporting the global mean
+        # would cost one more collective per step.
+        return tf.reduce_mean(per_example)
+
+    @tf.function
+    def train_steps(iterator: Any, n: tf.Tensor) -> tf.Tensor:
+        total = tf.constant(0.0)
+        for _ in tf.range(n):
+            per_replica = strategy.run(step_fn, args=next(iterator))
+            local = strategy.experimental_local_results(per_replica)
+            total += tf.add_n(local) / len(local)
+        step_var.assign_add(tf.cast(n, tf.int64))
+        return total / tf.cast(n, tf.float32)
+
+    return train_steps
+
+
+def _distribute_local(strategy: Any, value: tf.Tensor, local_replicas: int) -> Any:
+    """``value`` spread over this worker's replicas so that their sum is ``value``."""
+    share = value / local_replicas
+    return strategy.experimental_distribute_values_from_function(lambda _: share)
+
+
+def _sum_over_workers(strategy: Any, value: tf.Tensor, local_replicas: int) -> tf.Tensor:
+    """Sum of each worker's ``value`` (one all-reduce)."""
+    return strategy.reduce(tf.distribute.ReduceOp.SUM,
+                           _distribute_local(strategy, value, local_replicas), axis=None)
+
+
+def _copy_from_chief(strategy: Any, variables: Sequence[Any], is_chief: bool,
+                     local_replicas: int) -> None:
+    """Sets every worker's copy of ``variables`` to the chief's values.
+
+    Why: after a restore only the chief holds the checkpoint's values (it alone has
+    the files). One all-reduce of (chief's values, zeros elsewhere) broadcasts them;
+    float64 carries the integer counters (step, seeds) exactly.
+    """
+    parts = [tf.reshape(tf.cast(tf.convert_to_tensor(v), tf.float64), [-1]) for v in variables]
+    flat = tf.concat(parts, axis=0) if parts else tf.zeros([0], tf.float64)
+    if not is_chief:
+        flat = tf.zeros_like(flat)
+    summed = _sum_over_workers(strategy, flat, local_replicas)
+    offset = 0
+    for v in variables:
+        size = int(tf.size(tf.convert_to_tensor(v)))
+        part = tf.reshape(summed[offset:offset + size], v.shape)
+        v.assign(tf.cast(part, v.dtype))
+        offset += size

@@ -1,0 +1,246 @@
+"""Sync-ps mode: the classic between-graph SyncReplicasOptimizer, one process per worker.
+
+There is no TF2-native synchronous parameter-server training, so this mode speaks
+``tf.compat.v1``: each worker runs an in-process ``tf.distribute.Server`` for its own
+task, builds the same graph under ``replica_device_setter`` (variables on the ps
+tasks, round-robin; compute on itself) and trains through a ``MonitoredTrainingSession``
+with ``SyncReplicasOptimizer(replicas_to_aggregate=W, total_num_replicas=W)``: every
+global step averages one gradient from each worker.
+
+Keras 3 in a TF1 graph (checked on TF 2.21 / Keras 3.15): layers build fine and their
+variables obey the device setter, but
+
+* TF1 optimizers reject Keras variables (``no attribute '_in_graph_mode'``): the
+  wrapped ``tf.Variable`` (``variable.value``) is what they get;
+* state updates made inside a layer call (BatchNormalization statistics, the dropout
+  seed) are ops nobody depends on in a plain graph, so they would never run: the
+  forward pass is wrapped in ``tf.function``, whose automatic control dependencies
+  run them;
+* the job's Keras optimizer is translated to its TF1 twin (roles/v1_optimizers.py).
+
+Other choices:
+
+* each run's state lives in a fresh resource container agreed through
+  roles/syncps_rendezvous.py, because the standing ps tasks keep every variable and
+  queue of earlier runs;
+* sessions carry ``device_filters`` (ps + this worker), or a worker's session would
+  wait for every other worker in the cluster to be up;
+* no initial sync tokens (``num_tokens=0``): a worker's step returns when that
+  global step has been applied, so all workers see the same step and stop together,
+  and no gradient is computed just to be dropped as stale;
+* the step returns the new global step (the SyncReplicasOptimizer train op yields
+  the dequeued token), so no extra read is needed per step;
+* checkpoints: only the chief saves, with a non-sharded ``Saver`` placed on its own
+  CPU, so the chief writes every file (the default sharded saver would have each ps
+  write its own part on its own host). ``--resume`` passes ``--checkpoint-dir`` to the
+  chief's session, which restores the newest checkpoint; without it the chief starts
+  fresh even if the directory holds checkpoints (as in the other modes);
+* every step runs with a deadline (``--collective-timeout``) once training has
+  started, so a vanished peer ends the run with an error instead of a hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import tensorflow as tf
+
+from roles.checkpoint import CHECKPOINT_NAME, MAX_TO_KEEP
+from roles.datasets import eval_dataset, train_dataset
+from roles.evaluation import EVAL_BATCH_SIZE, batch_sums, means
+from roles.jobs import Job, Shard
+from roles.lifecycle import TrainerLink
+from roles.plan import TrainPlan
+from roles.reporting import ProgressMeter, Reporter, TrainResult, placements_of
+from roles.syncps_rendezvous import ControlChannel, container_name
+from roles.tfconfig import ConfigError, TaskInfo, threads_from_env
+from roles.tfruntime import session_config
+from roles.v1_optimizers import V1OptimizerSpec, v1_spec
+
+log = logging.getLogger("pscluster.syncps")
+
+STOP_GRACE_SECONDS = 2
+
+
+def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
+        deadline: TrainerLink) -> TrainResult:
+    if task.task_type != "worker":
+        raise ConfigError(f"sync-ps mode runs one process per worker task; this is {task.name}")
+    if task.num_ps < 1:
+        raise ConfigError("sync-ps mode needs at least one 'ps' task in TF_CONFIG")
+    index, workers = task.task_index, plan.workers
+    is_chief = index == 0
+    cluster = tf.train.ClusterSpec({"ps": list(task.cluster["ps"]),
+                                    "worker": list(task.cluster["worker"])})
+    threads = threads_from_env()
+    config = session_config(tf, threads, device_filters=[
+        "/job:ps", f"/job:worker/task:{index}"], allow_soft_placement=False)
+    server = tf.distribute.Server(cluster, job_name="worker", task_index=index,
+                                  protocol="grpc", config=config, start=True)
+    # Read eagerly, outside any graph, and before connecting: fails fast if unsupported.
+    optimizer_spec = v1_spec(job.optimizer(plan.learning_rate), job.path)
+
+    # Like the training session, the control session is left for os._exit to end.
+    channel = ControlChannel(server.target, workers, config)
+    run_id = channel.chief_agree(workers) if is_chief else channel.worker_agree(index)
+    log.info("%s: run container %s", task.name, container_name(run_id))
+    return _train(job, plan, task, reporter, deadline, server, config, cluster,
+                  channel, run_id, optimizer_spec)
+
+
+def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
+           deadline: TrainerLink, server: Any, config: Any, cluster: Any,
+           channel: ControlChannel, run_id: int,
+           optimizer_spec: V1OptimizerSpec) -> TrainResult:
+    index, workers = task.task_index, plan.workers
+    is_chief = index == 0
+    worker_device = f"/job:worker/task:{index}"
+    graph = tf.Graph()
+    with graph.as_default(), tf.compat.v1.container(container_name(run_id)):
+        with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
+                cluster=cluster, worker_device=worker_device)):
+            global_step = tf.compat.v1.train.get_or_create_global_step()
+            shard = Shard(index=index, count=workers, split="train", seed=plan.seed)
+            # Initializable, not one-shot: a one-shot iterator puts the dataset, with
+            # the job's in-memory arrays, into the graph's function library, which is
+            # shipped with every subgraph registered on every task (50 MB per
+            # RegisterGraph for MNIST: seconds per new fetch). Here the arrays are
+            # plain nodes, sent once, to this worker only.
+            iterator = tf.compat.v1.data.make_initializable_iterator(
+                train_dataset(job, shard, plan.worker_batch_size))
+            x, y = iterator.get_next()
+            model = job.build_model()
+            model(x, training=False)  # creates the variables, placed on the ps tasks
+
+            @tf.function
+            def forward(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+                outputs = model(x, training=True)
+                return tf.reduce_mean(tf.cast(job.loss(y, outputs), tf.float32))
+
+            loss = forward(x, y)
+            sync = tf.compat.v1.train.SyncReplicasOptimizer(
+                optimizer_spec.build(), replicas_to_aggregate=workers, total_num_replicas=workers)
+            train_op = sync.minimize(loss, global_step=global_step,
+                                     var_list=[v.value for v in model.trainable_variables])
+            sync_hook = sync.make_session_run_hook(is_chief, num_tokens=0)
+            if is_chief:
+                # Batch by batch: a whole-dataset tf.function (as the TF2 modes use)
+                # fails here, because a dataset reduce cannot read variables that live
+                # on another task.
+                test = tf.compat.v1.data.make_initializable_iterator(
+                    eval_dataset(job, Shard(0, 1, "test", plan.seed), EVAL_BATCH_SIZE))
+                eval_sums = tf.function(lambda a, b: batch_sums(job, model, a, b))(
+                    *test.get_next())
+        saver = None
+        if is_chief and plan.checkpoint_dir:
+            # Placed on the chief, not sharded: the chief alone reads every variable
+            # and writes every file.
+            with tf.device(f"{worker_device}/device:CPU:0"):
+                saver = tf.compat.v1.train.Saver(sharded=False, max_to_keep=MAX_TO_KEEP)
+        scaffold = tf.compat.v1.train.Scaffold(
+            saver=saver, local_init_op=tf.group(
+                tf.compat.v1.train.Scaffold.default_local_init_op(), iterator.initializer))
+        variables = tf.compat.v1.global_variables()
+
+        log.info("graph built; creating the session")
+        restore_dir = plan.checkpoint_dir if (is_chief and plan.resume) else None
+        restore_from = tf.train.latest_checkpoint(restore_dir) if restore_dir else None
+        if restore_dir and restore_from is None:
+            log.info("--resume: no checkpoint in %s yet; starting at step 0", restore_dir)
+        if not is_chief:
+            channel.wait_ready(run_id)
+        session = tf.compat.v1.train.MonitoredTrainingSession(
+            master=server.target, is_chief=is_chief,
+            checkpoint_dir=restore_dir if restore_from else None,
+            scaffold=scaffold, hooks=[sync_hook], config=config,
+            save_checkpoint_secs=None, save_checkpoint_steps=None,
+            save_summaries_steps=None, save_summaries_secs=None,
+            log_step_count_steps=None, stop_grace_period_secs=STOP_GRACE_SECONDS)
+        # Never closed: roles.train ends the process with os._exit right after the
+        # final event, and closing a chief's session stalls ~15 s cancelling the
+        # SyncReplicasOptimizer queue runner that blocks on the ps.
+        step = int(session.run(global_step))
+        if is_chief:
+            channel.announce_ready(run_id)
+        restored_step = step if (restore_from or (not is_chief and step > 0)) else None
+        reporter.placement(placements_of(variables))
+        reporter.start(restored_step)
+        result = _loop(plan, task, reporter, deadline, session, loss, train_op,
+                       global_step, step, saver)
+        if is_chief:
+            log.info("evaluating on the test split")
+            val_loss, val_accuracy = _evaluate(_raw_session(session), test, eval_sums)
+        else:
+            val_loss = val_accuracy = None
+    step, rate, checkpoint = result
+    return TrainResult(global_step=step, val_loss=val_loss, val_accuracy=val_accuracy,
+                       examples_per_second=rate, checkpoint=checkpoint,
+                       restored_step=restored_step)
+
+
+def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: TrainerLink,
+          session: Any, loss: Any, train_op: Any, global_step: Any, step: int,
+          saver: Any) -> tuple[int, float | None, str | None]:
+    """Steps until the global step reaches the budget; returns (step, rate, checkpoint)."""
+    prefix = os.path.join(plan.checkpoint_dir, CHECKPOINT_NAME) if saver else None
+    timeout = tf.compat.v1.RunOptions(timeout_in_ms=int(plan.collective_timeout * 1000))
+    meter = ProgressMeter(reporter)
+    checkpoint = None
+    last_saved = -1
+    every = plan.checkpoint_every
+    first = True
+    while step < plan.steps_total:
+        if first:
+            # The first step waits for every worker to arrive: bounded by the start
+            # deadline, not by the per-step timeout.
+            loss_value, step = session.run([loss, train_op])
+            first = False
+            deadline.disarm()
+            meter.restart_clock()
+        else:
+            previous = step
+            loss_value, step = session.run([loss, train_op], options=timeout)
+            n = max(int(step) - previous, 1)
+            meter.add(n, n * plan.global_batch_size, float(loss_value),
+                      [(task.name, n * plan.worker_batch_size)])
+            meter.maybe_emit(int(step))
+        step = int(step)
+        if saver and every and step % every == 0 and step != last_saved:
+            checkpoint = _save(saver, session, prefix, step, reporter)
+            last_saved = step
+    deadline.disarm()
+    meter.maybe_emit(step, force=meter.total_steps > 0)
+    if saver and step != last_saved:
+        checkpoint = _save(saver, session, prefix, step, reporter)
+    return step, meter.overall_rate(), checkpoint
+
+
+def _evaluate(session: Any, iterator: Any, sums: Any) -> tuple[float | None, float | None]:
+    session.run(iterator.initializer)
+    totals = [0.0, 0.0, 0.0]
+    while True:
+        try:
+            batch = session.run(sums)
+        except tf.errors.OutOfRangeError:
+            return means(totals)
+        totals = [t + float(b) for t, b in zip(totals, batch)]
+
+
+def _save(saver: Any, session: Any, prefix: str, step: int, reporter: Reporter) -> str:
+    os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
+    # No .meta file: the graph embeds the job's in-memory data (100 MB for MNIST).
+    path = saver.save(_raw_session(session), prefix, global_step=step,
+                      write_meta_graph=False)
+    reporter.checkpoint(step, path)
+    return path
+
+
+def _raw_session(session: Any) -> Any:
+    """The ``tf.compat.v1.Session`` inside a MonitoredSession.
+
+    Why: ``Saver.save`` accepts only a real ``Session``, and MonitoredSession has no
+    public accessor for the one it wraps.
+    """
+    return session._tf_sess()  # noqa: SLF001

@@ -1,0 +1,237 @@
+"""Training process: ``python -m roles.train --mode {async|sync|sync-ps} --job JOB
+--events PATH [options]``.
+
+Started by the orchestrator on the chief (async) or on every worker (sync, sync-ps),
+with TF_CONFIG naming the cluster and this task. It loads the job, hands it to the
+driver of the mode (roles/*_driver.py) and reports through the events file (see
+roles/events.py): ``start``, ``placement``, ``progress``, ``checkpoint``, then ``done``
+or ``error``. stdout/stderr are for humans only.
+
+The process splits in two before importing TensorFlow (roles/lifecycle.py): the
+PID the orchestrator started stays a small guardian, and a forked child trains. The
+guardian ends the trainer at once on SIGTERM/SIGINT/SIGHUP, even when TensorFlow
+blocks holding the GIL or swallows SIGTERM, and enforces ``--start-timeout``.
+
+Exit codes (of the guardian, i.e. of the PID that was started): 0 done; 1 training
+failed; 2 bad command line or environment; 3 ``--start-timeout`` passed before the
+first step; 128+N ended by signal N (SIGTERM: 143). Every non-zero exit comes after
+an ``error`` event saying why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+import time
+import traceback
+from typing import Any, Sequence
+
+from roles.events import EventWriter
+from roles.lifecycle import TrainerLink, split
+from roles.plan import DEFAULT_STEPS_PER_EXECUTION, MODES, TrainOptions
+from roles.tfconfig import ConfigError, TaskInfo, task_from_env
+
+DRIVERS = {"async": "roles.async_driver", "sync": "roles.sync_driver",
+           "sync-ps": "roles.syncps_driver"}
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+log = logging.getLogger("pscluster.train")
+
+
+class UsageError(Exception):
+    """A bad command line (argparse would otherwise sys.exit from deep inside)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m roles.train",
+                description="Run one training process of a pscluster job.")
+    p.add_argument("--mode", required=True, choices=MODES,
+                   help="async: ParameterServerStrategy, run on the chief; sync: "
+                        "MultiWorkerMirroredStrategy, run on every worker; sync-ps: "
+                        "SyncReplicasOptimizer with ps tasks, run on every worker")
+    p.add_argument("--job", required=True,
+                   help="job .py file, or directory containing job.py")
+    p.add_argument("--events", required=True, help="JSON-lines events file to append to")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--epochs", type=float, help="epochs of the train split "
+                        "(default: the job's EPOCHS/STEPS)")
+    budget.add_argument("--steps", type=int, help="global step (optimizer update) budget")
+    p.add_argument("--batch-size", type=int,
+                   help="examples per optimizer update (default: the job's BATCH_SIZE)")
+    p.add_argument("--learning-rate", type=float,
+                   help="default: the job's LEARNING_RATE")
+    p.add_argument("--scale-lr", action="store_true",
+                   help="multiply the learning rate by the number of workers")
+    p.add_argument("--checkpoint-dir",
+                   help="where the chief keeps checkpoints (need not exist on other hosts)")
+    p.add_argument("--checkpoint-every", type=int, metavar="STEPS",
+                   help="also checkpoint every STEPS global steps (default: only at the end)")
+    p.add_argument("--resume", action="store_true",
+                   help="restore the latest checkpoint in --checkpoint-dir and continue")
+    p.add_argument("--data", help="data file for the job (exported as PSCLUSTER_DATA)")
+    p.add_argument("--steps-per-execution", type=int, metavar="K",
+                   help="steps per traced call (default: "
+                        + ", ".join(f"{m} {k}" for m, k in DEFAULT_STEPS_PER_EXECUTION.items())
+                        + ")")
+    p.add_argument("--start-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="fail if the first step has not run by then (default 300)")
+    p.add_argument("--collective-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="sync mode: fail a collective that waits longer (default 60)")
+    p.add_argument("--seed", type=int, default=1234, help=argparse.SUPPRESS)
+    return p
+
+
+def parse_options(argv: Sequence[str]) -> TrainOptions:
+    ns = build_parser().parse_args(list(argv))
+    return TrainOptions(
+        mode=ns.mode, job=ns.job, events=ns.events, epochs=ns.epochs, steps=ns.steps,
+        batch_size=ns.batch_size, learning_rate=ns.learning_rate, scale_lr=ns.scale_lr,
+        checkpoint_dir=ns.checkpoint_dir, checkpoint_every=ns.checkpoint_every,
+        resume=ns.resume, data=ns.data, steps_per_execution=ns.steps_per_execution,
+        start_timeout=ns.start_timeout, collective_timeout=ns.collective_timeout,
+        seed=ns.seed)
+
+
+def _events_path_from_argv(argv: Sequence[str]) -> str | None:
+    """--events, found without the full parser, to report a usage error."""
+    for i, arg in enumerate(argv):
+        if arg == "--events" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--events="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _task_name(task: TaskInfo | None) -> str:
+    return task.name if task else "unknown"
+
+
+def _report_early_failure(argv: Sequence[str], task: TaskInfo | None,
+                          message: str, exception: str) -> None:
+    print(f"roles.train: {message}", file=sys.stderr, flush=True)
+    path = _events_path_from_argv(argv)
+    if path:
+        try:
+            with EventWriter(path, _task_name(task)) as writer:
+                writer.emit("error", message=message, exception=exception)
+        except OSError:
+            pass
+
+
+def error_message(error: BaseException, limit: int = 2000) -> str:
+    """The gist of an exception for the ``error`` event.
+
+    TensorFlow's op errors embed the Python stack where the failing op was defined
+    ("Detected at node ... defined at (most recent call last): File ..."); that is
+    for the log, which gets the full traceback. The event keeps the other lines.
+    """
+    text = (getattr(error, "message", None) or str(error) or type(error).__name__).strip()
+    lines = [line for line in text.splitlines()
+             if line.strip() and not line.startswith('  File "')
+             and not line.startswith("Detected at node")]
+    return "\n".join(lines)[:limit]
+
+
+def is_chief(mode: str, task: TaskInfo) -> bool:
+    """The task that writes job-level events, checkpoints and the evaluation."""
+    if mode == "async":
+        return task.task_type == "chief"
+    return task.task_type == "worker" and task.task_index == 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    started = time.time()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    task: TaskInfo | None = None
+    try:
+        options = parse_options(argv)
+        task = task_from_env()
+    except (UsageError, ConfigError) as e:
+        _report_early_failure(argv, task, str(e), type(e).__name__)
+        return EXIT_USAGE
+
+    events_path, task_name = options.events, task.name
+
+    def report_from_guardian(message: str, exception: str) -> None:
+        print(f"roles.train guardian: {message}", file=sys.stderr, flush=True)
+        with EventWriter(events_path, task_name) as guardian_writer:
+            guardian_writer.emit("error", message=message, exception=exception)
+
+    # Before TensorFlow is imported: from here on this is the trainer, and the
+    # original process supervises it (roles/lifecycle.py).
+    guardian = split(options.start_timeout, "the first training step", report_from_guardian)
+    writer = EventWriter(options.events, task.name)
+    if options.data:
+        os.environ["PSCLUSTER_DATA"] = os.path.abspath(options.data)
+    try:
+        result = _train(options, task, writer, guardian)
+    except (ConfigError, UsageError) as e:
+        log.error("%s", e)
+        writer.emit("error", message=str(e), exception=type(e).__name__)
+        guardian.finished()
+        return EXIT_USAGE
+    except Exception as e:  # noqa: BLE001 - the process boundary: report, then exit 1
+        traceback.print_exc()
+        writer.emit("error", message=error_message(e), exception=type(e).__name__)
+        guardian.finished()
+        return EXIT_FAILED
+    writer.emit("done", mode=options.mode, workers=task.num_workers,
+                global_step=result.global_step, val_loss=result.val_loss,
+                val_accuracy=result.val_accuracy,
+                wall_seconds=round(time.time() - started, 2),
+                examples_per_second=result.examples_per_second,
+                checkpoint=result.checkpoint, restored_step=result.restored_step)
+    guardian.finished()
+    log.info("done: step %d, val_loss %s, val_accuracy %s, checkpoint %s",
+             result.global_step, result.val_loss, result.val_accuracy, result.checkpoint)
+    writer.close()
+    return EXIT_OK
+
+
+def _train(options: TrainOptions, task: TaskInfo, writer: EventWriter,
+           guardian: TrainerLink) -> Any:
+    from roles.tfconfig import threads_from_env
+    from roles.tfruntime import import_tensorflow
+
+    threads = threads_from_env()
+    import_tensorflow(threads)
+    from roles.jobs import load_job
+    from roles.plan import make_plan
+    from roles.reporting import Reporter
+
+    job = load_job(options.job)
+    plan = make_plan(job, options, workers=task.num_workers)
+    driver = importlib.import_module(DRIVERS[options.mode])
+    reporter = Reporter(writer, plan, is_chief(options.mode, task))
+    log.info("%s: mode %s, %d worker(s), global batch %d, %d steps, lr %g, K %d",
+             task.name, plan.mode, plan.workers, plan.global_batch_size,
+             plan.steps_total, plan.learning_rate, plan.steps_per_execution)
+    return driver.run(job, plan, task, reporter, guardian)
+
+
+def _exit_now(code: int) -> None:
+    """Ends the trainer without interpreter teardown.
+
+    Why: every outcome is already on disk (events flushed per line, checkpoints
+    written synchronously), while TensorFlow's teardown can stall: closing a sync-ps
+    chief's session waits ~15 s to cancel the SyncReplicasOptimizer queue runner that
+    blocks on the ps, and destructors re-run the same close at exit.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    _exit_now(main())
