@@ -99,6 +99,7 @@ class HostLink:
         with self._lock:
             self.targets = (records, files)
             old, self.stream = self.stream, None
+            self.last_seen = time.monotonic()     # a new stream gets a full grace period
         if old is not None:
             old.close()
         self._open_soon()
@@ -401,12 +402,12 @@ class Supervisor:
         for key, watched in list(self.watched.items()):
             if key not in self.watched or watched.finished:
                 continue
-            if watched.task.name == self.leader.name and watched.tail is not None and watched.state == "exited" \
-                    and watched.exit_code == 0 and self.result is not None:
+            done = watched.tail is not None and watched.state == "exited" and watched.exit_code == 0 \
+                and watched.tail.last("done") is not None
+            if done and watched.task.name == self.leader.name:
                 self._leader_exit = self._leader_exit or now
                 continue
-            if watched.state == "exited" and watched.exit_code == 0 and watched.tail is not None \
-                    and self.result is not None:
+            if done:      # a worker that finished its share (it may end before the leader reports)
                 watched.finished = True
                 continue
             if watched.state in ("exited", "gone"):
@@ -447,6 +448,13 @@ class Supervisor:
 
     # ------------------------------------------------------------------ failures and recovery
     def _incident(self, watched: Watched, reason: str) -> None:
+        if self.plan.mode != "async" and watched.frozen_since is None:
+            # A sync peer that fails because another one froze is a victim: blame the frozen one.
+            frozen = [w for w in self.watched.values() if w.frozen_since is not None]
+            if frozen:
+                culprit = frozen[0]
+                reason = f"is frozen (stopped by a signal; {watched.task.name} {reason} waiting for it)"
+                watched = culprit
         task = watched.task
         tail = hostops.log_tail(self.pool.get(self.plan.host(task.host)), watched.record.log)
         error = TaskError(task.name, task.host, reason, exit_code=watched.exit_code, log_tail=tail,
