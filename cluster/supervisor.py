@@ -457,27 +457,35 @@ class Supervisor:
                 watched = culprit
         task = watched.task
         tail = hostops.log_tail(self.pool.get(self.plan.host(task.host)), watched.record.log)
-        error = TaskError(task.name, task.host, reason, exit_code=watched.exit_code, log_tail=tail,
-                          log_path=watched.record.log)
+        error: PsclusterError = TaskError(task.name, task.host, reason, exit_code=watched.exit_code,
+                                          log_tail=tail, log_path=watched.record.log)
         self.reporter.emit("task-failed", task=task.name, host=task.host, error=reason)
         policy = self.options.restart_policy
         clean_exit = watched.state == "exited" and watched.exit_code == 0
         if policy == "never" or (policy == "on-failure" and clean_exit and watched.tail is None):
             raise self._fail(error, "restart policy 'never'" if policy == "never" else None)
-        count = self.state.restarts.get(task.name, 0)
-        if count >= self.options.max_restarts:
-            raise self._fail(TaskError(task.name, task.host, f"{reason}; restart budget exhausted "
-                                                             f"({self.options.max_restarts} restart(s) used)",
-                                       exit_code=watched.exit_code, log_tail=tail, log_path=watched.record.log))
-        delay = min(MAX_BACKOFF, self.options.backoff * (2 ** count))
-        self.writer.change(lambda s: s.restarts.__setitem__(task.name, count + 1))
-        self._set_job(state="restarting", restarts=self._job_restarts(),
-                      message=f"{task.name}@{task.host} {reason}; restart {count + 1}/{self.options.max_restarts} "
-                              f"in {delay:.0f} s")
-        self.reporter.emit("task-restarting", task=task.name, host=task.host, detail=reason, attempt=count + 1,
-                           delay=delay)
-        time.sleep(delay)
-        self._recover(watched)
+        while True:
+            count = self.state.restarts.get(task.name, 0)
+            if count >= self.options.max_restarts:
+                raise self._fail(_exhausted(error, task, self.options.max_restarts))
+            delay = min(MAX_BACKOFF, self.options.backoff * (2 ** count))
+            self.writer.change(lambda s: s.restarts.__setitem__(task.name, count + 1))
+            self._set_job(state="restarting", restarts=self._job_restarts(),
+                          message=f"{task.name}@{task.host} {reason}; restart {count + 1}/"
+                                  f"{self.options.max_restarts} in {delay:.0f} s")
+            self.reporter.emit("task-restarting", task=task.name, host=task.host, detail=reason,
+                               attempt=count + 1, delay=delay)
+            time.sleep(delay)
+            try:
+                self._recover(watched)
+            except (TaskError, HostError) as exc:      # the restart itself failed: try again, on budget
+                if isinstance(exc, HostError) and self.links.get(exc.host) is not None \
+                        and self.links[exc.host].lost_since is not None:
+                    raise
+                error, reason = exc, exc.message.split("\n")[0]
+                self.reporter.emit("task-failed", task=task.name, host=task.host, error=reason)
+                continue
+            break
         self.reporter.emit("task-restarted", task=task.name, host=task.host, detail=f"restart {count + 1}")
 
     def _recover(self, watched: Watched) -> None:
@@ -595,6 +603,17 @@ class Supervisor:
             self.writer.change(lambda s: None)
         except PsclusterError:
             pass     # the cluster was taken down meanwhile: nothing to record
+
+
+def _exhausted(error: PsclusterError, task: TaskSpec, budget: int) -> PsclusterError:
+    """The final error once a task used its restarts: the last failure, with its log lines."""
+    if isinstance(error, TaskError):
+        return TaskError(error.task, error.host, f"{error.message.split(': ', 1)[-1].splitlines()[0]}; "
+                                                 f"restart budget exhausted ({budget} restart(s) used)",
+                         exit_code=error.task_exit_code, log_tail=error.log_tail, log_path=error.log_path,
+                         hint="the log lines above are from its last attempt; "
+                              f"'pscluster logs {task.name}' shows all")
+    return TaskError(task.name, task.host, f"{error.message}; restart budget exhausted ({budget} restart(s) used)")
 
 
 def _orchestrator_alive(job: dict) -> bool:

@@ -1,0 +1,179 @@
+"""Hosts, policies and the orchestrator under faults: scenarios 8-13 of the fault suite."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.faults.conftest import ACCURACY_BOUND
+from tests.helpers import cluster_pids
+
+pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
+
+ASYNC = {"chief": ["node-1"], "ps": ["node-1", "node-2"], "worker": ["node-2", "node-3"]}
+BUDGET = ("--steps", 500, "--checkpoint-every", 50)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_short_link_cut_is_survived(fault_cluster):
+    """Scenario 8, default policy: node-3 (worker:1) vanishes for 5 s; the job recovers."""
+    cluster = fault_cluster()
+    cluster.up(ASYNC, "async")
+    training = cluster.train(*BUDGET)
+    training.wait_step(100)
+    cluster.lab.cut("node-3")
+    time.sleep(5)
+    cluster.lab.heal("node-3")
+    code, report = training.finish()
+    assert code == 0, training.stderr
+    assert report["global_step"] >= 500
+    assert report["val_accuracy"] >= ACCURACY_BOUND
+    assert "task-lost: worker:1@node-3: host unreachable" in training.stderr
+
+
+def test_short_link_cut_fails_at_once_under_policy_never(fault_cluster):
+    """Scenario 8, policy never: the same cut fails the job with a message naming the host."""
+    cluster = fault_cluster()
+    cluster.up(ASYNC, "async")
+    training = cluster.train(*BUDGET, "--restart-policy", "never")
+    training.wait_step(100)
+    cluster.lab.cut("node-3")
+    cut_at = time.monotonic()
+    code, report = training.finish(timeout=60)
+    failed_after = time.monotonic() - cut_at
+    cluster.lab.heal("node-3")
+    assert code == 1 and report is None
+    assert "error: training failed: node-3: unreachable" in training.stderr, training.stderr
+    assert failed_after < 15, failed_after
+    assert cluster.state()["job"]["state"] == "failed"
+
+
+def test_host_lost_for_good_fails_the_job_and_down_finishes_later(fault_cluster):
+    """Scenario 9: node-3 never comes back. The job fails naming it within the host timeout;
+    ``down`` stops everything elsewhere and says node-3 is unreachable; after the link heals a
+    second ``down`` cleans what was left there."""
+    cluster = fault_cluster()
+    cluster.up(ASYNC, "async")
+    training = cluster.train(*BUDGET, "--host-timeout", 10)
+    training.wait_step(100)
+    stranded = training.record("worker:1", "server")
+    cluster.lab.cut("node-3")
+    cut_at = time.monotonic()
+    code, _ = training.finish(timeout=120)
+    failed_after = time.monotonic() - cut_at
+    assert code == 1
+    assert "node-3: unreachable for" in training.stderr and "worker:1" in training.stderr
+    assert failed_after < 10 + 15, failed_after
+
+    others = [r for r in cluster.state()["processes"] if not r["stopped"] and r["host"] != "node-3"]
+    assert others, "servers on node-1 and node-2 are still recorded"
+    down = cluster.down()
+    assert down.returncode == 1
+    assert "node-3" in down.stderr and "cannot reach" in down.stderr
+    assert "everything else is stopped" in down.stderr
+    assert not any(_alive(r["pid"]) for r in others)
+    assert _alive(stranded["pid"])            # cut off, not dead: down could not reach it
+    left = [r for r in cluster.state()["processes"] if not r["stopped"]]
+    assert {r["host"] for r in left} == {"node-3"}
+
+    cluster.lab.heal("node-3")
+    again = cluster.down()
+    assert again.returncode == 0, again.stderr
+    assert not _alive(stranded["pid"])
+    assert cluster.state() == {}
+
+
+def test_policy_never_fails_at_once_with_the_root_cause(fault_cluster):
+    """Scenario 10."""
+    cluster = fault_cluster()
+    cluster.up(ASYNC, "async")
+    training = cluster.train(*BUDGET, "--restart-policy", "never")
+    training.wait_step(100)
+    training.signal("worker:1", signal.SIGKILL)
+    killed_at = time.monotonic()
+    code, _ = training.finish(timeout=60)
+    assert code == 1
+    assert time.monotonic() - killed_at < 10
+    error = next(line for line in training.stderr.splitlines() if line.startswith("error:"))
+    assert error == "error: training failed (restart policy 'never'): worker:1@node-3: was killed by signal 9"
+    assert "last lines of its log" in training.stderr
+
+
+def test_restart_budget_exhausted_names_the_task_and_its_log(fault_cluster):
+    """Scenario 11: worker:1 always crashes on restart (its port is taken on node-3)."""
+    cluster = fault_cluster()
+    cluster.up(ASYNC, "async")
+    training = cluster.train(*BUDGET, "--max-restarts", 2)
+    training.wait_step(100)
+    record = training.record("worker:1", "server")
+    port = next(t["port"] for t in cluster.state()["plan"]["tasks"] if t["role"] == "worker" and t["index"] == 1)
+    os.kill(record["pid"], signal.SIGKILL)
+    holder = subprocess.Popen(["ip", "netns", "exec", cluster.lab.host("node-3").netns, sys.executable, "-c",
+                               "import socket,time;s=socket.socket();"
+                               "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+                               f"s.bind(('0.0.0.0',{port}));s.listen();print('ok',flush=True);time.sleep(300)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ok"
+        code, _ = training.finish(timeout=180)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code == 1
+    error = next(line for line in training.stderr.splitlines() if line.startswith("error:"))
+    assert "worker:1@node-3" in error and "restart budget exhausted (2 restart(s) used)" in error
+    assert "Could not start gRPC server" in training.stderr or "Failed to add port" in training.stderr
+    assert cluster.state()["restarts"]["worker:1"] == 2
+
+
+def test_orchestrator_killed_during_train_then_down_stops_everything(fault_cluster):
+    """Scenario 12."""
+    cluster = fault_cluster()
+    cluster.up(ASYNC, "async")
+    training = cluster.train(*BUDGET)
+    training.wait_step(100)
+    chief = training.record("chief:0", "train")
+    training.proc.send_signal(signal.SIGKILL)
+    training.proc.wait()
+    time.sleep(1)
+    assert _alive(chief["pid"])                     # the job's processes outlive the orchestrator
+    status = json.loads(cluster.cli("status", "--json", check=True).stdout)
+    assert next(t for t in status["tasks"] if t["role"] == "chief")["state"] == "running"
+    down = cluster.down()
+    assert down.returncode == 0, down.stderr
+    assert not _alive(chief["pid"])
+    assert cluster_pids(cluster.name) == []
+
+
+def test_two_clusters_on_the_same_hosts_never_touch_each_other(fault_cluster):
+    """Scenario 13: a fault and a down in cluster A leave cluster B exactly as it was."""
+    a = fault_cluster("f-two-a")
+    b = fault_cluster("f-two-b")
+    a.up(ASYNC, "async")
+    b.up(ASYNC, "async")
+    before = {t["pid"] for t in json.loads(b.cli("status", "--json", check=True).stdout)["tasks"] if t["pid"]}
+    assert len(before) == 4
+    training = a.train(*BUDGET)
+    training.wait_step(100)
+    training.signal("worker:1", signal.SIGKILL)
+    code, report = training.finish()
+    assert code == 0 and report["restarts"] == {"worker:1": 1}, training.stderr
+    down = a.down()
+    assert down.returncode == 0
+    assert cluster_pids(a.name) == []
+    after = json.loads(b.cli("status", "--json", check=True).stdout)["tasks"]
+    assert {t["pid"] for t in after if t["pid"]} == before
+    assert all(t["state"] == "ready" for t in after if t["kind"] == "server")
+    assert b.down().returncode == 0
