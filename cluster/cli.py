@@ -140,7 +140,7 @@ def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: 
        firewall: bool, as_json: bool) -> None:
     """Preflight, sync code, start the standing servers and wait until they answer."""
     from dataclasses import replace as _replace
-    from .launcher import bring_up
+    from .launcher import bring_up, rows_after_up
     cluster = _plan(inventory, name=name, mode=mode, port_base=port_base)
     if firewall:
         cluster = _replace(cluster, firewall=True)
@@ -151,7 +151,7 @@ def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: 
             result = bring_up(cluster, store=env.store, reporter=reporter, timeout=timeout, pool=pool,
                               secrets=secrets)
             reporter.close()
-            _print_status(env, cluster.name, as_json=as_json, pool=pool)
+        _show_status(env, result.state, rows_after_up(result.state, result.devices), as_json=as_json)
     finally:
         reporter.close()
     if not as_json:
@@ -168,6 +168,10 @@ def _print_status(env: Env, name: str, *, as_json: bool, pool: TransportPool) ->
         raise UsageError(f"no cluster named {name!r}")
     with Prober() as prober:
         rows = cluster_status(state, pool=pool, prober=prober)
+    _show_status(env, state, rows, as_json=as_json)
+
+
+def _show_status(env: Env, state, rows, *, as_json: bool) -> None:
     if as_json:
         env.out.print_json(json.dumps({
             "name": state.name, "mode": state.mode, "phase": state.phase, "message": state.message,
@@ -246,6 +250,7 @@ def down(env: Env, name: str | None, grace: float) -> None:
 @click.option("--resume", is_flag=True, help="Continue from the latest checkpoint.")
 @click.option("--data", help="Data file for the job, as a path on the hosts.")
 @click.option("--steps-per-execution", type=int, metavar="K", help="Steps per scheduled function / traced call.")
+@click.option("--eval-every", type=int, metavar="STEPS", help="Also evaluate on the test set every STEPS steps.")
 @click.option("--restart-policy", type=click.Choice(["never", "on-failure", "always"]), default="on-failure",
               show_default=True, help="What to do when a task fails.")
 @click.option("--max-restarts", type=click.IntRange(0, 100), default=3, show_default=True,
@@ -259,7 +264,7 @@ def down(env: Env, name: str | None, grace: float) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print only the final report, as JSON.")
 @click.pass_obj
 def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learning_rate, scale_lr, checkpoint_dir,
-          checkpoint_every, resume, data, steps_per_execution, restart_policy, max_restarts, start_timeout,
+          checkpoint_every, resume, data, steps_per_execution, eval_every, restart_policy, max_restarts, start_timeout,
           collective_timeout, host_timeout, as_json: bool) -> None:
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
     from .supervisor import Supervisor
@@ -271,7 +276,7 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
     options = TrainOptions(epochs=epochs, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
                            scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                            resume=resume, data=data, steps_per_execution=steps_per_execution,
-                           restart_policy=restart_policy, max_restarts=max_restarts, start_timeout=start_timeout,
+                           eval_every=eval_every, restart_policy=restart_policy, max_restarts=max_restarts, start_timeout=start_timeout,
                            collective_timeout=collective_timeout, host_timeout=host_timeout)
     state = env.store.load(resolved)
     display = ui.EventLineReporter(env.err) if as_json else ui.TrainDisplay(env.err)
@@ -329,6 +334,114 @@ def export(env: Env, inventory: str, fmt: str, image: str | None, job: str, mode
                       f"file of KEY=value lines (not on a command line): kubectl create secret generic {secret} "
                       "--from-env-file=FILE", markup=False, highlight=False)
 
+
+def _csv(text: str, what: str, choices: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    items = tuple(dict.fromkeys(item.strip() for item in text.split(",") if item.strip()))
+    if not items:
+        raise UsageError(f"{what}: give at least one value")
+    wrong = [item for item in items if choices is not None and item not in choices]
+    if wrong:
+        raise UsageError(f"{what}: {', '.join(wrong)} is not one of {', '.join(choices)}",
+                         hint=f"e.g. {what} {','.join(choices)}")
+    return items
+
+
+@cli.command()
+@click.argument("job")
+@inventory_arg
+@click.option("--workers", "workers_text", required=True, metavar="N,N,...",
+              help="Worker counts to compare, e.g. 1,2,4.")
+@click.option("--mode", "modes_text", metavar="MODE,...",
+              help="Modes to compare: async, sync, sync-ps (default: pscluster_mode, else async).")
+@click.option("--placement", "placements_text", default="pack", show_default=True, metavar="spread|pack",
+              help="spread: one worker per host; pack: fill each host's GPU/CPU slots first; or both: spread,pack.")
+@click.option("--steps", type=click.IntRange(1), default=300, show_default=True, help="Global steps per run.")
+@click.option("--repeat", type=click.IntRange(1, 100), default=1, show_default=True,
+              help="Runs per configuration (the table shows medians and the min-max spread).")
+@click.option("--target-accuracy", type=click.FloatRange(0, 1), help="Also time how long until val_accuracy "
+                                                                     "reaches this (evaluates during training).")
+@click.option("--eval-every", type=click.IntRange(1), metavar="STEPS",
+              help="Evaluation interval with --target-accuracy (default: steps/10).")
+@click.option("--batch-size", type=click.IntRange(1), help="Global batch size (default: the job's).")
+@click.option("--steps-per-execution", type=click.IntRange(1), metavar="K", help="Steps per traced call.")
+@port_opt
+@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for the servers of each run.")
+@click.option("--json", "as_json", is_flag=True, help="Print {environment, results} as JSON.")
+@click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON document to FILE.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of throughput and efficiency vs workers.")
+@click.pass_obj
+def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str | None, placements_text: str,
+          steps: int, repeat: int, target_accuracy: float | None, eval_every: int | None, batch_size: int | None,
+          steps_per_execution: int | None, port_base: int | None, timeout: float, as_json: bool, out: str | None,
+          plot: str | None) -> None:
+    """Train JOB on 1, 2, 4 ... workers of INVENTORY: running time, throughput, accuracy, scaling efficiency.
+
+    Each configuration (mode x workers x placement, each --repeat times) is brought up as its own
+    cluster (bench-<mode>-<n>w-<placement>-r<k>), trained for --steps and always brought down.
+    Exit code 1 when a configuration failed, 130 when interrupted (what was measured is still shown).
+    """
+    from . import bench as study
+    from .training import resolve_job
+    inv = load_inventory(inventory)
+    try:
+        workers = tuple(sorted({int(item) for item in _csv(workers_text, "--workers")}))
+    except ValueError:
+        raise UsageError(f"--workers: expected whole numbers, got {workers_text!r}", hint="e.g. --workers 1,2,4") from None
+    if workers[0] < 1:
+        raise UsageError("--workers: a configuration needs at least 1 worker")
+    spec = study.StudySpec(modes=_csv(modes_text or inv.mode or "async", "--mode", MODES), workers=workers,
+                           placements=_csv(placements_text, "--placement", study.PLACEMENTS), steps=steps,
+                           repeat=repeat, target_accuracy=target_accuracy, eval_every=eval_every,
+                           batch_size=batch_size, steps_per_execution=steps_per_execution, port_base=port_base,
+                           ready_timeout=timeout)
+    if plot:
+        from .benchplot import require_matplotlib
+        require_matplotlib()
+    job_ref = resolve_job(job, project_root())
+    options = PlanOptions(local_python=sys.executable, local_workdir=str(project_root()))
+    display = ui.BenchProgress(env.err)
+    try:
+        with env.pool_factory() as pool:
+            facts = study.gather_facts(study.study_hosts(inv, spec, options), pool)
+            cpus = {host: item.cpus for host, item in facts.items() if not isinstance(item, str)}
+            configs = study.plan_study(inv, spec, options, cpus)
+            secrets = {}
+            for config in configs:
+                secrets.update(_secrets(config.plan) if config.plan else {})
+            outcome = study.Study(spec, store=env.store, pool=pool, job=job_ref, reporter=display,
+                                  root=project_root(), secrets=secrets).run(configs)
+    finally:
+        display.close()
+    document = study.document(outcome.results, study.environment(facts, job=job, inventory=inventory, spec=spec))
+    if out:
+        try:
+            Path(out).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
+    summaries = study.summarize(outcome.results)
+    title = f"{job_ref.name} on {inventory}: {steps} steps" + (f", median of {repeat} runs" if repeat > 1 else "")
+    if plot:
+        from .benchplot import write_plot
+        hosts = [h for h in document["environment"]["hosts"] if "error" not in h]
+        tf = sorted({f"{h['tf_dist']} {h['tf_version']}" for h in hosts if h.get("tf_version")})
+        write_plot(summaries, plot, title=title, subtitle=f"{', '.join(tf)}; {len(hosts)} host(s); "
+                                                          f"{document['environment']['date']}")
+    if as_json:
+        env.out.print_json(json.dumps(document))
+    else:
+        ui.render_bench(env.out, summaries, outcome.results, title=title)
+    if any(result.status == "ok" and result.examples_per_second is None for result in outcome.results):
+        env.err.print("some runs were too short to measure a rate (the first step or scheduled function is not "
+                      "timed; async runs 32 steps per function): raise --steps or lower --steps-per-execution",
+                      markup=False, highlight=False)
+    if out and not as_json:
+        env.err.print(f"wrote {out}", markup=False, highlight=False)
+    if plot and not as_json:
+        env.err.print(f"wrote {plot}", markup=False, highlight=False)
+    if outcome.interrupted:
+        raise SystemExit(130)
+    if any(result.status == "failed" for result in outcome.results):
+        raise SystemExit(1)
 
 def run(argv: list[str] | None = None, env: Env | None = None) -> int:
     """Run the CLI and return its exit code (what tests call)."""

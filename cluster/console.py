@@ -13,6 +13,7 @@ from typing import Any, Sequence
 from rich import box
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -335,3 +336,125 @@ class EventLineReporter(Reporter):
         else:
             return
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+# ----------------------------------------------------------------------------- pscluster bench
+
+class BenchProgress(Reporter):
+    """``bench``: a line per configuration and its outcome; a transient status line shows
+    where the current one is (phase, training step)."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self._status = None
+        self._label = ""
+
+    def emit(self, kind: str, **data: Any) -> None:
+        if kind == "bench-config":
+            self._label = (f"[{data['index']}/{data['total']}] {data['mode']}, {data['workers']} worker(s), "
+                           f"{data['placement']}, repeat {data['repeat']}")
+            self._show("planning")
+        elif kind == "bench-result":
+            self._stop()
+            self.console.print(f"{escape(self._label)}: {_bench_outcome(data['result'])}", highlight=False)
+        elif kind == "phase":
+            self._show(f"{data['name']} {data.get('detail', '')}".strip())
+        elif kind == "job" and data.get("step") is not None:
+            total = f"/{data['steps_total']}" if data.get("steps_total") else ""
+            eps = f", {data['examples_per_second']:,.0f} examples/s" if data.get("examples_per_second") else ""
+            self._show(f"train: step {data['step']}{total}{eps}")
+        elif kind == "message" and data.get("level") in ("warning", "error"):
+            self._print(f"[yellow]  {escape(data['text'])}[/]")
+        elif kind in ("task-failed", "host-failed"):
+            where = f"{data['task']}@{data['host']}" if data.get("task") else data.get("host")
+            self._print(f"[yellow]  {kind} {escape(str(where))}: {escape(_first_line(data.get('error')))}[/]")
+
+    def _show(self, detail: str) -> None:
+        text = f"{escape(self._label)}: {escape(detail)}"
+        if self._status is None:
+            self._status = self.console.status(text)
+            self._status.start()
+        else:
+            self._status.update(text)
+
+    def _print(self, text: str) -> None:
+        self.console.print(text, highlight=False)
+
+    def _stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def close(self) -> None:
+        self._stop()
+
+
+def _bench_outcome(result: Any) -> str:
+    if result.status == "ok":
+        parts = [f"[green]ok[/] {_num(result.examples_per_second, ',.0f')} examples/s",
+                 f"{_num(result.steps_per_second, '.1f')} steps/s",
+                 f"up {_num(result.bringup_seconds, '.1f')} s", f"train {_num(result.train_seconds, '.1f')} s",
+                 f"val_accuracy {_num(result.val_accuracy, '.4f')}"]
+        text = ", ".join(parts)
+    elif result.status == "impossible":
+        text = f"[dim]impossible: {escape(result.error or '')}[/]"
+    else:
+        text = f"[red]{result.status}[/]: {escape(_first_line(result.error))}"
+    if result.down_error:
+        text += f"\n  [red]down failed:[/] {escape(_first_line(result.down_error))}"
+    return text
+
+
+def _first_line(text: Any) -> str:
+    return str(text or "").strip().split("\n", 1)[0]
+
+
+def _num(value: Any, fmt: str) -> str:
+    return format(value, fmt) if isinstance(value, (int, float)) else "n/a"
+
+
+def _spread(spread: Any, fmt: str) -> str:
+    """``median`` or ``median (min–max)`` when repeats differ."""
+    if spread is None:
+        return "—"
+    text = format(spread.median, fmt)
+    if spread.count > 1 and spread.low != spread.high:
+        text += f" ({format(spread.low, fmt)}–{format(spread.high, fmt)})"
+    return text
+
+
+def _hosts(uses: Sequence[Any]) -> str:
+    return " ".join(use.host + (f"×{use.workers}" if use.workers > 1 else "") for use in uses)
+
+
+def render_bench(console: Console, summaries: Sequence[Any], results: Sequence[Any], *, title: str) -> None:
+    """The study: medians over repeats with their min–max, then one line per configuration
+    that failed or could not be built."""
+    table = Table(title=title, box=box.SIMPLE_HEAVY)
+    for column, justify in (("mode", "left"), ("placement", "left"), ("workers", "right"), ("hosts", "left"),
+                            ("ok/runs", "right"), ("bring-up s", "right"), ("train s", "right"),
+                            ("steps/s", "right"), ("examples/s", "right"), ("efficiency", "right"),
+                            ("val_accuracy", "right"), ("to target s", "right")):
+        table.add_column(column, justify=justify)
+    for row in summaries:
+        if row.impossible and row.ok == 0:
+            continue
+        table.add_row(row.mode, row.placement, str(row.workers), _hosts(row.hosts),
+                      Text(f"{row.ok}/{row.runs}", "" if row.ok == row.runs else "red"),
+                      _spread(row.bringup_seconds, ".1f"), _spread(row.train_seconds, ".1f"),
+                      _spread(row.steps_per_second, ".1f"), _spread(row.examples_per_second, ",.0f"),
+                      _spread(row.efficiency, ".2f"), _spread(row.val_accuracy, ".4f"),
+                      _spread(row.time_to_target_seconds, ".1f"))
+    console.print(table)
+    for row in summaries:
+        if row.impossible:
+            console.print(f"[dim]– {row.mode}, {row.workers} worker(s), {row.placement}: impossible: "
+                          f"{escape(row.impossible)}[/]", highlight=False)
+    for result in results:
+        if result.status in ("failed", "interrupted"):
+            console.print(f"[red]✗[/] {result.mode}, {result.workers} worker(s), {result.placement}, repeat "
+                          f"{result.repeat}: {result.status}: {escape(_first_line(result.error))}",
+                          highlight=False)
+        if result.down_error:
+            console.print(f"[red]✗[/] {result.name}: down failed: {escape(_first_line(result.down_error))}",
+                          highlight=False)

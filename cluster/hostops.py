@@ -36,6 +36,8 @@ def packed_source() -> bytes:
 
 
 # Reads the compressed program from stdin (its size is argv[1]); the JSON request follows it.
+# The interpreter runs with -I -S: no site-packages or environment hooks are needed by the host
+# program, and skipping them cuts its start-up from ~50 ms to ~17 ms of CPU per call.
 BOOTSTRAP = "import sys,zlib;exec(zlib.decompress(sys.stdin.buffer.read(int(sys.argv[1]))))"
 
 
@@ -48,7 +50,7 @@ def call(transport: Transport, operation: str, request: dict, *, timeout: float 
     """
     python = transport.host.python
     program = packed_source()
-    argv = [python, "-c", BOOTSTRAP, str(len(program)), operation]
+    argv = [python, "-I", "-S", "-c", BOOTSTRAP, str(len(program)), operation]
     result = transport.run(argv, stdin=program + json.dumps(request).encode(), timeout=timeout)
     shown = [python, "-c", "<pscluster hostctl>", operation]
     if result.exit_code == 127 or "No such file or directory" in result.stderr and not result.stdout:
@@ -113,15 +115,30 @@ def start(transport: Transport, task: TaskSpec, record: ProcessRecord, *, argv: 
     Raises:
         HostError: the process could not be started (e.g. its interpreter is missing).
     """
-    answer = call(transport, "start", {"argv": list(argv), "env": env, "cwd": task.workdir, "log": record.log,
-                                       "fresh": [record.events] if record.events else []}, timeout=timeout)
-    if answer.get("error"):
-        raise HostError(transport.host.name, f"{task.name}: {answer['error']}", argv=argv,
-                        hint="check pscluster_python and pscluster_workdir for this host")
-    return ProcessRecord(**{**record.__dict__, "pid": answer["pid"], "pgid": answer["pgid"],
-                            "starttime": answer["starttime"], "task_starttime": answer["task_starttime"],
-                            "started": answer["started"], "log": answer["log"],
-                            "exit_file": answer["exit_file"]})
+    result = start_many(transport, [(task, record, argv, env)], timeout=timeout)[0]
+    if isinstance(result, HostError):
+        raise result
+    return result
+
+
+def start_many(transport: Transport, items: Sequence[tuple[TaskSpec, ProcessRecord, Sequence[str], dict[str, str]]],
+               *, timeout: float = 30.0) -> list[ProcessRecord | HostError]:
+    """Start several tasks on one host in one call; per task its record (pid filled) or error."""
+    answer = call(transport, "start_many", {"tasks": [
+        {"argv": list(argv), "env": env, "cwd": task.workdir, "log": record.log,
+         "fresh": [record.events] if record.events else []}
+        for task, record, argv, env in items]}, timeout=timeout)
+    results: list[ProcessRecord | HostError] = []
+    for (task, record, argv, _), started in zip(items, answer["started"]):
+        if started.get("error"):
+            results.append(HostError(transport.host.name, f"{task.name}: {started['error']}", argv=argv,
+                                     hint="check pscluster_python and pscluster_workdir for this host"))
+            continue
+        results.append(ProcessRecord(**{**record.__dict__, "pid": started["pid"], "pgid": started["pgid"],
+                                        "starttime": started["starttime"],
+                                        "task_starttime": started["task_starttime"], "started": started["started"],
+                                        "log": started["log"], "exit_file": started["exit_file"]}))
+    return results
 
 
 @dataclass(frozen=True)
@@ -237,7 +254,7 @@ def watch(transport: Transport, records: Sequence[ProcessRecord], files: Sequenc
     request = {"tasks": [record.to_hostctl() for record in records],
                "files": [{"path": path, "offset": offset} for path, offset in files],
                "interval": interval, "heartbeat": heartbeat}
-    argv = [transport.host.python, "-c", BOOTSTRAP, str(len(program)), "watch"]
+    argv = [transport.host.python, "-I", "-S", "-c", BOOTSTRAP, str(len(program)), "watch"]
     return transport.stream(argv, stdin=program + json.dumps(request).encode())
 
 

@@ -81,6 +81,42 @@ def start_task(writer: StateWriter, pool: TransportPool, plan: ClusterPlan, task
     return started
 
 
+def start_tasks(writer: StateWriter, pool: TransportPool, plan: ClusterPlan,
+                items: Sequence[tuple[TaskSpec, ProcessRecord, Sequence[str], dict[str, str]]],
+                reporter: Reporter) -> tuple[dict[str, ProcessRecord], list[Failure]]:
+    """Start tasks, one call per host, hosts in parallel; every record is saved before its start."""
+    by_host: dict[str, list] = {}
+    for item in items:
+        by_host.setdefault(item[0].host, []).append(item)
+
+    def one(host: str) -> list[tuple[TaskSpec, ProcessRecord | PsclusterError]]:
+        host_items = by_host[host]
+        writer.change(lambda state: state.processes.extend(record for _, record, _, _ in host_items))
+        for task, _, _, _ in host_items:
+            reporter.emit("task-starting", task=task.name, host=host)
+        try:
+            results = hostops.start_many(pool.get(plan.host(host)), host_items)
+        except PsclusterError as exc:
+            return [(task, exc) for task, _, _, _ in host_items]
+        started = [r for r in results if isinstance(r, ProcessRecord)]
+        writer.change(lambda state: [state.replace_record(r) for r in started])
+        for (task, _, _, _), result in zip(host_items, results):
+            if isinstance(result, ProcessRecord):
+                reporter.emit("task-started", task=task.name, host=host, pid=result.pid)
+        return list(zip((item[0] for item in host_items), results))
+
+    records: dict[str, ProcessRecord] = {}
+    failures: list[Failure] = []
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(by_host)))) as executor:
+        for outcome in executor.map(one, list(by_host)):
+            for task, result in outcome:
+                if isinstance(result, ProcessRecord):
+                    records[task.name] = result
+                else:
+                    failures.append(Failure(task.name, result))
+    return records, failures
+
+
 def task_env(task: TaskSpec, secrets: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(task.env)
     env.update(secrets or {})
@@ -101,38 +137,45 @@ def wait_ready(plan: ClusterPlan, records: dict[str, ProcessRecord], pool: Trans
     started = time.monotonic()
     pending = dict(records)
     devices: dict[str, tuple[str, ...]] = {}
-    last_check = 0.0
-    while pending:
-        for name in list(pending):
-            task = plan.task(name)
-            result = prober.probe(task.target, timeout=1.0)
-            if result.ok:
-                devices[name] = tuple(device.name for device in result.devices)
-                reporter.emit("task-ready", task=name, host=task.host, devices=devices[name],
-                              seconds=time.monotonic() - started)
-                del pending[name]
-        if not pending:
-            break
-        now = time.monotonic()
-        if now - last_check > 1.0:
-            last_check = now
-            for host, host_records in records_by_host(list(pending.values())).items():
-                transport = pool.get(plan.host(host))
-                for key, status in hostops.status(transport, host_records).items():
-                    if status.state != "running":
-                        record = next(r for r in host_records if r.key == key)
-                        raise TaskError(record.task, host, f"exited before it was ready ({status.describe()})",
-                                        exit_code=status.exit_code,
-                                        log_tail=hostops.log_tail(transport, record.log), log_path=record.log,
-                                        hint="the log above says why; 'pscluster logs " + record.task + "' shows all")
-        if now > deadline:
-            name, record = next(iter(pending.items()))
-            transport = pool.get(plan.host(record.host))
-            others = f" (also not ready: {', '.join(list(pending)[1:])})" if len(pending) > 1 else ""
-            raise TaskError(name, record.host, f"not ready after {timeout:.0f} s{others}",
-                            log_tail=hostops.log_tail(transport, record.log), log_path=record.log,
-                            hint="a slow host may need a longer --timeout; otherwise the log says why")
-        time.sleep(0.1)
+    # One watch stream per host reports exits as they happen, at almost no cost on the hosts
+    # (polling would start an interpreter per host per second while TensorFlow starts there).
+    streams = {host: hostops.watch(pool.get(plan.host(host)), host_records, [], interval=0.25)
+               for host, host_records in records_by_host(list(records.values())).items()}
+    try:
+        while pending:
+            for name in list(pending):
+                task = plan.task(name)
+                result = prober.probe(task.target, timeout=1.0)
+                if result.ok:
+                    devices[name] = tuple(device.name for device in result.devices)
+                    reporter.emit("task-ready", task=name, host=task.host, devices=devices[name],
+                                  seconds=time.monotonic() - started)
+                    del pending[name]
+            if not pending:
+                break
+            for host, stream in streams.items():
+                for line in stream.lines():
+                    update = hostops.parse_watch_line(line)
+                    for key, status in (update.states.items() if update else ()):
+                        record = next((r for r in pending.values() if r.key == key), None)
+                        if record is not None and status.state not in ("running", "frozen"):
+                            transport = pool.get(plan.host(host))
+                            raise TaskError(record.task, host, f"exited before it was ready ({status.describe()})",
+                                            exit_code=status.exit_code,
+                                            log_tail=hostops.log_tail(transport, record.log), log_path=record.log,
+                                            hint="the log above says why; 'pscluster logs " + record.task +
+                                                 "' shows all")
+            if time.monotonic() > deadline:
+                name, record = next(iter(pending.items()))
+                transport = pool.get(plan.host(record.host))
+                others = f" (also not ready: {', '.join(list(pending)[1:])})" if len(pending) > 1 else ""
+                raise TaskError(name, record.host, f"not ready after {timeout:.0f} s{others}",
+                                log_tail=hostops.log_tail(transport, record.log), log_path=record.log,
+                                hint="a slow host may need a longer --timeout; otherwise the log says why")
+            time.sleep(0.1)
+    finally:
+        for stream in streams.values():
+            stream.close()
     return devices
 
 
@@ -221,21 +264,9 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
             install_rules(plan, pool, writer, reporter)
         standing = plan.standing_tasks
         reporter.emit("phase", name="start", detail=f"{len(standing)} server(s)")
-        records: dict[str, ProcessRecord] = {}
-        failures: list[Failure] = []
-
-        def launch(task: TaskSpec) -> ProcessRecord:
-            record = new_record(task, kind="server", attempt=1)
-            return start_task(writer, pool, plan, task, record, argv=task.argv,
-                              env=task_env(task, secrets), reporter=reporter)
-
-        with ThreadPoolExecutor(max_workers=max(1, min(32, len(standing)))) as executor:
-            futures = {task.name: executor.submit(launch, task) for task in standing}
-            for name, future in futures.items():
-                try:
-                    records[name] = future.result()
-                except PsclusterError as exc:
-                    failures.append(Failure(name, exc))
+        records, failures = start_tasks(writer, pool, plan, [
+            (task, new_record(task, kind="server", attempt=1), task.argv, task_env(task, secrets))
+            for task in standing], reporter)
         if failures:
             raise failures[0].error if len(failures) == 1 else \
                 MultiHostError(f"{len(failures)} task(s) could not be started", failures)
@@ -398,4 +429,19 @@ def cluster_status(state: RunState, *, pool: TransportPool, prober: Prober | Non
                                 detail="" if probe.ok else (probe.error or "")))
         else:
             rows.append(TaskRow(**base, pid=record.pid, state="running", uptime=status.uptime))
+    return rows
+
+
+def rows_after_up(state: RunState, devices: dict[str, tuple[str, ...]]) -> list[TaskRow]:
+    """Status rows from what ``up`` just established (no second round trip to every host)."""
+    rows = []
+    for task in state.plan.tasks:
+        record = state.latest(task.name)
+        base = dict(role=task.role, index=task.index, host=task.host, address=task.address, port=task.port,
+                    kind="server" if task.standing else "train")
+        if record is None:
+            rows.append(TaskRow(**base, pid=None, state="not started", detail="started by 'pscluster train'"))
+        else:
+            rows.append(TaskRow(**base, pid=record.pid, state="ready", devices=devices.get(task.name, ()),
+                                uptime=max(0.0, time.time() - (record.started or time.time()))))
     return rows

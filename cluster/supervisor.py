@@ -183,6 +183,8 @@ class Supervisor:
         self.last_step = 0
         self.steps_redone = 0
         self.placement_shown = False
+        self.evals: list[dict] = []       # {"step", "val_loss", "val_accuracy", "seconds"} from "eval" events
+        self.began = time.monotonic()
         self._published = 0.0
         self._leader_exit: float | None = None
 
@@ -202,7 +204,7 @@ class Supervisor:
         return state
 
     def run(self) -> dict:
-        began = time.monotonic()
+        began = self.began = time.monotonic()
         state = self._load()
         self.state = state
         self.plan: ClusterPlan = state.plan
@@ -224,7 +226,8 @@ class Supervisor:
             self._launch_group(resume=self.options.resume)
             self._loop()
             summary = summarize(self.result or {}, wall_seconds=time.monotonic() - began,
-                                restarts=self._job_restarts(), steps_redone=self.steps_redone, job=self.job)
+                                restarts=self._job_restarts(), steps_redone=self.steps_redone, job=self.job,
+                                evals=self.evals)
             self._finish("done", result=summary)
             return summary
         except KeyboardInterrupt:
@@ -387,6 +390,11 @@ class Supervisor:
                 self.reporter.emit("job", **{k: v for k, v in self.state.job.items() if k != "orchestrator"})
             if self.plan.mode != "async":
                 self.reporter.emit("job", worker_progress=(watched.task.name, info))
+        elif kind == "eval" and is_leader:
+            # Seconds since `train` started, on this machine's clock: what time-to-accuracy means.
+            self.evals.append({"step": event.get("step"), "val_loss": event.get("val_loss"),
+                               "val_accuracy": event.get("val_accuracy"), "seconds": round(now - self.began, 2)})
+            self._set_job(val_accuracy=event.get("val_accuracy"), val_step=event.get("step"))
         elif kind == "checkpoint" and is_leader:
             self._set_job(checkpoint=event.get("path"), checkpoint_step=event.get("step"))
         elif kind == "done" and is_leader:

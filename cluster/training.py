@@ -95,6 +95,7 @@ class TrainOptions:
     resume: bool = False
     data: str | None = None
     steps_per_execution: int | None = None
+    eval_every: int | None = None
     start_timeout: float = 180.0
     collective_timeout: float = 30.0
     restart_policy: str = "on-failure"
@@ -125,7 +126,8 @@ def train_argv(task: TaskSpec, *, job_path: str, events_path: str, checkpoint_di
     for flag, value in (("--epochs", options.epochs), ("--steps", options.steps),
                         ("--batch-size", options.batch_size), ("--learning-rate", options.learning_rate),
                         ("--checkpoint-every", options.checkpoint_every), ("--data", options.data),
-                        ("--steps-per-execution", options.steps_per_execution)):
+                        ("--steps-per-execution", options.steps_per_execution),
+                        ("--eval-every", options.eval_every)):
         if value is not None:
             argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
     if options.scale_lr:
@@ -186,7 +188,7 @@ def server_log(task: TaskSpec, attempt: int) -> str:
 
 
 def summarize(result: dict, *, wall_seconds: float, restarts: dict[str, int], steps_redone: int,
-              job: JobRef) -> dict:
+              job: JobRef, evals: list[dict] | None = None) -> dict:
     """The final report (``train --json``)."""
     return {
         "job": job.name, "mode": result.get("mode"), "workers": result.get("workers"),
@@ -195,4 +197,5 @@ def summarize(result: dict, *, wall_seconds: float, restarts: dict[str, int], st
         "train_seconds": result.get("wall_seconds"),
         "examples_per_second": result.get("examples_per_second"), "checkpoint": result.get("checkpoint"),
         "restored_step": result.get("restored_step"), "restarts": dict(restarts), "steps_redone": steps_redone,
+        "evals": list(evals or []),
     }

@@ -20,10 +20,11 @@ nothing secret is on a command line); the answer is one JSON object on stdout. O
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
+
+# subprocess and socket are imported where needed: every millisecond of start-up counts when
+# 64 hosts answer at once, and while TensorFlow servers start on the same cores.
 
 
 def _expand(path):
@@ -59,25 +60,64 @@ def _session_members(sid):
     return members
 
 
-def op_facts(req):
-    result = {"python": sys.version.split()[0], "executable": sys.executable,
-              "hostname": socket.gethostname(), "cpus": os.cpu_count()}
+TF_DISTS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tf-nightly-cpu",
+            "tensorflow-intel", "tensorflow-macos")
+
+
+def _tensorflow_dist():
+    """(distribution, version, importable) of TensorFlow for this interpreter, without importing it.
+
+    Scans the interpreter's site-packages for ``*.dist-info`` first (a millisecond); only if
+    that finds nothing does it load ``site`` and ask ``importlib.metadata`` (tens of ms).
+    """
+    import sysconfig
+    # Run with -S, a virtualenv's prefix is not applied (site.py does that): find it ourselves.
+    roots = []
+    venv = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
+    if os.path.exists(os.path.join(venv, "pyvenv.cfg")):
+        roots.append(venv)
+    roots.append(None)
+    folders = []
+    for root in roots:
+        paths = sysconfig.get_paths(vars={"base": root, "platbase": root}) if root else sysconfig.get_paths()
+        for key in ("purelib", "platlib"):
+            if paths.get(key) and paths[key] not in folders:
+                folders.append(paths[key])
+    wanted = {name.replace("-", "_") for name in TF_DISTS}
+    for folder in folders:
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.endswith(".dist-info"):
+                continue
+            name, _, version = entry[:-len(".dist-info")].partition("-")
+            if name.lower() in wanted:
+                importable = any(os.path.exists(os.path.join(f, "tensorflow", "__init__.py")) for f in folders)
+                return {"dist": name.lower().replace("_", "-"), "version": version, "importable": importable}
+    import site
+    site.main()
     try:
         from importlib import metadata
+        import importlib.util
     except ImportError:  # pragma: no cover - Python < 3.8
-        metadata = None
-    tf = None
-    for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tf-nightly-cpu",
-                 "tensorflow-intel", "tensorflow-macos"):
+        return None
+    for dist in TF_DISTS:
         try:
-            tf = {"dist": dist, "version": metadata.version(dist)} if metadata else None
-            break
+            version = metadata.version(dist)
         except Exception:  # PackageNotFoundError
             continue
-    if tf is not None:
-        import importlib.util
-        spec = importlib.util.find_spec("tensorflow")
-        tf["importable"] = spec is not None
+        return {"dist": dist, "version": version,
+                "importable": importlib.util.find_spec("tensorflow") is not None}
+    return None
+
+
+def op_facts(req):
+    import socket
+    result = {"python": sys.version.split()[0], "executable": sys.executable,
+              "hostname": socket.gethostname(), "cpus": os.cpu_count()}
+    tf = _tensorflow_dist()
     result["tensorflow"] = tf
     busy = []
     for port in req.get("ports", []):
@@ -91,6 +131,7 @@ def op_facts(req):
             sock.close()
     result["busy_ports"] = busy
     if req.get("gpus"):
+        import subprocess
         try:
             out = subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  timeout=20, universal_newlines=True)
@@ -121,6 +162,7 @@ def op_facts(req):
     ssh = os.environ.get("SSH_CONNECTION", "").split()
     result["ssh_client"] = ssh[0] if ssh else None
     if req.get("need_root"):
+        import subprocess
         result["root"] = os.getuid() == 0 or subprocess.run(
             ["sudo", "-n", "true"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
     return result
@@ -137,6 +179,7 @@ def op_start(req):
             os.unlink(stale)
     env = dict(os.environ) if req.get("inherit_env", True) else {}
     env.update(req.get("env", {}))   # arrives on stdin: secret values never touch argv
+    import subprocess
     read_end, write_end = os.pipe()
     monitor = os.fork()
     if monitor == 0:  # monitor: session leader, parent of the task
@@ -189,6 +232,11 @@ def op_start(req):
     if not data:
         return {"error": "the monitor process died before starting the task"}
     return json.loads(data.decode())
+
+
+def op_start_many(req):
+    """Start several tasks in one call (one per host and ``up``, not one per task)."""
+    return {"started": [op_start(item) for item in req["tasks"]]}
 
 
 def _write_json(path, data):
@@ -397,6 +445,7 @@ def op_remove(req):
 
 def op_nft(req):
     """Apply an nftables ruleset (one atomic transaction), as root or through ``sudo -n``."""
+    import subprocess
     prefix = [] if os.getuid() == 0 else ["sudo", "-n"]
     proc = subprocess.run(prefix + ["nft", "-f", "-"], input=req["ruleset"], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True)
@@ -406,7 +455,7 @@ def op_nft(req):
             "tables": tables.stdout.split("\n") if tables.returncode == 0 else None}
 
 
-OPERATIONS = {"facts": op_facts, "start": op_start, "status": op_status, "stop": op_stop,
+OPERATIONS = {"facts": op_facts, "start": op_start, "start_many": op_start_many, "status": op_status, "stop": op_stop,
               "signal": op_signal, "read": op_read, "hashes": op_hashes, "remove": op_remove,
               "nft": op_nft, "watch": op_watch}
 
