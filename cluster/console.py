@@ -14,6 +14,7 @@ from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -56,13 +57,14 @@ def render_plan(console: Console, plan: ClusterPlan, *, secret_names: Sequence[s
     console.print("[bold]ClusterSpec[/]")
     console.print_json(json.dumps(plan.cluster_spec))
     for task in plan.tasks:
-        console.print(f"\n[bold]{task.name}[/] on {task.host}  (cwd {task.workdir}, log {task.log_path})")
+        console.print(f"\n[bold]{escape(task.name)}[/] on {escape(task.host)}  "
+                      f"(cwd {escape(task.workdir)}, log {escape(task.log_path)})")
         env = dict(task.env)
-        console.print(f"  TF_CONFIG={env.pop('TF_CONFIG')}")
+        console.print(f"  TF_CONFIG={env.pop('TF_CONFIG')}", markup=False)
         shown = " ".join(f"{key}={'****' if key in secret_names else value}" for key, value in env.items())
         shown += "".join(f" {key}=****" for key in secret_names if key not in env)
-        console.print(f"  env: {shown}", soft_wrap=True)
-        console.print(f"  argv: {' '.join(task.argv)}", soft_wrap=True)
+        console.print(f"  env: {shown}", soft_wrap=True, markup=False)
+        console.print(f"  argv: {' '.join(task.argv)}", soft_wrap=True, markup=False)
 
 
 def render_checks(console: Console, report: CheckReport) -> None:
@@ -98,9 +100,9 @@ def render_status(console: Console, name: str, mode: str, phase: str, rows: Sequ
                       devices or row.detail)
     console.print(table)
     if message:
-        console.print(f"[yellow]{message}[/]")
+        console.print(Text(message, "yellow"))
     if job:
-        console.print(render_job_line(job))
+        console.print(Text(render_job_line(job)))
 
 
 def render_job_line(job: dict) -> str:
@@ -162,7 +164,7 @@ class RichReporter(Reporter):
             self._stop_progress()
         if self._checks and name != "preflight":
             self._flush_checks()
-        self._say(f"[bold cyan]▸ {name}[/] {detail}")
+        self._say(f"[bold cyan]▸ {escape(name)}[/] {escape(detail)}")
 
     def _flush_checks(self) -> None:
         failed = [check for check in self._checks if not check["ok"]]
@@ -170,7 +172,8 @@ class RichReporter(Reporter):
         if failed:
             for check in failed:
                 hint = f"\n      hint: {check['hint']}" if check.get("hint") else ""
-                self._say(f"  [red]✗[/] {check['host']}: {check['check']}: {check['detail']}{hint}")
+                self._say(f"  [red]✗[/] {escape(check['host'])}: {escape(check['check'])}: "
+                          f"{escape(check['detail'])}{escape(hint)}")
         else:
             self._say(f"  [green]✓[/] {len(self._checks)} checks passed on {hosts} host(s)")
         self._checks = []
@@ -180,41 +183,42 @@ class RichReporter(Reporter):
 
     def _on_sync(self, host: str, files: int, bytes: int, unchanged: int, skipped: bool) -> None:
         if skipped:
-            self._say(f"  {host}: uses this machine's checkout (nothing to copy)")
+            self._say(f"  {escape(host)}: uses this machine's checkout (nothing to copy)")
         else:
-            self._say(f"  {host}: {files} file(s) sent ({bytes / 1e6:.1f} MB), {unchanged} unchanged")
+            self._say(f"  {escape(host)}: {files} file(s) sent ({bytes / 1e6:.1f} MB), {unchanged} unchanged")
 
     def _row(self, task: str, host: str) -> int:
         progress = self._ensure_progress()
         key = f"{task}@{host}"
         if key not in self._rows:
-            self._rows[key] = progress.add_task(f"{key:<24} starting", total=1)
+            self._rows[key] = progress.add_task(f"{escape(key):<24} starting", total=1)
         return self._rows[key]
 
     def _on_task_starting(self, task: str, host: str) -> None:
         self._row(task, host)
 
     def _on_task_started(self, task: str, host: str, pid: int) -> None:
-        self._ensure_progress().update(self._row(task, host), description=f"{task + '@' + host:<24} pid {pid}, waiting")
+        self._ensure_progress().update(self._row(task, host),
+                                       description=f"{escape(task + '@' + host):<24} pid {pid}, waiting")
 
     def _on_task_ready(self, task: str, host: str, devices: Sequence[str], seconds: float) -> None:
         shown = ", ".join(device.rsplit("/", 1)[-1] for device in devices)
         self._ensure_progress().update(self._row(task, host), completed=1,
-                                       description=f"{task + '@' + host:<24} [green]ready[/] ({shown})")
+                                       description=f"{escape(task + '@' + host):<24} [green]ready[/] ({escape(shown)})")
 
     def _on_task_failed(self, task: str, host: str, error: str) -> None:
-        self._say(f"  [red]✗ {task}@{host}[/]: {error}")
+        self._say(f"  [red]✗ {escape(task)}@{escape(host)}[/]: {escape(error)}")
 
     def _on_task_stopped(self, task: str, host: str, signals: Sequence[str], found: bool) -> None:
         how = "was already gone" if not found else f"stopped ({' then '.join(signals)})"
-        self._say(f"  {task}@{host} {how}")
+        self._say(f"  {escape(task)}@{escape(host)} {how}")
 
     def _on_host_failed(self, host: str, error: str) -> None:
-        self._say(f"  [red]✗ {host}[/]: {error.splitlines()[0]}")
+        self._say(f"  [red]✗ {escape(host)}[/]: {escape(error.splitlines()[0])}")
 
     def _on_message(self, text: str, level: str = "info") -> None:
         style = {"warning": "yellow", "error": "red"}.get(level, "")
-        self._say(f"[{style}]{text}[/]" if style else text)
+        self._say(f"[{style}]{escape(text)}[/]" if style else escape(text))
 
     def close(self) -> None:
         self._stop_progress()
@@ -243,13 +247,14 @@ class TrainDisplay(Reporter):
                 worker, info = data["worker_progress"]
                 self._workers.setdefault(worker, {}).update(info)
         elif kind == "message":
-            self._print(data["text"], data.get("level", "info"))
+            self._print(escape(data["text"]), data.get("level", "info"))
             return
         elif kind == "phase":
-            self._print(f"[bold cyan]▸ {data['name']}[/] {data.get('detail', '')}")
+            self._print(f"[bold cyan]▸ {escape(data['name'])}[/] {escape(data.get('detail', ''))}")
             return
         elif kind in ("task-failed", "task-restarting", "task-restarted", "task-lost"):
-            self._print(f"[yellow]{kind}[/] {data.get('task')}@{data.get('host')}: {data.get('error', data.get('detail', ''))}",
+            detail = data.get("error", data.get("detail", ""))
+            self._print(f"{kind} {escape(str(data.get('task')))}@{escape(str(data.get('host')))}: {escape(str(detail))}",
                         "warning")
             return
         else:
@@ -262,8 +267,8 @@ class TrainDisplay(Reporter):
 
     def _render(self) -> Table:
         job = self._job
-        table = Table(box=box.SIMPLE, title=f"training {job.get('job', '')} ({job.get('mode', '')}, "
-                                            f"{job.get('workers', '?')} worker(s))")
+        table = Table(box=box.SIMPLE, title=escape(f"training {job.get('job', '')} ({job.get('mode', '')}, "
+                                                   f"{job.get('workers', '?')} worker(s))"))
         for column in ("", "epoch", "step", "loss", "examples/s"):
             table.add_column(column, justify="right" if column else "left")
         for worker, info in sorted(self._workers.items()):

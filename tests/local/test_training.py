@@ -1,0 +1,163 @@
+"""``pscluster train`` end to end on local clusters: every mode, a user's job, resume,
+status while training, and Ctrl-C."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.helpers import REPO, assert_no_survivors, port_base, run_cli, run_json
+
+pytestmark = pytest.mark.tf
+
+ACCURACY_BOUND = 0.93        # distributed_mnist's CNN after 200 steps (>= 98.5 % takes its full default budget)
+
+
+def _events(path: str) -> list[dict]:
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _leader_events(state_dir, name: str, job_id: int) -> list[dict]:
+    state = json.loads((state_dir / f"{name}.json").read_text())
+    leader = "chief:0" if state["plan"]["mode"] == "async" else "worker:0"
+    records = [r for r in state["processes"] if r["task"] == leader and r["key"].startswith(f"{leader}#j{job_id}.")]
+    return _events(records[-1]["events"])
+
+
+@pytest.mark.parametrize("mode", ["async", "sync", "sync-ps"])
+def test_each_mode_trains_distributed_mnist_on_the_local_inventory(tmp_path, mode):
+    name = f"local-train-{mode}"
+    state_dir = tmp_path / "state"
+    try:
+        up = run_cli(["up", REPO / "inventories/local.yaml", "--name", name, "--mode", mode,
+                      "--port-base", port_base()], state_dir=state_dir)
+        assert up.returncode == 0, up.stderr
+        report = run_json(["train", "distributed_mnist", "--name", name, "--steps", 200], state_dir=state_dir,
+                          timeout=900)
+        assert report["mode"] == mode and report["workers"] == 2
+        assert report["global_step"] == 200
+        assert report["val_accuracy"] >= ACCURACY_BOUND
+        assert report["wall_seconds"] > 0 and report["examples_per_second"] > 0
+        assert report["checkpoint"].endswith("ckpt-200") and os.path.exists(report["checkpoint"] + ".index")
+        losses = [e["loss"] for e in _leader_events(state_dir, name, 1) if e["event"] == "progress" and e["loss"]]
+        assert len(losses) >= 2 and losses[-1] < 0.5 * losses[0]          # the loss falls
+        status = run_json(["status", "--name", name], state_dir=state_dir)
+        assert status["job"]["state"] == "done" and status["job"]["step"] == 200
+    finally:
+        if (state_dir / f"{name}.json").exists():
+            run_cli(["down", "--name", name], state_dir=state_dir)
+    assert_no_survivors(name)
+
+
+USER_JOB = textwrap.dedent('''
+    """A user's job, written by the test: which quadrant pair does a 2-D point fall in (XOR)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    BATCH_SIZE = 64
+    LEARNING_RATE = 0.05
+    STEPS = 150
+    TRAIN_EXAMPLES = 4096
+
+    def _points(split):
+        rng = np.random.default_rng(1 if split == "train" else 2)
+        x = rng.uniform(-1.0, 1.0, size=(4096 if split == "train" else 1024, 2)).astype("float32")
+        return x, (x[:, 0] * x[:, 1] > 0).astype("int32")
+
+    def build_model():
+        return keras.Sequential([keras.layers.Dense(32, activation="relu"), keras.layers.Dense(2)])
+
+    def dataset(shard):
+        ds = tf.data.Dataset.from_tensor_slices(_points(shard.split))
+        ds = ds.shard(shard.count, shard.index)
+        return ds.shuffle(4096, seed=shard.seed) if shard.split == "train" else ds
+
+    def loss(labels, outputs):
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=outputs)
+
+    def optimizer(learning_rate):
+        return keras.optimizers.SGD(learning_rate, momentum=0.9)
+''')
+
+
+@pytest.fixture(scope="module")
+def async_cluster(tmp_path_factory):
+    """One async local cluster shared by the tests below (servers stay up between jobs)."""
+    name = "local-train-shared"
+    state_dir = tmp_path_factory.mktemp("shared") / "state"
+    up = run_cli(["up", REPO / "inventories/local.yaml", "--name", name, "--mode", "async",
+                  "--port-base", port_base()], state_dir=state_dir)
+    assert up.returncode == 0, up.stderr
+    yield name, state_dir
+    run_cli(["down", "--name", name], state_dir=state_dir)
+    assert_no_survivors(name)
+
+
+def test_a_user_job_file_trains(async_cluster, tmp_path):
+    name, state_dir = async_cluster
+    job = tmp_path / "xor_job.py"
+    job.write_text(USER_JOB)
+    report = run_json(["train", job, "--name", name], state_dir=state_dir, timeout=600)
+    assert report["job"] == "xor_job"
+    assert report["global_step"] == 150          # the job's own STEPS default
+    assert report["val_accuracy"] >= 0.9
+
+
+def test_resume_continues_from_the_checkpoint(async_cluster, tmp_path):
+    name, state_dir = async_cluster
+    checkpoints = tmp_path / "ckpt"
+    first = run_json(["train", "distributed_mnist", "--name", name, "--steps", 100, "--checkpoint-dir", checkpoints],
+                     state_dir=state_dir, timeout=600)
+    assert first["global_step"] == 100 and first["restored_step"] in (None, 0)
+    second = run_json(["train", "distributed_mnist", "--name", name, "--steps", 180, "--resume",
+                       "--checkpoint-dir", checkpoints], state_dir=state_dir, timeout=600)
+    assert second["restored_step"] == 100
+    assert second["global_step"] == 180
+    job_id = json.loads((state_dir / f"{name}.json").read_text())["job"]["id"]
+    steps = [e["step"] for e in _leader_events(state_dir, name, job_id) if e["event"] == "progress"]
+    assert steps and min(steps) > 100             # it continued, it did not start over
+
+
+def test_status_while_training_and_ctrl_c_stops_only_the_job(async_cluster):
+    name, state_dir = async_cluster
+    env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), NO_COLOR="1")
+    train = subprocess.Popen([sys.executable, "-m", "cluster", "train", "distributed_mnist", "--name", name,
+                              "--steps", "5000"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            job = json.loads((state_dir / f"{name}.json").read_text()).get("job") or {}
+            if job.get("state") == "running" and (job.get("step") or 0) >= 50:
+                break
+            assert time.monotonic() < deadline and train.poll() is None, job
+            time.sleep(0.5)
+        status = run_json(["status", "--name", name], state_dir=state_dir)
+        assert status["job"]["state"] == "running" and status["job"]["step"] >= 50
+        assert status["job"]["examples_per_second"] > 0
+        chief = next(t for t in status["tasks"] if t["role"] == "chief")
+        assert chief["state"] == "running"
+        plain = run_cli(["status", "--name", name], state_dir=state_dir, check=True)
+        assert "examples/s" in plain.stdout and "[running]" in plain.stdout
+        train.send_signal(signal.SIGINT)
+        out, err = train.communicate(timeout=60)
+    finally:
+        if train.poll() is None:
+            train.kill()
+            train.wait()
+    assert train.returncode == 130
+    assert "stopping the job's processes" in err
+    assert "the standing servers are still up" in err
+    after = run_json(["status", "--name", name], state_dir=state_dir)
+    assert after["job"]["state"] == "stopped"
+    assert next(t for t in after["tasks"] if t["role"] == "chief")["state"] == "stopped"
+    servers = [t for t in after["tasks"] if t["kind"] == "server"]
+    assert len(servers) == 4 and all(t["state"] == "ready" for t in servers)
