@@ -1,0 +1,114 @@
+"""Orchestration overhead (issue 5): total wall time of ``pscluster train distributed_mnist``
+against the same training started by hand on the same cluster: a shell script that sets
+TF_CONFIG and CUDA_VISIBLE_DEVICES per process, starts each training process in the
+background and waits for all of them, as people do today. Same arguments, same checkpoint
+cadence, alternating runs; medians and their ratio per mode (goal <= 1.05).
+
+Usage: ``python -m benchmarks.overhead [--runs 3] [--steps 200] [--modes sync,async] [--json]``
+(a local cluster from inventories/local.yaml on free ports).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cli(args, state_dir: Path, timeout: float = 1200) -> tuple[float, subprocess.CompletedProcess]:
+    env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), NO_COLOR="1")
+    began = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "cluster", *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    elapsed = time.perf_counter() - began
+    if proc.returncode != 0:
+        raise RuntimeError(f"pscluster {' '.join(map(str, args))} failed:\n{proc.stderr}")
+    return elapsed, proc
+
+
+def hand_script(plan: dict, steps: int, checkpoint_dir: str, work: Path) -> str:
+    """The shell script a person writes: one background process per training task, then wait."""
+    lines = ["#!/bin/sh", "# started by hand: one line per process, as in the classic tutorials", "set -e",
+             f"cd {shlex.quote(str(REPO))}"]
+    for task in plan["tasks"]:
+        if task["standing"]:
+            continue
+        env = task["env"]
+        mask = f"CUDA_VISIBLE_DEVICES={shlex.quote(env['CUDA_VISIBLE_DEVICES'])} " \
+            if "CUDA_VISIBLE_DEVICES" in env else ""
+        extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()
+                         if k not in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES"))
+        events = work / f"hand-{task['role']}-{task['index']}.jsonl"
+        argv = list(task["argv"]) + ["--job", "examples/distributed_mnist", "--events", str(events),
+                                     "--checkpoint-dir", checkpoint_dir, "--start-timeout", "180",
+                                     "--steps", str(steps)]
+        if plan["mode"] == "sync":
+            argv += ["--collective-timeout", "30"]
+        lines.append(f"{mask}TF_CONFIG={shlex.quote(env['TF_CONFIG'])} {extra} "
+                     f"{' '.join(map(shlex.quote, argv))} > {work}/hand-{task['role']}-{task['index']}.log 2>&1 &")
+    lines.append("wait")
+    return "\n".join(lines) + "\n"
+
+
+def measure(mode: str, runs: int, steps: int, work: Path, port_base: int) -> dict:
+    state_dir = work / f"state-{mode}"
+    name = f"overhead-{mode}"
+    _cli(["up", REPO / "inventories/local.yaml", "--name", name, "--mode", mode, "--port-base", port_base],
+         state_dir)
+    try:
+        _, plan_proc = _cli(["plan", REPO / "inventories/local.yaml", "--name", name, "--mode", mode,
+                             "--port-base", port_base, "--json"], state_dir)
+        plan = json.loads(plan_proc.stdout)
+        ours, hand = [], []
+        for run in range(runs):
+            for which in (("pscluster", "hand") if run % 2 == 0 else ("hand", "pscluster")):
+                checkpoints = str(work / f"ckpt-{mode}-{which}-{run}")
+                if which == "pscluster":
+                    elapsed, _ = _cli(["train", "distributed_mnist", "--name", name, "--steps", steps,
+                                       "--checkpoint-dir", checkpoints, "--json"], state_dir)
+                    ours.append(elapsed)
+                else:
+                    script = work / f"hand-{mode}.sh"
+                    script.write_text(hand_script(plan, steps, checkpoints, work))
+                    began = time.perf_counter()
+                    proc = subprocess.run(["sh", str(script)], capture_output=True, text=True, timeout=1200)
+                    hand.append(time.perf_counter() - began)
+                    if proc.returncode != 0:
+                        raise RuntimeError(f"hand-started training failed:\n{proc.stderr}")
+    finally:
+        _cli(["down", "--name", name], state_dir)
+    return {"mode": mode, "steps": steps, "pscluster_seconds": ours, "hand_seconds": hand,
+            "pscluster_median": statistics.median(ours), "hand_median": statistics.median(hand),
+            "ratio": statistics.median(ours) / statistics.median(hand)}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--modes", default="sync,async")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="pscluster-overhead-") as tmp:
+        for offset, mode in enumerate(args.modes.split(",")):
+            results[mode] = measure(mode, args.runs, args.steps, Path(tmp), 37000 + 20 * offset)
+    if args.json:
+        print(json.dumps(results, indent=1))
+    else:
+        for mode, row in results.items():
+            print(f"{mode:6s} {row['steps']} steps: pscluster train {row['pscluster_median']:6.1f} s, by hand "
+                  f"{row['hand_median']:6.1f} s, ratio {row['ratio']:.3f} (goal <= 1.05; medians of {args.runs})")
+    return results
+
+
+if __name__ == "__main__":
+    main()
