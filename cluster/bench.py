@@ -10,7 +10,7 @@ ports, masks and TF_CONFIG are exactly what ``up`` would use. Placement:
 * ``pack``: fill each worker host up to its slots before the next. A host's slots are its
   ``worker_gpus`` masks, else its ``worker_tasks``, else its CPU count (from the host facts).
 
-:func:`run_study` then brings each configuration up, trains, and always brings it down again;
+:class:`Study` then brings each configuration up, trains, and always brings it down again;
 a failed configuration is recorded and the study goes on; Ctrl-C stops the study after taking
 the current cluster down. Besides the launcher's and supervisor's events, it emits
 ``bench-config`` (index, total, mode, workers, placement, repeat, name) before a configuration
@@ -191,8 +191,9 @@ def plan_study(inventory: Inventory, spec: StudySpec, options: PlanOptions,
     Configurations that cannot be built carry the reason instead of a plan.
     """
     slots = worker_slots(inventory, cpus)
-    fixed = sum(s.count for h in inventory.hosts for s in h.slots if s.role in ("chief", "ps"))
-    stride = fixed + max(spec.workers)        # at most this many tasks on one address
+    # The planner gives a port to every task of the inventory (unused roles too), so no address
+    # holds more than this many ports of one configuration.
+    stride = sum(s.count for h in inventory.hosts for s in h.slots if s.role != "worker") + max(spec.workers)
     configs = []
     index = 0
     for repeat in range(1, spec.repeat + 1):
@@ -411,13 +412,15 @@ class _Collector(Reporter):
         if data.get("per_worker") and data.get("step") is not None:
             self.windows[data["step"]] = dict(data["per_worker"])
 
-    def per_worker(self) -> dict[str, float] | None:
-        """Mean examples/s of each worker over the progress windows it appears in."""
-        rates: dict[str, list[float]] = {}
-        for window in self.windows.values():
-            for worker, rate in window.items():
-                rates.setdefault(worker, []).append(rate)
-        return {worker: statistics.fmean(values) for worker, values in rates.items()} or None
+    def per_worker(self, expected: Sequence[str] = ()) -> dict[str, float] | None:
+        """Mean examples/s of each worker over the progress windows; a worker missing from a
+        window did no work in it. ``expected`` names workers to show even if never seen (async:
+        the chief attributes every closure; a sync leader only knows itself)."""
+        if not self.windows:
+            return None
+        names = sorted(set(expected).union(*self.windows.values()))
+        return {name: statistics.fmean(window.get(name, 0.0) for window in self.windows.values())
+                for name in names}
 
 
 @dataclass
@@ -490,7 +493,9 @@ class Study:
             report = Supervisor(store=self.store, name=config.name, job=self.job, options=self.options,
                                 reporter=reporter, pool=self.pool, root=self.root, secrets=self.secrets).run()
             result = measured(config, bringup_seconds=bringup, report=report,
-                              global_batch_size=collector.global_batch_size, per_worker=collector.per_worker(),
+                              global_batch_size=collector.global_batch_size,
+                              per_worker=collector.per_worker(
+                                  [f"worker:{i}" for i in range(config.workers)] if config.mode == "async" else ()),
                               target=self.spec.target_accuracy)
         except (KeyboardInterrupt, JobInterrupted):
             result = _failed(config, "interrupted", "interrupted by the user", bringup)

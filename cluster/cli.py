@@ -421,11 +421,8 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
     summaries = study.summarize(outcome.results)
     title = f"{job_ref.name} on {inventory}: {steps} steps" + (f", median of {repeat} runs" if repeat > 1 else "")
     if plot:
-        from .benchplot import write_plot
-        hosts = [h for h in document["environment"]["hosts"] if "error" not in h]
-        tf = sorted({f"{h['tf_dist']} {h['tf_version']}" for h in hosts if h.get("tf_version")})
-        write_plot(summaries, plot, title=title, subtitle=f"{', '.join(tf)}; {len(hosts)} host(s); "
-                                                          f"{document['environment']['date']}")
+        from .benchplot import describe_environment, write_plot
+        write_plot(summaries, plot, title=title, subtitle=describe_environment(document["environment"]))
     if as_json:
         env.out.print_json(json.dumps(document))
     else:

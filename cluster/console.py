@@ -14,7 +14,6 @@ from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
-from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -429,13 +428,13 @@ def _spread(spread: Any, fmt: str) -> str:
 
 
 def _hosts(uses: Sequence[Any]) -> str:
-    return " ".join(use.host + (f"×{use.workers}" if use.workers > 1 else "") for use in uses)
+    return escape(" ".join(use.host + (f"×{use.workers}" if use.workers > 1 else "") for use in uses))
 
 
 def render_bench(console: Console, summaries: Sequence[Any], results: Sequence[Any], *, title: str) -> None:
     """The study: medians over repeats with their min–max, then one line per configuration
     that failed or could not be built."""
-    table = Table(title=title, box=box.SIMPLE_HEAVY)
+    table = Table(title=escape(title), box=box.SIMPLE_HEAVY)
     for column, justify in (("mode", "left"), ("placement", "left"), ("workers", "right"), ("hosts", "left"),
                             ("ok/runs", "right"), ("bring-up s", "right"), ("train s", "right"),
                             ("steps/s", "right"), ("examples/s", "right"), ("efficiency", "right"),
@@ -461,5 +460,5 @@ def render_bench(console: Console, summaries: Sequence[Any], results: Sequence[A
                           f"{result.repeat}: {result.status}: {escape(_first_line(result.error))}",
                           highlight=False)
         if result.down_error:
-            console.print(f"[red]✗[/] {result.name}: down failed: {escape(_first_line(result.down_error))}",
+            console.print(f"[red]✗[/] {escape(result.name)}: down failed: {escape(_first_line(result.down_error))}",
                           highlight=False)

@@ -227,7 +227,7 @@ class Supervisor:
             self._loop()
             summary = summarize(self.result or {}, wall_seconds=time.monotonic() - began,
                                 restarts=self._job_restarts(), steps_redone=self.steps_redone, job=self.job,
-                                evals=self.evals)
+                                evals=self.evals, progress=self.state.job)
             self._finish("done", result=summary)
             return summary
         except KeyboardInterrupt:

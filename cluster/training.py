@@ -188,7 +188,7 @@ def server_log(task: TaskSpec, attempt: int) -> str:
 
 
 def summarize(result: dict, *, wall_seconds: float, restarts: dict[str, int], steps_redone: int,
-              job: JobRef, evals: list[dict] | None = None) -> dict:
+              job: JobRef, evals: list[dict] | None = None, progress: dict | None = None) -> dict:
     """The final report (``train --json``)."""
     return {
         "job": job.name, "mode": result.get("mode"), "workers": result.get("workers"),
@@ -198,4 +198,6 @@ def summarize(result: dict, *, wall_seconds: float, restarts: dict[str, int], st
         "examples_per_second": result.get("examples_per_second"), "checkpoint": result.get("checkpoint"),
         "restored_step": result.get("restored_step"), "restarts": dict(restarts), "steps_redone": steps_redone,
         "evals": list(evals or []),
+        "global_batch_size": (progress or {}).get("global_batch_size"),
+        "per_worker_examples_per_second": (progress or {}).get("per_worker"),
     }
