@@ -1,0 +1,88 @@
+"""Run pscluster's benchmarks and print one summary table.
+
+``python -m benchmarks [--only lifecycle,overhead,training,soak] [--quick] [--out results.json]``
+
+Each benchmark runs in its own process (``python -m benchmarks.<name> --json``) so a crash or a
+leak in one cannot skew another; run them on an otherwise idle machine. ``--quick`` shrinks the
+budgets (for checking the scripts, not for figures). The soak (20 cycles, ~20 minutes) runs only
+when asked for with ``--only soak`` or ``--only all``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT = ("lifecycle", "overhead", "training")
+ARGS = {
+    "lifecycle": (["--runs", "5"], ["--runs", "2"]),
+    "overhead": (["--runs", "3"], ["--runs", "1", "--steps", "60", "--modes", "sync"]),
+    "training": ([], ["--runs", "1", "--quick"]),
+    "soak": (["--cycles", "20"], ["--cycles", "2"]),
+}
+
+
+def _run(name: str, quick: bool) -> dict:
+    argv = [sys.executable, "-m", f"benchmarks.{name}", "--json", *ARGS[name][1 if quick else 0]]
+    began = time.perf_counter()
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
+    seconds = time.perf_counter() - began
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1], "seconds": seconds}
+    return dict(json.loads(proc.stdout), seconds=seconds)
+
+
+def _rows(name: str, result: dict) -> list[tuple[str, str, str, str]]:
+    """(benchmark, figure, measured, goal) rows for the summary."""
+    if "error" in result:
+        return [(name, "failed", result["error"][:80], "")]
+    if name == "lifecycle":
+        return [
+            ("up vs bare ssh (3 hosts, 5 servers)", "ratio of medians",
+             f"{result['up_ratio']:.2f} ({result['up_median']:.1f} s / {result['bare_median']:.1f} s)", "<= 1.15"),
+            ("down", "median time, leftovers", f"{result['down_median']:.2f} s, {result['leftovers_total']}", "0 left"),
+            ("preflight fan-out", "64 hosts / 4 hosts",
+             f"{result['preflight_ratio']:.2f} ({result['preflight_64_median']:.2f} s / "
+             f"{result['preflight_4_median']:.2f} s)", "<= 2"),
+        ]
+    if name == "overhead":
+        return [(f"train overhead ({mode})", "pscluster / by hand",
+                 f"{row['ratio']:.3f} ({row['pscluster_median']:.1f} s / {row['hand_median']:.1f} s)", "<= 1.05")
+                for mode, row in result.items() if isinstance(row, dict) and "ratio" in row]
+    if name == "soak":
+        return [("soak", f"{result['cycles']} cycles up/train/down", f"{result['leaks_total']} leaks", "0")]
+    if name == "training":
+        return [(row["name"], row["figure"], row["measured"], row.get("goal", ""))
+                for row in result.get("summary", [])]
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=",".join(DEFAULT), help="comma list, or 'all' (adds the soak)")
+    parser.add_argument("--quick", action="store_true", help="tiny budgets: check the scripts, not for figures")
+    parser.add_argument("--out", help="write every result as JSON here")
+    args = parser.parse_args(argv)
+    names = list(ARGS) if args.only == "all" else args.only.split(",")
+    results = {}
+    for name in names:
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        results[name] = _run(name, args.quick)
+    rows = [row for name in names for row in _rows(name, results[name])]
+    widths = [max(len(row[i]) for row in rows + [("benchmark", "figure", "measured", "goal")]) for i in range(4)]
+    line = "  ".join("{:<%d}" % w for w in widths)
+    print(line.format("benchmark", "figure", "measured", "goal"))
+    print(line.format(*("-" * w for w in widths)))
+    for row in rows:
+        print(line.format(*row))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    return 1 if any("error" in result for result in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
