@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import socket
 import statistics
@@ -25,21 +24,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.common import cli  # noqa: E402
 from tests.helpers import cluster_pids  # noqa: E402
 from tests.lab.netlab import Lab, write_inventory  # noqa: E402
 
 GROUPS = {"chief": ["node-1"], "ps": ["node-1", "node-2"], "worker": ["node-1", "node-2", "node-3"]}
-
-
-def _cli(args, state_dir: Path, timeout: float = 300) -> tuple[float, subprocess.CompletedProcess]:
-    env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), NO_COLOR="1")
-    began = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "cluster", *map(str, args)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    elapsed = time.perf_counter() - began
-    if proc.returncode != 0:
-        raise RuntimeError(f"pscluster {' '.join(map(str, args))} failed:\n{proc.stderr}")
-    return elapsed, proc
 
 
 def _wait_ports(targets: list[tuple[str, int]], timeout: float = 120) -> None:
@@ -113,7 +102,7 @@ def up_down(runs: int, work: Path) -> dict:
         inventory = write_inventory(lab, work / "bench.yaml", GROUPS,
                                     {"pscluster_port_base": 34000, "pscluster_workdir": str(REPO)})
         state_dir = work / "state"
-        _, plan_proc = _cli(["plan", inventory, "--json", "--name", "bench-up"], state_dir)
+        _, plan_proc = cli(["plan", inventory, "--json", "--name", "bench-up"], state_dir)
         plan = json.loads(plan_proc.stdout)
         bare_plan = dict(plan, tasks=[dict(t, port=t["port"] + 100) for t in plan["tasks"]])
         for task in bare_plan["tasks"]:      # the bare servers get their own ports, same layout
@@ -127,9 +116,9 @@ def up_down(runs: int, work: Path) -> dict:
             order = ("pscluster", "bare") if run % 2 == 0 else ("bare", "pscluster")
             for which in order:
                 if which == "pscluster":
-                    elapsed, _ = _cli(["up", inventory, "--name", "bench-up"], state_dir)
+                    elapsed, _ = cli(["up", inventory, "--name", "bench-up"], state_dir)
                     ups.append(elapsed)
-                    elapsed, _ = _cli(["down", "--name", "bench-up"], state_dir)
+                    elapsed, _ = cli(["down", "--name", "bench-up"], state_dir)
                     downs.append(elapsed)
                     left = len(cluster_pids("bench-up")) + len(_listening(lab, ports)) + \
                         len(list(state_dir.glob("*.json")))
@@ -156,10 +145,10 @@ def preflight_fanout(runs: int, work: Path) -> dict:
             inventories[count] = write_inventory(lab, work / f"pre{count}.yaml", {"worker": names},
                                                  {"pscluster_port_base": 35000, "pscluster_mode": "sync",
                                                   "pscluster_workdir": str(REPO)})
-        _cli(["check", inventories[4]], state_dir)          # warm caches once
+        cli(["check", inventories[4]], state_dir)          # warm caches once
         for _ in range(runs):
             for count in (4, 64):
-                elapsed, _ = _cli(["check", inventories[count]], state_dir)
+                elapsed, _ = cli(["check", inventories[count]], state_dir)
                 times[count].append(elapsed)
     medians = {count: statistics.median(values) for count, values in times.items()}
     return {"preflight_seconds": times, "preflight_4_median": medians[4], "preflight_64_median": medians[64],

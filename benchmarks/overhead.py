@@ -11,27 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _cli(args, state_dir: Path, timeout: float = 1200) -> tuple[float, subprocess.CompletedProcess]:
-    env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), NO_COLOR="1")
-    began = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "cluster", *map(str, args)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    elapsed = time.perf_counter() - began
-    if proc.returncode != 0:
-        raise RuntimeError(f"pscluster {' '.join(map(str, args))} failed:\n{proc.stderr}")
-    return elapsed, proc
+from benchmarks.common import REPO, cli
 
 
 def hand_script(plan: dict, steps: int, checkpoint_dir: str, work: Path) -> str:
@@ -61,10 +48,10 @@ def hand_script(plan: dict, steps: int, checkpoint_dir: str, work: Path) -> str:
 def measure(mode: str, runs: int, steps: int, work: Path, port_base: int) -> dict:
     state_dir = work / f"state-{mode}"
     name = f"overhead-{mode}"
-    _cli(["up", REPO / "inventories/local.yaml", "--name", name, "--mode", mode, "--port-base", port_base],
+    cli(["up", REPO / "inventories/local.yaml", "--name", name, "--mode", mode, "--port-base", port_base],
          state_dir)
     try:
-        _, plan_proc = _cli(["plan", REPO / "inventories/local.yaml", "--name", name, "--mode", mode,
+        _, plan_proc = cli(["plan", REPO / "inventories/local.yaml", "--name", name, "--mode", mode,
                              "--port-base", port_base, "--json"], state_dir)
         plan = json.loads(plan_proc.stdout)
         ours, hand = [], []
@@ -72,7 +59,7 @@ def measure(mode: str, runs: int, steps: int, work: Path, port_base: int) -> dic
             for which in (("pscluster", "hand") if run % 2 == 0 else ("hand", "pscluster")):
                 checkpoints = str(work / f"ckpt-{mode}-{which}-{run}")
                 if which == "pscluster":
-                    elapsed, _ = _cli(["train", "distributed_mnist", "--name", name, "--steps", steps,
+                    elapsed, _ = cli(["train", "distributed_mnist", "--name", name, "--steps", steps,
                                        "--checkpoint-dir", checkpoints, "--json"], state_dir)
                     ours.append(elapsed)
                 else:
@@ -84,7 +71,7 @@ def measure(mode: str, runs: int, steps: int, work: Path, port_base: int) -> dic
                     if proc.returncode != 0:
                         raise RuntimeError(f"hand-started training failed:\n{proc.stderr}")
     finally:
-        _cli(["down", "--name", name], state_dir)
+        cli(["down", "--name", name], state_dir)
     return {"mode": mode, "steps": steps, "pscluster_seconds": ours, "hand_seconds": hand,
             "pscluster_median": statistics.median(ours), "hand_median": statistics.median(hand),
             "ratio": statistics.median(ours) / statistics.median(hand)}

@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -20,17 +19,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.common import cli  # noqa: E402
 from cluster.hostops import BOOTSTRAP  # noqa: E402
 from tests.helpers import cluster_pids, netns_of  # noqa: E402
 from tests.lab.netlab import Lab, write_inventory  # noqa: E402
 
 GROUPS = {"chief": ["node-1"], "ps": ["node-1", "node-2"], "worker": ["node-2", "node-3"]}
-
-
-def _cli(args, state_dir: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), NO_COLOR="1")
-    return subprocess.run([sys.executable, "-m", "cluster", *map(str, args)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def hostctl_processes(lab: Lab) -> list[int]:
@@ -68,7 +62,7 @@ def run(cycles: int, work: Path, log=print) -> dict:
         inventory = write_inventory(lab, work / "soak.yaml", GROUPS, {
             "pscluster_port_base": 36000, "pscluster_workdir": str(REPO), "pscluster_mode": "async",
             "pscluster_env": {"MNIST_MODEL": "mlp", "OMP_NUM_THREADS": 1}})
-        plan = json.loads(_cli(["plan", inventory, "--json", "--name", "soak"], state_dir).stdout)
+        plan = json.loads(cli(["plan", inventory, "--json", "--name", "soak"], state_dir)[1].stdout)
         ports = {task["port"] for task in plan["tasks"]}
         for cycle in range(1, cycles + 1):
             began = time.perf_counter()
@@ -76,11 +70,11 @@ def run(cycles: int, work: Path, log=print) -> dict:
             for args in (["up", inventory, "--name", "soak"],
                          ["train", "distributed_mnist", "--name", "soak", "--steps", 60, "--json"],
                          ["down", "--name", "soak"]):
-                proc = _cli(args, state_dir)
+                _, proc = cli(args, state_dir, check=False)
                 if proc.returncode != 0:
                     failures.append(f"{args[0]}: {proc.stderr.strip().splitlines()[-1:]}")
                     if args[0] != "down":
-                        _cli(["down", "--name", "soak"], state_dir)
+                        cli(["down", "--name", "soak"], state_dir, check=False)
                         break
             time.sleep(1.0)     # a monitor reaped by PID 1 can linger a moment as a zombie
             leaks = {

@@ -31,14 +31,14 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import hostops
 from .codesync import needs_sync, sync_code, sync_files
 from .errors import HostError, PsclusterError, TaskError, UsageError
 from .events import Reporter
-from .launcher import StateWriter, records_by_host, start_task, stop_records, task_env, wait_ready
+from .launcher import StateWriter, start_task, stop_records, task_env, wait_ready
 from .plan import ClusterPlan, HostSpec, TaskSpec
 from .probe import Prober
 from .state import ProcessRecord, RunState, StateStore

@@ -1,0 +1,22 @@
+"""What the benchmark scripts share: running the real ``pscluster`` CLI and timing it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli(args, state_dir: Path, *, timeout: float = 1200, check: bool = True) -> tuple[float, subprocess.CompletedProcess]:
+    """Run ``pscluster ARGS`` as a user would; returns (wall seconds, completed process)."""
+    env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), NO_COLOR="1")
+    began = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "cluster", *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    elapsed = time.perf_counter() - began
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"pscluster {' '.join(map(str, args))} failed:\n{proc.stderr}")
+    return elapsed, proc
