@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import time
 from typing import Any
 
 import tensorflow as tf
@@ -84,9 +83,9 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
                 log.info("--resume: no checkpoint in %s yet; starting at step 0",
                          plan.checkpoint_dir)
 
+    reporter.start(restored_step)
     reporter.placement(placements_of(
         list(model.weights) + list(optimizer.variables) + [step_var]))
-    reporter.start(restored_step)
 
     def dataset_fn() -> tf.data.Dataset:
         index = tf.distribute.coordinator.experimental_get_current_worker_index()
@@ -96,10 +95,22 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     per_worker_iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
     train_steps = _make_train_steps(job, plan, strategy, model, optimizer, step_var)
 
+    evaluator = make_evaluator(job, model)
+    test_data = eval_dataset(job, Shard(0, 1, "test", plan.seed), EVAL_BATCH_SIZE)
+
+    def evaluate() -> tuple[float | None, float | None]:
+        # On the chief, reading the variables from the ps tasks; queued closures keep
+        # the workers busy meanwhile.
+        step = int(step_var.numpy())
+        val_loss, val_accuracy = means(evaluator(test_data).numpy())
+        reporter.eval(step, val_loss, val_accuracy)
+        return val_loss, val_accuracy
+
     meter = ProgressMeter(reporter)
     start_step = int(step_var.numpy())
     scheduled = start_step
-    next_checkpoint = _next_boundary(start_step, plan.checkpoint_every)
+    next_checkpoint = plan.next_boundary(start_step, plan.checkpoint_every)
+    next_eval = plan.next_boundary(start_step, plan.eval_every)
     in_flight: collections.deque[tuple[Any, int]] = collections.deque()
     max_in_flight = IN_FLIGHT_PER_WORKER * plan.workers
     last_checkpoint = keeper.latest() if keeper else None
@@ -134,36 +145,31 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         if next_checkpoint is not None and scheduled >= next_checkpoint:
             while in_flight:
                 collect_one()
-            coordinator.join()
+            coordinator.join()  # a consistent step on disk
             if keeper:
                 last_saved_step = int(step_var.numpy())
                 last_checkpoint = keeper.save(last_saved_step)
                 reporter.checkpoint(last_saved_step, last_checkpoint)
-            next_checkpoint = _next_boundary(scheduled, plan.checkpoint_every)
+            next_checkpoint = plan.next_boundary(scheduled, plan.checkpoint_every)
+        if next_eval is not None and scheduled >= next_eval and scheduled < plan.steps_total:
+            evaluate()
+            next_eval = plan.next_boundary(scheduled, plan.eval_every)
     while in_flight:
         collect_one()
     coordinator.join()
     deadline.disarm()  # nothing to train (resumed at the budget): still a clean start
     final_step = int(step_var.numpy())
-    meter.maybe_emit(final_step, force=meter.total_steps > 0)
+    meter.maybe_emit(final_step, force=True)
     rate = meter.overall_rate()
 
     if keeper and last_saved_step != final_step:
         last_checkpoint = keeper.save(final_step)
         reporter.checkpoint(final_step, last_checkpoint)
 
-    evaluate = make_evaluator(job, model)
-    totals = evaluate(eval_dataset(job, Shard(0, 1, "test", plan.seed), EVAL_BATCH_SIZE))
-    val_loss, val_accuracy = means(totals.numpy())
+    val_loss, val_accuracy = evaluate()
     return TrainResult(global_step=final_step, val_loss=val_loss, val_accuracy=val_accuracy,
                        examples_per_second=rate, checkpoint=last_checkpoint,
                        restored_step=restored_step)
-
-
-def _next_boundary(step: int, every: int | None) -> int | None:
-    if not every:
-        return None
-    return (step // every + 1) * every
 
 
 def _make_train_steps(job: Job, plan: TrainPlan, strategy: Any, model: Any,

@@ -10,6 +10,36 @@ Each line is written with a single ``write`` and flushed at once, so a reader th
 tails the file while training runs never sees half an object unless the process dies
 mid-write; it should skip a trailing line that does not parse.
 
+Who writes what: the chief (``chief:0`` in async mode, ``worker:0`` in the sync modes)
+writes every kind (``placement`` only in async and sync-ps); the other sync workers
+write ``start``, ``progress``, ``done`` (their ``val_*`` are null in sync-ps, where
+only the chief evaluates) and ``error``.
+
+Field meanings:
+
+* ``start.restored_step`` / ``done.restored_step``: the global step the run resumed
+  from, null when nothing was restored (no ``--resume``, or no checkpoint yet).
+* ``start.global_batch_size``: examples behind one optimizer update; ``epochs``: the
+  budget in epochs (derived from ``steps_total`` when the budget was given in steps).
+* ``placement.variables``: ``[{"name", "device", "shape"}]`` for every variable
+  (async: model, optimizer and step counter; sync-ps: all global variables).
+* ``progress``: ``step`` is the global step; ``loss`` the mean training loss since
+  the previous progress event (sync workers: over their own batches);
+  ``examples_per_second`` the job's rate over that window; ``per_worker`` the rate
+  per worker task as far as this process can tell (async: every worker, from which
+  worker ran each closure; sync: this worker only).
+* ``eval``: the chief's test-set evaluation at ``step``: every ``--eval-every`` steps
+  and once at the end (the same numbers as ``done``). In async mode training goes on
+  while the chief evaluates, so ``step`` is the step when evaluation began.
+* ``checkpoint.path``: the checkpoint prefix as the chief sees it (relative paths
+  stay relative to the chief's working directory).
+* ``done``: ``wall_seconds`` from process start (including TensorFlow's import) to
+  the end; ``examples_per_second`` over the training loop after its first call
+  (tracing and start-up excluded); ``checkpoint`` the last checkpoint or null.
+* ``error``: ``message`` is the gist (TensorFlow's op-definition stack is left to
+  the log), ``exception`` the exception type, or ``Terminated`` / ``StartTimeout`` /
+  ``Crashed`` when the guardian process reports for a trainer that could not.
+
 This module imports no TensorFlow, so the orchestrator's tests may use it to write or
 validate fixtures.
 """
@@ -34,6 +64,7 @@ EVENT_FIELDS: Mapping[str, tuple[str, ...]] = {
         "step", "steps_total", "epoch", "loss", "examples_per_second", "per_worker",
     ),
     "checkpoint": ("step", "path"),
+    "eval": ("step", "val_loss", "val_accuracy"),
     "done": (
         "mode", "workers", "global_step", "val_loss", "val_accuracy", "wall_seconds",
         "examples_per_second", "checkpoint", "restored_step",

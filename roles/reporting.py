@@ -58,6 +58,10 @@ class Reporter:
         if self.is_chief:
             self.writer.emit("checkpoint", step=step, path=path)
 
+    def eval(self, step: int, val_loss: float | None, val_accuracy: float | None) -> None:
+        if self.is_chief:
+            self.writer.emit("eval", step=step, val_loss=val_loss, val_accuracy=val_accuracy)
+
     def progress(self, step: int, loss: float | None, examples_per_second: float | None,
                  per_worker: dict[str, float]) -> None:
         self.writer.emit("progress", step=step, steps_total=self.plan.steps_total,

@@ -69,13 +69,16 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     keeper = None
     restored_step = None
     if plan.checkpoint_dir:
-        keeper = CheckpointKeeper(make_checkpoint(model, optimizer, step_var), plan.checkpoint_dir,
-                                  keep=is_chief)
+        keeper = CheckpointKeeper(make_checkpoint(model, optimizer, step_var),
+                                  plan.checkpoint_dir, keep=is_chief)
         if plan.resume:
-            path = keeper.restore_latest() if is_chief else None
             if is_chief:
-                log.info("restored %s", path) if path else log.info(
-                    "--resume: no checkpoint in %s yet; starting at step 0", plan.checkpoint_dir)
+                path = keeper.restore_latest()
+                if path:
+                    log.info("restored %s", path)
+                else:
+                    log.info("--resume: no checkpoint in %s yet; starting at step 0",
+                             plan.checkpoint_dir)
             _copy_from_chief(strategy, state, is_chief, local_replicas)
             step = int(step_var.numpy())
             restored_step = step if step > 0 else None
@@ -90,15 +93,30 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
     train_steps = _make_train_steps(job, plan, strategy, model, optimizer, step_var)
 
+    evaluator = make_evaluator(job, model)
+    test_shard = eval_dataset(job, Shard(task.task_index, plan.workers, "test", plan.seed),
+                              EVAL_BATCH_SIZE)
+
+    def evaluate(step: int) -> tuple[float | None, float | None]:
+        # Every worker evaluates its shard; one all-reduce sums the totals, so all
+        # workers agree (and none waits at a collective for one that evaluates).
+        totals = _sum_over_workers(strategy, evaluator(test_shard), local_replicas)
+        val_loss, val_accuracy = means(totals.numpy())
+        reporter.eval(step, val_loss, val_accuracy)
+        return val_loss, val_accuracy
+
     meter = ProgressMeter(reporter)
     step = int(step_var.numpy())
     last_saved = -1
     last_checkpoint = keeper.latest() if keeper else None
     first = True
     while step < plan.steps_total:
+        # Every worker cuts the budget at the same boundaries: the collectives of a
+        # checkpoint or an evaluation must line up across workers.
         n = min(plan.steps_per_execution, plan.steps_total - step)
-        if plan.checkpoint_every:
-            n = min(n, plan.checkpoint_every - step % plan.checkpoint_every)
+        for every in (plan.checkpoint_every, plan.eval_every):
+            if every:
+                n = min(n, every - step % every)
         loss = float(train_steps(iterator, tf.constant(n)))
         step += n
         if first:
@@ -112,20 +130,18 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         if keeper and plan.checkpoint_every and step % plan.checkpoint_every == 0:
             last_checkpoint = _save(keeper, reporter, step) or last_checkpoint
             last_saved = step
+        if plan.eval_every and step % plan.eval_every == 0 and step < plan.steps_total:
+            evaluate(step)
     deadline.disarm()
     step = int(step_var.numpy())
-    meter.maybe_emit(step, force=meter.total_steps > 0)
+    meter.maybe_emit(step, force=True)
     rate = meter.overall_rate()
     if keeper and last_saved != step:
         last_checkpoint = _save(keeper, reporter, step) or last_checkpoint
     if keeper:
         keeper.close()
 
-    evaluate = make_evaluator(job, model)
-    local = evaluate(eval_dataset(
-        job, Shard(task.task_index, plan.workers, "test", plan.seed), EVAL_BATCH_SIZE))
-    totals = _sum_over_workers(strategy, local, local_replicas)
-    val_loss, val_accuracy = means(totals.numpy())
+    val_loss, val_accuracy = evaluate(step)
     return TrainResult(global_step=step, val_loss=val_loss, val_accuracy=val_accuracy,
                        examples_per_second=rate,
                        checkpoint=last_checkpoint if is_chief else None,

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 import tensorflow as tf
 
@@ -165,33 +165,42 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         if is_chief:
             channel.announce_ready(run_id)
         restored_step = step if (restore_from or (not is_chief and step > 0)) else None
-        reporter.placement(placements_of(variables))
         reporter.start(restored_step)
-        result = _loop(plan, task, reporter, deadline, session, loss, train_op,
-                       global_step, step, saver)
-        if is_chief:
-            log.info("evaluating on the test split")
+        reporter.placement(placements_of(variables))
+
+        def evaluate(at_step: int) -> tuple[float | None, float | None]:
+            # The chief alone; the other workers wait for its next gradient meanwhile.
             val_loss, val_accuracy = _evaluate(_raw_session(session), test, eval_sums)
-        else:
-            val_loss = val_accuracy = None
-    step, rate, checkpoint = result
+            reporter.eval(at_step, val_loss, val_accuracy)
+            return val_loss, val_accuracy
+
+        step, rate, checkpoint = _loop(plan, task, reporter, deadline, session, loss,
+                                       train_op, step, saver,
+                                       evaluate if is_chief else None)
+        val_loss, val_accuracy = evaluate(step) if is_chief else (None, None)
     return TrainResult(global_step=step, val_loss=val_loss, val_accuracy=val_accuracy,
                        examples_per_second=rate, checkpoint=checkpoint,
                        restored_step=restored_step)
 
 
 def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: TrainerLink,
-          session: Any, loss: Any, train_op: Any, global_step: Any, step: int,
-          saver: Any) -> tuple[int, float | None, str | None]:
-    """Steps until the global step reaches the budget; returns (step, rate, checkpoint)."""
+          session: Any, loss: Any, train_op: Any, step: int, saver: Any,
+          evaluate: Callable[[int], Any] | None) -> tuple[int, float | None, str | None]:
+    """Steps until the global step reaches the budget; returns (step, rate, checkpoint).
+
+    ``train_op`` yields the new global step: SyncReplicasOptimizer's train op is the
+    assignment of the token it dequeued, and the token is the global step.
+    """
     prefix = os.path.join(plan.checkpoint_dir, CHECKPOINT_NAME) if saver else None
     timeout = tf.compat.v1.RunOptions(timeout_in_ms=int(plan.collective_timeout * 1000))
     meter = ProgressMeter(reporter)
     checkpoint = None
     last_saved = -1
-    every = plan.checkpoint_every
+    next_checkpoint = plan.next_boundary(step, plan.checkpoint_every)
+    next_eval = plan.next_boundary(step, plan.eval_every)
     first = True
     while step < plan.steps_total:
+        previous = step
         if first:
             # The first step waits for every worker to arrive: bounded by the start
             # deadline, not by the per-step timeout.
@@ -200,18 +209,22 @@ def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: Trainer
             deadline.disarm()
             meter.restart_clock()
         else:
-            previous = step
             loss_value, step = session.run([loss, train_op], options=timeout)
             n = max(int(step) - previous, 1)
             meter.add(n, n * plan.global_batch_size, float(loss_value),
                       [(task.name, n * plan.worker_batch_size)])
             meter.maybe_emit(int(step))
         step = int(step)
-        if saver and every and step % every == 0 and step != last_saved:
+        if saver and next_checkpoint is not None and step >= next_checkpoint:
             checkpoint = _save(saver, session, prefix, step, reporter)
             last_saved = step
+            next_checkpoint = plan.next_boundary(step, plan.checkpoint_every)
+        if next_eval is not None and step >= next_eval:
+            if evaluate and step < plan.steps_total:
+                evaluate(step)
+            next_eval = plan.next_boundary(step, plan.eval_every)
     deadline.disarm()
-    meter.maybe_emit(step, force=meter.total_steps > 0)
+    meter.maybe_emit(step, force=True)
     if saver and step != last_saved:
         checkpoint = _save(saver, session, prefix, step, reporter)
     return step, meter.overall_rate(), checkpoint

@@ -13,7 +13,7 @@ guardian ends the trainer at once on SIGTERM/SIGINT/SIGHUP, even when TensorFlow
 blocks holding the GIL or swallows SIGTERM, and enforces ``--start-timeout``.
 
 Exit codes (of the guardian, i.e. of the PID that was started): 0 done; 1 training
-failed; 2 bad command line or environment; 3 ``--start-timeout`` passed before the
+failed; 2 bad command line, environment or job file; 3 ``--start-timeout`` passed before the
 first step; 128+N ended by signal N (SIGTERM: 143). Every non-zero exit comes after
 an ``error`` event saying why.
 """
@@ -30,6 +30,7 @@ import traceback
 from typing import Any, Sequence
 
 from roles.events import EventWriter
+from roles.jobs import JobError
 from roles.lifecycle import TrainerLink, split
 from roles.plan import DEFAULT_STEPS_PER_EXECUTION, MODES, TrainOptions
 from roles.tfconfig import ConfigError, TaskInfo, task_from_env
@@ -76,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also checkpoint every STEPS global steps (default: only at the end)")
     p.add_argument("--resume", action="store_true",
                    help="restore the latest checkpoint in --checkpoint-dir and continue")
+    p.add_argument("--eval-every", type=int, metavar="STEPS",
+                   help="also evaluate on the test set every STEPS global steps (chief; "
+                        "'eval' events); the final evaluation always happens")
     p.add_argument("--data", help="data file for the job (exported as PSCLUSTER_DATA)")
     p.add_argument("--steps-per-execution", type=int, metavar="K",
                    help="steps per traced call (default: "
@@ -84,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="fail if the first step has not run by then (default 300)")
     p.add_argument("--collective-timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="sync mode: fail a collective that waits longer (default 60)")
+                   help="sync: fail a collective that waits longer; sync-ps: fail a "
+                        "step (after the first) that waits longer (default 60)")
     p.add_argument("--seed", type=int, default=1234, help=argparse.SUPPRESS)
     return p
 
@@ -95,17 +100,18 @@ def parse_options(argv: Sequence[str]) -> TrainOptions:
         mode=ns.mode, job=ns.job, events=ns.events, epochs=ns.epochs, steps=ns.steps,
         batch_size=ns.batch_size, learning_rate=ns.learning_rate, scale_lr=ns.scale_lr,
         checkpoint_dir=ns.checkpoint_dir, checkpoint_every=ns.checkpoint_every,
-        resume=ns.resume, data=ns.data, steps_per_execution=ns.steps_per_execution,
+        resume=ns.resume, data=ns.data, eval_every=ns.eval_every,
+        steps_per_execution=ns.steps_per_execution,
         start_timeout=ns.start_timeout, collective_timeout=ns.collective_timeout,
         seed=ns.seed)
 
 
-def _events_path_from_argv(argv: Sequence[str]) -> str | None:
-    """--events, found without the full parser, to report a usage error."""
+def _flag(argv: Sequence[str], name: str) -> str | None:
+    """A flag's value found without the full parser (which may have failed)."""
     for i, arg in enumerate(argv):
-        if arg == "--events" and i + 1 < len(argv):
+        if arg == name and i + 1 < len(argv):
             return argv[i + 1]
-        if arg.startswith("--events="):
+        if arg.startswith(name + "="):
             return arg.split("=", 1)[1]
     return None
 
@@ -117,7 +123,7 @@ def _task_name(task: TaskInfo | None) -> str:
 def _report_early_failure(argv: Sequence[str], task: TaskInfo | None,
                           message: str, exception: str) -> None:
     print(f"roles.train: {message}", file=sys.stderr, flush=True)
-    path = _events_path_from_argv(argv)
+    path = _flag(argv, "--events")
     if path:
         try:
             with EventWriter(path, _task_name(task)) as writer:
@@ -175,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["PSCLUSTER_DATA"] = os.path.abspath(options.data)
     try:
         result = _train(options, task, writer, guardian)
-    except (ConfigError, UsageError) as e:
+    except (ConfigError, UsageError, JobError) as e:  # the user's input, not the run
         log.error("%s", e)
         writer.emit("error", message=str(e), exception=type(e).__name__)
         guardian.finished()
@@ -219,19 +225,26 @@ def _train(options: TrainOptions, task: TaskInfo, writer: EventWriter,
     return driver.run(job, plan, task, reporter, guardian)
 
 
-def _exit_now(code: int) -> None:
-    """Ends the trainer without interpreter teardown.
+# Modes whose trainer ends with os._exit once its final event is written. Every
+# outcome is on disk by then (events are flushed per line, checkpoints are written
+# synchronously) while TensorFlow's teardown can stall: closing a sync-ps chief's
+# session waits ~15 s to cancel the SyncReplicasOptimizer queue runner blocked on the
+# ps. Not sync: worker 0 hosts MultiWorkerMirroredStrategy's coordination service,
+# and a worker 0 that vanished at once left worker 1 stuck for ~60 s after its last
+# collective; the normal exit runs the service's shutdown barrier, which lets every
+# worker leave together.
+HARD_EXIT_MODES = frozenset({"async", "sync-ps"})
 
-    Why: every outcome is already on disk (events flushed per line, checkpoints
-    written synchronously), while TensorFlow's teardown can stall: closing a sync-ps
-    chief's session waits ~15 s to cancel the SyncReplicasOptimizer queue runner that
-    blocks on the ps, and destructors re-run the same close at exit.
-    """
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+
+def _run_and_exit(argv: Sequence[str]) -> None:
+    code = main(argv)
+    if _flag(argv, "--mode") in HARD_EXIT_MODES:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
-    _exit_now(main())
+    _run_and_exit(sys.argv[1:])

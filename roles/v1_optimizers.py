@@ -15,6 +15,8 @@ from typing import Any, Mapping
 
 import tensorflow as tf
 
+from roles.jobs import JobError
+
 SUPPORTED = ("SGD", "Adam", "RMSprop", "Adagrad")
 
 # Config keys that must hold their neutral value for the translation to be exact.
@@ -30,8 +32,8 @@ _NEUTRAL = {
 }
 
 
-class UnsupportedOptimizer(ValueError):
-    pass
+class UnsupportedOptimizer(JobError):
+    """The job's optimizer cannot run in sync-ps mode as written."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ See roles/jobs.py for the job API this file implements.
 
 Environment knobs:
 
-* ``MNIST_MODEL``: ``cnn`` (default) or ``mlp`` (784-256-10; ~98 % at best, faster).
+* ``MNIST_MODEL``: ``cnn`` (default) or ``mlp`` (784-256-10: quicker, less accurate;
+  the roles tests use it where the model does not matter).
 * ``PSCLUSTER_DATA``: path of ``mnist.npz`` (``roles.train --data`` sets it); see
   data.py for where else it is looked for.
 
@@ -24,9 +25,13 @@ import tensorflow as tf
 
 from . import data
 
+# Test accuracy measured on a 2-core machine, 2 workers (after 3 epochs / 4 epochs):
+# async 99.07, 99.04 / 99.12; sync 98.97, 98.85 / 98.95; sync-ps 98.94, 98.65 / 99.08.
+# Three epochs clear 98.5 % by too thin a margin for a default, so four. A constant
+# rate: sync-ps can translate only constant-rate optimizers (roles/v1_optimizers.py).
 BATCH_SIZE = 128
 LEARNING_RATE = 2e-3
-EPOCHS = 3
+EPOCHS = 4
 TRAIN_EXAMPLES = 60_000
 TEST_EXAMPLES = 10_000
 

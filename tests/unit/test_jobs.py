@@ -64,7 +64,8 @@ def test_load_job_from_file(tmp_path):
 def test_load_job_from_directory_with_relative_import(tmp_path):
     write(tmp_path / "myjob" / "helpers.py", "SIZE = 32\n")
     write(tmp_path / "myjob" / "job.py",
-          MINIMAL_JOB.replace("BATCH_SIZE = 64", "from . import helpers\nBATCH_SIZE = helpers.SIZE"))
+          MINIMAL_JOB.replace("BATCH_SIZE = 64",
+                              "from . import helpers\nBATCH_SIZE = helpers.SIZE"))
     job = load_job(tmp_path / "myjob")
     assert job.name == "myjob"
     assert job.batch_size == 32
@@ -287,6 +288,7 @@ def test_plan_sync_ps_runs_one_step_per_call(job):
     (dict(checkpoint_every=10), "--checkpoint-every needs --checkpoint-dir"),
     (dict(batch_size=1), "smaller than the 2 workers"),
     (dict(mode="bogus"), "choose one of"),
+    (dict(eval_every=0), "--eval-every must be >= 1"),
 ])
 def test_plan_rejects_impossible_requests(job, kw, message):
     with pytest.raises(ConfigError, match=message):
@@ -322,8 +324,8 @@ def test_event_writer_lines_and_contract(tmp_path):
     assert events[0] == {"event": "checkpoint", "ts": 12.5, "task": "worker:0", "step": 3,
                          "path": "ckpt-3"}
     assert events[1]["loss"] is None  # NaN is not JSON
-    assert set(EVENT_FIELDS) == {"start", "placement", "progress", "checkpoint", "done",
-                                 "error"}
+    assert set(EVENT_FIELDS) == {"start", "placement", "progress", "checkpoint", "eval",
+                                 "done", "error"}
     with open(path, "a") as f:
         f.write('{"event": "progre')  # a writer killed mid-line
     assert len(read_events(path)) == 2
