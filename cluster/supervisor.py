@@ -523,15 +523,26 @@ class Supervisor:
         self._set_job(state="running", message=None)
 
     def _ensure_servers(self) -> None:
-        """Before a new coordinator starts: every standing server must answer; restart dead ones."""
+        """Before a new coordinator starts: every standing server must answer. A dead one is
+        restarted here, charged to its own restart budget (its failure may not have been seen
+        yet when the coordinator's was)."""
         with Prober() as prober:
             for task in self.plan.standing_tasks:
                 if prober.probe(task.target, timeout=2.0).ok:
                     continue
+                count = self.state.restarts.get(task.name, 0)
+                if count >= self.options.max_restarts:
+                    raise self._fail(TaskError(task.name, task.host, "does not answer; restart budget exhausted "
+                                                                     f"({self.options.max_restarts} restart(s) used)"))
+                self.writer.change(lambda s: s.restarts.__setitem__(task.name, count + 1))
+                self.reporter.emit("task-failed", task=task.name, host=task.host, error="does not answer")
+                self.reporter.emit("task-restarting", task=task.name, host=task.host, detail="does not answer",
+                                   attempt=count + 1, delay=0)
                 current = self._current(task.name)
                 if current is not None:
                     self._forget_and_stop([current])
                 self._launch_server(task)
+                self.reporter.emit("task-restarted", task=task.name, host=task.host, detail=f"restart {count + 1}")
 
     def _forget_and_stop(self, items: list[Watched]) -> None:
         for item in items:

@@ -1,6 +1,7 @@
 """Sync modes under faults: scenarios 4-7 of the fault suite."""
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -35,7 +36,9 @@ def test_sync_worker_frozen_is_detected_and_the_group_restarts(fault_cluster):
     cluster.up(SYNC, "sync")
     training = cluster.train(*BUDGET)
     training.wait_step(80)
-    frozen = training.signal("worker:1", signal.SIGSTOP)
+    # Freeze the whole task (its guardian and the TensorFlow process under it), as a hung host would.
+    frozen = training.record("worker:1")
+    os.killpg(frozen["pgid"], signal.SIGSTOP)
     frozen_pid = frozen["pid"]
     stopped_at = time.monotonic()
     while not (training.job().get("restarts") or {}):
