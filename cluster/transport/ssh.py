@@ -15,7 +15,6 @@ its defaults are replaced on purpose:
 from __future__ import annotations
 
 import os
-import select
 import shlex
 import socket
 import threading
@@ -30,6 +29,18 @@ from .base import CommandResult, Stream, Transport
 
 KEEPALIVE_SECONDS = 1
 _KNOWN_HOSTS_LOCK = threading.Lock()
+_CONFIG_LOCK = threading.Lock()
+_CONFIG: fabric.Config | None = None
+
+
+def _fabric_config() -> fabric.Config:
+    """One Fabric configuration (config files, ~/.ssh/config) shared by every connection, as
+    Fabric's own Group does: loading it per connection cost more CPU than the SSH handshake."""
+    global _CONFIG
+    with _CONFIG_LOCK:
+        if _CONFIG is None:
+            _CONFIG = fabric.Config()
+        return _CONFIG
 
 
 class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
@@ -82,7 +93,7 @@ class SSHTransport(Transport):
             connect_kwargs["key_filename"] = [os.path.expanduser(self.host.key_file)]
             connect_kwargs["look_for_keys"] = False
         conn = fabric.Connection(host=self.host.address, user=self.host.user, port=self.host.ssh_port,
-                                 connect_timeout=timeout, connect_kwargs=connect_kwargs)
+                                 connect_timeout=timeout, connect_kwargs=connect_kwargs, config=_fabric_config())
         known_hosts = self.known_hosts_path()
         if os.path.exists(known_hosts):
             conn.client.load_host_keys(known_hosts)
@@ -134,23 +145,31 @@ class SSHTransport(Transport):
                 channel.sendall(stdin)
             channel.shutdown_write()
             out, err = bytearray(), bytearray()
+            # Block on stdout until EOF (the server sends EOF once stdout and stderr are both
+            # closed, so stderr is complete then), then wait for the exit status: no polling.
             while True:
-                while channel.recv_ready():
-                    out += channel.recv(65536)
-                while channel.recv_stderr_ready():
-                    err += channel.recv_stderr(65536)
-                if channel.exit_status_ready() and channel.eof_received and \
-                        not channel.recv_ready() and not channel.recv_stderr_ready():
-                    break
-                if time.monotonic() > deadline:
+                channel.settimeout(max(0.01, deadline - time.monotonic()))
+                try:
+                    chunk = channel.recv(65536)
+                except socket.timeout:
                     channel.close()
                     raise HostError(self.host.name, f"command timed out after {timeout:.0f} s", argv=argv,
-                                    stderr=err.decode("utf-8", "replace"))
-                if not self._conn.transport.is_active():
-                    raise UnreachableHostError(self.host.name, f"connection to {self.where} lost", argv=argv)
-                select.select([channel], [], [], 0.02)
+                                    stderr=err.decode("utf-8", "replace")) from None
+                if not chunk:
+                    break
+                out += chunk
+                while channel.recv_stderr_ready():
+                    err += channel.recv_stderr(65536)
+            while channel.recv_stderr_ready():
+                err += channel.recv_stderr(65536)
+            if not channel.status_event.wait(max(0.01, deadline - time.monotonic())):
+                channel.close()
+                raise HostError(self.host.name, f"command timed out after {timeout:.0f} s", argv=argv,
+                                stderr=err.decode("utf-8", "replace"))
             code = channel.recv_exit_status()
             channel.close()
+            if code == -1 and not self._conn.transport.is_active():   # closed under us: no real status
+                raise EOFError("the connection closed")
         except (paramiko.SSHException, EOFError, OSError) as exc:
             self._drop()
             raise UnreachableHostError(self.host.name, f"connection to {self.where} lost: {exc or type(exc).__name__}",
