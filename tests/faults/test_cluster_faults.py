@@ -119,11 +119,20 @@ def test_restart_budget_exhausted_names_the_task_and_its_log(fault_cluster):
     training.wait_step(100)
     record = training.record("worker:1", "server")
     port = next(t["port"] for t in cluster.state()["plan"]["tasks"] if t["role"] == "worker" and t["index"] == 1)
-    os.kill(record["pid"], signal.SIGKILL)
+    # The holder kills the worker itself and then takes its port in a tight loop, so the
+    # supervisor's restart (detection + backoff + a host call) can never get there first.
     holder = subprocess.Popen(["ip", "netns", "exec", cluster.lab.host("node-3").netns, sys.executable, "-c",
-                               "import socket,time;s=socket.socket();"
-                               "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
-                               f"s.bind(('0.0.0.0',{port}));s.listen();print('ok',flush=True);time.sleep(300)"],
+                               "import os,socket,time\n"
+                               f"os.kill({record['pid']}, 9)\n"
+                               "s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+                               "deadline=time.monotonic()+5\n"
+                               "while True:\n"
+                               "    try:\n"
+                               f"        s.bind(('0.0.0.0',{port}));break\n"
+                               "    except OSError:\n"
+                               "        if time.monotonic()>deadline: raise\n"
+                               "        time.sleep(0.002)\n"
+                               "s.listen();print('ok',flush=True);time.sleep(300)"],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ok"
