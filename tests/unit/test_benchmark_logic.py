@@ -1,0 +1,99 @@
+"""The pure parts of the benchmark scripts: what they compute from measurements and how the
+runner (``python -m benchmarks``) reads them. The measurements themselves are not tests."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from benchmarks import run, training
+from benchmarks.tf_baselines import rate_after_first
+from cluster.inventory import load_inventory
+from cluster.plan import PlanOptions, plan_cluster
+
+
+def test_generated_inventory_is_a_valid_local_cluster_of_the_asked_shape(tmp_path):
+    path = tmp_path / "acc.yaml"
+    path.write_text(training.inventory_text(training.ACCURACY_SHAPES[0], 39000, {"OMP_NUM_THREADS": "1"}))
+    inventory = load_inventory(str(path))
+    assert inventory.mode == "async"
+    (host,) = inventory.hosts
+    assert host.connection == "local" and host.port_base == 39020 and dict(host.env) == {"OMP_NUM_THREADS": "1"}
+    assert [(s.role, s.count) for s in host.slots] == [("chief", 1), ("ps", 2), ("worker", 2)]
+    plan = plan_cluster(inventory, PlanOptions(local_python="python3", local_workdir=str(tmp_path)))
+    ports = [task.port for task in plan.tasks]
+    assert len(set(ports)) == 5 and all(39020 <= port < 39050 for port in ports)
+
+
+def test_steps_per_second_from_a_train_report():
+    assert training.report_steps_per_second({"examples_per_second": 2560.0, "global_batch_size": 128}, 64) == 20.0
+    assert training.report_steps_per_second({"examples_per_second": 2560.0}, 128) == 20.0
+    assert training.report_steps_per_second({"examples_per_second": None}, 128) is None
+
+
+def test_rate_after_first_excludes_the_first_mark():
+    assert rate_after_first([(8, 10.0), (16, 11.0), (40, 12.0)]) == 16.0
+    assert rate_after_first([(8, 10.0)]) is None
+    assert rate_after_first([(8, 10.0), (16, 10.0)]) is None
+
+
+def test_best_sweep_takes_medians_per_k_and_skips_missing():
+    runs = [{"sweep": [{"steps_per_execution": 1, "steps_per_second": 10.0},
+                       {"steps_per_execution": 32, "steps_per_second": 30.0}]},
+            {"sweep": [{"steps_per_execution": 1, "steps_per_second": 12.0},
+                       {"steps_per_execution": 32, "steps_per_second": None}]}]
+    best, medians = training.best_sweep(runs)
+    assert medians == {1: 11.0, 32: 30.0} and best == 32
+    assert training.best_sweep([]) == (None, {})
+
+
+@pytest.mark.parametrize("values, of, prefer, expected", [
+    ([1, 8, 32, 128], 128, 32, 32), ([1, 8, 32, 128], 64, 128, 32), ([1, 8, 32], 100, None, 1)])
+def test_single_process_k_divides_the_evaluation_interval(values, of, prefer, expected):
+    assert training.largest_divisor(values, of, prefer) == expected
+
+
+def test_first_evaluation_reaching_the_target():
+    evals = [{"step": 128, "val_accuracy": 0.97}, {"step": 256, "val_accuracy": None},
+             {"step": 384, "val_accuracy": 0.986}, {"step": 512, "val_accuracy": 0.99}]
+    assert training.first_reaching(evals, 0.985)["step"] == 384
+    assert training.first_reaching(evals, 0.995) is None
+
+
+def _results() -> dict:
+    return {"async": {"pscluster_median": 30.0, "tutorial_median": 6.0, "ratio_1": 5.0,
+                      "single_median": 40.0, "single_sweep_medians": {1: 20.0, 32: 40.0}, "single_best_k": 32,
+                      "ratio_2": 0.75},
+            "sync": {"pscluster_median": 10.0, "tfkeras_median": 10.0, "ratio_3": 1.0,
+                     "tfkeras_sweep_medians": {1: 8.0, 8: 10.0}, "tfkeras_best_k": 8},
+            "accuracy": {"target": 0.985, "single": {"steps_per_execution": 32, "time_to_target_seconds": 50.0,
+                                                     "step_at_target": 640},
+                         "async": {"cluster": "pscluster async (2 ps, 2 workers)", "up_seconds": 5.0,
+                                   "time_to_target_seconds": 100.0, "step_at_target": 768,
+                                   "final_val_accuracy": 0.99},
+                         "sync": {"cluster": "pscluster sync (2 workers)", "up_seconds": 2.0,
+                                  "time_to_target_seconds": None, "step_at_target": None,
+                                  "final_val_accuracy": 0.98}}}
+
+
+def test_table_carries_ratios_goals_and_verdicts():
+    rows = training.table_rows(_results(), argparse.Namespace())
+    verdicts = {row["part"]: row["met"] for row in rows if row["figure"] and row["goal"].startswith(">=")}
+    assert verdicts == {1: True, 2: True, 3: False}          # 5 >= 3, 0.75 >= 0.5, 1.0 < 1.2
+    accuracy = [row for row in rows if row["part"] == 4 and row["figure"]]
+    assert [row["ratio"] for row in accuracy] == [2.0, None]
+    assert accuracy[1]["measured"] == "not reached, final 98.00%"
+
+
+def test_the_runner_reads_every_summary_row_of_the_training_benchmark():
+    summary = training.summary(training.table_rows(_results(), argparse.Namespace()))
+    rows = run._rows("training", json.loads(json.dumps({"summary": summary})))
+    assert len(rows) == 5
+    assert rows[0][2] == "5.00 (30.0 steps/s)" and rows[0][3] == ">= 3"
+    assert rows[4][2] == "n/a"
+
+
+def test_the_runner_reports_a_failed_benchmark_instead_of_crashing():
+    assert run._rows("soak", {"error": "boom", "seconds": 1.0}) == [("soak", "failed", "boom", "")]
+    assert run._rows("soak", {"cycles": 20, "leaks_total": 0}) == [("soak", "20 cycles up/train/down", "0 leaks", "0")]
