@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import shlex
 import socket
 import statistics
@@ -135,8 +137,30 @@ def up_down(runs: int, work: Path) -> dict:
     }
 
 
+def _busy_cpu_seconds() -> float:
+    """CPU seconds this machine has spent busy (all processes, all CPUs), from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]                          # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def preflight_fanout(runs: int, work: Path) -> dict:
+    """``pscluster check`` on 4 and 64 hosts, with where the CPU went.
+
+    All 64 fake hosts share this machine's CPUs, so their sshd and host-side Python run on
+    the same cores as the orchestrator: besides the wall time, record the machine's busy CPU
+    seconds (the floor is busy / CPUs) and the orchestrator's own CPU (its child rusage). On
+    real hosts the host-side part runs on each host, so the projection for 64 real hosts is
+    the 4-host time plus the orchestrator's extra CPU, which is serial in one process.
+    """
     times: dict[int, list[float]] = {4: [], 64: []}
+    busy: dict[int, list[float]] = {4: [], 64: []}
+    orchestrator: dict[int, list[float]] = {4: [], 64: []}
     with Lab(64, work / "lab64", subnet="127.78.0") as lab:
         state_dir = work / "state-preflight"
         inventories = {}
@@ -148,11 +172,21 @@ def preflight_fanout(runs: int, work: Path) -> dict:
         cli(["check", inventories[4]], state_dir)          # warm caches once
         for _ in range(runs):
             for count in (4, 64):
+                busy_before, own_before = _busy_cpu_seconds(), _children_cpu_seconds()
                 elapsed, _ = cli(["check", inventories[count]], state_dir)
                 times[count].append(elapsed)
+                busy[count].append(_busy_cpu_seconds() - busy_before)
+                orchestrator[count].append(_children_cpu_seconds() - own_before)
     medians = {count: statistics.median(values) for count, values in times.items()}
+    busy_64, own_64, own_4 = (statistics.median(busy[64]), statistics.median(orchestrator[64]),
+                              statistics.median(orchestrator[4]))
+    projected = medians[4] + max(0.0, own_64 - own_4)
     return {"preflight_seconds": times, "preflight_4_median": medians[4], "preflight_64_median": medians[64],
-            "preflight_ratio": medians[64] / medians[4]}
+            "preflight_ratio": medians[64] / medians[4],
+            "preflight_64_busy_cpu_seconds": busy_64, "preflight_64_orchestrator_cpu_seconds": own_64,
+            "preflight_4_orchestrator_cpu_seconds": own_4, "cpus": os.cpu_count(),
+            "preflight_64_cpu_floor_seconds": busy_64 / (os.cpu_count() or 1),
+            "preflight_64_projected_seconds": projected, "preflight_projected_ratio": projected / medians[4]}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -175,6 +209,12 @@ def main(argv: list[str] | None = None) -> dict:
               f"{results['leftovers_total']} (goal 0)")
         print(f"preflight: 4 hosts {results['preflight_4_median']:.2f} s, 64 hosts "
               f"{results['preflight_64_median']:.2f} s, ratio {results['preflight_ratio']:.2f} (goal <= 2)")
+        print(f"  64 hosts kept {results['cpus']} CPUs busy for {results['preflight_64_busy_cpu_seconds']:.2f} "
+              f"CPU-s (floor {results['preflight_64_cpu_floor_seconds']:.2f} s on this machine), of which the "
+              f"orchestrator {results['preflight_64_orchestrator_cpu_seconds']:.2f} CPU-s "
+              f"(4 hosts: {results['preflight_4_orchestrator_cpu_seconds']:.2f})")
+        print(f"  projected for 64 real hosts (host-side work on each host): "
+              f"{results['preflight_64_projected_seconds']:.2f} s, ratio {results['preflight_projected_ratio']:.2f}")
     return results
 
 

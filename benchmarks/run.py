@@ -48,6 +48,11 @@ def _rows(name: str, result: dict) -> list[tuple[str, str, str, str]]:
             ("preflight fan-out", "64 hosts / 4 hosts",
              f"{result['preflight_ratio']:.2f} ({result['preflight_64_median']:.2f} s / "
              f"{result['preflight_4_median']:.2f} s)", "<= 2"),
+            ("preflight, 64 hosts", "wall / CPU floor (all hosts share this machine)",
+             f"{result['preflight_64_median'] / result['preflight_64_cpu_floor_seconds']:.2f} "
+             f"({result['preflight_64_busy_cpu_seconds']:.1f} CPU-s on {result['cpus']} CPUs)", ""),
+            ("preflight fan-out, projected", "64 real hosts / 4 hosts",
+             f"{result['preflight_projected_ratio']:.2f} ({result['preflight_64_projected_seconds']:.2f} s)", "<= 2"),
         ]
     if name == "overhead":
         return [(f"train overhead ({mode})", "pscluster / by hand",

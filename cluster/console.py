@@ -66,13 +66,28 @@ def render_plan(console: Console, plan: ClusterPlan, *, secret_names: Sequence[s
         console.print(f"  argv: {' '.join(task.argv)}", soft_wrap=True, markup=False)
 
 
+COMPACT_CHECKS_ABOVE = 8     # hosts; beyond this a host whose checks all pass takes one row
+
+
 def render_checks(console: Console, report: CheckReport) -> None:
+    """One row per check; with many hosts, one row per host that passed everything (its
+    details joined) and full rows only for the hosts with a failure."""
+    by_host: dict[str, list] = {}
+    for result in report.results:
+        by_host.setdefault(result.host, []).append(result)
+    compact = len(by_host) > COMPACT_CHECKS_ABOVE
     table = Table(title="preflight", box=box.SIMPLE_HEAVY)
     for column in ("host", "check", "result", "detail"):
         table.add_column(column)
-    for result in report.results:
-        table.add_row(result.host, result.check, Text("ok", "green") if result.ok else Text("FAIL", "bold red"),
-                      result.detail + (f"\nhint: {result.hint}" if result.hint and not result.ok else ""))
+    for host, results in by_host.items():
+        if compact and all(result.ok for result in results):
+            table.add_row(Text(host), Text(f"all {len(results)}"), Text("ok", "green"),
+                          Text(" · ".join(result.detail for result in results)))
+            continue
+        for result in results:
+            detail = result.detail + (f"\nhint: {result.hint}" if result.hint and not result.ok else "")
+            table.add_row(Text(result.host), Text(result.check),
+                          Text("ok", "green") if result.ok else Text("FAIL", "bold red"), Text(detail))
     console.print(table)
     hosts = len({result.host for result in report.results})
     verdict = "[green]all checks passed[/]" if report.ok else f"[red]{len(report.failures)} check(s) failed[/]"

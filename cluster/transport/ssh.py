@@ -43,6 +43,25 @@ def _fabric_config() -> fabric.Config:
         return _CONFIG
 
 
+_HOST_KEYS: dict[str, tuple[tuple[int, int], paramiko.HostKeys]] = {}
+
+
+def _known_host_keys(path: str) -> paramiko.HostKeys | None:
+    """known_hosts parsed once per file version and shared by every connection of this process:
+    parsing it per connection made a fan-out to N hosts parse N x N keys."""
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return None
+    stamp = (stat.st_mtime_ns, stat.st_size)
+    with _KNOWN_HOSTS_LOCK:
+        cached = _HOST_KEYS.get(path)
+        if cached is None or cached[0] != stamp:
+            cached = (stamp, paramiko.HostKeys(path))
+            _HOST_KEYS[path] = cached
+        return cached[1]
+
+
 class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
     """Trust an unknown host key on first contact and append it to known_hosts.
 
@@ -95,8 +114,11 @@ class SSHTransport(Transport):
         conn = fabric.Connection(host=self.host.address, user=self.host.user, port=self.host.ssh_port,
                                  connect_timeout=timeout, connect_kwargs=connect_kwargs, config=_fabric_config())
         known_hosts = self.known_hosts_path()
-        if os.path.exists(known_hosts):
-            conn.client.load_host_keys(known_hosts)
+        recorded = _known_host_keys(known_hosts)
+        if recorded is not None:     # only this host's entries, under the name paramiko looks up
+            name = conn.host if conn.port == 22 else f"[{conn.host}]:{conn.port}"
+            for keytype, key in (recorded.lookup(name) or {}).items():
+                conn.client.get_host_keys().add(name, keytype, key)
         if self.host.host_key_policy == "accept-new":
             conn.client.set_missing_host_key_policy(AcceptNewPolicy(known_hosts))
         else:
