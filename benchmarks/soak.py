@@ -1,4 +1,5 @@
 """Soak (issue 4): N cycles of ``up`` -> ``train`` (short) -> ``down`` on the 3-host SSH lab,
+the modes taking turns (async, sync, sync-ps),
 checking after every cycle that nothing is left: no task process (by the cluster's environment
 marker), no host-control process (``hostctl`` watch/monitor), no listening port of the cluster
 on any host, no state file. Prints the leak count per cycle and in total (goal: zero).
@@ -24,6 +25,7 @@ from cluster.hostops import BOOTSTRAP  # noqa: E402
 from tests.helpers import cluster_pids, netns_of  # noqa: E402
 from tests.lab.netlab import Lab, write_inventory  # noqa: E402
 
+MODES = ("async", "sync", "sync-ps")     # one per cycle, in turn
 GROUPS = {"chief": ["node-1"], "ps": ["node-1", "node-2"], "worker": ["node-2", "node-3"]}
 
 
@@ -55,19 +57,23 @@ def listening(lab: Lab, ports: set[int]) -> list[str]:
     return found
 
 
-def run(cycles: int, work: Path, log=print) -> dict:
+def run(cycles: int, work: Path, modes: tuple[str, ...] = MODES, log=print) -> dict:
     rows = []
     with Lab(3, work / "lab") as lab:
         state_dir = work / "state"
         inventory = write_inventory(lab, work / "soak.yaml", GROUPS, {
             "pscluster_port_base": 36000, "pscluster_workdir": str(REPO), "pscluster_mode": "async",
             "pscluster_env": {"MNIST_MODEL": "mlp", "OMP_NUM_THREADS": 1}})
-        plan = json.loads(cli(["plan", inventory, "--json", "--name", "soak"], state_dir)[1].stdout)
-        ports = {task["port"] for task in plan["tasks"]}
+        ports = set()
+        for mode in modes:
+            plan = json.loads(cli(["plan", inventory, "--json", "--name", "soak", "--mode", mode],
+                                  state_dir)[1].stdout)
+            ports |= {task["port"] for task in plan["tasks"]}
         for cycle in range(1, cycles + 1):
+            mode = modes[(cycle - 1) % len(modes)]
             began = time.perf_counter()
             failures = []
-            for args in (["up", inventory, "--name", "soak"],
+            for args in (["up", inventory, "--name", "soak", "--mode", mode],
                          ["train", "distributed_mnist", "--name", "soak", "--steps", 60, "--json"],
                          ["down", "--name", "soak"]):
                 _, proc = cli(args, state_dir, check=False)
@@ -84,11 +90,11 @@ def run(cycles: int, work: Path, log=print) -> dict:
                 "state_files": [p.name for p in state_dir.glob("*.json")],
             }
             count = sum(len(v) for v in leaks.values())
-            rows.append({"cycle": cycle, "seconds": round(time.perf_counter() - began, 1), "leaks": count,
+            rows.append({"cycle": cycle, "mode": mode, "seconds": round(time.perf_counter() - began, 1), "leaks": count,
                          "details": leaks if count else {}, "failures": failures})
-            log(f"cycle {cycle:2d}: {rows[-1]['seconds']:5.1f} s, leaks {count}"
+            log(f"cycle {cycle:2d} ({mode}): {rows[-1]['seconds']:5.1f} s, leaks {count}"
                 + (f", failures {failures}" if failures else "") + (f" {leaks}" if count else ""))
-    return {"cycles": cycles, "leaks_total": sum(r["leaks"] for r in rows),
+    return {"cycles": cycles, "modes": list(modes), "leaks_total": sum(r["leaks"] for r in rows),
             "failures_total": sum(len(r["failures"]) for r in rows),
             "cycle_seconds_median": statistics.median(r["seconds"] for r in rows), "rows": rows}
 
@@ -96,10 +102,12 @@ def run(cycles: int, work: Path, log=print) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=20)
+    parser.add_argument("--modes", default=",".join(MODES), help="modes to rotate through, one per cycle")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="pscluster-soak-") as tmp:
-        results = run(args.cycles, Path(tmp), log=(lambda *_: None) if args.json else print)
+        results = run(args.cycles, Path(tmp), tuple(args.modes.split(",")),
+                      log=(lambda *_: None) if args.json else print)
     if args.json:
         print(json.dumps(results, indent=1))
     else:
