@@ -412,10 +412,14 @@ class _Collector(Reporter):
         if data.get("per_worker") and data.get("step") is not None:
             self.windows[data["step"]] = dict(data["per_worker"])
 
-    def per_worker(self, expected: Sequence[str] = ()) -> dict[str, float] | None:
-        """Mean examples/s of each worker over the progress windows; a worker missing from a
-        window did no work in it. ``expected`` names workers to show even if never seen (async:
-        the chief attributes every closure; a sync leader only knows itself)."""
+    def per_worker(self, expected: Sequence[str] = (), overall: Mapping[str, float] | None = None
+                   ) -> dict[str, float] | None:
+        """Examples/s of each worker: over the whole loop when the leader reported it
+        (``overall``, from its ``done`` event), else the mean over the progress windows, a worker
+        missing from a window having done no work in it. ``expected`` names workers to show even
+        if never seen (async: the chief attributes every closure; a sync leader only knows itself)."""
+        if overall:
+            return {name: float(overall.get(name, 0.0)) for name in sorted(set(expected).union(overall))}
         if not self.windows:
             return None
         names = sorted(set(expected).union(*self.windows.values()))
@@ -495,7 +499,8 @@ class Study:
             result = measured(config, bringup_seconds=bringup, report=report,
                               global_batch_size=collector.global_batch_size,
                               per_worker=collector.per_worker(
-                                  [f"worker:{i}" for i in range(config.workers)] if config.mode == "async" else ()),
+                                  [f"worker:{i}" for i in range(config.workers)] if config.mode == "async" else (),
+                                  overall=report.get("per_worker_examples_per_second")),
                               target=self.spec.target_accuracy)
         except (KeyboardInterrupt, JobInterrupted):
             result = _failed(config, "interrupted", "interrupted by the user", bringup)

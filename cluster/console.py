@@ -28,13 +28,14 @@ STATE_STYLES = {"ready": "green", "running": "green", "starting": "yellow", "exi
 
 
 def make_consoles(*, no_color: bool = False) -> tuple[Console, Console]:
-    """(stdout console, stderr console). Output to a pipe or file is 160 columns wide rather
-    than rich's 80, so tables stay readable in CI logs; $COLUMNS still wins."""
+    """(stdout console, stderr console). Output to a pipe or file is 200 columns wide rather
+    than rich's 80 (the bench table needs ~180), so tables stay readable in CI logs and
+    benchmark files; $COLUMNS still wins."""
     consoles = []
     for stderr in (False, True):
         console = Console(stderr=stderr, no_color=no_color, highlight=False)
         if not console.is_terminal and not os.environ.get("COLUMNS"):
-            console = Console(stderr=stderr, no_color=no_color, highlight=False, width=160)
+            console = Console(stderr=stderr, no_color=no_color, highlight=False, width=200)
         consoles.append(console)
     return consoles[0], consoles[1]
 

@@ -248,7 +248,7 @@ class WatchUpdate:
 
 
 def watch(transport: Transport, records: Sequence[ProcessRecord], files: Sequence[tuple[str, int]], *,
-          interval: float = 0.5, heartbeat: float = 1.0):
+          interval: float = 0.25, heartbeat: float = 1.0):
     """Start the host-side watch loop; returns a :class:`~cluster.transport.base.Stream`."""
     program = packed_source()
     request = {"tasks": [record.to_hostctl() for record in records],

@@ -199,5 +199,5 @@ def summarize(result: dict, *, wall_seconds: float, restarts: dict[str, int], st
         "restored_step": result.get("restored_step"), "restarts": dict(restarts), "steps_redone": steps_redone,
         "evals": list(evals or []),
         "global_batch_size": (progress or {}).get("global_batch_size"),
-        "per_worker_examples_per_second": (progress or {}).get("per_worker"),
+        "per_worker_examples_per_second": result.get("per_worker") or (progress or {}).get("per_worker"),
     }

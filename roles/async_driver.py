@@ -169,7 +169,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     val_loss, val_accuracy = evaluate()
     return TrainResult(global_step=final_step, val_loss=val_loss, val_accuracy=val_accuracy,
                        examples_per_second=rate, checkpoint=last_checkpoint,
-                       restored_step=restored_step)
+                       restored_step=restored_step, per_worker=meter.overall_per_worker())
 
 
 def _make_train_steps(job: Job, plan: TrainPlan, strategy: Any, model: Any,

@@ -35,7 +35,8 @@ Field meanings:
   stay relative to the chief's working directory).
 * ``done``: ``wall_seconds`` from process start (including TensorFlow's import) to
   the end; ``examples_per_second`` over the training loop after its first call
-  (tracing and start-up excluded); ``checkpoint`` the last checkpoint or null.
+  (tracing and start-up excluded), ``per_worker`` (optional) its split by worker as in
+  ``progress``; ``checkpoint`` the last checkpoint or null.
 * ``error``: ``message`` is the gist (TensorFlow's op-definition stack is left to
   the log), ``exception`` the exception type, or ``Terminated`` / ``StartTimeout`` /
   ``Crashed`` when the guardian process reports for a trainer that could not.

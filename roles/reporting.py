@@ -35,6 +35,7 @@ class TrainResult:
     examples_per_second: float | None
     checkpoint: str | None
     restored_step: int | None
+    per_worker: dict[str, float] | None = None   # examples/s per worker over the whole loop
 
 
 class Reporter:
@@ -95,6 +96,7 @@ class ProgressMeter:
         self._window_loss_steps = 0
         self.total_examples = 0
         self.total_steps = 0
+        self.total_by_worker: dict[str, int] = {}
 
     def restart_clock(self) -> None:
         """Starts measuring now (after compilation / first step, say)."""
@@ -111,6 +113,7 @@ class ProgressMeter:
         self._window_examples += examples
         for name, n in workers:
             self._window_by_worker[name] = self._window_by_worker.get(name, 0) + n
+            self.total_by_worker[name] = self.total_by_worker.get(name, 0) + n
         if loss is not None and loss == loss:  # skip NaN in the mean, report it below
             self._window_loss_sum += float(loss) * steps
             self._window_loss_steps += steps
@@ -149,6 +152,14 @@ class ProgressMeter:
         if elapsed <= 0 or self.total_examples == 0:
             return None
         return self.total_examples / elapsed
+
+    def overall_per_worker(self) -> dict[str, float] | None:
+        """Examples per second of each worker since the clock started: the per-worker split
+        of :meth:`overall_rate` (the last progress window can be a few milliseconds long)."""
+        elapsed = self._clock() - self._started
+        if elapsed <= 0 or not self.total_by_worker:
+            return None
+        return {name: n / elapsed for name, n in sorted(self.total_by_worker.items())}
 
 
 def placements_of(variables: Iterable[Any]) -> list[VariablePlacement]:

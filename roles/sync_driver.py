@@ -145,7 +145,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     return TrainResult(global_step=step, val_loss=val_loss, val_accuracy=val_accuracy,
                        examples_per_second=rate,
                        checkpoint=last_checkpoint if is_chief else None,
-                       restored_step=restored_step)
+                       restored_step=restored_step, per_worker=meter.overall_per_worker())
 
 
 def _save(keeper: CheckpointKeeper, reporter: Reporter, step: int) -> str | None:

@@ -174,19 +174,19 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             reporter.eval(at_step, val_loss, val_accuracy)
             return val_loss, val_accuracy
 
-        step, rate, checkpoint = _loop(plan, task, reporter, deadline, session, loss,
-                                       train_op, step, saver,
-                                       evaluate if is_chief else None)
+        step, rate, per_worker, checkpoint = _loop(plan, task, reporter, deadline, session, loss,
+                                                   train_op, step, saver,
+                                                   evaluate if is_chief else None)
         val_loss, val_accuracy = evaluate(step) if is_chief else (None, None)
     return TrainResult(global_step=step, val_loss=val_loss, val_accuracy=val_accuracy,
                        examples_per_second=rate, checkpoint=checkpoint,
-                       restored_step=restored_step)
+                       restored_step=restored_step, per_worker=per_worker)
 
 
 def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: TrainerLink,
           session: Any, loss: Any, train_op: Any, step: int, saver: Any,
           evaluate: Callable[[int], Any] | None) -> tuple[int, float | None, str | None]:
-    """Steps until the global step reaches the budget; returns (step, rate, checkpoint).
+    """Steps until the global step reaches the budget; returns (step, rate, per-worker rates, checkpoint).
 
     ``train_op`` yields the new global step: SyncReplicasOptimizer's train op is the
     assignment of the token it dequeued, and the token is the global step.
@@ -227,7 +227,7 @@ def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: Trainer
     meter.maybe_emit(step, force=True)
     if saver and step != last_saved:
         checkpoint = _save(saver, session, prefix, step, reporter)
-    return step, meter.overall_rate(), checkpoint
+    return step, meter.overall_rate(), meter.overall_per_worker(), checkpoint
 
 
 def _evaluate(session: Any, iterator: Any, sums: Any) -> tuple[float | None, float | None]:

@@ -196,7 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 val_accuracy=result.val_accuracy,
                 wall_seconds=round(time.time() - started, 2),
                 examples_per_second=result.examples_per_second,
-                checkpoint=result.checkpoint, restored_step=result.restored_step)
+                checkpoint=result.checkpoint, restored_step=result.restored_step,
+                per_worker=result.per_worker)
     guardian.finished()
     log.info("done: step %d, val_loss %s, val_accuracy %s, checkpoint %s",
              result.global_step, result.val_loss, result.val_accuracy, result.checkpoint)

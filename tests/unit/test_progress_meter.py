@@ -1,0 +1,53 @@
+"""ProgressMeter's per-worker rates and how the orchestrator picks them (pure logic, fake clock)."""
+from __future__ import annotations
+
+import pytest
+
+from cluster import bench
+from roles.reporting import ProgressMeter
+
+
+class _Reporter:
+    def __init__(self):
+        self.events = []
+
+    def progress(self, **fields):
+        self.events.append(fields)
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_overall_per_worker_is_not_skewed_by_a_short_last_window():
+    clock, reporter = _Clock(), _Reporter()
+    meter = ProgressMeter(reporter, interval=5.0, clock=clock)
+    for _ in range(10):                      # 10 s: each worker 640 examples per second
+        clock.now += 1.0
+        meter.add(10, 1280, 0.5, [("worker:0", 640), ("worker:1", 640)])
+        meter.maybe_emit(meter.total_steps)
+    clock.now += 0.001                       # the last closures land together at the end
+    meter.add(1, 128, 0.5, [("worker:0", 128)])
+    meter.maybe_emit(meter.total_steps, force=True)
+    assert reporter.events[-1]["per_worker"]["worker:0"] == pytest.approx(128_000)   # the window's own rate
+    overall = meter.overall_per_worker()
+    assert overall == pytest.approx({"worker:0": (6400 + 128) / 10.001, "worker:1": 6400 / 10.001})
+    assert sum(overall.values()) == pytest.approx(meter.overall_rate())
+
+
+def test_overall_per_worker_is_none_without_attribution():
+    meter = ProgressMeter(_Reporter(), clock=_Clock())
+    assert meter.overall_per_worker() is None
+
+
+def test_collector_prefers_the_leaders_overall_split():
+    collector = bench._Collector()
+    collector.emit("job", step=10, per_worker={"worker:0": 100.0})
+    collector.emit("job", step=11, per_worker={"worker:0": 99_000.0})       # a 1 ms window
+    assert collector.per_worker(["worker:0", "worker:1"], overall={"worker:0": 120.0}) == \
+        {"worker:0": 120.0, "worker:1": 0.0}
+    assert collector.per_worker(["worker:0"]) == {"worker:0": pytest.approx(49_550.0)}   # the fallback
