@@ -16,12 +16,19 @@ worker (keras-team/keras#20585), so each worker runs this loop:
   ``--resume`` only the chief needs the files: it restores, then every worker takes
   the chief's values through one all-reduce, so no shared filesystem is needed;
 * evaluation is distributed: each worker evaluates its shard of the test set and one
-  all-reduce sums the totals, so all workers finish together and agree on the result.
+  all-reduce sums the totals, so all workers finish together and agree on the result;
+* leaving: destroying the distributed dataset iterator takes TensorFlow 2-12 s at
+  random (measured), so ``run`` keeps it alive and ``leave`` ends the process without
+  tearing TensorFlow down: every other worker posts "left" in the coordination
+  service's key-value store once its last collective is done, and worker 0, which
+  hosts that service, waits for all of them before it goes.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any, Sequence
 
 import tensorflow as tf
@@ -36,6 +43,11 @@ from roles.reporting import ProgressMeter, Reporter, TrainResult
 from roles.tfconfig import ConfigError, TaskInfo
 
 log = logging.getLogger("pscluster.sync")
+
+# Objects whose destruction stalls (the distributed dataset iterator): kept until the
+# process ends by os._exit (see ``leave``).
+_KEPT: list[Any] = []
+_LEFT_KEY = "pscluster/sync/left/{}"
 
 
 def make_strategy(task: TaskInfo, collective_timeout: float) -> Any:
@@ -91,6 +103,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
                              context.get_per_replica_batch_size(plan.global_batch_size))
 
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    _KEPT.append(iterator)
     train_steps = _make_train_steps(job, plan, strategy, model, optimizer, step_var)
 
     evaluator = make_evaluator(job, model)
@@ -146,6 +159,56 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
                        examples_per_second=rate,
                        checkpoint=last_checkpoint if is_chief else None,
                        restored_step=restored_step, per_worker=meter.overall_per_worker())
+
+
+def leave(task: TaskInfo, timeout: float) -> bool:
+    """Lets every worker end at once after a finished run (then the caller os._exits).
+
+    A worker other than 0 posts that it has left: by then its last collective is done
+    and it needs nothing more from anyone, so a post that fails (worker 0 may have
+    read it and gone before answering) or hangs changes nothing. Worker 0 hosts the
+    coordination service, so it goes last: it waits until every other worker has
+    posted. Nobody waits more than ``timeout`` seconds. Returns False if the
+    handshake did not complete (the run's outcome is already reported either way).
+    """
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    if task.task_index != 0:
+        return _within(timeout, f"post that worker {task.task_index} left",
+                       ctx.set_config_key_value, _LEFT_KEY.format(task.task_index), "1")
+    deadline = time.monotonic() + timeout
+    for index in range(1, task.num_workers):
+        remaining = max(0.001, deadline - time.monotonic())
+        if not _within(remaining + 5, f"wait for worker {index} to leave",
+                       ctx.get_config_key_value, _LEFT_KEY.format(index),
+                       int(remaining * 1000)):
+            return False
+    return True
+
+
+def _within(seconds: float, what: str, call: Any, *args: Any) -> bool:
+    """``call(*args)`` in a daemon thread; False if it raised or took over ``seconds``."""
+    outcome: list[BaseException | None] = []
+
+    def target() -> None:
+        try:
+            call(*args)
+            outcome.append(None)
+        except Exception as e:  # noqa: BLE001 - reported below, never fatal
+            outcome.append(e)
+
+    thread = threading.Thread(target=target, name="pscluster-leave", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not outcome:
+        log.warning("leaving: could not %s within %.0f s; leaving anyway", what, seconds)
+        return False
+    if outcome[0] is not None:
+        log.info("leaving: could not %s (%s); leaving anyway", what,
+                 type(outcome[0]).__name__)
+        return False
+    return True
 
 
 def _save(keeper: CheckpointKeeper, reporter: Reporter, step: int) -> str | None:

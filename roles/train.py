@@ -202,6 +202,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("done: step %d, val_loss %s, val_accuracy %s, checkpoint %s",
              result.global_step, result.val_loss, result.val_accuracy, result.checkpoint)
     writer.close()
+    if options.mode == "sync":
+        from roles.sync_driver import leave
+        started_leaving = time.monotonic()
+        leave(task, options.collective_timeout)
+        log.info("left with the other workers in %.2f s", time.monotonic() - started_leaving)
     return EXIT_OK
 
 
@@ -230,16 +235,21 @@ def _train(options: TrainOptions, task: TaskInfo, writer: EventWriter,
 # outcome is on disk by then (events are flushed per line, checkpoints are written
 # synchronously) while TensorFlow's teardown can stall: closing a sync-ps chief's
 # session waits ~15 s to cancel the SyncReplicasOptimizer queue runner blocked on the
-# ps. Not sync: worker 0 hosts MultiWorkerMirroredStrategy's coordination service,
-# and a worker 0 that vanished at once left worker 1 stuck for ~60 s after its last
-# collective; the normal exit runs the service's shutdown barrier, which lets every
-# worker leave together.
+# ps; destroying a sync worker's distributed dataset iterator takes 2-12 s at random.
+# sync only after a finished run, which ends with ``sync_driver.leave``: worker 0
+# hosts MultiWorkerMirroredStrategy's coordination service, and a worker 0 that
+# vanished before the others were done left them stuck for ~60 s after their last
+# collective. A failed sync run exits normally (its group is stopped anyway).
 HARD_EXIT_MODES = frozenset({"async", "sync-ps"})
+
+
+def _exits_hard(mode: str | None, code: int) -> bool:
+    return mode in HARD_EXIT_MODES or (mode == "sync" and code == EXIT_OK)
 
 
 def _run_and_exit(argv: Sequence[str]) -> None:
     code = main(argv)
-    if _flag(argv, "--mode") in HARD_EXIT_MODES:
+    if _exits_hard(_flag(argv, "--mode"), code):
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

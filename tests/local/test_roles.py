@@ -321,6 +321,8 @@ def test_sync_two_workers_and_resume(tmp_path):
         assert not runs[1].all("checkpoint")
         assert (cwd[0] / "ckpt" / "ckpt-150.index").is_file()
         assert not (cwd[1] / "ckpt").exists()
+        for run in runs:  # a finished run ends with the leaving handshake, not a teardown
+            assert "left with the other workers" in run.log.read_text(errors="replace"), tail(run.log)
 
         # Only the chief has the checkpoint; worker 1 gets the restored values from it.
         runs = train(cluster, "sync", tasks,
