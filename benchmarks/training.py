@@ -19,8 +19,10 @@ execution), from each program's own clock; pscluster's is the training report's
 ``examples_per_second`` over the global batch. Parts 1-3 repeat ``--runs`` times, alternating
 pscluster and baseline, and compare medians. Time to accuracy is wall clock from launching the
 process (``pscluster train``, or the single process), so start-up counts on both sides; the
-``up`` time of the cluster is shown beside it. Every program gets the same environment
-(``OMP_NUM_THREADS=1``, as in inventories/local.yaml). Clusters use ports 39000-39099
+``up`` time of the cluster is shown beside it. Every program gets the same environment:
+pscluster's task defaults (cluster/plan.py ``BASE_ENV``, which turns oneDNN's CPU kernels on)
+plus ``OMP_NUM_THREADS=1`` as in inventories/local.yaml, plus any ``--env KEY=VALUE``
+(``--env TF_ENABLE_ONEDNN_OPTS=0`` measures with TensorFlow's own default on this CPU). Clusters use ports 39000-39099
 (``--port-base``) and are always brought down; baseline processes are stopped by their recorded
 process group.
 
@@ -47,6 +49,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from benchmarks.common import REPO, cli
+from cluster.plan import BASE_ENV
 
 PORT_RANGE = (39000, 39999)     # ours on this machine; everyone else stays out of it
 PART_NAMES = {1: "async vs TF tutorial PS recipe", 2: "async vs single process",
@@ -249,7 +252,8 @@ class Runner:
         return env
 
     def single_env(self) -> dict[str, str]:
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="1", PYTHONUNBUFFERED="1", **self.env)
+        """What a pscluster task gets, without the cluster: the defaults, then the inventory's env."""
+        env = dict(os.environ, **dict(BASE_ENV), **self.env)
         env.pop("TF_CONFIG", None)
         return env
 
@@ -452,6 +456,13 @@ def environment(argv: Sequence[str]) -> dict:
             "tf_keras": version("tf-keras") or version("tf_keras")}
 
 
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
 def _ints(text: str) -> list[int]:
     values = sorted({int(part) for part in text.split(",") if part.strip()})
     if not values or values[0] < 1:
@@ -480,6 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="part 4: the single process's steps_per_execution (default: the best of part 2's "
                         "sweep that divides --eval-every, else the largest sweep value that does)")
     p.add_argument("--model", choices=("cnn", "mlp"), default="cnn", help="distributed_mnist's MNIST_MODEL")
+    p.add_argument("--env", action="append", default=[], type=_env_pair, metavar="KEY=VALUE",
+                   help="extra environment for every program (pscluster_env of the clusters); repeatable")
     p.add_argument("--batch-size", type=int, default=128, help="global batch (distributed_mnist's default 128)")
     p.add_argument("--port-base", type=int, default=PORT_RANGE[0], help="first of 50 ports (default 39000)")
     p.add_argument("--work", help="keep inventories, state and baseline logs in this folder "
@@ -500,13 +513,13 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("need --runs >= 1, --steps >= 64 (async runs 32 steps per scheduled function) "
                          "and --accuracy-steps >= --eval-every")
     parts = set(args.only)
-    task_env = {"OMP_NUM_THREADS": "1", "MNIST_MODEL": args.model}
+    task_env = {"OMP_NUM_THREADS": "1", "MNIST_MODEL": args.model, **dict(args.env)}
     results: dict[str, Any] = {"environment": environment(argv),
                                "config": {"runs": args.runs, "steps": args.steps, "sweep": args.sweep,
                                           "mwms_sweep": args.mwms_sweep, "accuracy_steps": args.accuracy_steps,
                                           "eval_every": args.eval_every, "target": args.target,
                                           "model": args.model, "global_batch_size": args.batch_size,
-                                          "task_env": task_env, "parts": sorted(parts)}}
+                                          "task_env": {**dict(BASE_ENV), **task_env}, "parts": sorted(parts)}}
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="pscluster-training-") as tmp:
         work = Path(args.work).resolve() if args.work else Path(tmp)
@@ -536,7 +549,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(results, indent=1))
     else:
         env = results["environment"]
-        print(f"training benchmarks, {args.model}, global batch {args.batch_size}, {args.runs} run(s) of "
+        onednn = results["config"]["task_env"].get("TF_ENABLE_ONEDNN_OPTS")
+        print(f"training benchmarks, {args.model}, global batch {args.batch_size}, "
+              f"TF_ENABLE_ONEDNN_OPTS={onednn}, {args.runs} run(s) of "
               f"{args.steps} steps (medians); load average {env['load_average_start'][0]:.2f} -> "
               f"{env['load_average_end'][0]:.2f} on {env['cpus']} CPUs; {env['seconds']:.0f} s")
         print_table(rows)

@@ -403,6 +403,7 @@ def test_task_environment():
     assert (env["PSCLUSTER_CLUSTER"], env["PSCLUSTER_TASK"]) == ("local", "ps:1")
     assert env["CUDA_VISIBLE_DEVICES"] == ""
     assert "TF_CPP_MIN_LOG_LEVEL" in env                  # quiet TF logging by default
+    assert env["TF_ENABLE_ONEDNN_OPTS"] == "1"            # oneDNN CPU kernels on by default
     assert "PSCLUSTER_INTRA_OP_THREADS" not in env
 
 
@@ -412,7 +413,7 @@ def test_thread_settings_and_user_environment(write_inventory):
           vars:
             pscluster_intra_op_threads: 4
             pscluster_inter_op_threads: 2
-            pscluster_env: {OMP_NUM_THREADS: 4, TF_CPP_MIN_LOG_LEVEL: 0}
+            pscluster_env: {OMP_NUM_THREADS: 4, TF_CPP_MIN_LOG_LEVEL: 0, TF_ENABLE_ONEDNN_OPTS: 0}
           children:
             worker:
               hosts:
@@ -423,6 +424,8 @@ def test_thread_settings_and_user_environment(write_inventory):
     assert (env_a["PSCLUSTER_INTRA_OP_THREADS"], env_a["PSCLUSTER_INTER_OP_THREADS"]) == ("4", "2")
     assert env_a["OMP_NUM_THREADS"] == "4"
     assert env_a["TF_CPP_MIN_LOG_LEVEL"] == "0"           # the user may turn TF logging back on
+    assert env_a["TF_ENABLE_ONEDNN_OPTS"] == "0"          # ... and oneDNN off
+    assert env_b["TF_ENABLE_ONEDNN_OPTS"] == "1"
     assert env_b["KMP_AFFINITY"] == "compact"             # a host's pscluster_env replaces the group's
     assert "OMP_NUM_THREADS" not in env_b
     assert env_b["GRPC_FAIL_FAST"] == "use_caller"
