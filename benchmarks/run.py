@@ -1,6 +1,6 @@
 """Run pscluster's benchmarks and print one summary table.
 
-``python -m benchmarks [--only lifecycle,overhead,training,soak] [--quick] [--out results.json]``
+``python -m benchmarks [--only lifecycle,overhead,training,onednn,soak] [--quick] [--out results.json]``
 
 Each benchmark runs in its own process (``python -m benchmarks.<name> --json``) so a crash or a
 leak in one cannot skew another; run them on an otherwise idle machine. ``--quick`` shrinks the
@@ -17,11 +17,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT = ("lifecycle", "overhead", "training")
+DEFAULT = ("lifecycle", "overhead", "training", "onednn")
 ARGS = {
     "lifecycle": (["--runs", "5"], ["--runs", "2"]),
     "overhead": (["--runs", "3"], ["--runs", "1", "--steps", "60", "--modes", "sync"]),
     "training": ([], ["--runs", "1", "--quick"]),
+    "onednn": (["--modes", "async,sync,sync-ps"], ["--quick", "--modes", "sync"]),
     "soak": (["--cycles", "20"], ["--cycles", "2"]),
 }
 
@@ -66,6 +67,11 @@ def _rows(name: str, result: dict) -> list[tuple[str, str, str, str]]:
         return rows
     if name == "soak":
         return [("soak", f"{result['cycles']} cycles up/train/down", f"{result['leaks_total']} leaks", "0")]
+    if name == "onednn":
+        return [(f"oneDNN on vs off ({mode}, {result['config']['model']})", "steps/s on / off",
+                 f"{row['ratio']:.2f} ({row['1']['steps_per_second']:.1f} / {row['0']['steps_per_second']:.1f})"
+                 if row["ratio"] is not None else "n/a", "")
+                for mode, row in result["modes"].items()]
     if name == "training":
         return [(row["name"], row["figure"], row["measured"], row.get("goal", ""))
                 for row in result.get("summary", [])]

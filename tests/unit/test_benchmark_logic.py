@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks import run, training
+from benchmarks import onednn, run, training
 from benchmarks.tf_baselines import rate_after_first
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
@@ -97,3 +97,17 @@ def test_the_runner_reads_every_summary_row_of_the_training_benchmark():
 def test_the_runner_reports_a_failed_benchmark_instead_of_crashing():
     assert run._rows("soak", {"error": "boom", "seconds": 1.0}) == [("soak", "failed", "boom", "")]
     assert run._rows("soak", {"cycles": 20, "leaks_total": 0}) == [("soak", "20 cycles up/train/down", "0 leaks", "0")]
+
+
+def test_onednn_ratio_of_medians_and_its_summary_row():
+    runs = {"1": [{"steps_per_second": 40.0, "val_accuracy": 0.97}, {"steps_per_second": 44.0, "val_accuracy": 0.98}],
+            "0": [{"steps_per_second": 20.0, "val_accuracy": 0.96}, {"steps_per_second": None, "val_accuracy": 0.98}]}
+    result = onednn.onednn_ratio(runs)
+    assert result["1"]["steps_per_second"] == 42.0 and result["0"]["steps_per_second"] == 20.0
+    assert result["ratio"] == pytest.approx(2.1)
+    assert result["0"]["val_accuracy"] == pytest.approx(0.97)
+    rows = run._rows("onednn", {"modes": {"sync": result}, "config": {"model": "cnn"}})
+    assert rows == [("oneDNN on vs off (sync, cnn)", "steps/s on / off", "2.10 (42.0 / 20.0)", "")]
+    missing = onednn.onednn_ratio({"1": [{"steps_per_second": 40.0}], "0": []})
+    assert missing["ratio"] is None
+    assert run._rows("onednn", {"modes": {"async": missing}, "config": {"model": "cnn"}})[0][2] == "n/a"

@@ -1,0 +1,131 @@
+"""oneDNN on vs off: why pscluster's tasks get ``TF_ENABLE_ONEDNN_OPTS=1`` by default.
+
+TensorFlow turns its oneDNN CPU kernels on by itself only on CPUs with AVX-512 VNNI / AMX
+class features; elsewhere (this machine's AMD EPYC, most lab CPUs of a few years) they stay
+off. This benchmark trains ``distributed_mnist`` with ``pscluster train`` on two local
+clusters of the same shape that differ only in ``pscluster_env: {TF_ENABLE_ONEDNN_OPTS: 1|0}``,
+alternating runs, and prints steps/s per mode and the on/off ratio of the medians (and the
+test accuracy, which must not suffer).
+
+Usage: ``python -m benchmarks.onednn [--modes async,sync] [--model cnn|mlp] [--runs 2]
+[--steps 400] [--json] [--out FILE]``. Clusters use ports 39100-39199 and are always brought
+down.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks.training import (LOG, ClusterShape, Runner, _fmt, median, ratio,
+                                 report_steps_per_second)
+
+SHAPES = {"async": ClusterShape("async-1ps-2w", "async", 1, 1, 2, 0),
+          "sync": ClusterShape("sync-2w", "sync", 0, 0, 2, 10),
+          "sync-ps": ClusterShape("sync-ps-1ps-2w", "sync-ps", 0, 1, 2, 20)}
+SETTINGS = ("1", "0")           # on first, then off
+
+
+def onednn_ratio(runs: dict[str, list[dict]]) -> dict[str, Any]:
+    """Medians of steps/s and accuracy per setting, and the on/off ratio of the steps/s medians."""
+    out: dict[str, Any] = {}
+    for setting in SETTINGS:
+        rows = runs.get(setting, [])
+        out[setting] = {"steps_per_second": median([r.get("steps_per_second") for r in rows]),
+                        "val_accuracy": median([r.get("val_accuracy") for r in rows]),
+                        "runs": [r.get("steps_per_second") for r in rows]}
+    out["ratio"] = ratio(out["1"]["steps_per_second"], out["0"]["steps_per_second"])
+    return out
+
+
+def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for mode in args.modes:
+        shape = SHAPES[mode]
+        runs: dict[str, list[dict]] = {s: [] for s in SETTINGS}
+        with ExitStack() as stack:
+            clusters = {}
+            for offset, setting in enumerate(SETTINGS):
+                env = {"OMP_NUM_THREADS": "1", "MNIST_MODEL": args.model, "TF_ENABLE_ONEDNN_OPTS": setting}
+                runner = Runner(work / f"{mode}-{setting}", env, args.port_base + 50 * offset,
+                                args.timeout, args.batch_size)
+                runner.work.mkdir(parents=True, exist_ok=True)
+                # its own name: local clusters keep their run folders in this checkout
+                name, _, _ = stack.enter_context(runner.cluster(replace(shape, key=f"{shape.key}-onednn{setting}")))
+                clusters[setting] = (runner, name)
+            for run in range(args.runs):
+                for setting in SETTINGS:
+                    runner, name = clusters[setting]
+                    print(f"  {mode} run {run + 1}/{args.runs}: TF_ENABLE_ONEDNN_OPTS={setting}",
+                          file=LOG, flush=True)
+                    seconds, report = runner.train(name, args.steps)
+                    runs[setting].append({"steps_per_second": report_steps_per_second(report, args.batch_size),
+                                          "val_accuracy": report.get("val_accuracy"),
+                                          "seconds": round(seconds, 2)})
+        results[mode] = onednn_ratio(runs)
+    return results
+
+
+def print_table(results: dict[str, Any], args: argparse.Namespace) -> None:
+    print(f"oneDNN CPU kernels on vs off: {args.model}, global batch {args.batch_size}, "
+          f"{args.runs} run(s) of {args.steps} steps per setting (medians)")
+    header = ("mode", "on: steps/s", "off: steps/s", "on / off", "accuracy on", "accuracy off")
+    rows = [header]
+    for mode, r in results.items():
+        rows.append((mode, _fmt(r["1"]["steps_per_second"]), _fmt(r["0"]["steps_per_second"]),
+                     _fmt(r["ratio"], digits=2), _fmt(r["1"]["val_accuracy"], digits=4),
+                     _fmt(r["0"]["val_accuracy"], digits=4)))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+    for i, row in enumerate(rows):
+        print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.onednn", description=__doc__.split("\n\n")[0])
+    p.add_argument("--modes", default="async,sync", help="comma list of async, sync, sync-ps (default async,sync)")
+    p.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
+    p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--port-base", type=int, default=39100)
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--quick", action="store_true", help="tiny budget: checks the script, gives no figures")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--out")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in args.modes if m not in SHAPES]
+    if unknown:
+        raise SystemExit(f"--modes: unknown {unknown}; choose from {sorted(SHAPES)}")
+    if args.quick:
+        args.runs, args.steps = 1, 64
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="pscluster-onednn-") as tmp:
+        results = {"modes": measure(args, Path(tmp)),
+                   "config": {"model": args.model, "runs": args.runs, "steps": args.steps,
+                              "global_batch_size": args.batch_size, "cpus": os.cpu_count()}}
+    results["config"]["seconds"] = round(time.perf_counter() - began, 1)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(results, indent=1))
+    else:
+        print_table(results["modes"], args)
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
