@@ -111,3 +111,13 @@ def test_onednn_ratio_of_medians_and_its_summary_row():
     missing = onednn.onednn_ratio({"1": [{"steps_per_second": 40.0}], "0": []})
     assert missing["ratio"] is None
     assert run._rows("onednn", {"modes": {"async": missing}, "config": {"model": "cnn"}})[0][2] == "n/a"
+
+
+def test_overhead_rows_name_the_budget():
+    row = {"steps": 0, "ratio": 1.01, "pscluster_median": 60.6, "hand_median": 60.0,
+           "added_seconds": 0.9, "ratio_without_noise": 1.015}
+    rows = run._rows("overhead", {"sync": row, "async": dict(row, steps=200)})
+    assert rows[0][0] == "train overhead (sync, whole default job)"
+    assert rows[0][2] == "1.010 (60.6 s / 60.0 s)"
+    assert rows[2][0] == "train overhead (async, 200 steps)"
+    assert rows[1][2] == "0.90 s -> 1.015"
