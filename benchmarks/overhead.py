@@ -55,15 +55,17 @@ def measure(mode: str, runs: int, steps: int, work: Path, port_base: int) -> dic
         _, plan_proc = cli(["plan", REPO / "inventories/local.yaml", "--name", name, "--mode", mode,
                              "--port-base", port_base, "--json"], state_dir)
         plan = json.loads(plan_proc.stdout)
-        ours, hand, ours_outside, hand_outside = [], [], [], []
+        ours, hand, ours_outside, hand_outside, accuracy = [], [], [], [], []
         for run in range(runs):
             for which in (("pscluster", "hand") if run % 2 == 0 else ("hand", "pscluster")):
                 checkpoints = str(work / f"ckpt-{mode}-{which}-{run}")
                 if which == "pscluster":
                     elapsed, proc = cli(["train", "distributed_mnist", "--name", name, *_budget(steps),
                                           "--checkpoint-dir", checkpoints, "--json"], state_dir)
+                    report = json.loads(proc.stdout)
                     ours.append(elapsed)
-                    ours_outside.append(elapsed - json.loads(proc.stdout)["train_seconds"])
+                    ours_outside.append(elapsed - report["train_seconds"])
+                    accuracy.append(report.get("val_accuracy"))
                 else:
                     script = work / f"hand-{mode}.sh"
                     script.write_text(hand_script(plan, steps, checkpoints, work))
@@ -81,7 +83,7 @@ def measure(mode: str, runs: int, steps: int, work: Path, port_base: int) -> dic
             "pscluster_median": statistics.median(ours), "hand_median": statistics.median(hand),
             "ratio": statistics.median(ours) / statistics.median(hand),
             "pscluster_outside_seconds": ours_outside, "hand_outside_seconds": hand_outside,
-            "added_seconds": added, "ratio_without_noise": (statistics.median(hand) + added) / statistics.median(hand)}
+            "pscluster_val_accuracy": accuracy, "added_seconds": added, "ratio_without_noise": (statistics.median(hand) + added) / statistics.median(hand)}
 
 
 def _budget(steps: int) -> list[str]:
@@ -118,7 +120,10 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{mode:6s} {budget}: pscluster train {row['pscluster_median']:6.1f} s, by hand "
                   f"{row['hand_median']:6.1f} s, ratio {row['ratio']:.3f} (goal <= 1.05; medians of {args.runs})")
             print(f"       time outside the training process: pscluster adds {row['added_seconds']:.2f} s "
-                  f"-> ratio without run-to-run noise {row['ratio_without_noise']:.3f}")
+                  f"-> ratio without run-to-run noise {row['ratio_without_noise']:.3f}; runs (s): pscluster "
+                  f"{' '.join(f'{v:.1f}' for v in row['pscluster_seconds'])}, by hand "
+                  f"{' '.join(f'{v:.1f}' for v in row['hand_seconds'])}; pscluster test accuracy "
+                  f"{' '.join(f'{v:.4f}' for v in row['pscluster_val_accuracy'] if v is not None)}")
     return results
 
 

@@ -36,9 +36,9 @@ DEFAULT_REMOTE_WORKDIR = "~/pscluster"
 DEFAULT_REMOTE_PYTHON = "python3"
 # Defaults every task gets; a host's pscluster_env overrides any of them. TF logging
 # is quieted. oneDNN's CPU kernels are turned on: TensorFlow enables them by itself
-# only on CPUs with AVX-512 VNNI/AMX-class features, and on this project's AMD test
-# machine they train the reference CNN 2.6x faster on one thread (docs/benchmarks.md;
-# a tiny MLP runs ~10 % slower: pscluster_env: {TF_ENABLE_ONEDNN_OPTS: 0} turns them off).
+# only on CPUs with AVX-512 VNNI/AMX-class features; on this project's AMD test machine
+# they make distributed_mnist train 1.4-3x faster (CNN) and 1.05-1.5x (MLP) in every mode
+# (benchmarks/onednn.py). pscluster_env: {TF_ENABLE_ONEDNN_OPTS: 0} turns them off.
 BASE_ENV = (("GRPC_FAIL_FAST", "use_caller"), ("TF_CPP_MIN_LOG_LEVEL", "1"), ("PYTHONUNBUFFERED", "1"),
             ("TF_ENABLE_ONEDNN_OPTS", "1"))
 
