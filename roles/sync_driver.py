@@ -17,7 +17,7 @@ worker (keras-team/keras#20585), so each worker runs this loop:
   the chief's values through one all-reduce, so no shared filesystem is needed;
 * evaluation is distributed: each worker evaluates its shard of the test set and one
   all-reduce sums the totals, so all workers finish together and agree on the result;
-* leaving: destroying the distributed dataset iterator takes TensorFlow 2-12 s at
+* leaving: destroying the distributed dataset iterator takes TensorFlow 2-20 s at
   random (measured), so ``run`` keeps it alive and ``leave`` ends the process without
   tearing TensorFlow down: every other worker posts "left" in the coordination
   service's key-value store once its last collective is done, and worker 0, which

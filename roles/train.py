@@ -235,7 +235,7 @@ def _train(options: TrainOptions, task: TaskInfo, writer: EventWriter,
 # outcome is on disk by then (events are flushed per line, checkpoints are written
 # synchronously) while TensorFlow's teardown can stall: closing a sync-ps chief's
 # session waits ~15 s to cancel the SyncReplicasOptimizer queue runner blocked on the
-# ps; destroying a sync worker's distributed dataset iterator takes 2-12 s at random.
+# ps; destroying a sync worker's distributed dataset iterator takes 2-20 s at random.
 # sync only after a finished run, which ends with ``sync_driver.leave``: worker 0
 # hosts MultiWorkerMirroredStrategy's coordination service, and a worker 0 that
 # vanished before the others were done left them stuck for ~60 s after their last
