@@ -1,4 +1,5 @@
-"""What the benchmark scripts share: running the real ``pscluster`` CLI and timing it."""
+"""What the benchmark scripts share: running the real ``pscluster`` CLI and timing it, and
+printing a plain text table."""
 from __future__ import annotations
 
 import os
@@ -6,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -20,3 +22,12 @@ def cli(args, state_dir: Path, *, timeout: float = 1200, check: bool = True) -> 
     if check and proc.returncode != 0:
         raise RuntimeError(f"pscluster {' '.join(map(str, args))} failed:\n{proc.stderr}")
     return elapsed, proc
+
+
+def print_columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """``rows`` under ``header`` in left-aligned columns, with a dashed rule under the header."""
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    for i, row in enumerate([header, *rows]):
+        print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))

@@ -24,6 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import print_columns
 from benchmarks.training import (LOG, ClusterShape, Runner, _fmt, median, ratio,
                                  report_steps_per_second)
 
@@ -77,16 +78,12 @@ def print_table(results: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"oneDNN CPU kernels on vs off: {args.model}, global batch {args.batch_size}, "
           f"{args.runs} run(s) of {args.steps} steps per setting (medians)")
     header = ("mode", "on: steps/s", "off: steps/s", "on / off", "accuracy on", "accuracy off")
-    rows = [header]
+    rows = []
     for mode, r in results.items():
         rows.append((mode, _fmt(r["1"]["steps_per_second"]), _fmt(r["0"]["steps_per_second"]),
                      _fmt(r["ratio"], digits=2), _fmt(r["1"]["val_accuracy"], digits=4),
                      _fmt(r["0"]["val_accuracy"], digits=4)))
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
-    for i, row in enumerate(rows):
-        print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip())
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
+    print_columns(header, rows)
 
 
 def build_parser() -> argparse.ArgumentParser:

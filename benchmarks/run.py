@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import print_columns
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT = ("lifecycle", "overhead", "training", "onednn")
 ARGS = {
@@ -91,12 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"running {name} ...", file=sys.stderr, flush=True)
         results[name] = _run(name, args.quick)
     rows = [row for name in names for row in _rows(name, results[name])]
-    widths = [max(len(row[i]) for row in rows + [("benchmark", "figure", "measured", "goal")]) for i in range(4)]
-    line = "  ".join("{:<%d}" % w for w in widths)
-    print(line.format("benchmark", "figure", "measured", "goal"))
-    print(line.format(*("-" * w for w in widths)))
-    for row in rows:
-        print(line.format(*row))
+    print_columns(("benchmark", "figure", "measured", "goal"), rows)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
     return 1 if any("error" in result for result in results.values()) else 0

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from benchmarks.common import REPO, cli
+from benchmarks.common import REPO, cli, print_columns
 from cluster.plan import BASE_ENV
 
 PORT_RANGE = (39000, 39999)     # ours on this machine; everyone else stays out of it
@@ -434,12 +434,7 @@ def print_table(rows: list[dict]) -> None:
                       "" if not row["figure"] else _fmt(row["ratio"], digits=2), row["goal"],
                       {True: "yes", False: "NO", None: ""}[row["met"]] if row["figure"] else ""))
         last = row["comparison"]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
-    line = "  ".join("{:<%d}" % w for w in widths)
-    print(line.format(*header))
-    print(line.format(*("-" * w for w in widths)))
-    for c in cells[1:]:
-        print(line.format(*c))
+    print_columns(header, cells[1:])
 
 
 def environment(argv: Sequence[str]) -> dict:
