@@ -17,7 +17,7 @@ from rich.console import Console
 from . import console as ui
 from .codesync import project_root
 from .errors import PsclusterError, UsageError
-from .inventory import MODES, load_inventory
+from .inventory import MODES, ROLES, load_inventory
 from .plan import ClusterPlan, PlanOptions, plan_cluster
 from .state import StateStore
 from .transport import TransportPool
@@ -175,7 +175,7 @@ def _show_status(env: Env, state, rows, *, as_json: bool) -> None:
     if as_json:
         env.out.print_json(json.dumps({
             "name": state.name, "mode": state.mode, "phase": state.phase, "message": state.message,
-            "job": state.job,
+            "job": state.job.to_json() if state.job is not None else None,
             "tasks": [{"role": r.role, "index": r.index, "host": r.host, "address": r.address, "port": r.port,
                        "kind": r.kind, "pid": r.pid, "state": r.state, "devices": list(r.devices),
                        "uptime": r.uptime, "exit_code": r.exit_code, "restarts": r.restarts, "detail": r.detail}
@@ -439,6 +439,127 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
         raise SystemExit(130)
     if any(result.status == "failed" for result in outcome.results):
         raise SystemExit(1)
+
+class _ProgramCommand(click.Command):
+    """``run [OPTIONS] [INVENTORY] -- PROGRAM [ARG...]``: everything after the first ``--`` is the
+    user's program, passed on untouched (click would otherwise mix it with INVENTORY)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            index = args.index("--")
+            ctx.meta["pscluster.program"] = tuple(args[index + 1:])
+            args = args[:index]
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return super().collect_usage_pieces(ctx) + ["-- PROGRAM [ARG]..."]
+
+
+@cli.command("run", cls=_ProgramCommand)
+@click.argument("inventory", required=False, type=click.Path())
+@name_opt
+@mode_opt
+@port_opt
+@click.option("--on", "on_text", metavar="ROLES",
+              help="Roles whose tasks run PROGRAM, e.g. worker or ps,worker (default: one shot, every role the "
+                   "inventory defines; on a cluster that is up, every task without a standing server).")
+@click.option("--sync", "sync_paths", multiple=True, metavar="PATH",
+              help="Also copy this file or folder (under the current directory) to hosts that need it; repeatable.")
+@click.option("--restart-policy", type=click.Choice(["never", "on-failure", "always"]), default="never",
+              show_default=True, help="What to do when a task fails (an arbitrary program may not be safe to restart).")
+@click.option("--max-restarts", type=click.IntRange(0, 100), default=3, show_default=True,
+              help="Restarts allowed per task (exponential backoff from 1 s).")
+@click.option("--host-timeout", type=click.FloatRange(1, 86400), default=60.0, show_default=True,
+              help="Seconds to wait for an unreachable host before failing the run.")
+@click.option("--grace", type=click.FloatRange(0, 3600), default=10.0, show_default=True,
+              help="Seconds between SIGTERM and SIGKILL when stopping tasks.")
+@click.option("--timeout", type=click.FloatRange(1, 86400), default=120.0, show_default=True,
+              help="One shot: seconds the bring-up may take.")
+@click.option("--firewall", is_flag=True, help="One shot: install nftables rules so only cluster members reach the ports.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the final report, as JSON (output goes to stderr).")
+@click.pass_context
+def run_program(ctx: click.Context, inventory: str | None, name: str | None, mode: str | None, port_base: int | None,
+                on_text: str | None, sync_paths: tuple[str, ...], restart_policy: str, max_restarts: int,
+                host_timeout: float, grace: float, timeout: float, firewall: bool, as_json: bool) -> None:
+    """Run your own program on every task: pscluster run [INVENTORY] [OPTIONS] -- PROGRAM [ARG...]
+
+    With INVENTORY: one shot (preflight, sync, start every task, wait, stop everything). Without:
+    on the cluster that is up (--name), beside its standing servers. Placeholders in ARGs are
+    filled per task: {ps_hosts} {worker_hosts} {chief_hosts} {job_name} {task_type} {task_index}
+    {num_workers} {num_ps} {port} {host}; each process also gets TF_CONFIG, CUDA_VISIBLE_DEVICES
+    and PSCLUSTER_TASK_TYPE, PSCLUSTER_TASK_INDEX, PSCLUSTER_NUM_WORKERS, ... (see the README).
+    `python` means each host's pscluster_python. Exit code 0 when every chief and worker exited 0.
+    """
+    from dataclasses import replace as _replace
+    from .runprog import ProgramSupervisor, run_one_shot
+    from .runspec import Workspace, check_placeholders, local_files, parse_roles, select_tasks
+    from .supervision.executor import JobFailed, restart_rules
+    env: Env = ctx.obj
+    program = ctx.meta.get("pscluster.program")
+    if not program:
+        raise UsageError("no program to run: put it after --",
+                         hint="pscluster run inventories/local.yaml -- python train.py --task_index={task_index}")
+    check_placeholders(program)
+    on = parse_roles(on_text) if on_text else None
+    space = Workspace(cwd=Path.cwd(), root=project_root())
+    files = local_files(program, sync_paths, space)
+    rules = restart_rules(restart_policy, max_restarts)
+    output = ui.ProgramOutput(env.err if as_json else env.out, env.err)
+    if inventory is None and (mode or port_base or firewall):
+        raise UsageError("--mode, --port-base and --firewall apply to a one-shot run (give INVENTORY)",
+                         hint="a cluster that is up keeps the mode and ports of its 'up'")
+
+    def supervisor(cluster_name: str, one_shot: bool) -> ProgramSupervisor:
+        return ProgramSupervisor(store=env.store, name=cluster_name, argv=program, on=on, files=files, space=space,
+                                 reporter=output, pool=pool, rules=rules, host_timeout=host_timeout, grace=grace,
+                                 secrets=secrets, one_shot=one_shot)
+
+    current: list[ProgramSupervisor] = []
+
+    def remember(item: ProgramSupervisor) -> ProgramSupervisor:
+        current.append(item)
+        return item
+
+    try:
+        with env.pool_factory() as pool:
+            if inventory is not None:
+                inv = load_inventory(inventory)
+                roles = on or tuple(role for role in ROLES if inv.hosts_of(role))
+                options = PlanOptions(local_python=sys.executable, local_workdir=str(project_root()), name=name,
+                                      mode=mode, port_base=port_base, roles=roles)
+                cluster = plan_cluster(inv, options)
+                if firewall:
+                    cluster = _replace(cluster, firewall=True)
+                if env.store.load(cluster.name) is not None:
+                    raise UsageError(f"a cluster named {cluster.name!r} exists already",
+                                     hint=f"run on it with 'pscluster run --name {cluster.name} -- ...', or give this "
+                                          "one-shot run another --name")
+                secrets = _secrets(cluster)
+                bringup = ui.RichReporter(env.err)
+                report = run_one_shot(cluster, lambda: remember(supervisor(cluster.name, True)), store=env.store,
+                                      pool=pool, bringup_reporter=bringup, secrets=secrets, timeout=timeout,
+                                      grace=grace)
+            else:
+                resolved = env.store.resolve_name(name)
+                state = env.store.load(resolved)
+                if state is None:
+                    raise UsageError(f"no cluster named {resolved!r}")
+                select_tasks(state.plan, on)          # bad --on: a usage error before anything happens
+                secrets = _secrets(state.plan)
+                report = remember(supervisor(resolved, False)).run()
+    except JobFailed:
+        if current:
+            _show_run_report(env, current[-1].report(exit_code=1), as_json=as_json)
+        raise
+    _show_run_report(env, report, as_json=as_json)
+
+
+def _show_run_report(env: Env, report: dict, *, as_json: bool) -> None:
+    if as_json:
+        env.out.print_json(json.dumps(report))
+    else:
+        ui.render_run_report(env.err, report)
+
 
 def run(argv: list[str] | None = None, env: Env | None = None) -> int:
     """Run the CLI and return its exit code (what tests call)."""

@@ -6,6 +6,7 @@ draw plans, preflight reports, status tables and errors.
 from __future__ import annotations
 
 import json
+import shlex
 import os
 import time
 from typing import Any, Sequence
@@ -22,6 +23,7 @@ from .errors import PsclusterError
 from .events import Reporter
 from .plan import ClusterPlan
 from .preflight import CheckReport
+from .progress import JobProgress
 
 STATE_STYLES = {"ready": "green", "running": "green", "starting": "yellow", "exited": "red", "lost": "red",
                 "not started": "dim", "stopped": "dim", "failed": "red", "up": "green", "done": "green"}
@@ -103,7 +105,7 @@ def _uptime(seconds: float | None) -> str:
 
 
 def render_status(console: Console, name: str, mode: str, phase: str, rows: Sequence[Any],
-                  job: dict | None = None, message: str | None = None) -> None:
+                  job: JobProgress | None = None, message: str | None = None) -> None:
     table = Table(title=f"cluster {name!r} ({mode}): {phase}", box=box.SIMPLE_HEAVY)
     for column in ("task", "host", "address:port", "pid", "state", "uptime", "restarts", "devices / detail"):
         table.add_column(column)
@@ -120,17 +122,19 @@ def render_status(console: Console, name: str, mode: str, phase: str, rows: Sequ
         console.print(Text(render_job_line(job)))
 
 
-def render_job_line(job: dict) -> str:
-    parts = [f"job {job.get('job', '')} [{job.get('state', '?')}]"]
-    if job.get("step") is not None:
-        total = f"/{job['steps_total']}" if job.get("steps_total") else ""
-        parts.append(f"step {job['step']}{total}")
-    if job.get("loss") is not None:
-        parts.append(f"loss {job['loss']:.4f}")
-    if job.get("examples_per_second"):
-        parts.append(f"{job['examples_per_second']:.0f} examples/s")
-    if job.get("val_accuracy") is not None:
-        parts.append(f"val_accuracy {job['val_accuracy']:.4f}")
+def render_job_line(job: JobProgress) -> str:
+    parts = [f"{'job' if job.entry == 'train' else 'run'} {job.job} [{job.state}]"]
+    if job.step is not None:
+        total = f"/{job.steps_total}" if job.steps_total else ""
+        parts.append(f"step {job.step}{total}")
+    if job.loss is not None:
+        parts.append(f"loss {job.loss:.4f}")
+    if job.examples_per_second:
+        parts.append(f"{job.examples_per_second:.0f} examples/s")
+    if job.val_accuracy is not None:
+        parts.append(f"val_accuracy {job.val_accuracy:.4f}")
+    if job.exit_code is not None:
+        parts.append(f"exit code {job.exit_code}")
     return "  ".join(parts)
 
 
@@ -478,3 +482,70 @@ def render_bench(console: Console, summaries: Sequence[Any], results: Sequence[A
         if result.down_error:
             console.print(f"[red]✗[/] {escape(result.name)}: down failed: {escape(_first_line(result.down_error))}",
                           highlight=False)
+
+
+# ----------------------------------------------------------------------------- pscluster run
+
+TASK_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_magenta", "bright_cyan", "bright_green",
+               "bright_blue", "bright_yellow")
+
+
+class ProgramOutput(Reporter):
+    """``run``: every task's output line by line, prefixed ``[worker:1@node-b]`` (a colour per
+    task on a terminal, plain when piped), and a line for each event that matters (exits,
+    failures, restarts, lost hosts). Program output is data: it is never read as markup."""
+
+    def __init__(self, out: Console, err: Console):
+        self.out = out          # the program's lines
+        self.err = err          # pscluster's own lines
+        self._styles: dict[str, str] = {}
+
+    def _style(self, task: str) -> str:
+        if task not in self._styles:
+            self._styles[task] = TASK_STYLES[len(self._styles) % len(TASK_STYLES)]
+        return self._styles[task]
+
+    def _line(self, text: Text, console: Console | None = None) -> None:
+        (console or self.err).print(text, soft_wrap=True, highlight=False)
+
+    def emit(self, kind: str, **data: Any) -> None:
+        if kind == "output":
+            prefix = Text(f"[{data['task']}@{data['host']}] ", style=self._style(data["task"]))
+            self._line(prefix + Text.from_ansi(data["line"]), self.out)
+        elif kind == "phase":
+            self._line(Text(f"▸ {data['name']} ", "bold cyan") + Text(str(data.get("detail", ""))))
+        elif kind == "message":
+            self._line(Text(str(data["text"]), {"warning": "yellow", "error": "red"}.get(data.get("level"), "")))
+        elif kind == "task-exited":
+            ok = data.get("exit_code") == 0 and data.get("signal") is None
+            self._line(Text(f"[{data['task']}@{data['host']}] ", style=self._style(data["task"])) +
+                       Text(f"{data.get('detail')}", "green" if ok else "red"))
+        elif kind in ("task-failed", "task-restarting", "task-restarted", "task-lost", "host-failed"):
+            detail = data.get("error") or data.get("detail") or ""
+            where = f"{data.get('task')}@{data.get('host')}" if data.get("task") else str(data.get("host"))
+            self._line(Text(f"{kind}: {where}: {detail}", "yellow"))
+        elif kind == "sync" and not data.get("skipped"):
+            self._line(Text(f"  {data['host']}: {data['files']} file(s) sent, {data['unchanged']} unchanged"))
+
+
+def render_run_report(console: Console, report: dict) -> None:
+    """The end of ``run``: what became of each task."""
+    table = Table(box=box.SIMPLE, title=Text(f"run {shlex.join(report['command'])} on {report['cluster']!r}"))
+    for column in ("task", "host", "state", "exit", "restarts", "seconds"):
+        table.add_column(column)
+    for task in report["tasks"]:
+        if task["signal"] is not None:
+            how = f"signal {task['signal']}"
+        elif task["exit_code"] is not None:
+            how = str(task["exit_code"])
+        else:
+            how = ""
+        ok = task["state"] == "stopped" or (task["exit_code"] == 0 and task["signal"] is None)
+        table.add_row(Text(f"{task['role']}:{task['index']}"), Text(task["host"]),
+                      Text(task["state"], "green" if ok else "red"), Text(how),
+                      Text(str(task["restarts"] or "")),
+                      Text(f"{task['seconds']:.1f}" if task.get("seconds") is not None else ""))
+    console.print(table)
+    verdict = "every chief and worker exited 0" if report["exit_code"] == 0 else "failed"
+    console.print(Text(f"run {verdict} in {report['wall_seconds']:.1f} s",
+                       "green" if report["exit_code"] == 0 else "red"))

@@ -99,7 +99,7 @@ class TaskError(PsclusterError):
         self.log_tail = log_tail
         self.log_path = log_path
         text = f"{task}@{host}: {message}"
-        if exit_code is not None:
+        if exit_code is not None and f"code {exit_code}" not in message:
             text += f" (exit code {exit_code})"
         if log_tail.strip():
             where = f" ({log_path})" if log_path else ""

@@ -172,6 +172,10 @@ class PlanOptions:
     name: str | None = None
     mode: str | None = None
     port_base: int | None = None
+    # `pscluster run` (one shot): every task of these roles runs the user's program (none
+    # stands); the cluster spec holds these roles, the evaluator excepted (TensorFlow's
+    # convention: an evaluator is not part of the cluster). None: the mode decides.
+    roles: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -199,12 +203,14 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
     ports = _assign_ports(slots, options.port_base)
     host_specs = {host.name: _host_spec(host, options) for host in inventory.hosts}
 
-    used_roles = dict(MODE_ROLES[mode])
-    _check_counts(inventory, slots, mode)
+    role_table = MODE_ROLES[mode] if options.roles is None else \
+        tuple((role, False) for role in ROLES if role in options.roles)
+    used_roles = dict(role_table)
+    _check_counts(inventory, slots, mode, program_roles=options.roles)
     cluster = tuple(
         (role, tuple(host_port(slot.host.address, ports[(slot.role, slot.index)])
                      for slot in slots if slot.role == role))
-        for role, _ in MODE_ROLES[mode]
+        for role, _ in role_table if role != "evaluator"
     )
     cluster_json = {job: list(addresses) for job, addresses in cluster}
     tasks = []
@@ -218,15 +224,24 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
         standing = used_roles[slot.role]
         run_dir = f"{host.workdir.rstrip('/')}/.pscluster/{name}"
         env = _task_env(slot, tf_config, name)
-        argv = (host.python, "-m", "roles.server") if standing else \
-            (host.python, "-m", "roles.train", "--mode", mode)
+        if options.roles is not None:
+            argv: tuple[str, ...] = ()        # the user's program, given to `run`
+        elif standing:
+            argv = (host.python, "-m", "roles.server")
+        else:
+            argv = (host.python, "-m", "roles.train", "--mode", mode)
         tasks.append(TaskSpec(
             role=slot.role, index=slot.index, host=slot.host.name, address=slot.host.address,
             port=port, cuda_visible_devices=slot.gpus, standing=standing, env=env, argv=argv,
             workdir=host.workdir, log_path=f"{run_dir}/{slot.role}-{slot.index}.log",
             events_path=f"{run_dir}/{slot.role}-{slot.index}.events.jsonl"))
     used_hosts = {task.host for task in tasks}
-    unused = tuple((role, UNUSED_REASONS.get((mode, role), f"{role} tasks are not used in {mode} mode"))
+    def why_unused(role: str) -> str:
+        if options.roles is not None:
+            return f"not among the roles that run the program ({', '.join(used_roles)})"
+        return UNUSED_REASONS.get((mode, role), f"{role} tasks are not used in {mode} mode")
+
+    unused = tuple((role, why_unused(role))
                    for role in ROLES if role not in used_roles and any(s.role == role for s in slots))
     return ClusterPlan(
         name=name, mode=mode, inventory_path=inventory.path, cluster=cluster, tasks=tuple(tasks),
@@ -300,12 +315,25 @@ def _assign_ports(slots: list[_Slot], port_base: int | None) -> dict[tuple[str, 
     return ports
 
 
-def _check_counts(inventory: Inventory, slots: list[_Slot], mode: str) -> None:
+def _check_counts(inventory: Inventory, slots: list[_Slot], mode: str,
+                  program_roles: tuple[str, ...] | None = None) -> None:
     counts = {role: sum(1 for slot in slots if slot.role == role) for role in ROLES}
     if counts["chief"] > 1:
         chief = next(slot for slot in slots if slot.role == "chief")
         raise chief.slots.origin.error(f"the chief group holds {counts['chief']} tasks; a cluster has at most one",
                                        hint="put one host in 'chief' with chief_tasks: 1")
+    if program_roles is not None:
+        unknown = [role for role in program_roles if role not in ROLES]
+        if unknown:
+            raise PlanError(f"unknown role {unknown[0]!r}", hint=f"roles are {', '.join(ROLES)}")
+        empty = [role for role in program_roles if counts[role] == 0]
+        if empty:
+            defined = [role for role in ROLES if counts[role]]
+            raise PlanError(f"{inventory.path} defines no {empty[0]} task",
+                            hint=f"it defines: {', '.join(defined) or 'no task at all'}")
+        if not program_roles:
+            raise PlanError(f"{inventory.path} defines no task", hint="add hosts to chief, ps, worker or evaluator")
+        return
     where = f"{inventory.path}: mode {mode}"
     for role, _ in MODE_ROLES[mode]:
         if role == "chief" and counts["chief"] == 0:

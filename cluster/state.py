@@ -22,6 +22,7 @@ from typing import Iterator
 
 from .errors import StateError, UsageError
 from .plan import ClusterPlan, HostSpec, TaskSpec
+from .progress import JobProgress
 
 PHASES = ("starting", "up", "failed", "stopping", "down")
 
@@ -66,7 +67,7 @@ class RunState:
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
     message: str | None = None
-    job: dict | None = None
+    job: JobProgress | None = None
     restarts: dict[str, int] = field(default_factory=dict)
     synced: dict[str, str] = field(default_factory=dict)
     firewall: dict[str, str] = field(default_factory=dict)
@@ -88,7 +89,8 @@ class RunState:
     def to_json(self) -> dict:
         return {
             "version": 1, "name": self.name, "phase": self.phase, "created": self.created,
-            "updated": self.updated, "message": self.message, "job": self.job,
+            "updated": self.updated, "message": self.message,
+            "job": self.job.to_json() if self.job is not None else None,
             "restarts": self.restarts, "synced": self.synced, "firewall": self.firewall,
             "plan": plan_to_json(self.plan),
             "processes": [dataclasses.asdict(record) for record in self.processes],
@@ -99,7 +101,7 @@ class RunState:
         return cls(name=data["name"], plan=plan_from_json(data["plan"]), phase=data["phase"],
                    processes=[ProcessRecord(**record) for record in data["processes"]],
                    created=data["created"], updated=data["updated"], message=data.get("message"),
-                   job=data.get("job"), restarts=data.get("restarts", {}), synced=data.get("synced", {}),
+                   job=JobProgress.from_json(data["job"]) if data.get("job") else None, restarts=data.get("restarts", {}), synced=data.get("synced", {}),
                    firewall=data.get("firewall", {}))
 
 

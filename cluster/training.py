@@ -15,6 +15,7 @@ from . import hostops
 from .codesync import LocalFile, collect, needs_sync
 from .errors import UsageError
 from .plan import ClusterPlan, HostSpec, TaskSpec
+from .progress import JobProgress
 from .transport import Transport
 
 RESTART_POLICIES = ("never", "on-failure", "always")
@@ -188,7 +189,7 @@ def server_log(task: TaskSpec, attempt: int) -> str:
 
 
 def summarize(result: dict, *, wall_seconds: float, restarts: dict[str, int], steps_redone: int,
-              job: JobRef, evals: list[dict] | None = None, progress: dict | None = None) -> dict:
+              job: JobRef, evals: list[dict] | None = None, progress: JobProgress | None = None) -> dict:
     """The final report (``train --json``)."""
     return {
         "job": job.name, "mode": result.get("mode"), "workers": result.get("workers"),
@@ -198,6 +199,7 @@ def summarize(result: dict, *, wall_seconds: float, restarts: dict[str, int], st
         "examples_per_second": result.get("examples_per_second"), "checkpoint": result.get("checkpoint"),
         "restored_step": result.get("restored_step"), "restarts": dict(restarts), "steps_redone": steps_redone,
         "evals": list(evals or []),
-        "global_batch_size": (progress or {}).get("global_batch_size"),
-        "per_worker_examples_per_second": result.get("per_worker") or (progress or {}).get("per_worker"),
+        "global_batch_size": progress.global_batch_size if progress else None,
+        "per_worker_examples_per_second": result.get("per_worker") or
+        (dict(progress.per_worker) if progress and progress.per_worker else None),
     }

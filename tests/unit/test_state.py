@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from cluster.contracts import JobState
 from cluster.errors import StateError, UsageError
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
+from cluster.progress import JobProgress, Orchestrator
 from cluster.state import ProcessRecord, RunState, StateStore, default_state_dir
 
 from .conftest import INVENTORIES
@@ -28,7 +30,9 @@ def lab_state(name: str = "lab", mode: str | None = None) -> RunState:
                       events="/opt/pscluster/work/.pscluster/lab/worker-1.events.jsonl", stopped=True),
     ]
     return RunState(name=name, plan=plan, phase="up", processes=records, created=1700000000.0,
-                    updated=1700000001.5, message="all servers ready", job={"name": "mnist", "step": 12},
+                    updated=1700000001.5, message="all servers ready", job=JobProgress(id=3, job="mnist", mode=mode or "async", state=JobState.RUNNING, step=12,
+                                                               restarts={"worker:1": 1},
+                                                               orchestrator=Orchestrator(4321, "ctl")),
                     restarts={"worker:1": 1}, synced={"node-a": "sha256:ab12"}, firewall={"node-b": "table"})
 
 

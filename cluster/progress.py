@@ -1,0 +1,97 @@
+"""The job record: what a ``train`` or ``run`` job is doing, kept in the cluster state.
+
+``status``, the live display, ``bench``, ``--json`` and the fault tests read it, so it is one
+typed value instead of a dict with implied keys. Its JSON form (``to_json``) is the
+``"job"`` object of the state file and of ``status --json``: only fields that are set appear.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .contracts import JobState
+
+
+@dataclass(frozen=True)
+class Orchestrator:
+    """The ``pscluster`` process supervising a job (to tell a live job from an orphan)."""
+
+    pid: int
+    host: str
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """One job on one cluster: identity, state, and the leader's latest progress."""
+
+    id: int
+    job: str                                  # the job's name (``distributed_mnist``) or the program
+    mode: str
+    state: JobState = JobState.STARTING
+    entry: str = "train"                      # the door it came through: "train" (job API) or "run"
+    started: float | None = None
+    ended: float | None = None
+    orchestrator: Orchestrator | None = None
+    checkpoint_dir: str | None = None
+    workers: int | None = None
+    restarts: Mapping[str, int] = field(default_factory=dict)     # this job's restarts per task
+    message: str | None = None
+    # progress reported by the leader
+    step: int | None = None
+    steps_total: int | None = None
+    epoch: float | None = None
+    loss: float | None = None
+    examples_per_second: float | None = None
+    per_worker: Mapping[str, float] | None = None
+    global_batch_size: int | None = None
+    restored_step: int | None = None
+    val_accuracy: float | None = None
+    val_step: int | None = None
+    checkpoint: str | None = None
+    checkpoint_step: int | None = None
+    # `run` jobs
+    command: tuple[str, ...] | None = None
+    exit_code: int | None = None
+    # the final report (train --json / run --json), once the job ended
+    result: Mapping[str, Any] | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.state.live
+
+    def updated(self, **fields: Any) -> "JobProgress":
+        """A copy with ``fields`` changed (``state`` may be given as its string)."""
+        if "state" in fields:
+            fields["state"] = JobState(fields["state"])
+        return dataclasses.replace(self, **fields)
+
+    def to_json(self) -> dict:
+        data = {}
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if value is None:
+                continue
+            if isinstance(value, Orchestrator):
+                value = dataclasses.asdict(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            data[item.name] = value
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "JobProgress":
+        known = {item.name for item in dataclasses.fields(cls)}
+        values = {key: value for key, value in data.items() if key in known}
+        values.setdefault("id", 0)
+        values.setdefault("job", "")
+        values.setdefault("mode", "")
+        if "state" in values:
+            values["state"] = JobState(values["state"])
+        if isinstance(values.get("orchestrator"), Mapping):
+            values["orchestrator"] = Orchestrator(**values["orchestrator"])
+        if isinstance(values.get("command"), list):
+            values["command"] = tuple(values["command"])
+        return cls(**values)

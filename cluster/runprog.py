@@ -1,0 +1,258 @@
+"""``pscluster run``: the user's own program on every task that should run it, supervised.
+
+Two ways in (see :mod:`cluster.runspec` for the pure parts):
+
+* on a cluster that is up (``run [--name N] -- PROGRAM ...``): the program runs on every task
+  that has no standing server (or the roles of ``--on``), beside the servers ``up`` started;
+* one shot (``run INVENTORY -- PROGRAM ...``): :func:`run_one_shot` brings the cluster up with
+  every task of the chosen roles planned as a program process (no standing server: preflight,
+  code sync and firewall only), runs the program on all of them, and always takes the cluster
+  down again, so nothing is left behind.
+
+:class:`ProgramSupervisor` is the ``run`` job on the shared executor: the program's output
+streams live from each host's watch stream (the task's log file) to the reporter as ``output``
+events; the run ends when every chief and worker process has exited (TensorFlow servers that
+never exit by themselves -- a ps in ``server.join()``, an evaluator loop -- are stopped then);
+a failure follows the restart policy (default ``never``: an arbitrary program may not be safe
+to restart).
+"""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Sequence
+
+from . import hostops
+from .codesync import LocalFile, needs_sync, sync_code, sync_files
+from .contracts import JobState, ProcessKind, RestartPolicy
+from .errors import Failure, HostError, MultiHostError, PsclusterError
+from .events import Reporter
+from .launcher import bring_down, bring_up, task_env
+from .plan import ClusterPlan, TaskSpec
+from .runspec import Workspace, expand, host_argv, placeholder_values, program_env, program_name, required_paths
+from .state import ProcessRecord, StateStore
+from .supervision import core
+from .supervision.executor import JobExecutor, JobFailed, JobInterrupted, Watched
+from .supervisor import check_ports_free
+from .training import job_paths
+from .transport import TransportPool
+
+MONITOR_PREFIX = "pscluster: "     # lines the host's monitor writes into the log (start, end)
+
+
+class ProgramSupervisor(JobExecutor):
+    """Runs the user's program on ``tasks`` of a cluster that is up, to its end."""
+
+    job_kind = "run"
+    failure_prefix = "run failed"
+
+    def __init__(self, *, store: StateStore, name: str, argv: Sequence[str], on: tuple[str, ...] | None,
+                 files: Sequence[LocalFile], space: Workspace, reporter: Reporter, pool: TransportPool,
+                 rules: core.RestartRules, host_timeout: float = 60.0, grace: float = 10.0,
+                 secrets: dict[str, str] | None = None, one_shot: bool = False, **clocks):
+        super().__init__(store=store, name=name, reporter=reporter, pool=pool, root=space.root, rules=rules,
+                         host_timeout=host_timeout, grace=grace, secrets=secrets, **clocks)
+        self.argv = tuple(argv)
+        self.on = on
+        self.files = list(files)
+        self.space = space
+        self.one_shot = one_shot
+        self.partial: dict[str, str] = {}          # log path -> its unfinished last line
+        self.outcomes: dict[str, dict] = {}         # task -> what became of it (for the report)
+        self.first_launch: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ the job
+    def job_name(self) -> str:
+        return program_name(self.argv)
+
+    def new_job(self):
+        from .runspec import select_tasks
+        self.tasks = select_tasks(self.plan, self.on)
+        return super().new_job().updated(command=self.argv)
+
+    def watchdog(self) -> core.Watchdog:
+        return core.Watchdog(restart_clean_exits=self.rules.policy is RestartPolicy.ALWAYS)
+
+    def prepare(self) -> None:
+        """Code and the program's files to hosts that need them; the program must exist on
+        every host; the tasks' ports must be free."""
+        if not self.one_shot:            # a one-shot run's bring-up has just synced the code
+            sync_code(self.plan, self.pool, self.reporter, self.root)
+        hosts = [self.plan.host(name) for name in dict.fromkeys(task.host for task in self.tasks)]
+        if self.files and any(needs_sync(host, self.root) for host in hosts):
+            self.reporter.emit("phase", name="sync", detail=f"{len(self.files)} file(s) of the program")
+            sync_files(self.plan, self.pool, self.reporter, self.files, self.root)
+        self.check_program(hosts)
+        check_ports_free(self.tasks, self.pool, self.plan)
+
+    def check_program(self, hosts) -> None:
+        """The script (or program path) must exist on each host, and a bare program name must be
+        found on its PATH: named per host before anything starts."""
+        failures = []
+        values = placeholder_values(self.plan, self.tasks[0])
+        for host in hosts:
+            transport = self.pool.get(host)
+            cwd = self.space.host_cwd(host)
+            argv = host_argv(expand(self.argv, values), host)
+            try:
+                paths = required_paths(expand(self.argv, values))
+                if paths:
+                    found = hostops.hashes(transport, cwd, paths)
+                    missing = [path for path in paths if found.get(path) is None]
+                    if missing:
+                        failures.append(Failure(host.name, HostError(
+                            host.name, f"{missing[0]} does not exist in {cwd}",
+                            hint="run pscluster from the folder that holds it (files named relative to your "
+                                 "current directory are copied to hosts that need them), or --sync it")))
+                elif "/" not in argv[0]:
+                    facts = hostops.facts(transport, ports=[], gpus=False, workdir=None, tools=(argv[0],))
+                    if not dict(facts.tools).get(argv[0]):
+                        failures.append(Failure(host.name, HostError(
+                            host.name, f"program {argv[0]!r} is not on the PATH",
+                            hint="give its full path, or install it on that host")))
+            except PsclusterError as exc:
+                failures.append(Failure(host.name, exc))
+        if failures:
+            raise MultiHostError(f"the program cannot start on {len(failures)} host(s); nothing was started",
+                                 failures)
+
+    def launch_group(self) -> None:
+        self.watch_servers()
+        where = ", ".join(sorted({t.role for t in self.tasks}, key=["chief", "ps", "worker", "evaluator"].index))
+        self.reporter.emit("phase", name="run", detail=f"{shlex.join(self.argv)} on {len(self.tasks)} task(s) "
+                                                        f"({where}) of {self.name!r}")
+        self.launch_many(self.tasks, self.launch_program)
+
+    def relaunch(self, task: TaskSpec) -> Watched:
+        return self.launch_program(task)
+
+    def launch_program(self, task: TaskSpec) -> Watched:
+        attempt = self.attempt(task, ProcessKind.PROGRAM)
+        log, _ = job_paths(task, self.plan, self.job_id, attempt)
+        record = ProcessRecord(key=f"{task.name}#j{self.job_id}.{attempt}", task=task.name, host=task.host,
+                               kind=str(ProcessKind.PROGRAM), attempt=attempt, log=log, exit_file=log + ".exit")
+        host = self.plan.host(task.host)
+        argv = host_argv(expand(self.argv, placeholder_values(self.plan, task)), host)
+        env = {**task_env(task, self.secrets), **program_env(self.plan, task)}
+        launch_task = _in_dir(task, self.space.host_cwd(host))
+        watched = self.launch(launch_task, record, argv=argv, env=env, kind=ProcessKind.PROGRAM, files=(log,))
+        watched.task = task
+        self.first_launch.setdefault(task.name, watched.launched)
+        self.outcomes[task.name] = {"state": "running"}
+        return watched
+
+    def recovery(self, incident: core.Incident) -> core.Recovery:
+        proc = incident.proc
+        if proc.kind is ProcessKind.SERVER:      # a standing server of `up` died during the run
+            return core.Recovery(wait_hosts=(proc.host,), stop=(proc.key,), restart_servers=(proc.task,))
+        return core.program_recovery(proc)
+
+    def on_chunk(self, watched: Watched, chunk: hostops.FileChunk, now: float) -> None:
+        path = chunk.path
+        text = self.partial.pop(path, "") + chunk.data
+        lines = text.split("\n")
+        rest = lines.pop()
+        if rest:
+            self.partial[path] = rest
+        watched.offsets = {path: chunk.end}
+        for line in lines:
+            if not line.startswith(MONITOR_PREFIX):
+                self.reporter.emit("output", task=watched.task.name, host=watched.task.host, line=line)
+
+    def on_exit(self, watched: Watched, now: float) -> None:
+        if watched.kind is not ProcessKind.PROGRAM:
+            return
+        for path in watched.files:                   # a last line without a newline
+            rest = self.partial.pop(path, "")
+            if rest and not rest.startswith(MONITOR_PREFIX):
+                self.reporter.emit("output", task=watched.task.name, host=watched.task.host, line=rest)
+        view = watched.view()
+        self.outcomes[watched.task.name] = {"state": "exited" if view.state.value == "exited" else "lost",
+                                            "exit_code": view.exit_code, "signal": view.signal,
+                                            "seconds": round(now - self.first_launch.get(watched.task.name, now), 2)}
+        self.reporter.emit("task-exited", task=watched.task.name, host=watched.task.host, exit_code=view.exit_code,
+                           signal=view.signal, detail=view.exit_reason())
+        if view.clean_exit and self.rules.policy is not RestartPolicy.ALWAYS:
+            watched.finished = True
+
+    def complete(self, now: float) -> bool:
+        if not core.program_finished(self.views()):
+            return False
+        left = [w for w in self.watched.values() if w.kind is ProcessKind.PROGRAM and not w.finished
+                and w.view().state.value not in ("exited", "gone")]
+        if left:
+            self.reporter.emit("message", text=f"every chief and worker finished; stopping "
+                                               f"{', '.join(w.task.name for w in left)}")
+            self.stop([w.record for w in left], grace=self.grace)
+        self.stop_job_processes(grace=1.0)      # records of what ended are closed too
+        return True
+
+    def stop(self, records: list[ProcessRecord], *, grace: float, first_signal: str = "TERM") -> None:
+        super().stop(records, grace=grace, first_signal=first_signal)
+        now = self.clock()
+        for record in records:
+            if self.outcomes.get(record.task, {}).get("state") == "running":
+                self.outcomes[record.task] = {"state": "stopped", "exit_code": None, "signal": None,
+                                              "seconds": round(now - self.first_launch.get(record.task, now), 2)}
+
+    def interrupted_message(self) -> str:
+        if self.one_shot:
+            return "run interrupted: its processes were stopped"
+        return "run interrupted: its processes were stopped; the standing servers are still up"
+
+    def interrupted_hint(self) -> str | None:
+        return None if self.one_shot else "'pscluster down' stops them"
+
+    def summary(self) -> dict:
+        return self.report(exit_code=0)
+
+    def report(self, *, exit_code: int) -> dict:
+        """The ``run --json`` document."""
+        restarts = self.job_restarts() if hasattr(self, "state") and self.state.job else {}
+        tasks = []
+        for task in getattr(self, "tasks", ()):
+            outcome = self.outcomes.get(task.name, {"state": "not started"})
+            tasks.append({"role": task.role, "index": task.index, "host": task.host, "state": outcome["state"],
+                          "exit_code": outcome.get("exit_code"), "signal": outcome.get("signal"),
+                          "restarts": restarts.get(task.name, 0), "seconds": outcome.get("seconds")})
+        return {"command": list(self.argv), "cluster": self.name, "tasks": tasks, "exit_code": exit_code,
+                "wall_seconds": round(self.clock() - self.began, 2)}
+
+
+def _in_dir(task: TaskSpec, cwd: str) -> TaskSpec:
+    """The task as started: the program runs in ``cwd`` rather than the task's workdir."""
+    from dataclasses import replace
+    return replace(task, workdir=cwd)
+
+
+def run_one_shot(plan: ClusterPlan, make_supervisor, *, store: StateStore, pool: TransportPool,
+                 bringup_reporter: Reporter, secrets: dict[str, str], timeout: float, grace: float) -> dict:
+    """Bring ``plan`` up (no standing server: every task runs the program), run, and always
+    take it down again, even after a failure or Ctrl-C.
+
+    ``make_supervisor()`` returns the :class:`ProgramSupervisor` once the cluster is up.
+    """
+    bring_up(plan, store=store, reporter=bringup_reporter, timeout=timeout, pool=pool, secrets=secrets)
+    bringup_reporter.close()
+    try:
+        return make_supervisor().run()
+    finally:
+        take_down(plan.name, store=store, pool=pool, reporter=bringup_reporter, grace=grace)
+
+
+def take_down(name: str, *, store: StateStore, pool: TransportPool, reporter: Reporter, grace: float) -> None:
+    """``down`` for a one-shot run; a Ctrl-C during it retries once, faster."""
+    for attempt_grace in (grace, 0.5):
+        if store.load(name) is None:
+            return
+        try:
+            bring_down(name, store=store, reporter=reporter, grace=attempt_grace, pool=pool)
+            return
+        except KeyboardInterrupt:
+            continue
+        except PsclusterError as exc:       # never mask the run's own outcome; the state keeps the rest
+            reporter.emit("message", level="error", text=f"taking the cluster down failed: {exc}")
+            return
+
+
+__all__ = ["ProgramSupervisor", "run_one_shot", "JobFailed", "JobInterrupted", "JobState"]

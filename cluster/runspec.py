@@ -1,0 +1,255 @@
+"""``pscluster run``: the user's own program on the cluster's tasks -- the pure part.
+
+Which tasks run the program, what each process gets (its command line with placeholders
+filled, its environment), which local files travel to the hosts, and in which directory the
+program runs there. Nothing here touches a host or reads the environment; the CLI passes in
+this machine's current directory and checkout.
+
+Placeholders, filled per task in every argument (``{{`` and ``}}`` are literal braces):
+
+==================  ==============================================================
+``{ps_hosts}``      the cluster's ps tasks as ``host:port,host:port`` (likewise
+``{worker_hosts}``  ``worker`` and ``chief``); empty when the cluster has none
+``{chief_hosts}``
+``{job_name}``      the task's type: ``ps``, ``worker``, ``chief``, ``evaluator``
+``{task_type}``     (both names: TF1 scripts say job_name, TF_CONFIG says type)
+``{task_index}``    the task's index within its type
+``{num_workers}``   how many worker tasks the cluster has (``{num_ps}``: ps tasks)
+``{port}``          the task's own port, ``{host}`` its address
+==================  ==============================================================
+
+Every process also gets ``TF_CONFIG``, its ``CUDA_VISIBLE_DEVICES`` mask, the inventory's
+``pscluster_env`` and the :func:`program_env` variables (``PSCLUSTER_TASK_TYPE`` ...).
+"""
+from __future__ import annotations
+
+import os
+import string
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Mapping, Sequence
+
+from .codesync import LocalFile, collect, needs_sync
+from .errors import UsageError
+from .inventory import ROLES
+from .plan import ClusterPlan, HostSpec, TaskSpec
+
+PLACEHOLDERS = ("ps_hosts", "worker_hosts", "chief_hosts", "job_name", "task_type", "task_index", "num_workers",
+                "num_ps", "port", "host")
+PYTHON_NAMES = ("python", "python3")
+_PYTHON_OPTIONS_WITH_VALUE = ("-W", "-X", "-Q")
+
+
+def check_placeholders(argv: Sequence[str]) -> None:
+    """Reject unknown or malformed placeholders before anything starts.
+
+    Raises:
+        UsageError: naming the argument and the placeholder, with the known ones as a hint.
+    """
+    for arg in argv:
+        for field_name, conversion in _fields(arg):
+            if field_name not in PLACEHOLDERS or conversion:
+                shown = "{" + field_name + (f"!{conversion}" if conversion else "") + "}"
+                raise UsageError(f"unknown placeholder {shown} in argument {arg!r}",
+                                 hint="placeholders: " + ", ".join("{" + p + "}" for p in PLACEHOLDERS) +
+                                      "; write {{ and }} for literal braces")
+
+
+def _fields(arg: str) -> list[tuple[str, str | None]]:
+    try:
+        parsed = list(string.Formatter().parse(arg))
+    except ValueError as exc:
+        raise UsageError(f"argument {arg!r}: {exc}",
+                         hint="write {{ and }} for literal braces; placeholders look like {task_index}") from None
+    return [(field_name, conversion) for _, field_name, _, conversion in parsed if field_name is not None]
+
+
+def placeholder_values(plan: ClusterPlan, task: TaskSpec) -> dict[str, object]:
+    """The values of the placeholders for one task."""
+    spec = plan.cluster_spec
+    return {
+        "ps_hosts": ",".join(spec.get("ps", ())), "worker_hosts": ",".join(spec.get("worker", ())),
+        "chief_hosts": ",".join(spec.get("chief", ())), "job_name": task.role, "task_type": task.role,
+        "task_index": task.index, "num_workers": len(spec.get("worker", ())), "num_ps": len(spec.get("ps", ())),
+        "port": task.port, "host": task.address,
+    }
+
+
+def expand(argv: Sequence[str], values: Mapping[str, object]) -> list[str]:
+    """``argv`` with every placeholder filled (after :func:`check_placeholders`)."""
+    try:
+        return [arg.format_map(values) for arg in argv]
+    except (ValueError, KeyError, IndexError) as exc:      # a bad format spec such as {task_index:x.y}
+        raise UsageError(f"cannot fill the placeholders of {list(argv)}: {exc}") from None
+
+
+def program_env(plan: ClusterPlan, task: TaskSpec) -> dict[str, str]:
+    """What every program process gets besides the task's planned environment."""
+    values = placeholder_values(plan, task)
+    return {
+        "PSCLUSTER_TASK_TYPE": task.role, "PSCLUSTER_TASK_INDEX": str(task.index),
+        "PSCLUSTER_NUM_WORKERS": str(values["num_workers"]), "PSCLUSTER_NUM_PS": str(values["num_ps"]),
+        "PSCLUSTER_PS_HOSTS": str(values["ps_hosts"]), "PSCLUSTER_WORKER_HOSTS": str(values["worker_hosts"]),
+        "PSCLUSTER_CHIEF_HOSTS": str(values["chief_hosts"]), "PSCLUSTER_HOST": task.address,
+        "PSCLUSTER_PORT": str(task.port),
+    }
+
+
+def host_argv(argv: Sequence[str], host: HostSpec) -> list[str]:
+    """A program of ``python``/``python3`` means the host's interpreter (``pscluster_python``)."""
+    argv = list(argv)
+    if argv and argv[0] in PYTHON_NAMES:
+        argv[0] = host.python
+    return argv
+
+
+def script_of(argv: Sequence[str]) -> str | None:
+    """The script a ``python ...`` command runs (None for ``-m``/``-c`` or another program)."""
+    if not argv or argv[0] not in PYTHON_NAMES:
+        return None
+    args = iter(argv[1:])
+    for arg in args:
+        if arg in ("-m", "-c", "-"):
+            return None
+        if arg in _PYTHON_OPTIONS_WITH_VALUE:
+            next(args, None)
+            continue
+        if arg.startswith("-"):
+            continue
+        return arg
+    return None
+
+
+def parse_roles(text: str) -> tuple[str, ...]:
+    """``--on worker`` / ``--on ps,worker`` -> roles in cluster order."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    unknown = [item for item in items if item not in ROLES]
+    if not items or unknown:
+        raise UsageError(f"--on: {', '.join(unknown) or repr(text)} is not a role",
+                         hint=f"roles are {', '.join(ROLES)}, e.g. --on ps,worker")
+    return tuple(role for role in ROLES if role in items)
+
+
+def select_tasks(plan: ClusterPlan, on: tuple[str, ...] | None) -> tuple[TaskSpec, ...]:
+    """The tasks of a cluster that is up which run the program.
+
+    Without ``--on``: every task that has no standing server of ``up`` (async: the chief;
+    sync and sync-ps: the workers). With it: every task of those roles, which must exist in the
+    cluster and must not be standing servers (their ports are taken).
+
+    Raises:
+        UsageError: a role the cluster lacks, or one whose tasks are standing servers.
+    """
+    if on is None:
+        tasks = plan.training_tasks
+        if not tasks:
+            raise UsageError(f"cluster {plan.name!r} has no task without a standing server",
+                             hint="name the roles with --on")
+        return tasks
+    tasks = []
+    for role in on:
+        of_role = plan.tasks_of(role)
+        if not of_role:
+            raise UsageError(f"--on {role}: cluster {plan.name!r} ({plan.mode}) has no {role} task",
+                             hint=f"its tasks: {', '.join(t.name for t in plan.tasks)}; a one-shot "
+                                  "'pscluster run INVENTORY --on ...' plans the roles you name")
+        standing = [t.name for t in of_role if t.standing]
+        if standing:
+            raise UsageError(f"--on {role}: {', '.join(standing)} run(s) standing servers started by 'up' "
+                             "(their ports are taken)",
+                             hint="run on the other roles, or use a one-shot 'pscluster run INVENTORY --on ...'")
+        tasks.extend(of_role)
+    return tuple(tasks)
+
+
+# ----------------------------------------------------------------------------- files and directories
+
+@dataclass(frozen=True)
+class Workspace:
+    """Where the program runs: this machine's current directory and checkout, and per host."""
+
+    cwd: Path        # where `pscluster run` was typed
+    root: Path       # this checkout (synced as the hosts' workdir)
+
+    def subdir(self) -> str:
+        """The current directory relative to the checkout ("" when outside it)."""
+        try:
+            rel = self.cwd.relative_to(self.root)
+        except ValueError:
+            return ""
+        return "" if str(rel) == "." else rel.as_posix()
+
+    def host_cwd(self, host: HostSpec) -> str:
+        """The program's working directory on ``host``: this very directory on hosts that share
+        this checkout; else the same place relative to the host's workdir (the workdir itself
+        when this directory is outside the checkout)."""
+        if not needs_sync(host, self.root):
+            return str(self.cwd)
+        sub = self.subdir()
+        return host.workdir.rstrip("/") + (f"/{sub}" if sub else "")
+
+    def dest_prefix(self) -> str:
+        """Prefix of synced files relative to a host's workdir."""
+        sub = self.subdir()
+        return f"{sub}/" if sub else ""
+
+
+def local_files(argv: Sequence[str], sync: Sequence[str], space: Workspace) -> list[LocalFile]:
+    """Local files the command names (the program or script, arguments that are relative paths
+    to files under the current directory) and every ``--sync`` path, to copy to hosts that do
+    not share this checkout, as paths relative to the current directory.
+
+    Raises:
+        UsageError: a ``--sync`` path that is missing or outside the current directory.
+    """
+    entries: list[str] = []
+    for arg in argv:
+        rel = _under(arg, space.cwd)
+        if rel is not None and (space.cwd / rel).is_file() and rel not in entries:
+            entries.append(rel)
+    for item in sync:
+        rel = _under(item, space.cwd)
+        if rel is None:
+            raise UsageError(f"--sync {item}: not under the current directory ({space.cwd})",
+                             hint="--sync copies files and folders below where you run pscluster, to the same "
+                                  "place below each host's workdir")
+        if not (space.cwd / rel).exists():
+            raise UsageError(f"--sync {item}: no such file or folder")
+        if rel not in entries:
+            entries.append(rel)
+    return collect(space.cwd, tuple(entries), prefix=space.dest_prefix())
+
+
+def _under(text: str, cwd: Path) -> str | None:
+    """``text`` as a normalised path relative to ``cwd``, if it names something below it."""
+    if not text or text.startswith("-") or "\n" in text or "=" in text:
+        return None
+    path = Path(text)
+    if path.is_absolute():
+        try:
+            path = path.resolve().relative_to(cwd.resolve())
+        except (ValueError, OSError):
+            return None
+    parts = PurePosixPath(os.path.normpath(path.as_posix())).parts
+    if not parts or parts[0] in ("..", ".") or any(part == ".." for part in parts):
+        return None
+    return "/".join(parts)
+
+
+def required_paths(argv: Sequence[str]) -> list[str]:
+    """Paths that must exist on every host before the program starts: the program itself when
+    it is a path, and a ``python`` command's script."""
+    if not argv:
+        return []
+    if argv[0] in PYTHON_NAMES:
+        script = script_of(argv)
+        return [script] if script and "{" not in script else []
+    return [argv[0]] if "/" in argv[0] and "{" not in argv[0] else []
+
+
+def program_name(argv: Sequence[str]) -> str:
+    """A short name for the job record: ``python tf1_flags.py``."""
+    script = script_of(argv)
+    if script:
+        return f"{argv[0]} {PurePosixPath(script).name}"
+    return PurePosixPath(argv[0]).name if argv else "?"

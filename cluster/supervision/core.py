@@ -1,0 +1,304 @@
+"""Supervision decisions as pure functions of what was observed.
+
+The executor (:mod:`cluster.supervision.executor`) watches processes and hosts, and acts; this
+module decides. Nothing here reads a clock, a file or a host: every input, ``now`` included, is
+passed in, so every row of the recovery table in ``docs/supervision.md`` is a unit test that
+runs in milliseconds (``tests/unit/test_supervision_core.py``).
+
+Vocabulary:
+
+* :class:`Proc` -- one live process of the job as last observed (a snapshot).
+* :class:`Incident` -- the first thing that went wrong, with the process to blame.
+* :class:`RestartRules` + :func:`verdict` -- restart policy, per-job budget, backoff.
+* :class:`Recovery` -- what to stop, restart and relaunch: :func:`train_recovery` (by mode, as
+  TensorFlow allows) and :func:`program_recovery` (``pscluster run``: the one task).
+* :func:`train_outcome` / :func:`program_finished` -- when a job is done.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Iterable, Mapping, Sequence
+
+from ..contracts import Mode, ProcessKind, ProcState, RestartPolicy, Role
+
+FROZEN_AFTER = 5.0          # a process stopped (SIGSTOP) this long counts as failed
+LEADER_LINGER = 30.0        # after the leader finished, others get this long to end by themselves
+MAX_BACKOFF = 30.0
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One live process of the job, as last observed."""
+
+    key: str                          # the process record's key ("worker:1#j2.1")
+    task: str                         # "worker:1"
+    role: Role
+    host: str
+    kind: ProcessKind
+    state: ProcState = ProcState.RUNNING
+    exit_code: int | None = None
+    signal: int | None = None
+    launched: float = 0.0             # when it was started (the executor's clock)
+    frozen_since: float | None = None
+    started: bool = False             # training processes: reported their "start" event
+    last_event: float = 0.0           # training processes: when they last reported anything
+    done: bool = False                # training processes: wrote their "done" event
+    finished: bool = False            # ended as it should: its part of the job is complete
+
+    @property
+    def ended(self) -> bool:
+        return self.state in (ProcState.EXITED, ProcState.GONE)
+
+    @property
+    def clean_exit(self) -> bool:
+        return self.state is ProcState.EXITED and self.exit_code == 0 and self.signal is None
+
+    def exit_reason(self) -> str:
+        if self.state is ProcState.GONE:
+            return "vanished (no exit status)"
+        if self.signal is not None:
+            return f"was killed by signal {self.signal}"
+        return f"exited with code {self.exit_code}"
+
+
+@dataclass(frozen=True)
+class HostView:
+    """One host's watch stream: lost since when (None = answering), and why."""
+
+    host: str
+    lost_since: float | None = None
+    error: str | None = None
+
+
+class IncidentKind(str, Enum):
+    EXITED = "exited"
+    FROZEN = "frozen"
+    START_TIMEOUT = "start-timeout"
+    STALLED = "stalled"
+
+
+@dataclass(frozen=True)
+class Incident:
+    """A failed process of the job and why (the process to blame, not the one that noticed)."""
+
+    kind: IncidentKind
+    proc: Proc
+    reason: str
+
+    @property
+    def clean_exit(self) -> bool:
+        return self.kind is IncidentKind.EXITED and self.proc.clean_exit
+
+
+@dataclass(frozen=True)
+class Watchdog:
+    """What counts as failed, besides an exit.
+
+    ``start_timeout``: a training process that has not reported ``start`` this long after its
+    launch failed (None: no deadline). ``stall_after``: in sync modes, a leader silent this long
+    means a peer blocks the collective (None: not checked). ``blame_frozen``: when a process
+    fails while a peer is frozen, blame the frozen one (sync peers fail *because* it froze).
+    ``restart_clean_exits``: ``run --restart-policy always`` also restarts a program that
+    exited 0.
+    """
+
+    frozen_after: float = FROZEN_AFTER
+    start_timeout: float | None = None
+    stall_after: float | None = None
+    leader: str | None = None
+    blame_frozen: bool = False
+    restart_clean_exits: bool = False
+
+
+def find_incident(procs: Sequence[Proc], *, now: float, watch: Watchdog) -> Incident | None:
+    """The first failure among ``procs`` (in their order), or None while all is well."""
+    for proc in procs:
+        if proc.finished:
+            continue
+        if proc.ended:
+            if proc.clean_exit and (proc.done or (proc.kind is ProcessKind.PROGRAM and not watch.restart_clean_exits)):
+                continue       # a completed part of the job, not a failure
+            return _blame(Incident(IncidentKind.EXITED, proc, proc.exit_reason()), procs, watch)
+        if proc.frozen_since is not None and now - proc.frozen_since > watch.frozen_after:
+            return Incident(IncidentKind.FROZEN, proc,
+                            f"is frozen (stopped by a signal for {now - proc.frozen_since:.0f} s)")
+        if (watch.start_timeout is not None and proc.kind is ProcessKind.TRAIN and not proc.started
+                and now - proc.launched > watch.start_timeout):
+            return Incident(IncidentKind.START_TIMEOUT, proc,
+                            f"did not start training within {watch.start_timeout:.0f} s")
+    return _stall(procs, now=now, watch=watch)
+
+
+def _blame(incident: Incident, procs: Sequence[Proc], watch: Watchdog) -> Incident:
+    if not watch.blame_frozen or incident.proc.frozen_since is not None:
+        return incident
+    frozen = [proc for proc in procs if proc.frozen_since is not None and not proc.ended]
+    if not frozen:
+        return incident
+    return Incident(IncidentKind.FROZEN, frozen[0],
+                    f"is frozen (stopped by a signal; {incident.proc.task} {incident.reason} waiting for it)")
+
+
+def _stall(procs: Sequence[Proc], *, now: float, watch: Watchdog) -> Incident | None:
+    if watch.stall_after is None or watch.leader is None:
+        return None
+    leader = next((p for p in reversed(procs) if p.task == watch.leader and p.kind is ProcessKind.TRAIN), None)
+    if leader is None or not leader.started or leader.done or now - leader.last_event <= watch.stall_after:
+        return None
+    training = [p for p in procs if p.kind is ProcessKind.TRAIN]
+    culprit = min(training, key=lambda p: p.last_event)
+    return Incident(IncidentKind.STALLED, culprit,
+                    f"stopped making progress ({now - culprit.last_event:.0f} s without an event)")
+
+
+# ----------------------------------------------------------------------------- restarts
+
+@dataclass(frozen=True)
+class RestartRules:
+    """``--restart-policy``, ``--max-restarts`` (per task, per job) and the backoff."""
+
+    policy: RestartPolicy = RestartPolicy.ON_FAILURE
+    max_restarts: int = 3
+    backoff: float = 1.0
+    max_backoff: float = MAX_BACKOFF
+
+    def delay(self, used: int) -> float:
+        """Seconds to wait before restart number ``used + 1``: 1, 2, 4, ... capped."""
+        return min(self.max_backoff, self.backoff * (2 ** used))
+
+
+class Action(str, Enum):
+    RESTART = "restart"
+    FAIL = "fail"          # the job fails with the incident as its root cause
+    ACCEPT = "accept"      # a clean exit that may no longer be restarted stands (run --restart-policy always)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: Action
+    delay: float = 0.0
+    why: str | None = None          # for FAIL: what forbids the restart
+
+
+def verdict(rules: RestartRules, incident: Incident, used: int) -> Verdict:
+    """Restart, fail or accept, given the restarts this task already used in this job.
+
+    ``never`` fails at the first incident; ``on-failure`` restarts anything but a clean exit
+    (a standing server or a training process that exits 0 without finishing fails the job);
+    ``always`` restarts clean exits too. A task whose budget is used fails the job, except that
+    a program's clean exit then simply stands.
+    """
+    if rules.policy is RestartPolicy.NEVER:
+        return Verdict(Action.FAIL, why="restart policy 'never'")
+    if rules.policy is RestartPolicy.ON_FAILURE and incident.clean_exit:
+        return Verdict(Action.FAIL)
+    if used >= rules.max_restarts:
+        if incident.clean_exit and incident.proc.kind is ProcessKind.PROGRAM:
+            return Verdict(Action.ACCEPT)
+        return Verdict(Action.FAIL, why=f"restart budget exhausted ({rules.max_restarts} restart(s) used)")
+    return Verdict(Action.RESTART, delay=rules.delay(used))
+
+
+# ----------------------------------------------------------------------------- recovery
+
+@dataclass(frozen=True)
+class Recovery:
+    """What the executor does after the backoff, in this order.
+
+    Wait until ``wait_hosts`` answer; stop the processes ``stop`` (keys); relaunch the standing
+    servers ``restart_servers`` (task names, each waited for until it answers); if
+    ``ensure_servers``, probe every standing server and restart any that does not answer; then
+    relaunch the training/program tasks ``relaunch`` (resuming from the last checkpoint).
+    """
+
+    wait_hosts: tuple[str, ...]
+    stop: tuple[str, ...]
+    restart_servers: tuple[str, ...] = ()
+    ensure_servers: bool = False
+    relaunch: tuple[str, ...] = ()
+
+
+def train_recovery(mode: Mode, failed: Proc, procs: Iterable[Proc], *, hosts: Sequence[str],
+                   servers: Sequence[str], trainers: Sequence[str]) -> Recovery:
+    """The recovery table of ``pscluster train`` (docs/supervision.md), by mode.
+
+    Args:
+        failed: the process to blame.
+        procs: every live process of the job (servers included).
+        hosts: every host of the cluster.
+        servers: the standing tasks (started by ``up``), in plan order.
+        trainers: the training tasks, in plan order.
+    """
+    procs = list(procs)
+    mode = Mode(mode)
+    if mode is Mode.ASYNC and failed.kind is ProcessKind.SERVER:
+        # A worker's server rejoins the coordinator by itself; a ps restarts empty and the
+        # coordinator then fails on its own (its variables are gone) and is restarted below.
+        return Recovery(wait_hosts=(failed.host,), stop=(failed.key,), restart_servers=(failed.task,))
+    if mode is Mode.ASYNC:
+        return Recovery(wait_hosts=tuple(hosts), stop=(failed.key,), ensure_servers=True,
+                        relaunch=(failed.task,))
+    group = [p.key for p in procs if p.kind is ProcessKind.TRAIN]
+    if mode is Mode.SYNC:
+        # MultiWorkerMirroredStrategy has no elasticity: the whole group restarts.
+        return Recovery(wait_hosts=tuple(hosts), stop=tuple(group), relaunch=tuple(trainers))
+    # sync-ps: the ps hold the old graph's queues and accumulators: restart them too.
+    group += [p.key for p in procs if p.kind is ProcessKind.SERVER]
+    return Recovery(wait_hosts=tuple(hosts), stop=tuple(group), restart_servers=tuple(servers),
+                    relaunch=tuple(trainers))
+
+
+def program_recovery(failed: Proc) -> Recovery:
+    """``pscluster run``: the user's program is restarted on its own host and port, alone."""
+    return Recovery(wait_hosts=(failed.host,), stop=(failed.key,), relaunch=(failed.task,))
+
+
+# ----------------------------------------------------------------------------- hosts
+
+def lost_host_failure(hosts: Sequence[HostView], *, now: float, host_timeout: float,
+                      policy: RestartPolicy) -> HostView | None:
+    """The lost host that fails the job: any lost host under ``never``, else one lost for
+    longer than ``host_timeout``."""
+    for host in hosts:
+        if host.lost_since is None:
+            continue
+        if policy is RestartPolicy.NEVER or now - host.lost_since > host_timeout:
+            return host
+    return None
+
+
+# ----------------------------------------------------------------------------- completion
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    """Whether a training job is complete, and which stragglers to stop then."""
+
+    complete: bool
+    stop: tuple[str, ...] = ()
+
+
+def train_outcome(procs: Sequence[Proc], *, leader: str, leader_done_at: float | None, now: float,
+                  linger: float = LEADER_LINGER) -> TrainOutcome:
+    """A training job is complete once its leader finished and every other training process
+    ended too, or ``linger`` seconds after the leader finished (the stragglers are stopped)."""
+    if leader_done_at is None:
+        return TrainOutcome(False)
+    others = [p for p in procs if p.kind is ProcessKind.TRAIN and p.task != leader and not p.finished and not p.ended]
+    if not others:
+        return TrainOutcome(True)
+    if now - leader_done_at > linger:
+        return TrainOutcome(True, stop=tuple(p.key for p in others))
+    return TrainOutcome(False)
+
+
+def program_finished(procs: Sequence[Proc]) -> bool:
+    """``pscluster run`` ends when every chief and worker program finished; when the run has
+    neither (``--on ps``), when every program finished. Servers never finish by themselves."""
+    programs = [p for p in procs if p.kind is ProcessKind.PROGRAM]
+    leaders = [p for p in programs if p.role in (Role.CHIEF, Role.WORKER)]
+    return bool(programs) and all(p.finished for p in (leaders or programs))
+
+
+def restarts_in_job(counts: Mapping[str, int]) -> dict[str, int]:
+    return {task: count for task, count in counts.items() if count}

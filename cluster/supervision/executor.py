@@ -1,0 +1,507 @@
+"""The acting half of supervision: launch, watch, stop, restart -- decisions come from
+:mod:`cluster.supervision.core`.
+
+:class:`JobExecutor` runs one job on a cluster that is up, to its end: done, failed for good,
+or interrupted. It records the job (:class:`~cluster.progress.JobProgress`) and every process
+in the cluster state before waiting on it, watches every process of the job through one
+:class:`~cluster.supervision.links.HostLink` per host, and on each turn of its loop asks the
+core for an incident, a verdict and a recovery plan, then carries it out. Two jobs build on it:
+``train`` (:class:`cluster.supervisor.Supervisor`) and ``run``
+(:class:`cluster.runprog.ProgramSupervisor`); they supply how to launch a task, what the
+watched files say, the watchdog, the recovery table and when the job is complete.
+
+Clock and sleep are passed in (``clock``, ``sleep``, ``wall``) so tests can replace them.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .. import hostops
+from ..contracts import JobState, ProcessKind, ProcState, RestartPolicy, Role
+from ..errors import HostError, PsclusterError, TaskError, UsageError
+from ..events import Reporter
+from ..launcher import StateWriter, start_task, stop_records, task_env, wait_ready
+from ..plan import ClusterPlan, TaskSpec
+from ..probe import Prober
+from ..progress import JobProgress, Orchestrator
+from ..state import ProcessRecord, RunState, StateStore
+from ..transport import TransportPool
+from . import core
+from .links import HostLink
+
+LOOP_SECONDS = 0.1          # bounds how late an exit or event is acted on; cheap when idle
+PUBLISH_SECONDS = 1.0       # how often the job record is written while nothing else changes
+SERVER_READY_TIMEOUT = 120.0
+
+
+class JobFailed(PsclusterError):
+    """The job failed for good (policy or budget); ``cause`` is the root cause."""
+
+    def __init__(self, cause: PsclusterError, *, prefix: str = "training failed"):
+        self.cause = cause
+        super().__init__(f"{prefix}: {cause.message}", hint=cause.hint)
+
+
+class JobInterrupted(PsclusterError):
+    exit_code = 130
+
+
+@dataclass
+class Watched:
+    """A live process of the job, as the executor tracks it (mutable; :meth:`view` snapshots)."""
+
+    task: TaskSpec
+    record: ProcessRecord
+    kind: ProcessKind
+    launched: float
+    files: tuple[str, ...] = ()       # files whose new bytes the host streams (events, logs)
+    offsets: dict | None = None       # path -> offset already consumed
+    state: ProcState = ProcState.RUNNING
+    exit_code: int | None = None
+    signal: int | None = None
+    started: bool = False
+    last_event: float = 0.0
+    frozen_since: float | None = None
+    done: bool = False
+    finished: bool = False
+    ended_at: float | None = None
+    error: str | None = None          # its own "error" event, if any
+
+    def view(self) -> core.Proc:
+        return core.Proc(key=self.record.key, task=self.task.name, role=Role(self.task.role), host=self.task.host,
+                         kind=self.kind, state=self.state, exit_code=self.exit_code, signal=self.signal,
+                         launched=self.launched, frozen_since=self.frozen_since, started=self.started,
+                         last_event=self.last_event, done=self.done, finished=self.finished)
+
+
+class JobExecutor:
+    """Runs one job's processes; subclasses say what the job is (see the module docstring)."""
+
+    job_kind = "train"
+    failure_prefix = "training failed"
+
+    def __init__(self, *, store: StateStore, name: str, reporter: Reporter, pool: TransportPool, root: Path,
+                 rules: core.RestartRules, host_timeout: float = 60.0, grace: float = 10.0,
+                 secrets: dict[str, str] | None = None, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep, wall: Callable[[], float] = time.time):
+        self.store = store
+        self.name = name
+        self.reporter = reporter
+        self.pool = pool
+        self.root = root
+        self.rules = rules
+        self.host_timeout = host_timeout
+        self.grace = grace
+        self.secrets = secrets or {}
+        self.clock = clock
+        self.sleep = sleep
+        self.wall = wall
+        self.watched: dict[str, Watched] = {}
+        self.links: dict[str, HostLink] = {}
+        self.began = clock()
+        self._published = 0.0
+
+    # ------------------------------------------------------------------ hooks
+    def job_name(self) -> str:
+        raise NotImplementedError
+
+    def watchdog(self) -> core.Watchdog:
+        return core.Watchdog()
+
+    def prepare(self) -> None:
+        """Before the first launch (sync code, check ports, ...)."""
+
+    def launch_group(self) -> None:
+        """Start the job's processes."""
+        raise NotImplementedError
+
+    def relaunch(self, task: TaskSpec) -> Watched:
+        """Start a job process of ``task`` again (after a failure)."""
+        raise NotImplementedError
+
+    def recovery(self, incident: core.Incident) -> core.Recovery:
+        raise NotImplementedError
+
+    def on_chunk(self, watched: Watched, chunk: hostops.FileChunk, now: float) -> None:
+        """New bytes of one of ``watched.files``."""
+
+    def on_exit(self, watched: Watched, now: float) -> None:
+        """``watched`` was just seen ended (exited or gone)."""
+
+    def complete(self, now: float) -> bool:
+        """True when the job is done (after stopping what must be stopped)."""
+        raise NotImplementedError
+
+    def summary(self) -> dict:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ the job record
+    def _load(self) -> RunState:
+        with self.store.lock(self.name):
+            state = self.store.load(self.name)
+            if state is None:
+                raise UsageError(f"no cluster named {self.name!r}")
+            if state.phase != "up":
+                raise UsageError(f"cluster {self.name!r} is {state.phase}, not up",
+                                 hint="bring it up with 'pscluster up INVENTORY'")
+            job = state.job
+            if job is not None and job.live and orchestrator_alive(job.orchestrator):
+                raise UsageError(f"job {job.id} ({job.job}) is still running on {self.name!r}",
+                                 hint="wait for it, or stop it with Ctrl-C in its terminal")
+        return state
+
+    def set_job(self, **fields) -> None:
+        self.state.job = self.state.job.updated(**fields)
+
+    def publish(self, now: float, force: bool = False) -> None:
+        if force or now - self._published > PUBLISH_SECONDS:
+            self._published = now
+            self.writer.change(lambda s: None)
+
+    def finish(self, final: JobState, **fields) -> None:
+        self.set_job(state=final, ended=self.wall(), **fields)
+        try:
+            self.writer.change(lambda s: None)
+        except PsclusterError:
+            pass     # the cluster was taken down meanwhile: nothing to record
+
+    def job_restarts(self) -> dict[str, int]:
+        return core.restarts_in_job(self.state.job.restarts)
+
+    # ------------------------------------------------------------------ running
+    def run(self) -> dict:
+        """Run the job to its end and return its report.
+
+        Raises:
+            JobFailed: the job failed for good (the root cause inside).
+            JobInterrupted: Ctrl-C (or SIGTERM/SIGHUP); the job's processes were stopped.
+        """
+        self.began = self.clock()
+        self.state = self._load()
+        self.plan: ClusterPlan = self.state.plan
+        self.writer = StateWriter(self.store, self.state, expect_phase="up")
+        stale = [r for r in self.state.live_records() if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM)]
+        if stale:     # an earlier job whose orchestrator was killed
+            self.reporter.emit("message", text=f"stopping {len(stale)} process(es) of an earlier, orphaned job")
+            self.stop(stale, grace=3.0)
+        self.job_id = (self.state.job.id if self.state.job else 0) + 1
+        self.writer.change(lambda s: setattr(s, "job", self.new_job()))
+        try:
+            self.prepare()
+            self.launch_group()
+            self.retarget()
+            self.set_job(state=JobState.RUNNING)
+            self.loop()
+            report = self.summary()
+            self.finish(JobState.DONE, result=report)
+            return report
+        except KeyboardInterrupt:
+            self.interrupt()
+            raise JobInterrupted(self.interrupted_message(), hint=self.interrupted_hint()) from None
+        except JobFailed as exc:
+            self.finish(JobState.FAILED, message=str(exc.cause))
+            raise
+        except Exception as exc:      # PsclusterError, or a bug: never leave the job running
+            self.stop_job_processes(grace=3.0)
+            self.finish(JobState.FAILED, message=str(exc) or type(exc).__name__)
+            raise
+        finally:
+            for link in self.links.values():
+                link.close()
+
+    def new_job(self) -> JobProgress:
+        return JobProgress(id=self.job_id, job=self.job_name(), mode=self.plan.mode, entry=self.job_kind,
+                           state=JobState.STARTING, started=self.wall(),
+                           orchestrator=Orchestrator(os.getpid(), socket.gethostname()),
+                           workers=len(self.plan.tasks_of("worker")))
+
+    def interrupted_message(self) -> str:
+        return f"job {self.job_id} stopped: its processes were stopped; the standing servers are still up"
+
+    def interrupted_hint(self) -> str | None:
+        return "'pscluster down' stops them"
+
+    def loop(self) -> None:
+        while True:
+            now = self.clock()
+            for host, link in list(self.links.items()):
+                for update in link.poll(now):
+                    self.absorb(update, now)
+            if self.decide(now):
+                return
+            self.publish(now)
+            self.sleep(LOOP_SECONDS)
+
+    def absorb(self, update: hostops.WatchUpdate, now: float) -> None:
+        for key, status in update.states.items():
+            watched = self.watched.get(key)
+            if watched is None:
+                continue
+            was_ended = watched.state in (ProcState.EXITED, ProcState.GONE)
+            watched.state = ProcState(status.state)
+            watched.exit_code, watched.signal = status.exit_code, status.signal
+            watched.frozen_since = (watched.frozen_since or now) if watched.state is ProcState.FROZEN else None
+        for chunk in update.reads:
+            for watched in list(self.watched.values()):
+                if chunk.path in watched.files:
+                    self.on_chunk(watched, chunk, now)
+        for key, status in update.states.items():      # after the chunks: a final event comes first
+            watched = self.watched.get(key)
+            if watched is not None and watched.ended_at is None and watched.state in (ProcState.EXITED, ProcState.GONE):
+                watched.ended_at = now
+                self.on_exit(watched, now)
+
+    def views(self) -> list[core.Proc]:
+        return [watched.view() for watched in self.watched.values()]
+
+    def decide(self, now: float) -> bool:
+        """Act on what the streams said. True when the job is done."""
+        views = [core.HostView(host, link.lost_since, link.error) for host, link in self.links.items()]
+        for view in views:
+            if view.lost_since is not None:
+                self.on_host_lost(self.links[view.host])
+        lost = core.lost_host_failure(views, now=now, host_timeout=self.host_timeout, policy=self.rules.policy)
+        if lost is not None:
+            tasks = self.tasks_on(lost.host)
+            raise self.fail(HostError(lost.host, f"unreachable for {now - lost.lost_since:.0f} s; its tasks "
+                                                 f"{', '.join(tasks)} are lost ({lost.error})",
+                                      hint="when the host is back, 'pscluster down' stops what is left there"))
+        incident = core.find_incident(self.views(), now=now, watch=self.watchdog())
+        if incident is not None:
+            self.handle(incident)
+            return False
+        return self.complete(now)
+
+    def tasks_on(self, host: str) -> list[str]:
+        return sorted({w.task.name for w in self.watched.values() if w.task.host == host})
+
+    def on_host_lost(self, link: HostLink) -> None:
+        if link.reported:
+            return
+        link.reported = True
+        tasks = self.tasks_on(link.host.name)
+        self.reporter.emit("task-lost", task=", ".join(tasks), host=link.host.name,
+                           detail=f"host unreachable ({link.error})")
+        self.set_job(message=f"host {link.host.name} unreachable: tasks {', '.join(tasks)} lost")
+
+    # ------------------------------------------------------------------ failures
+    def handle(self, incident: core.Incident) -> None:
+        """Restart per policy and budget (retrying a restart that itself fails), or fail."""
+        proc = incident.proc
+        watched = self.watched[proc.key]
+        reason = incident.reason
+        error: PsclusterError = TaskError(proc.task, proc.host, reason, exit_code=proc.exit_code,
+                                          log_tail=self.log_tail(watched.record), log_path=watched.record.log)
+        self.reporter.emit("task-failed", task=proc.task, host=proc.host, error=reason)
+        while True:
+            used = self.state.job.restarts.get(proc.task, 0)
+            verdict = core.verdict(self.rules, incident, used)
+            if verdict.action is core.Action.ACCEPT:
+                watched.finished = True
+                return
+            if verdict.action is core.Action.FAIL:
+                if verdict.why and verdict.why.startswith("restart budget"):
+                    raise self.fail(exhausted(error, watched.task, self.rules.max_restarts))
+                raise self.fail(error, verdict.why)
+            self.count_restart(proc.task, message=f"{proc.task}@{proc.host} {reason}; restart {used + 1}/"
+                                                  f"{self.rules.max_restarts} in {verdict.delay:.0f} s")
+            self.reporter.emit("task-restarting", task=proc.task, host=proc.host, detail=reason,
+                               attempt=used + 1, delay=verdict.delay)
+            self.sleep(verdict.delay)
+            try:
+                self.carry_out(self.recovery(incident))
+            except (TaskError, HostError) as exc:      # the restart itself failed: try again, on budget
+                if isinstance(exc, HostError) and exc.host in self.links and self.links[exc.host].lost_since is not None:
+                    raise
+                error, reason = exc, exc.message.split("\n")[0]
+                self.reporter.emit("task-failed", task=proc.task, host=proc.host, error=reason)
+                continue
+            break
+        self.reporter.emit("task-restarted", task=proc.task, host=proc.host, detail=f"restart {used + 1}")
+
+    def count_restart(self, task: str, *, message: str | None = None) -> None:
+        """One more restart of ``task``: in this job's budget and in the cluster's lifetime count."""
+        restarts = dict(self.state.job.restarts)
+        restarts[task] = restarts.get(task, 0) + 1
+        self.set_job(state=JobState.RESTARTING, restarts=restarts,
+                     **({"message": message} if message else {}))
+        self.writer.change(lambda s: s.restarts.__setitem__(task, s.restarts.get(task, 0) + 1))
+
+    def carry_out(self, recovery: core.Recovery) -> None:
+        self.wait_hosts(recovery.wait_hosts)
+        self.forget_and_stop([self.watched[key] for key in recovery.stop if key in self.watched])
+        for name in recovery.restart_servers:
+            self.launch_server(self.plan.task(name))
+        if recovery.ensure_servers:
+            self.ensure_servers()
+        for name in recovery.relaunch:
+            self.relaunch(self.plan.task(name))
+        self.retarget()
+        self.set_job(state=JobState.RUNNING, message=None)
+
+    def fail(self, cause: PsclusterError, why: str | None = None) -> JobFailed:
+        self.stop_job_processes(grace=3.0)
+        return JobFailed(cause, prefix=self.failure_prefix + (f" ({why})" if why else ""))
+
+    def interrupt(self) -> None:
+        self.reporter.emit("message", level="warning",
+                           text="stopping the job's processes (Ctrl-C again to kill them at once)")
+        try:
+            self.stop_job_processes(grace=self.grace)
+        except KeyboardInterrupt:
+            self.stop_job_processes(grace=0.5, first_signal="KILL")
+        self.finish(JobState.STOPPED, message="interrupted by the user")
+
+    def log_tail(self, record: ProcessRecord) -> str:
+        return hostops.log_tail(self.pool.get(self.plan.host(record.host)), record.log)
+
+    # ------------------------------------------------------------------ launching and stopping
+    def attempt(self, task: TaskSpec, kind: ProcessKind) -> int:
+        prefix = f"{task.name}#j{self.job_id}."
+        return 1 + sum(1 for r in self.state.processes if r.task == task.name and r.kind == kind
+                       and (kind is ProcessKind.SERVER or r.key.startswith(prefix)))
+
+    def launch(self, task: TaskSpec, record: ProcessRecord, *, argv: Sequence[str], env: dict[str, str],
+               kind: ProcessKind, files: Sequence[str] = ()) -> Watched:
+        started = start_task(self.writer, self.pool, self.plan, task, record, argv=argv, env=env,
+                             reporter=self.reporter)
+        now = self.clock()
+        watched = Watched(task, started, kind, launched=now, last_event=now, files=tuple(files))
+        self.watched[started.key] = watched
+        return watched
+
+    def launch_many(self, tasks: Sequence[TaskSpec], one: Callable[[TaskSpec], Watched]) -> None:
+        """Launch one process per task, all hosts in parallel."""
+        with ThreadPoolExecutor(max_workers=max(1, len(tasks))) as executor:
+            list(executor.map(one, tasks))
+
+    def launch_server(self, task: TaskSpec) -> Watched:
+        from ..training import server_log
+        attempt = self.attempt(task, ProcessKind.SERVER)
+        log = server_log(task, attempt)
+        record = ProcessRecord(key=f"{task.name}#{attempt}", task=task.name, host=task.host, kind="server",
+                               attempt=attempt, log=log, exit_file=log + ".exit")
+        watched = self.launch(task, record, argv=task.argv, env=task_env(task, self.secrets), kind=ProcessKind.SERVER)
+        try:
+            with Prober() as prober:
+                wait_ready(self.plan, {task.name: watched.record}, self.pool, prober, self.reporter,
+                           timeout=SERVER_READY_TIMEOUT)
+        except BaseException:
+            self.watched.pop(watched.record.key, None)     # a failed attempt is not part of the job
+            raise
+        watched.launched = self.clock()
+        return watched
+
+    def watch_servers(self) -> None:
+        """Add the standing servers (started by ``up`` or by an earlier restart) to the watch."""
+        for task in self.plan.standing_tasks:
+            record = self.state.latest(task.name)
+            if record is not None and not record.stopped and record.key not in self.watched:
+                self.watched[record.key] = Watched(task, record, ProcessKind.SERVER, launched=self.clock())
+
+    def ensure_servers(self) -> None:
+        """Before a new coordinator starts: every standing server must answer. A dead one is
+        restarted here, charged to its own restart budget (its failure may not have been seen
+        yet when the coordinator's was)."""
+        with Prober() as prober:
+            for task in self.plan.standing_tasks:
+                if prober.probe(task.target, timeout=2.0).ok:
+                    continue
+                used = self.state.job.restarts.get(task.name, 0)
+                if used >= self.rules.max_restarts:
+                    raise self.fail(TaskError(task.name, task.host, "does not answer; restart budget exhausted "
+                                                                     f"({self.rules.max_restarts} restart(s) used)"))
+                self.count_restart(task.name)
+                self.reporter.emit("task-failed", task=task.name, host=task.host, error="does not answer")
+                self.reporter.emit("task-restarting", task=task.name, host=task.host, detail="does not answer",
+                                   attempt=used + 1, delay=0)
+                current = self.current(task.name)
+                if current is not None:
+                    self.forget_and_stop([current])
+                self.launch_server(task)
+                self.reporter.emit("task-restarted", task=task.name, host=task.host, detail=f"restart {used + 1}")
+
+    def current(self, task_name: str) -> Watched | None:
+        found = [w for w in self.watched.values() if w.task.name == task_name]
+        return found[-1] if found else None
+
+    def retarget(self) -> None:
+        """Point each host's watch stream at the job's current processes and files."""
+        by_host: dict[str, list[Watched]] = {}
+        for watched in self.watched.values():
+            by_host.setdefault(watched.task.host, []).append(watched)
+        for host, items in by_host.items():
+            link = self.links.get(host)
+            if link is None:
+                link = self.links[host] = HostLink(self.plan.host(host), self.pool, clock=self.clock)
+            files = [(path, (w.offsets or {}).get(path, 0)) for w in items for path in w.files]
+            link.set_targets([w.record for w in items], files)
+        for host in set(self.links) - set(by_host):
+            self.links.pop(host).close()
+
+    def forget_and_stop(self, items: list[Watched]) -> None:
+        for item in items:
+            self.watched.pop(item.record.key, None)
+        self.stop([item.record for item in items], grace=3.0)
+
+    def stop(self, records: list[ProcessRecord], *, grace: float, first_signal: str = "TERM") -> None:
+        if not records:
+            return
+        stopped, errors = stop_records(self.plan, records, self.pool, self.reporter, grace=grace,
+                                       first_signal=first_signal)
+        if stopped:
+            self.writer.change(lambda s: [s.replace_record(record) for record in stopped])
+        for host, error in errors.items():
+            self.reporter.emit("message", level="warning",
+                               text=f"could not stop processes on {host}: {error.message.splitlines()[0]}; "
+                                    "'pscluster down' will retry")
+
+    def stop_job_processes(self, *, grace: float, first_signal: str = "TERM") -> None:
+        records = [r for r in self.state.live_records() if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM)]
+        self.stop(records, grace=grace, first_signal=first_signal)
+
+    def wait_hosts(self, hosts: Sequence[str]) -> None:
+        """Block until every host in ``hosts`` answers, or fail after ``host_timeout``."""
+        deadline = self.clock() + self.host_timeout
+        for host in dict.fromkeys(hosts):
+            link = self.links.get(host)
+            while link is not None and link.lost_since is not None:
+                if self.clock() > deadline:
+                    raise self.fail(HostError(host, f"unreachable for {self.host_timeout:.0f} s ({link.error})",
+                                              hint="check the host and its network"))
+                self.sleep(0.5)
+                link.poll(self.clock())
+
+
+def exhausted(error: PsclusterError, task: TaskSpec, budget: int) -> PsclusterError:
+    """The final error once a task used its restarts: the last failure, with its log lines."""
+    if isinstance(error, TaskError):
+        return TaskError(error.task, error.host, f"{error.message.split(': ', 1)[-1].splitlines()[0]}; "
+                                                 f"restart budget exhausted ({budget} restart(s) used)",
+                         exit_code=error.task_exit_code, log_tail=error.log_tail, log_path=error.log_path,
+                         hint="the log lines above are from its last attempt; "
+                              f"'pscluster logs {task.name}' shows all")
+    return TaskError(task.name, task.host, f"{error.message}; restart budget exhausted ({budget} restart(s) used)")
+
+
+def orchestrator_alive(info: Orchestrator | None) -> bool:
+    """Whether the pscluster process supervising a job still runs (on this machine)."""
+    if info is None or info.host != socket.gethostname() or not info.pid:
+        return False
+    try:
+        os.kill(info.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def restart_rules(policy: str, max_restarts: int, backoff: float = 1.0) -> core.RestartRules:
+    return core.RestartRules(RestartPolicy(policy), max_restarts, backoff)

@@ -1,0 +1,113 @@
+"""One ``watch`` stream per host: task states and new bytes of files, pushed by the host.
+
+Each host runs ``roles/hostctl.py watch`` over one SSH channel (a subprocess for local hosts);
+it sends a JSON line when a state changes or a watched file grows, and a heartbeat every
+second. A stream silent for :data:`LOST_AFTER` seconds marks the host lost; the stream is
+reopened in the background until the host answers again.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from .. import hostops
+from ..errors import PsclusterError
+from ..plan import HostSpec
+from ..state import ProcessRecord
+from ..transport import TransportPool
+
+LOST_AFTER = 4.0            # a watch stream silent this long: the host is lost
+REOPEN_DELAY = 2.0
+
+
+class HostLink:
+    """The ``watch`` stream of one host; reopened in the background when it breaks or changes."""
+
+    def __init__(self, host: HostSpec, pool: TransportPool, *, clock: Callable[[], float] = time.monotonic,
+                 interval: float = 0.25):
+        self.host = host
+        self.pool = pool
+        self.clock = clock
+        self.interval = interval
+        self.stream = None
+        self.targets: tuple[list[ProcessRecord], list[tuple[str, int]]] = ([], [])
+        self.last_seen = clock()
+        self.lost_since: float | None = None
+        self.error: str | None = None
+        self.reported = False           # its loss was reported (once per loss)
+        self._opening = False
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def set_targets(self, records: list[ProcessRecord], files: list[tuple[str, int]]) -> None:
+        """Watch these processes and files (path, offset) from now on."""
+        with self._lock:
+            self.targets = (records, files)
+            old, self.stream = self.stream, None
+            self.last_seen = self.clock()     # a new stream gets a full grace period
+        if old is not None:
+            old.close()
+        self._open_soon()
+
+    def _open_soon(self) -> None:
+        with self._lock:
+            if self._opening or self._closed:
+                return
+            self._opening = True
+        threading.Thread(target=self._open, daemon=True).start()
+
+    def _open(self) -> None:
+        try:
+            while not self._closed:
+                targets = self.targets
+                records, files = targets
+                try:
+                    stream = hostops.watch(self.pool.get(self.host), records, files, interval=self.interval)
+                except PsclusterError as exc:
+                    self.error = exc.message
+                    time.sleep(REOPEN_DELAY)
+                    continue
+                with self._lock:
+                    if targets is self.targets and not self._closed:
+                        self.stream = stream
+                        return
+                stream.close()         # targets changed (or closed) while connecting
+        finally:
+            with self._lock:
+                self._opening = False
+
+    def poll(self, now: float) -> list[hostops.WatchUpdate]:
+        """New updates; marks the host lost when its stream has been silent too long."""
+        stream = self.stream
+        updates = []
+        if stream is not None:
+            for line in stream.lines():
+                update = hostops.parse_watch_line(line)
+                if update is not None:
+                    updates.append(update)
+        if updates:
+            self.last_seen = now
+            self.lost_since = None
+            self.error = None
+            self.reported = False
+        elif now - self.last_seen > LOST_AFTER or (stream is not None and stream.closed):
+            if self.lost_since is None:
+                self.lost_since = self.last_seen
+                self.error = self.error or (stream.error if stream is not None and stream.error else
+                                            f"no heartbeat for {now - self.last_seen:.0f} s")
+            if stream is not None:
+                stream.close()
+                with self._lock:
+                    if self.stream is stream:
+                        self.stream = None
+            self._open_soon()
+        return updates
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            stream, self.stream = self.stream, None
+            self.targets = ([], [])
+        if stream is not None:
+            stream.close()
