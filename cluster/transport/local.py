@@ -24,8 +24,11 @@ class LocalTransport(Transport):
                              proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))
 
     def stream(self, argv: Sequence[str], *, stdin: bytes | None = None) -> Stream:
-        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL)
+        try:
+            proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL)
+        except OSError as exc:
+            raise HostError(self.host.name, f"cannot start {argv[0]}: {exc.strerror}", argv=argv) from None
         proc.stdin.write(stdin or b"")
         proc.stdin.close()
 

@@ -1,0 +1,98 @@
+"""The executor's bookkeeping with the clock and sleep replaced (no process is started): the
+restart budget belongs to each job, not to the cluster's lifetime (issue 16 item 4), a restart
+counts in both the job and the cluster's totals, and exhaustion fails with the last cause."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from cluster.contracts import JobState, ProcessKind, ProcState, RestartPolicy
+from cluster.events import RecordingReporter
+from cluster.inventory import load_inventory
+from cluster.plan import PlanOptions, plan_cluster
+from cluster.progress import JobProgress
+from cluster.state import ProcessRecord, RunState, StateStore
+from cluster.supervision import core
+from cluster.supervision.executor import JobExecutor, JobFailed, Watched
+from cluster.transport import TransportPool
+
+from .conftest import INVENTORIES
+
+
+class ScriptedJob(JobExecutor):
+    """A job whose recoveries only count; its processes are made up."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.recoveries: list[core.Recovery] = []
+
+    def retarget(self):
+        pass                      # no watch streams: nothing runs
+
+    def recovery(self, incident):
+        plan = core.Recovery(wait_hosts=(), stop=())
+        self.recoveries.append(plan)
+        return plan
+
+
+@pytest.fixture
+def job(tmp_path):
+    plan = plan_cluster(load_inventory(str(INVENTORIES / "local.yaml")),
+                        PlanOptions(local_python="/nonexistent/python", local_workdir=str(tmp_path), name="budget"))
+    store = StateStore(tmp_path / "state")
+    # An earlier job on this cluster used up worker:0's restarts.
+    state = RunState(name="budget", plan=plan, phase="up", restarts={"worker:0": 3},
+                     job=JobProgress(id=1, job="old", mode="async", state=JobState.FAILED, restarts={"worker:0": 3}))
+    store.save(state)
+    sleeps: list[float] = []
+    executor = ScriptedJob(store=store, name="budget", reporter=RecordingReporter(), pool=TransportPool(),
+                           root=tmp_path, rules=core.RestartRules(RestartPolicy.ON_FAILURE, max_restarts=2),
+                           clock=lambda: 100.0, sleep=sleeps.append, wall=lambda: 1700000000.0)
+    executor.state = store.load("budget")
+    executor.plan = plan
+    from cluster.launcher import StateWriter
+    executor.writer = StateWriter(store, executor.state, expect_phase="up")
+    executor.job_id = 2
+    executor.job_name = lambda: "new"
+    executor.state.job = executor.new_job()
+    task = plan.task("worker:0")
+    record = ProcessRecord(key="worker:0#j2.1", task="worker:0", host=task.host, kind="run", attempt=1,
+                           log=str(tmp_path / "nope.log"), exit_file=str(tmp_path / "nope.log.exit"))
+    executor.watched[record.key] = Watched(task, record, ProcessKind.PROGRAM, launched=90.0,
+                                           state=ProcState.EXITED, exit_code=1)
+    yield executor, store, sleeps
+    executor.pool.close()
+
+
+def incident_of(executor) -> core.Incident:
+    return core.find_incident(executor.views(), now=100.0, watch=core.Watchdog())
+
+
+def test_a_new_job_gets_the_whole_budget_again(job):
+    executor, store, sleeps = job
+    assert executor.state.job.restarts == {}
+    executor.handle(incident_of(executor))               # restarted: the old job's 3 restarts do not count
+    assert executor.recoveries and sleeps == [1.0]
+    assert executor.state.job.restarts == {"worker:0": 1}
+    assert store.load("budget").restarts == {"worker:0": 4}      # the cluster's lifetime total, for status
+
+
+def test_the_budget_is_spent_within_one_job(job):
+    executor, store, sleeps = job
+    executor.handle(incident_of(executor))
+    executor.handle(incident_of(executor))
+    with pytest.raises(JobFailed) as caught:
+        executor.handle(incident_of(executor))
+    assert sleeps == [1.0, 2.0]                           # backoff doubles
+    assert "restart budget exhausted (2 restart(s) used)" in str(caught.value)
+    assert "worker:0@localhost: exited with code 1" in str(caught.value)
+
+
+def test_policy_never_fails_at_once(job):
+    executor, _, sleeps = job
+    executor.rules = replace(executor.rules, policy=RestartPolicy.NEVER)
+    with pytest.raises(JobFailed) as caught:
+        executor.handle(incident_of(executor))
+    assert str(caught.value).startswith("training failed (restart policy 'never'): worker:0@localhost")
+    assert sleeps == [] and not executor.recoveries
