@@ -24,6 +24,7 @@ from .events import Reporter
 from .plan import ClusterPlan
 from .preflight import CheckReport
 from .progress import JobProgress
+from .runspec import program_name
 
 STATE_STYLES = {"ready": "green", "running": "green", "starting": "yellow", "exited": "red", "lost": "red",
                 "not started": "dim", "stopped": "dim", "failed": "red", "up": "green", "done": "green"}
@@ -530,7 +531,7 @@ class ProgramOutput(Reporter):
 
 def render_run_report(console: Console, report: dict) -> None:
     """The end of ``run``: what became of each task."""
-    table = Table(box=box.SIMPLE, title=Text(f"run {shlex.join(report['command'])} on {report['cluster']!r}"))
+    table = Table(box=box.SIMPLE, title=Text(f"run {program_name(report['command'])} on {report['cluster']!r}"))
     for column in ("task", "host", "state", "exit", "restarts", "seconds"):
         table.add_column(column)
     for task in report["tasks"]:

@@ -40,6 +40,12 @@ from .transport import TransportPool
 MONITOR_PREFIX = "pscluster: "     # lines the host's monitor writes into the log (start, end)
 
 
+class ProgramMissing(MultiHostError):
+    """The command names a script or program that is not on some host (bad input)."""
+
+    exit_code = 2
+
+
 class ProgramSupervisor(JobExecutor):
     """Runs the user's program on ``tasks`` of a cluster that is up, to its end."""
 
@@ -100,8 +106,9 @@ class ProgramSupervisor(JobExecutor):
                     found = hostops.hashes(transport, cwd, paths)
                     missing = [path for path in paths if found.get(path) is None]
                     if missing:
+                        where = "" if missing[0].startswith("/") else f" in {cwd}"
                         failures.append(Failure(host.name, HostError(
-                            host.name, f"{missing[0]} does not exist in {cwd}",
+                            host.name, f"{missing[0]} does not exist{where}",
                             hint="run pscluster from the folder that holds it (files named relative to your "
                                  "current directory are copied to hosts that need them), or --sync it")))
                 elif "/" not in argv[0]:
@@ -113,7 +120,7 @@ class ProgramSupervisor(JobExecutor):
             except PsclusterError as exc:
                 failures.append(Failure(host.name, exc))
         if failures:
-            raise MultiHostError(f"the program cannot start on {len(failures)} host(s); nothing was started",
+            raise ProgramMissing(f"the program cannot start on {len(failures)} host(s); nothing was started",
                                  failures)
 
     def launch_group(self) -> None:

@@ -18,12 +18,23 @@ def port_base() -> int:
     return 31000 + 40 * (os.getpid() % 50) + 20 * next(_PORTS) % 8000
 
 
+def cli_env(state_dir, env: dict | None = None) -> dict:
+    """The environment of a ``pscluster`` process in tests (this checkout's packages first)."""
+    full_env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), COLUMNS="200", NO_COLOR="1",
+                    PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    full_env.update({key: str(value) for key, value in (env or {}).items()})
+    return full_env
+
+
+def cli_argv(args) -> list[str]:
+    return [sys.executable, "-m", "cluster", *map(str, args)]
+
+
 def run_cli(args, *, state_dir, timeout: float = 300, env: dict | None = None,
-            check: bool = False) -> subprocess.CompletedProcess:
-    """Run ``pscluster ARGS`` as a real process, as a user would."""
-    full_env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), COLUMNS="200", NO_COLOR="1")
-    full_env.update(env or {})
-    proc = subprocess.run([sys.executable, "-m", "cluster", *map(str, args)], cwd=REPO, env=full_env,
+            check: bool = False, cwd=None) -> subprocess.CompletedProcess:
+    """Run ``pscluster ARGS`` as a real process, as a user would (from ``cwd``, default the
+    checkout)."""
+    proc = subprocess.run(cli_argv(args), cwd=cwd or REPO, env=cli_env(state_dir, env),
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"pscluster {' '.join(map(str, args))} failed ({proc.returncode}):\n"

@@ -293,6 +293,8 @@ class JobExecutor:
     # ------------------------------------------------------------------ failures
     def handle(self, incident: core.Incident) -> None:
         """Restart per policy and budget (retrying a restart that itself fails), or fail."""
+        # Processes ended by `down` are not failures to restart: Aborted if the cluster is going.
+        self.writer.change(lambda s: None)
         proc = incident.proc
         watched = self.watched[proc.key]
         reason = incident.reason

@@ -1,0 +1,247 @@
+"""``pscluster run`` end to end on this machine: the three example programs of examples/byo/
+(real TensorFlow), a failing worker, Ctrl-C, a restart, a killed orchestrator, bad input.
+
+Every test ends by asserting that no process carrying its cluster's name survives."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import textwrap
+import time
+
+import pytest
+
+from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, cluster_pids, port_base, run_cli, run_json
+
+LOCAL = REPO / "inventories" / "local.yaml"
+TF1 = ["python", "examples/byo/tf1_flags.py", "--ps_hosts={ps_hosts}", "--worker_hosts={worker_hosts}",
+       "--job_name={job_name}", "--task_index={task_index}"]
+FINAL = re.compile(r"final test_accuracy=(?P<accuracy>[0-9.]+) ")
+
+
+def accuracy_in(output: str, task: str) -> float:
+    """The accuracy a program printed on its own, read from `run`'s prefixed output."""
+    found = [FINAL.search(line) for line in output.splitlines() if line.startswith(f"[{task}@")]
+    found = [match for match in found if match]
+    assert found, f"{task} printed no final accuracy:\n{output[-3000:]}"
+    return float(found[-1]["accuracy"])
+
+
+def tasks_of(report: dict) -> dict[str, dict]:
+    return {f"{t['role']}:{t['index']}": t for t in report["tasks"]}
+
+
+def state_of(state_dir, name: str) -> dict:
+    try:
+        return json.loads((state_dir / f"{name}.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def cleanup():
+    """Clusters to take down (if left up) and check for survivors at the end of a test."""
+    names: list[tuple[str, object]] = []
+    yield lambda name, state_dir: names.append((name, state_dir))
+    for name, state_dir in names:
+        if (state_dir / f"{name}.json").exists():
+            run_cli(["down", "--name", name, "--grace", "3"], state_dir=state_dir)
+    for name, _ in names:
+        assert_no_survivors(name)
+
+
+# ----------------------------------------------------------------------------- the three programs (TensorFlow)
+
+@pytest.mark.tf
+def test_tf1_flags_script_one_shot_ends_its_parameter_servers(tmp_path, cleanup):
+    name, state_dir = "run-tf1", tmp_path / "state"
+    cleanup(name, state_dir)
+    proc = run_cli(["run", LOCAL, "--name", name, "--port-base", port_base(), "--on", "ps,worker", "--json", "--",
+                    *TF1, "--steps", "400"], state_dir=state_dir, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout)
+    tasks = tasks_of(report)
+    assert sorted(tasks) == ["ps:0", "ps:1", "worker:0", "worker:1"] and report["exit_code"] == 0
+    assert tasks["worker:0"]["exit_code"] == 0 and tasks["worker:1"]["exit_code"] == 0
+    # The ps never exit by themselves (server.join()): run stopped them once the workers were done.
+    assert tasks["ps:0"]["state"] == tasks["ps:1"]["state"] == "stopped"
+    assert accuracy_in(proc.stderr, "worker:0") >= 0.90
+    assert "[ps:1@localhost]" in proc.stderr                        # every task's output, prefixed
+    assert not (state_dir / f"{name}.json").exists()               # one shot: the cluster is gone
+
+
+@pytest.mark.tf
+def test_tf_config_mirrored_script_on_a_sync_cluster(tmp_path, cleanup):
+    name, state_dir = "run-mwms", tmp_path / "state"
+    cleanup(name, state_dir)
+    up = run_cli(["up", LOCAL, "--name", name, "--mode", "sync", "--port-base", port_base()], state_dir=state_dir)
+    assert up.returncode == 0, up.stderr
+    proc = run_cli(["run", "--name", name, "--json", "--", "python", "examples/byo/tf2_mwms.py", "--steps", "300"],
+                   state_dir=state_dir, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout)
+    assert sorted(tasks_of(report)) == ["worker:0", "worker:1"]       # sync: every worker runs the file
+    assert all(task["exit_code"] == 0 for task in report["tasks"])
+    assert accuracy_in(proc.stderr, "worker:0") >= 0.90
+    status = run_json(["status", "--name", name], state_dir=state_dir)
+    assert status["job"]["entry"] == "run" and status["job"]["state"] == "done"
+    down = run_cli(["down", "--name", name], state_dir=state_dir)
+    assert down.returncode == 0, down.stderr
+
+
+@pytest.mark.tf
+def test_ps_coordinator_runs_on_the_chief_of_an_async_cluster(tmp_path, cleanup):
+    name, state_dir = "run-coord", tmp_path / "state"
+    cleanup(name, state_dir)
+    up = run_cli(["up", LOCAL, "--name", name, "--port-base", port_base()], state_dir=state_dir)
+    assert up.returncode == 0, up.stderr
+    proc = run_cli(["run", "--name", name, "--json", "--", "python", "examples/byo/tf2_ps_coordinator.py",
+                    "--steps", "600"], state_dir=state_dir, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout)
+    assert list(tasks_of(report)) == ["chief:0"] and report["tasks"][0]["exit_code"] == 0
+    assert accuracy_in(proc.stderr, "chief:0") >= 0.90
+    status = run_json(["status", "--name", name], state_dir=state_dir)
+    servers = [t for t in status["tasks"] if t["kind"] == "server"]
+    assert servers and all(t["state"] == "ready" for t in servers)   # the standing servers stay up
+
+
+@pytest.mark.tf
+def test_on_failure_restarts_a_killed_worker(tmp_path, cleanup):
+    name, state_dir = "run-restart", tmp_path / "state"
+    cleanup(name, state_dir)
+    proc = subprocess.Popen(cli_argv(["run", LOCAL, "--name", name, "--port-base", port_base(), "--on", "ps,worker",
+                                      "--restart-policy", "on-failure", "--json", "--", *TF1, "--steps", "700"]),
+                            cwd=REPO, env=cli_env(state_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        def training_worker():
+            records = [r for r in state_of(state_dir, name).get("processes", [])
+                       if r["task"] == "worker:1" and r["kind"] == "run" and r["pid"] and not r["stopped"]]
+            if records and os.path.exists(records[-1]["log"]) and "global step" in open(records[-1]["log"]).read():
+                return records[-1]
+            return None
+
+        record = wait_for(training_worker, 300, "worker:1 to train")
+        os.kill(record["pid"], signal.SIGKILL)
+        out, err = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-4000:]
+    tasks = tasks_of(json.loads(out))
+    assert tasks["worker:1"]["restarts"] == 1 and tasks["worker:1"]["exit_code"] == 0
+    assert "task-restarted: worker:1@localhost" in err
+
+
+# ----------------------------------------------------------------------------- failures and signals (no TensorFlow)
+
+PROGRAM = textwrap.dedent('''
+    import os, sys, time
+    task = os.environ["PSCLUSTER_TASK_TYPE"] + ":" + os.environ["PSCLUSTER_TASK_INDEX"]
+    print("started", task, flush=True)
+    if task == os.environ.get("FAIL_TASK"):
+        time.sleep(1)
+        print("cannot go on: disk full", file=sys.stderr, flush=True)
+        sys.exit(3)
+    time.sleep(float(os.environ.get("SLEEP", "600")))
+''')
+
+
+def program_dir(tmp_path):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "prog.py").write_text(PROGRAM)
+    return folder
+
+
+def local_inventory(tmp_path, **env) -> str:
+    """local.yaml with extra environment for every task."""
+    text = LOCAL.read_text()
+    lines = "".join(f"      {key}: \"{value}\"\n" for key, value in env.items())
+    text = text.replace("    pscluster_env:\n", "    pscluster_env:\n" + lines, 1)
+    path = tmp_path / "local.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_failing_worker_fails_the_run_with_its_exit_code_and_log(tmp_path, cleanup):
+    name, state_dir = "run-fail", tmp_path / "state"
+    cleanup(name, state_dir)
+    inventory = local_inventory(tmp_path, FAIL_TASK="worker:1")
+    proc = run_cli(["run", inventory, "--name", name, "--port-base", port_base(), "--json", "--", "python", "prog.py"],
+                   state_dir=state_dir, cwd=program_dir(tmp_path), timeout=300)
+    assert proc.returncode == 1
+    error = proc.stderr[proc.stderr.index("error: "):]
+    assert error.startswith("error: run failed (restart policy 'never'): worker:1@localhost: exited with code 3")
+    assert "cannot go on: disk full" in error                       # its log tail
+    report = json.loads(proc.stdout)
+    assert report["exit_code"] == 1
+    tasks = tasks_of(report)
+    assert tasks["worker:1"]["exit_code"] == 3 and tasks["worker:0"]["state"] == "stopped"
+    assert not (state_dir / f"{name}.json").exists()
+
+
+def test_ctrl_c_stops_every_process_of_a_one_shot_run(tmp_path, cleanup):
+    name, state_dir = "run-int", tmp_path / "state"
+    cleanup(name, state_dir)
+    proc = subprocess.Popen(cli_argv(["run", LOCAL, "--name", name, "--port-base", port_base(), "--", "python",
+                                      "prog.py"]), cwd=program_dir(tmp_path), env=cli_env(state_dir),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: len(cluster_pids(name)) >= 5 and len([r for r in state_of(state_dir, name).get("processes", [])
+                                                           if r["pid"]]) == 5, 120, "five programs")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "run interrupted" in err
+    assert not (state_dir / f"{name}.json").exists()
+    assert_no_survivors(name)
+
+
+def test_down_stops_a_run_whose_orchestrator_was_killed(tmp_path, cleanup):
+    name, state_dir = "run-orphan", tmp_path / "state"
+    cleanup(name, state_dir)
+    proc = subprocess.Popen(cli_argv(["run", LOCAL, "--name", name, "--port-base", port_base(), "--", "python",
+                                      "prog.py"]), cwd=program_dir(tmp_path), env=cli_env(state_dir),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: len([r for r in state_of(state_dir, name).get("processes", []) if r["pid"]]) == 5, 120,
+             "five programs")
+    proc.kill()                       # SIGKILL: no cleanup at all
+    proc.wait()
+    assert len(cluster_pids(name)) >= 5
+    status = run_json(["status", "--name", name], state_dir=state_dir)
+    assert status["job"]["entry"] == "run" and {t["state"] for t in status["tasks"]} == {"running"}
+    down = run_cli(["down", "--name", name], state_dir=state_dir)
+    assert down.returncode == 0, down.stderr
+    assert_no_survivors(name)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--", "python", "missing.py"], "localhost: missing.py does not exist in "),
+    (["--on", "evaluator", "--", "python", "prog.py"], "defines no evaluator task"),
+    (["--", "python", "prog.py", "--x={rank}"], "unknown placeholder {rank}"),
+    ([], "no program to run"),
+])
+def test_bad_input_starts_nothing(tmp_path, cleanup, args, message):
+    name, state_dir = "run-bad", tmp_path / "state"
+    cleanup(name, state_dir)
+    proc = run_cli(["run", LOCAL, "--name", name, "--port-base", port_base(), *args], state_dir=state_dir,
+                   cwd=program_dir(tmp_path), timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (state_dir / f"{name}.json").exists() and not cluster_pids(name)
