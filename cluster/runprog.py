@@ -161,7 +161,6 @@ class ProgramSupervisor(JobExecutor):
         rest = lines.pop()
         if rest:
             self.partial[path] = rest
-        watched.offsets = {path: chunk.end}
         for line in lines:
             if not line.startswith(MONITOR_PREFIX):
                 self.reporter.emit("output", task=watched.task.name, host=watched.task.host, line=line)

@@ -136,7 +136,6 @@ class Supervisor(JobExecutor):
             return
         for event in tail.feed(chunk):
             self.on_event(watched, event, now)
-        watched.offsets = {tail.path: tail.offset}
 
     def on_event(self, watched: Watched, event: dict, now: float) -> None:
         watched.last_event = now

@@ -61,7 +61,6 @@ class Watched:
     kind: ProcessKind
     launched: float
     files: tuple[str, ...] = ()       # files whose new bytes the host streams (events, logs)
-    offsets: dict | None = None       # path -> offset already consumed
     state: ProcState = ProcState.RUNNING
     exit_code: int | None = None
     signal: int | None = None
@@ -104,6 +103,7 @@ class JobExecutor:
         self.wall = wall
         self.watched: dict[str, Watched] = {}
         self.links: dict[str, HostLink] = {}
+        self.offsets: dict[str, int] = {}       # watched file -> bytes consumed so far
         self.began = clock()
         self._published = 0.0
 
@@ -248,6 +248,9 @@ class JobExecutor:
             watched.exit_code, watched.signal = status.exit_code, status.signal
             watched.frozen_since = (watched.frozen_since or now) if watched.state is ProcState.FROZEN else None
         for chunk in update.reads:
+            if chunk.offset != self.offsets.get(chunk.path, 0) or not chunk.data:
+                continue        # from a stream opened before the last chunk was consumed: already seen
+            self.offsets[chunk.path] = chunk.end
             for watched in list(self.watched.values()):
                 if chunk.path in watched.files:
                     self.on_chunk(watched, chunk, now)
@@ -441,9 +444,9 @@ class JobExecutor:
         for host, items in by_host.items():
             link = self.links.get(host)
             if link is None:
-                link = self.links[host] = HostLink(self.plan.host(host), self.pool, clock=self.clock)
-            files = [(path, (w.offsets or {}).get(path, 0)) for w in items for path in w.files]
-            link.set_targets([w.record for w in items], files)
+                link = self.links[host] = HostLink(self.plan.host(host), self.pool, clock=self.clock,
+                                                   offset_of=lambda path: self.offsets.get(path, 0))
+            link.set_targets([w.record for w in items], [path for w in items for path in w.files])
         for host in set(self.links) - set(by_host):
             self.links.pop(host).close()
 

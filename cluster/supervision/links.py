@@ -25,13 +25,16 @@ class HostLink:
     """The ``watch`` stream of one host; reopened in the background when it breaks or changes."""
 
     def __init__(self, host: HostSpec, pool: TransportPool, *, clock: Callable[[], float] = time.monotonic,
-                 interval: float = 0.25):
+                 interval: float = 0.25, offset_of: Callable[[str], int] = lambda path: 0):
         self.host = host
         self.pool = pool
         self.clock = clock
         self.interval = interval
+        # Where each watched file has been read up to: asked each time a stream (re)opens, so a
+        # stream reopened after a lost host resumes where the last one stopped.
+        self.offset_of = offset_of
         self.stream = None
-        self.targets: tuple[list[ProcessRecord], list[tuple[str, int]]] = ([], [])
+        self.targets: tuple[list[ProcessRecord], list[str]] = ([], [])
         self.last_seen = clock()
         self.lost_since: float | None = None
         self.error: str | None = None
@@ -40,8 +43,8 @@ class HostLink:
         self._closed = False
         self._lock = threading.Lock()
 
-    def set_targets(self, records: list[ProcessRecord], files: list[tuple[str, int]]) -> None:
-        """Watch these processes and files (path, offset) from now on."""
+    def set_targets(self, records: list[ProcessRecord], files: list[str]) -> None:
+        """Watch these processes and files from now on."""
         with self._lock:
             self.targets = (records, files)
             old, self.stream = self.stream, None
@@ -63,7 +66,8 @@ class HostLink:
                 targets = self.targets
                 records, files = targets
                 try:
-                    stream = hostops.watch(self.pool.get(self.host), records, files, interval=self.interval)
+                    stream = hostops.watch(self.pool.get(self.host), records,
+                                           [(path, self.offset_of(path)) for path in files], interval=self.interval)
                 except PsclusterError as exc:
                     self.error = exc.message
                     time.sleep(REOPEN_DELAY)
