@@ -462,7 +462,8 @@ class _ProgramCommand(click.Command):
 @port_opt
 @click.option("--on", "on_text", metavar="ROLES",
               help="Roles whose tasks run PROGRAM, e.g. worker or ps,worker (default: one shot, every role the "
-                   "inventory defines; on a cluster that is up, every task without a standing server).")
+                   "inventory defines, or with --mode the roles of that mode; on a cluster that is up, every task "
+                   "without a standing server).")
 @click.option("--sync", "sync_paths", multiple=True, metavar="PATH",
               help="Also copy this file or folder (under the current directory) to hosts that need it; repeatable.")
 @click.option("--restart-policy", type=click.Choice(["never", "on-failure", "always"]), default="never",
@@ -492,7 +493,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
     """
     from dataclasses import replace as _replace
     from .runprog import ProgramSupervisor, run_one_shot
-    from .runspec import Workspace, check_placeholders, local_files, parse_roles, select_tasks
+    from .runspec import Workspace, check_placeholders, local_files, one_shot_roles, parse_roles, select_tasks
     from .supervision.executor import JobFailed, restart_rules
     env: Env = ctx.obj
     program = ctx.meta.get("pscluster.program")
@@ -524,7 +525,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
         with env.pool_factory() as pool:
             if inventory is not None:
                 inv = load_inventory(inventory)
-                roles = on or tuple(role for role in ROLES if inv.hosts_of(role))
+                roles = on or one_shot_roles(inv, mode)
                 options = PlanOptions(local_python=sys.executable, local_workdir=str(project_root()), name=name,
                                       mode=mode, port_base=port_base, roles=roles)
                 cluster = plan_cluster(inv, options)

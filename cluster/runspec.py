@@ -31,8 +31,8 @@ from typing import Mapping, Sequence
 
 from .codesync import LocalFile, collect, needs_sync
 from .errors import UsageError
-from .inventory import ROLES
-from .plan import ClusterPlan, HostSpec, TaskSpec
+from .inventory import ROLES, Inventory
+from .plan import MODE_ROLES, ClusterPlan, HostSpec, TaskSpec
 
 PLACEHOLDERS = ("ps_hosts", "worker_hosts", "chief_hosts", "job_name", "task_type", "task_index", "num_workers",
                 "num_ps", "port", "host")
@@ -128,6 +128,17 @@ def parse_roles(text: str) -> tuple[str, ...]:
         raise UsageError(f"--on: {', '.join(unknown) or repr(text)} is not a role",
                          hint=f"roles are {', '.join(ROLES)}, e.g. --on ps,worker")
     return tuple(role for role in ROLES if role in items)
+
+
+def one_shot_roles(inventory: Inventory, mode: str | None) -> tuple[str, ...]:
+    """The roles a one-shot run starts without ``--on``: those of ``--mode`` when it is given
+    (sync: the workers; sync-ps: ps and workers; async: chief, ps and workers), else every role
+    the inventory defines; an evaluator the inventory defines always takes part."""
+    defined = [role for role in ROLES if inventory.hosts_of(role)]
+    if mode is None:
+        return tuple(defined)
+    wanted = {role for role, _ in MODE_ROLES[mode]} | {"evaluator"}
+    return tuple(role for role in defined if role in wanted)
 
 
 def select_tasks(plan: ClusterPlan, on: tuple[str, ...] | None) -> tuple[TaskSpec, ...]:

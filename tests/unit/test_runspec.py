@@ -211,3 +211,10 @@ def test_where_the_program_runs(tmp_path):
     outside = Workspace(cwd=tmp_path, root=root)
     assert outside.host_cwd(remote) == "~/pscluster"
     assert outside.host_cwd(shared) == str(tmp_path)
+
+
+@pytest.mark.parametrize("mode, roles", [(None, ("chief", "ps", "worker")), ("async", ("chief", "ps", "worker")),
+                                         ("sync", ("worker",)), ("sync-ps", ("ps", "worker"))])
+def test_one_shot_roles_follow_an_explicit_mode(mode, roles):
+    from cluster.runspec import one_shot_roles
+    assert one_shot_roles(load_inventory(str(INVENTORIES / "lab.yaml")), mode) == roles
