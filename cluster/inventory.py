@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -62,6 +63,9 @@ class RoleSlots:
     gpus: tuple[str, ...] | None
     ports: tuple[int, ...] | None
     origin: Origin
+    # `<role>_gpus: auto`: one task per GPU that nvidia-smi lists on the host, known only at
+    # preflight; until then ``count`` is 1 and ``gpus`` None (plan shows "auto").
+    auto_gpus: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,12 @@ class HostConfig:
     inter_op_threads: int | None
     slots: tuple[RoleSlots, ...]
     origin: Origin
+    # ansible_become: tasks run as this user through `sudo -n -H -u USER` (None: as the SSH user).
+    become_user: str | None = None
+    # ProxyJump hops ("[user@]host[:port]", first hop first) from ansible_ssh_common_args/extra_args.
+    jump: tuple[str, ...] = ()
+    # A GPU with more memory in use than this (MiB) is busy at preflight (pscluster_gpu_busy_mib).
+    gpu_busy_mib: int = 1024
 
     def slots_for(self, role: str) -> RoleSlots | None:
         return next((slot for slot in self.slots if slot.role == role), None)
@@ -345,6 +355,7 @@ PSCLUSTER_KEYS: dict[str, Validator] = {
     "pscluster_intra_op_threads": lambda raw, path, value: _as_int(raw, path, value, 0, 1024, "a thread count"),
     "pscluster_inter_op_threads": lambda raw, path, value: _as_int(raw, path, value, 0, 1024, "a thread count"),
     "pscluster_connect_timeout": lambda raw, path, value: _as_int(raw, path, value, 1, 600, "seconds"),
+    "pscluster_gpu_busy_mib": lambda raw, path, value: _as_int(raw, path, value, 0, 10_000_000, "MiB"),
 }
 # Settings of the whole cluster: only `all.vars` may set them.
 CLUSTER_WIDE_KEYS = ("pscluster_mode", "pscluster_firewall")
@@ -356,7 +367,44 @@ CONNECTION_KEYS: dict[str, Validator] = {
     "ansible_ssh_private_key_file": lambda raw, path, value: _as_str(raw, path, value, "a key file path"),
     "ansible_connection": _choice(("ssh", "local", "paramiko", "smart")),
     "ansible_python_interpreter": lambda raw, path, value: _as_str(raw, path, value, "an interpreter path"),
+    "ansible_become": lambda raw, path, value: _ansible_bool(raw, path, value),
+    "ansible_become_user": lambda raw, path, value: _as_str(raw, path, value, "a user name"),
+    "ansible_become_method": _choice(("sudo",)),
+    "ansible_ssh_common_args": lambda raw, path, value: _ssh_jumps(raw, path, value),
+    "ansible_ssh_extra_args": lambda raw, path, value: _ssh_jumps(raw, path, value),
 }
+
+
+def _ansible_bool(raw: _Raw, path: KeyPath, value: Any) -> bool:
+    """Ansible's booleans: true/false, yes/no, on/off, 1/0 (as YAML or as INI strings)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("yes", "true", "on", "1", "y"):
+        return True
+    if text in ("no", "false", "off", "0", "n"):
+        return False
+    raise _err(raw, path, f"expected true or false, got {_describe(value)}")
+
+
+def _ssh_jumps(raw: _Raw, path: KeyPath, value: Any) -> tuple[str, ...]:
+    """The ProxyJump hops in an ssh argument string (-J HOPS, -o ProxyJump=HOPS)."""
+    text = _as_str(raw, path, value, "ssh arguments")
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise _err(raw, path, f"cannot split the ssh arguments: {exc}") from None
+    hops: list[str] = []
+    for index, word in enumerate(words):
+        following = words[index + 1] if index + 1 < len(words) else ""
+        option = following if word == "-o" else word[2:] if word.startswith("-o") else ""
+        key, _, setting = option.partition("=")
+        if word == "-J" or word.startswith("-J") and len(word) > 2:
+            setting = following if word == "-J" else word[2:]
+            key = "proxyjump"
+        if key.strip().lower() == "proxyjump" and setting.strip().lower() != "none":
+            hops.extend(hop.strip() for hop in setting.split(",") if hop.strip())
+    return tuple(hops)
 
 
 def _check_key(raw: _Raw, key: str, path: KeyPath) -> None:
@@ -406,12 +454,20 @@ def _role_slots(raw: _Raw, host: str, role: str, merged: dict[str, tuple[Any, Ke
         count = _as_int(raw, count_item[1], count_item[0], 1, 64, "a task count")
         origin_path = count_item[1]
     gpus = None
+    auto = False
+    if gpus_item is not None and gpus_item[0] == "auto":
+        if count is not None:
+            raise _err(raw, gpus_item[1], f"{role}_gpus: auto sets one task per GPU, but {role}_tasks is set too",
+                       hint=f"drop {role}_tasks, or list the masks instead of auto")
+        auto, gpus_item = True, None
+        origin_path = merged[f"{role}_gpus"][1]
     if gpus_item is not None:
         value, path = gpus_item
         if not isinstance(value, list) or not value:
             got = "an empty list" if value == [] else _describe(value)
             raise _err(raw, path, f"expected a list with one GPU mask per task, got {got}",
-                       hint="e.g. [[0], [1]] for two tasks with one GPU each, [[]] for one CPU-only task")
+                       hint="e.g. [[0], [1]] for two tasks with one GPU each, [[]] for one CPU-only task, "
+                                 "or auto (one task per GPU found at preflight)")
         gpus = tuple(_gpu_mask(raw, path + (index,), item) for index, item in enumerate(value))
         if count is not None and count != len(gpus):
             raise _err(raw, path, f"lists {len(gpus)} GPU masks but {role}_tasks is {count}",
@@ -433,7 +489,7 @@ def _role_slots(raw: _Raw, host: str, role: str, merged: dict[str, tuple[Any, Ke
             raise _err(raw, path, "lists the same port twice")
         origin_path = path
     origin = Origin(raw.source.file, raw.source.line(origin_path), display_path(origin_path))
-    return RoleSlots(role, count, gpus, ports, origin)
+    return RoleSlots(role, count, gpus, ports, origin, auto_gpus=auto)
 
 
 def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
@@ -519,6 +575,11 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
                         "keep it out of the inventory")
     slots = tuple(_role_slots(raw, host, role, merged) for role in roles)
     first = raw.host_first[host]
+    get("ansible_become_method", CONNECTION_KEYS)     # only sudo: anything else is an error, not ignored
+    become_user = None
+    if get("ansible_become", CONNECTION_KEYS, False):
+        become_user = get("ansible_become_user", CONNECTION_KEYS, "root")
+    jump = get("ansible_ssh_common_args", CONNECTION_KEYS, ()) + get("ansible_ssh_extra_args", CONNECTION_KEYS, ())
     return HostConfig(
         name=host,
         address=address,
@@ -538,4 +599,7 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
         inter_op_threads=get("pscluster_inter_op_threads", PSCLUSTER_KEYS),
         slots=slots,
         origin=Origin(raw.source.file, raw.source.line(first), display_path(first)),
+        become_user=become_user,
+        jump=jump,
+        gpu_busy_mib=get("pscluster_gpu_busy_mib", PSCLUSTER_KEYS, 1024),
     )
