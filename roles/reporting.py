@@ -81,6 +81,10 @@ class ProgressMeter:
     ``examples_per_second`` is the job's rate over the last window (all workers);
     ``per_worker`` splits it by the worker that did the work, as far as the mode can
     tell (async knows which worker ran each closure; a sync worker knows only itself).
+    A forced emit (end of training, before a checkpoint) can close a window of a few
+    milliseconds holding a whole closure's examples: its rates would be absurd (807,658
+    examples/s for one worker on the local inventory), so a window shorter than half the
+    interval is measured together with the window before it.
     """
 
     def __init__(self, reporter: Reporter, interval: float = PROGRESS_INTERVAL_SECONDS,
@@ -94,6 +98,9 @@ class ProgressMeter:
         self._window_by_worker: dict[str, int] = {}
         self._window_loss_sum = 0.0
         self._window_loss_steps = 0
+        # The last emitted window (seconds, examples, by worker): rates of a short forced window
+        # are measured over it and the short one together.
+        self._last_window: tuple[float, int, dict[str, int]] = (0.0, 0, {})
         self.total_examples = 0
         self.total_steps = 0
         self.total_by_worker: dict[str, int] = {}
@@ -132,13 +139,20 @@ class ProgressMeter:
             return False
         if self._window_examples == 0:
             return False  # nothing new since the last event (forced or not)
-        elapsed = max(elapsed, 1e-6)
         loss = (self._window_loss_sum / self._window_loss_steps
                 if self._window_loss_steps else None)
+        seconds, examples, by_worker = elapsed, self._window_examples, dict(self._window_by_worker)
+        if elapsed < self._interval / 2 and self._last_window[0] > 0:
+            last_seconds, last_examples, last_by_worker = self._last_window
+            seconds, examples = seconds + last_seconds, examples + last_examples
+            for name, n in last_by_worker.items():
+                by_worker[name] = by_worker.get(name, 0) + n
+        seconds = max(seconds, 1e-6)
         self._reporter.progress(
             step=step, loss=loss,
-            examples_per_second=self._window_examples / elapsed,
-            per_worker={k: v / elapsed for k, v in sorted(self._window_by_worker.items())})
+            examples_per_second=examples / seconds,
+            per_worker={k: v / seconds for k, v in sorted(by_worker.items())})
+        self._last_window = (seconds, examples, by_worker)
         self._window_start = now
         self._window_examples = 0
         self._window_by_worker = {}

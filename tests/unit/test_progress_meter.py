@@ -33,7 +33,11 @@ def test_overall_per_worker_is_not_skewed_by_a_short_last_window():
     clock.now += 0.001                       # the last closures land together at the end
     meter.add(1, 128, 0.5, [("worker:0", 128)])
     meter.maybe_emit(meter.total_steps, force=True)
-    assert reporter.events[-1]["per_worker"]["worker:0"] == pytest.approx(128_000)   # the window's own rate
+    # The 1 ms window alone would say 128,000 examples/s: it is measured with the 5 s window before it.
+    assert reporter.events[-1]["per_worker"] == pytest.approx({"worker:0": (3200 + 128) / 5.001,
+                                                               "worker:1": 3200 / 5.001})
+    assert reporter.events[-1]["examples_per_second"] == pytest.approx((6400 + 128) / 5.001)
+    assert reporter.events[-2]["per_worker"] == pytest.approx({"worker:0": 640.0, "worker:1": 640.0})
     overall = meter.overall_per_worker()
     assert overall == pytest.approx({"worker:0": (6400 + 128) / 10.001, "worker:1": 6400 / 10.001})
     assert sum(overall.values()) == pytest.approx(meter.overall_rate())
