@@ -43,6 +43,7 @@ DEFAULT_JOB = "distributed_mnist"
 SERVER_COMMAND = ("python", "-m", "roles.server")
 # Where a training task writes its events (roles/events.py); any user can write there.
 EVENTS_PATH = "/tmp/pscluster/events.jsonl"
+POD_START_TIMEOUT, POD_COLLECTIVE_TIMEOUT = 300, 60
 ANNOTATION = "pscluster"                            # prefix of our annotations
 # Set per task by pscluster; in a TFJob the operator (TF_CONFIG) or the device plugin
 # (GPUs) does that, and a per-task name has no place in a per-role template.
@@ -56,7 +57,10 @@ MAX_NAME = 48
 def train_command(mode: str, job: str = DEFAULT_JOB) -> list[str]:
     """The training task's command in the image: a shipped job name or a path there."""
     path = job if ("/" in job or job.endswith(".py")) else f"examples/{job}"
-    return ["python", "-m", "roles.train", "--mode", mode, "--job", path, "--events", EVENTS_PATH]
+    # Pods start when their images are pulled, minutes apart on a cold node: wait longer for the
+    # first step and for peers than `pscluster train`, which starts every task itself.
+    return ["python", "-m", "roles.train", "--mode", mode, "--job", path, "--events", EVENTS_PATH,
+            "--start-timeout", str(POD_START_TIMEOUT), "--collective-timeout", str(POD_COLLECTIVE_TIMEOUT)]
 
 
 def tfjob_manifest(plan: ClusterPlan, *, image: str, job_command: list[str] | None = None,

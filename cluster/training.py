@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from roles.plan import TrainerSettings
+
 from . import hostops
 from .codesync import LocalFile, collect, needs_sync
 from .errors import UsageError
@@ -82,29 +85,33 @@ def job_path_on(host: HostSpec, job: JobRef, plan: ClusterPlan, root: Path) -> s
     return f".pscluster/{plan.name}/jobs/{job.name}/{job.local_path.name}"
 
 
-@dataclass(frozen=True)
-class TrainOptions:
-    """``pscluster train`` options; None means the job's own default."""
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions(TrainerSettings):
+    """``pscluster train`` options: what every training process is told (the fields of
+    :class:`roles.plan.TrainerSettings`, one definition for both sides) and how the job is
+    supervised."""
 
-    epochs: float | None = None
-    steps: int | None = None
-    batch_size: int | None = None
-    learning_rate: float | None = None
-    scale_lr: bool = False
-    checkpoint_dir: str | None = None
-    checkpoint_every: int | None = None
-    resume: bool = False
-    data: str | None = None
-    steps_per_execution: int | None = None
-    eval_every: int | None = None
-    start_timeout: float = 180.0
-    collective_timeout: float = 30.0
     restart_policy: str = "on-failure"
     max_restarts: int = 3
     backoff: float = 1.0
     host_timeout: float = 60.0
     grace: float = 10.0
     extra_args: tuple[str, ...] = ()
+
+
+# Trainer settings given on every command line, and those given only when set. The seed is
+# left to the trainer's default (tests/unit/test_train_contract.py checks the whole mapping).
+_ALWAYS = ("start_timeout",)
+_IF_SET = ("epochs", "steps", "batch_size", "learning_rate", "checkpoint_every", "data",
+           "steps_per_execution", "eval_every")
+
+
+def _flag(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def _value(value: object) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def leader_task(plan: ClusterPlan) -> TaskSpec:
@@ -120,17 +127,15 @@ def default_checkpoint_dir(plan: ClusterPlan, job: JobRef) -> str:
 def train_argv(task: TaskSpec, *, job_path: str, events_path: str, checkpoint_dir: str,
                options: TrainOptions, resume: bool) -> list[str]:
     """The command line of one training process."""
-    argv = list(task.argv) + ["--job", job_path, "--events", events_path, "--checkpoint-dir", checkpoint_dir,
-                              "--start-timeout", f"{options.start_timeout:g}"]
+    argv = list(task.argv) + ["--job", job_path, "--events", events_path, "--checkpoint-dir", checkpoint_dir]
+    for name in _ALWAYS:
+        argv += [_flag(name), _value(getattr(options, name))]
     if task.role == "worker" and task.argv[-1] == "sync":
-        argv += ["--collective-timeout", f"{options.collective_timeout:g}"]
-    for flag, value in (("--epochs", options.epochs), ("--steps", options.steps),
-                        ("--batch-size", options.batch_size), ("--learning-rate", options.learning_rate),
-                        ("--checkpoint-every", options.checkpoint_every), ("--data", options.data),
-                        ("--steps-per-execution", options.steps_per_execution),
-                        ("--eval-every", options.eval_every)):
+        argv += ["--collective-timeout", _value(options.collective_timeout)]
+    for name in _IF_SET:
+        value = getattr(options, name)
         if value is not None:
-            argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+            argv += [_flag(name), _value(value)]
     if options.scale_lr:
         argv.append("--scale-lr")
     if resume:

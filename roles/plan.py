@@ -27,13 +27,17 @@ MODES = ("async", "sync", "sync-ps")
 DEFAULT_STEPS_PER_EXECUTION = {"async": 32, "sync": 8, "sync-ps": 1}
 
 
-@dataclass(frozen=True)
-class TrainOptions:
-    """The ``roles.train`` command line, parsed and type-checked."""
+@dataclass(frozen=True, kw_only=True)
+class TrainerSettings:
+    """What a training process is told beyond its mode, job and events file.
 
-    mode: str
-    job: str
-    events: str
+    The one definition of these settings and their defaults: ``python -m roles.train``'s
+    parser takes its defaults from :data:`TRAINER_DEFAULTS`, and ``pscluster train``'s
+    options (``cluster.training.TrainOptions``) extend this class, so both sides agree;
+    tests/unit/test_train_contract.py checks that the argv the orchestrator builds parses
+    back to the same settings. None means the job's own default.
+    """
+
     epochs: float | None = None
     steps: int | None = None
     batch_size: int | None = None
@@ -45,9 +49,24 @@ class TrainOptions:
     data: str | None = None
     eval_every: int | None = None
     steps_per_execution: int | None = None
-    start_timeout: float = 300.0
-    collective_timeout: float = 60.0
+    # The orchestrator starts every task itself, so 3 minutes from process start to the
+    # first step covers TensorFlow's start-up on a loaded host; exported pods (TFJob) wait
+    # for image pulls and pass longer values (cluster/export.py).
+    start_timeout: float = 180.0
+    collective_timeout: float = 30.0
     seed: int = 1234
+
+
+TRAINER_DEFAULTS = TrainerSettings()
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions(TrainerSettings):
+    """The ``roles.train`` command line, parsed and type-checked."""
+
+    mode: str
+    job: str
+    events: str
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 from roles.events import EventWriter
 from roles.jobs import JobError
 from roles.lifecycle import TrainerLink, split
-from roles.plan import DEFAULT_STEPS_PER_EXECUTION, MODES, TrainOptions
+from roles.plan import DEFAULT_STEPS_PER_EXECUTION, MODES, TRAINER_DEFAULTS, TrainOptions
 from roles.tfconfig import ConfigError, TaskInfo, task_from_env
 
 DRIVERS = {"async": "roles.async_driver", "sync": "roles.sync_driver",
@@ -85,12 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="steps per traced call (default: "
                         + ", ".join(f"{m} {k}" for m, k in DEFAULT_STEPS_PER_EXECUTION.items())
                         + ")")
-    p.add_argument("--start-timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="fail if the first step has not run by then (default 300)")
-    p.add_argument("--collective-timeout", type=float, default=60.0, metavar="SECONDS",
-                   help="sync: fail a collective that waits longer; sync-ps: fail a "
-                        "step (after the first) that waits longer (default 60)")
-    p.add_argument("--seed", type=int, default=1234, help=argparse.SUPPRESS)
+    p.add_argument("--start-timeout", type=float, default=TRAINER_DEFAULTS.start_timeout, metavar="SECONDS",
+                   help=f"fail if the first step has not run by then (default {TRAINER_DEFAULTS.start_timeout:g})")
+    p.add_argument("--collective-timeout", type=float, default=TRAINER_DEFAULTS.collective_timeout,
+                   metavar="SECONDS",
+                   help="sync: fail a collective that waits longer; sync-ps: fail a step (after the "
+                        f"first) that waits longer (default {TRAINER_DEFAULTS.collective_timeout:g})")
+    p.add_argument("--seed", type=int, default=TRAINER_DEFAULTS.seed, help=argparse.SUPPRESS)
     return p
 
 

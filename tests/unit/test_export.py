@@ -149,7 +149,7 @@ def test_export_is_a_valid_tfjob_equal_to_the_plan(inventory, mode):
         else:
             assert container["command"] == train_command(mode) == [
                 "python", "-m", "roles.train", "--mode", mode, "--job", "examples/distributed_mnist",
-                "--events", "/tmp/pscluster/events.jsonl"]
+                "--events", "/tmp/pscluster/events.jsonl", "--start-timeout", "300", "--collective-timeout", "60"]
         env = {item["name"]: item["value"] for item in container["env"]}
         shared = {key: value for key, value in tasks[0].env
                   if key not in ("TF_CONFIG", "PSCLUSTER_TASK", "CUDA_VISIBLE_DEVICES")}
