@@ -34,8 +34,8 @@ from roles.datasets import eval_dataset, sample_batch, train_dataset
 from roles.evaluation import EVAL_BATCH_SIZE, make_evaluator, means
 from roles.jobs import Job, Shard
 from roles.lifecycle import TrainerLink
-from roles.plan import TrainPlan
-from roles.reporting import ProgressMeter, Reporter, TrainResult, placements_of
+from roles.plan import StepSchedule, TrainPlan
+from roles.reporting import FirstStep, ProgressMeter, Reporter, TrainResult, placements_of
 from roles.tfconfig import ConfigError, TaskInfo
 
 log = logging.getLogger("pscluster.async")
@@ -109,22 +109,17 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     meter = ProgressMeter(reporter)
     start_step = int(step_var.numpy())
     scheduled = start_step
-    next_checkpoint = plan.next_boundary(start_step, plan.checkpoint_every)
-    next_eval = plan.next_boundary(start_step, plan.eval_every)
+    schedule = StepSchedule(plan, start_step)
     in_flight: collections.deque[tuple[Any, int]] = collections.deque()
     max_in_flight = IN_FLIGHT_PER_WORKER * plan.workers
     last_checkpoint = keeper.latest() if keeper else None
     last_saved_step = -1
-    first_done = False
+    first = FirstStep(deadline, meter)
 
     def collect_one() -> None:
-        nonlocal first_done
         remote, n = in_flight.popleft()
         loss, worker = remote.fetch()
-        if not first_done:
-            first_done = True
-            deadline.disarm()
-            meter.restart_clock()  # exclude tracing and worker start-up from rates
+        if not first.counts():
             return
         examples = n * plan.worker_batch_size
         meter.add(n, examples, float(loss), [(f"worker:{int(worker)}", examples)])
@@ -132,17 +127,16 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             meter.maybe_emit(int(step_var.numpy()))
 
     while scheduled < plan.steps_total:
-        n = min(plan.steps_per_execution, plan.steps_total - scheduled)
-        if next_checkpoint is not None:
-            n = min(n, next_checkpoint - scheduled)
+        n = schedule.chunk(scheduled)
         remote = coordinator.schedule(train_steps, args=(per_worker_iterator, tf.constant(n)))
         in_flight.append((remote, n))
         scheduled += n
         # The first closure alone proves the cluster works; wait for it before
         # queueing more so the start deadline measures the cluster, not the queue.
-        while in_flight and (len(in_flight) >= max_in_flight or not first_done):
+        while in_flight and (len(in_flight) >= max_in_flight or not first.done):
             collect_one()
-        if next_checkpoint is not None and scheduled >= next_checkpoint:
+        reached = schedule.reached(scheduled)
+        if reached.checkpoint:
             while in_flight:
                 collect_one()
             coordinator.join()  # a consistent step on disk
@@ -150,10 +144,8 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
                 last_saved_step = int(step_var.numpy())
                 last_checkpoint = keeper.save(last_saved_step)
                 reporter.checkpoint(last_saved_step, last_checkpoint)
-            next_checkpoint = plan.next_boundary(scheduled, plan.checkpoint_every)
-        if next_eval is not None and scheduled >= next_eval and scheduled < plan.steps_total:
+        if reached.evaluate:
             evaluate()
-            next_eval = plan.next_boundary(scheduled, plan.eval_every)
     while in_flight:
         collect_one()
     coordinator.join()

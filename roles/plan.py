@@ -120,6 +120,49 @@ class TrainPlan:
         }
 
 
+@dataclass(frozen=True)
+class Boundaries:
+    """What a step reached: a checkpoint boundary, an evaluation boundary (never the last
+    step: the final evaluation is separate)."""
+
+    checkpoint: bool
+    evaluate: bool
+
+
+class StepSchedule:
+    """Where a run cuts its steps, the same in every mode.
+
+    ``chunk`` gives the next unit of work: at most ``steps_per_execution`` steps, never
+    past the budget, a checkpoint boundary or an evaluation boundary, so that every sync
+    worker reaches the checkpoint/evaluation collectives at the same step and an async
+    checkpoint holds a step on its boundary. ``reached`` says which boundaries a step has
+    reached or passed (sync-ps steps can jump: the global step counts every worker's
+    updates) and moves past them. Pure: no TensorFlow, no clock.
+    """
+
+    def __init__(self, plan: TrainPlan, start_step: int):
+        self.plan = plan
+        self.next_checkpoint = plan.next_boundary(start_step, plan.checkpoint_every)
+        self.next_eval = plan.next_boundary(start_step, plan.eval_every)
+
+    def chunk(self, step: int) -> int:
+        """Steps in the unit of work that starts at ``step`` (0 when the budget is spent)."""
+        n = min(self.plan.steps_per_execution, self.plan.steps_total - step)
+        for boundary in (self.next_checkpoint, self.next_eval):
+            if boundary is not None and boundary > step:
+                n = min(n, boundary - step)
+        return max(n, 0)
+
+    def reached(self, step: int) -> Boundaries:
+        checkpoint = self.next_checkpoint is not None and step >= self.next_checkpoint
+        if checkpoint:
+            self.next_checkpoint = self.plan.next_boundary(step, self.plan.checkpoint_every)
+        evaluate = self.next_eval is not None and step >= self.next_eval
+        if evaluate:
+            self.next_eval = self.plan.next_boundary(step, self.plan.eval_every)
+        return Boundaries(checkpoint, evaluate and step < self.plan.steps_total)
+
+
 def make_plan(job: Job, options: TrainOptions, workers: int) -> TrainPlan:
     """Resolves the plan; the command line wins over the job's defaults.
 

@@ -176,6 +176,29 @@ class ProgressMeter:
         return {name: n / elapsed for name, n in sorted(self.total_by_worker.items())}
 
 
+class FirstStep:
+    """The first unit of work proves the cluster works: when it finishes, the start deadline
+    is disarmed and the meter's clock restarts (tracing and start-up stay out of the rates);
+    that unit itself is not counted.
+
+    Call :meth:`counts` once per finished unit: False for the first (after the bookkeeping),
+    True afterwards.
+    """
+
+    def __init__(self, deadline: Any, meter: ProgressMeter) -> None:
+        self._deadline = deadline
+        self._meter = meter
+        self.done = False
+
+    def counts(self) -> bool:
+        if self.done:
+            return True
+        self.done = True
+        self._deadline.disarm()
+        self._meter.restart_clock()
+        return False
+
+
 def placements_of(variables: Iterable[Any]) -> list[VariablePlacement]:
     """Name, device and shape of TensorFlow/Keras variables.
 

@@ -38,8 +38,8 @@ from roles.datasets import eval_dataset, sample_batch, train_dataset
 from roles.evaluation import EVAL_BATCH_SIZE, make_evaluator, means
 from roles.jobs import Job, Shard
 from roles.lifecycle import TrainerLink
-from roles.plan import TrainPlan
-from roles.reporting import ProgressMeter, Reporter, TrainResult
+from roles.plan import StepSchedule, TrainPlan
+from roles.reporting import FirstStep, ProgressMeter, Reporter, TrainResult
 from roles.tfconfig import ConfigError, TaskInfo
 
 log = logging.getLogger("pscluster.sync")
@@ -122,28 +122,23 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     step = int(step_var.numpy())
     last_saved = -1
     last_checkpoint = keeper.latest() if keeper else None
-    first = True
+    first = FirstStep(deadline, meter)
+    # Every worker cuts the budget at the same boundaries: the collectives of a
+    # checkpoint or an evaluation must line up across workers.
+    schedule = StepSchedule(plan, step)
     while step < plan.steps_total:
-        # Every worker cuts the budget at the same boundaries: the collectives of a
-        # checkpoint or an evaluation must line up across workers.
-        n = min(plan.steps_per_execution, plan.steps_total - step)
-        for every in (plan.checkpoint_every, plan.eval_every):
-            if every:
-                n = min(n, every - step % every)
+        n = schedule.chunk(step)
         loss = float(train_steps(iterator, tf.constant(n)))
         step += n
-        if first:
-            first = False
-            deadline.disarm()
-            meter.restart_clock()
-        else:
+        if first.counts():
             meter.add(n, n * plan.global_batch_size, loss,
                       [(task.name, n * plan.worker_batch_size)])
             meter.maybe_emit(step)
-        if keeper and plan.checkpoint_every and step % plan.checkpoint_every == 0:
+        reached = schedule.reached(step)
+        if keeper and reached.checkpoint:
             last_checkpoint = _save(keeper, reporter, step) or last_checkpoint
             last_saved = step
-        if plan.eval_every and step % plan.eval_every == 0 and step < plan.steps_total:
+        if reached.evaluate:
             evaluate(step)
     deadline.disarm()
     step = int(step_var.numpy())

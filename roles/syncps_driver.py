@@ -52,8 +52,8 @@ from roles.datasets import eval_dataset, train_dataset
 from roles.evaluation import EVAL_BATCH_SIZE, batch_sums, means
 from roles.jobs import Job, Shard
 from roles.lifecycle import TrainerLink
-from roles.plan import TrainPlan
-from roles.reporting import ProgressMeter, Reporter, TrainResult, placements_of
+from roles.plan import StepSchedule, TrainPlan
+from roles.reporting import FirstStep, ProgressMeter, Reporter, TrainResult, placements_of
 from roles.syncps_rendezvous import ControlChannel, container_name
 from roles.tfconfig import ConfigError, TaskInfo, threads_from_env
 from roles.tfruntime import session_config
@@ -196,33 +196,25 @@ def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: Trainer
     meter = ProgressMeter(reporter)
     checkpoint = None
     last_saved = -1
-    next_checkpoint = plan.next_boundary(step, plan.checkpoint_every)
-    next_eval = plan.next_boundary(step, plan.eval_every)
-    first = True
+    schedule = StepSchedule(plan, step)
+    first = FirstStep(deadline, meter)
     while step < plan.steps_total:
         previous = step
-        if first:
-            # The first step waits for every worker to arrive: bounded by the start
-            # deadline, not by the per-step timeout.
-            loss_value, step = session.run([loss, train_op])
-            first = False
-            deadline.disarm()
-            meter.restart_clock()
-        else:
-            loss_value, step = session.run([loss, train_op], options=timeout)
-            n = max(int(step) - previous, 1)
+        # The first step waits for every worker to arrive: bounded by the start
+        # deadline, not by the per-step timeout.
+        loss_value, step = session.run([loss, train_op], options=timeout if first.done else None)
+        step = int(step)
+        if first.counts():
+            n = max(step - previous, 1)
             meter.add(n, n * plan.global_batch_size, float(loss_value),
                       [(task.name, n * plan.worker_batch_size)])
-            meter.maybe_emit(int(step))
-        step = int(step)
-        if saver and next_checkpoint is not None and step >= next_checkpoint:
+            meter.maybe_emit(step)
+        reached = schedule.reached(step)
+        if saver and reached.checkpoint:
             checkpoint = _save(saver, session, prefix, step, reporter)
             last_saved = step
-            next_checkpoint = plan.next_boundary(step, plan.checkpoint_every)
-        if next_eval is not None and step >= next_eval:
-            if evaluate and step < plan.steps_total:
-                evaluate(step)
-            next_eval = plan.next_boundary(step, plan.eval_every)
+        if evaluate and reached.evaluate:
+            evaluate(step)
     deadline.disarm()
     meter.maybe_emit(step, force=True)
     if saver and step != last_saved:

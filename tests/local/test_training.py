@@ -3,6 +3,7 @@ status while training, and Ctrl-C."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -47,7 +48,9 @@ def test_each_mode_trains_distributed_mnist_on_the_local_inventory(tmp_path, mod
         assert report["wall_seconds"] > 0 and report["examples_per_second"] > 0
         assert report["checkpoint"].endswith("ckpt-200") and os.path.exists(report["checkpoint"] + ".index")
         losses = [e["loss"] for e in _leader_events(state_dir, name, 1) if e["event"] == "progress" and e["loss"]]
-        assert len(losses) >= 2 and losses[-1] < 0.8 * losses[0]          # the loss falls (async is noisy)
+        # The loss falls well below chance level (ln 10 = 2.30 for ten classes). On a quiet machine
+        # async trains 200 steps within one progress interval, so there may be a single progress event.
+        assert losses and losses[-1] < 0.5 * math.log(10), losses
         status = run_json(["status", "--name", name], state_dir=state_dir)
         assert status["job"]["state"] == "done" and status["job"]["step"] == 200
     finally:
