@@ -15,7 +15,7 @@ import click
 from rich.console import Console
 
 from . import console as ui
-from .codesync import project_root
+from .codesync import local_workdir, project_root
 from .errors import PsclusterError, UsageError
 from .inventory import MODES, ROLES, load_inventory
 from .plan import ClusterPlan, PlanOptions, plan_cluster
@@ -36,7 +36,7 @@ class Env:
 
 
 def _plan(inventory: str, *, name: str | None, mode: str | None, port_base: int | None) -> ClusterPlan:
-    options = PlanOptions(local_python=sys.executable, local_workdir=str(project_root()), name=name,
+    options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=name,
                           mode=mode, port_base=port_base)
     return plan_cluster(load_inventory(inventory), options)
 
@@ -398,7 +398,7 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
         from .benchplot import require_matplotlib
         require_matplotlib()
     job_ref = resolve_job(job, project_root())
-    options = PlanOptions(local_python=sys.executable, local_workdir=str(project_root()))
+    options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir())
     display = ui.BenchProgress(env.err)
     try:
         with env.pool_factory() as pool:
@@ -526,7 +526,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
             if inventory is not None:
                 inv = load_inventory(inventory)
                 roles = on or one_shot_roles(inv, mode)
-                options = PlanOptions(local_python=sys.executable, local_workdir=str(project_root()), name=name,
+                options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=name,
                                       mode=mode, port_base=port_base, roles=roles)
                 cluster = plan_cluster(inv, options)
                 if firewall:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 from . import hostops
 from .errors import Failure, HostError, MultiHostError
 from .events import Reporter
-from .plan import ClusterPlan, HostSpec
+from .plan import DEFAULT_REMOTE_WORKDIR, ClusterPlan, HostSpec
 from .transport import TransportPool
 
 SYNC_DIRS = ("roles", "examples")
@@ -33,8 +34,25 @@ class LocalFile:
 
 
 def project_root() -> Path:
-    """This installation's root: the folder holding ``cluster/``, ``roles/`` and ``examples/``."""
-    return Path(__file__).resolve().parent.parent
+    """This installation's root: the folder holding ``roles/`` and ``examples/``.
+
+    In a checkout (also an editable install) that is the checkout. A wheel installs
+    ``cluster/`` and ``roles/`` as packages and ships ``roles/`` and ``examples/`` again
+    under ``<prefix>/share/pscluster`` (setup.cfg's data_files): that folder is the root.
+    """
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "examples").is_dir():
+        return checkout
+    shipped = Path(sys.prefix) / "share" / "pscluster"
+    return shipped if (shipped / "roles").is_dir() else checkout
+
+
+def local_workdir() -> str:
+    """Where tasks on this machine run by default: the checkout itself (nothing to sync), or,
+    for an installed wheel, the same ``~/pscluster`` as on other hosts (the installation's
+    own folder may be read-only, and run folders and checkpoints do not belong there)."""
+    root = project_root()
+    return str(root) if root == Path(__file__).resolve().parent.parent else DEFAULT_REMOTE_WORKDIR
 
 
 def _digest(path: str) -> str:

@@ -97,11 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_options(argv: Sequence[str]) -> TrainOptions:
     ns = build_parser().parse_args(list(argv))
+    # Paths come from the orchestrator relative to the host's workdir, which defaults to
+    # ~/pscluster: no shell expands `~` in an argv list, so expand it here (else a folder
+    # named "~" appears in the workdir and the orchestrator never finds the events).
+    home = {name: os.path.expanduser(value) if value else value
+            for name, value in (("job", ns.job), ("events", ns.events), ("checkpoint_dir", ns.checkpoint_dir),
+                                ("data", ns.data))}
     return TrainOptions(
-        mode=ns.mode, job=ns.job, events=ns.events, epochs=ns.epochs, steps=ns.steps,
+        mode=ns.mode, job=home["job"], events=home["events"], epochs=ns.epochs, steps=ns.steps,
         batch_size=ns.batch_size, learning_rate=ns.learning_rate, scale_lr=ns.scale_lr,
-        checkpoint_dir=ns.checkpoint_dir, checkpoint_every=ns.checkpoint_every,
-        resume=ns.resume, data=ns.data, eval_every=ns.eval_every,
+        checkpoint_dir=home["checkpoint_dir"], checkpoint_every=ns.checkpoint_every,
+        resume=ns.resume, data=home["data"], eval_every=ns.eval_every,
         steps_per_execution=ns.steps_per_execution,
         start_timeout=ns.start_timeout, collective_timeout=ns.collective_timeout,
         seed=ns.seed)

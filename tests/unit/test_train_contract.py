@@ -55,3 +55,14 @@ def test_one_set_of_defaults():
     parsed = parse_options(["--mode", "async", "--job", "j", "--events", "e"])
     assert (parsed.start_timeout, parsed.collective_timeout, parsed.seed) == \
         (TRAINER_DEFAULTS.start_timeout, TRAINER_DEFAULTS.collective_timeout, TRAINER_DEFAULTS.seed)
+
+
+def test_home_relative_paths_are_expanded_on_the_host(monkeypatch):
+    """The default workdir is ~/pscluster and argv lists reach no shell: the trainer expands ~."""
+    monkeypatch.setenv("HOME", "/home/alice")
+    parsed = parse_options(["--mode", "async", "--job", "~/pscluster/examples/distributed_mnist",
+                            "--events", "~/pscluster/.pscluster/c/job-1/chief-0.1.events.jsonl",
+                            "--checkpoint-dir", "~/pscluster/.pscluster/c/checkpoints/j", "--data", "~/d.npz"])
+    assert (parsed.job, parsed.events, parsed.checkpoint_dir, parsed.data) == (
+        "/home/alice/pscluster/examples/distributed_mnist", "/home/alice/pscluster/.pscluster/c/job-1/chief-0.1.events.jsonl",
+        "/home/alice/pscluster/.pscluster/c/checkpoints/j", "/home/alice/d.npz")
