@@ -17,7 +17,7 @@ from rich.console import Console
 from . import console as ui
 from .codesync import local_workdir, project_root
 from .errors import PsclusterError, UsageError
-from .inventory import MODES, ROLES, load_inventory
+from .inventory import MODES, load_inventory
 from .plan import ClusterPlan, PlanOptions, plan_cluster
 from .state import StateStore
 from .transport import TransportPool

@@ -6,7 +6,6 @@ draw plans, preflight reports, status tables and errors.
 from __future__ import annotations
 
 import json
-import shlex
 import os
 import time
 from typing import Any, Sequence

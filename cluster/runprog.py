@@ -19,7 +19,6 @@ to restart).
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 from typing import Sequence
 
 from . import hostops

@@ -243,7 +243,6 @@ class JobExecutor:
             watched = self.watched.get(key)
             if watched is None:
                 continue
-            was_ended = watched.state in (ProcState.EXITED, ProcState.GONE)
             watched.state = ProcState(status.state)
             watched.exit_code, watched.signal = status.exit_code, status.signal
             watched.frozen_since = (watched.frozen_since or now) if watched.state is ProcState.FROZEN else None

@@ -142,7 +142,7 @@ def test_wrong_and_empty_known_hosts_refused(lab3):
     # the wrong file really lists the hosts, with other keys
     wrong = lab3.wrong_known_hosts().read_text().splitlines()
     right = lab3.known_hosts.read_text().splitlines()
-    assert [l.split()[0] for l in wrong] == [l.split()[0] for l in right]
+    assert [line.split()[0] for line in wrong] == [line.split()[0] for line in right]
     assert all(w.split()[2] != r.split()[2] for w, r in zip(wrong, right))
 
 

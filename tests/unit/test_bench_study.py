@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import io
-import json
 
 import pytest
-import yaml
 from rich.console import Console
 
 from cluster import bench
