@@ -542,7 +542,7 @@ def gather_facts(hosts: Sequence[HostSpec], pool: TransportPool) -> dict[str, ho
 
 
 def host_environment(facts: Mapping[str, hostops.HostFacts | str]) -> list[dict]:
-    rows = []
+    rows: list[dict[str, object]] = []
     for host, item in facts.items():
         if isinstance(item, str):
             rows.append({"host": host, "error": item})

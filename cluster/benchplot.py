@@ -7,14 +7,14 @@ on an Agg canvas directly, without pyplot's global state.
 from __future__ import annotations
 
 import importlib.util
-from typing import Sequence
+from typing import Any, Sequence
 
 from .bench import BenchSummary
 from .errors import UsageError
 
 # One colour per mode, one line style per placement: the two can be told apart in print.
 MODE_COLORS = {"async": "#1f77b4", "sync": "#d62728", "sync-ps": "#2ca02c"}
-PLACEMENT_STYLES = {"pack": ("-", "o"), "spread": ("--", "s")}
+PLACEMENT_STYLES: dict[str, tuple[Any, str]] = {"pack": ("-", "o"), "spread": ("--", "s")}
 
 
 def require_matplotlib() -> None:
@@ -72,7 +72,7 @@ def write_plot(summaries: Sequence[BenchSummary], path: str, *, title: str, subt
         # Lines side by side, so that their range bars do not hide each other.
         shift = (number - (len(lines) - 1) / 2) * 0.012 * span
         look = dict(color=color, linestyle=style, marker=marker, markersize=7, linewidth=2, capsize=4, zorder=3)
-        eps = [(r.workers, r.examples_per_second) for r in rows]
+        eps = [(r.workers, r.examples_per_second) for r in rows if r.examples_per_second is not None]
         effs = [(r.workers, r.efficiency) for r in rows if r.efficiency is not None]
         for axes, points, fmt in ((throughput, eps, ",.0f"), (efficiency, effs, ".2f")):
             if not points:
@@ -84,7 +84,7 @@ def write_plot(summaries: Sequence[BenchSummary], path: str, *, title: str, subt
                 axes.annotate(format(v.median, fmt), (x + shift, v.median), textcoords="offset points",
                               xytext=(0, 9 if number == 0 else -16), ha="center", fontsize=9, color=color)
         one = next((r for r in rows if r.workers == 1), None)
-        if one is not None:
+        if one is not None and one.examples_per_second is not None:
             throughput.plot(workers, [one.examples_per_second.median * n for n in workers], color=color,
                             linestyle=":", linewidth=1.2, alpha=0.8)
         handles.append(Line2D([], [], color=color, linestyle=style, marker=marker, linewidth=2,
@@ -102,7 +102,8 @@ def write_plot(summaries: Sequence[BenchSummary], path: str, *, title: str, subt
     throughput.set_ylabel("examples per second")
     throughput.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
     # The linear-scaling lines may leave the chart: they must not squash the measured ones.
-    highest = max([r.examples_per_second.high for rows in lines.values() for r in rows] or [1.0])
+    highest = max([r.examples_per_second.high for rows in lines.values() for r in rows
+                   if r.examples_per_second is not None] or [1.0])
     throughput.set_ylim(0, min(throughput.get_ylim()[1] * 1.08, highest * 1.6))
     efficiency.set_title("Scaling efficiency = throughput(N) / (N × throughput(1))", fontsize=12)
     efficiency.set_ylabel("efficiency (1.0 = linear scaling)")

@@ -180,7 +180,7 @@ def _env(plan: ClusterPlan, tasks: tuple[TaskSpec, ...], secret_name: str) -> li
     # requests none, and a parameter server must not take GPU memory.
     if all(task.cuda_visible_devices == "" for task in tasks):
         merged["CUDA_VISIBLE_DEVICES"] = ""
-    env: list[dict] = [{"name": key, "value": value} for key, value in merged.items()]
-    env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": key}}}
+    items: list[dict] = [{"name": key, "value": value} for key, value in merged.items()]
+    items += [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": key}}}
             for key in sorted(secret)]
-    return env
+    return items

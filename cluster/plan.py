@@ -270,6 +270,7 @@ def _slots(inventory: Inventory) -> list[_Slot]:
             if role_slots is None:
                 continue
             for local_index in range(role_slots.count):
+                gpus: str | None
                 if role_slots.gpus is not None:
                     gpus = role_slots.gpus[local_index]
                 else:

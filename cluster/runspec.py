@@ -157,7 +157,7 @@ def select_tasks(plan: ClusterPlan, on: tuple[str, ...] | None) -> tuple[TaskSpe
             raise UsageError(f"cluster {plan.name!r} has no task without a standing server",
                              hint="name the roles with --on")
         return tasks
-    tasks = []
+    chosen: list[TaskSpec] = []
     for role in on:
         of_role = plan.tasks_of(role)
         if not of_role:
@@ -169,8 +169,8 @@ def select_tasks(plan: ClusterPlan, on: tuple[str, ...] | None) -> tuple[TaskSpe
             raise UsageError(f"--on {role}: {', '.join(standing)} run(s) standing servers started by 'up' "
                              "(their ports are taken)",
                              hint="run on the other roles, or use a one-shot 'pscluster run INVENTORY --on ...'")
-        tasks.extend(of_role)
-    return tuple(tasks)
+        chosen.extend(of_role)
+    return tuple(chosen)
 
 
 # ----------------------------------------------------------------------------- files and directories

@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from .errors import StateError, UsageError
 from .plan import ClusterPlan, HostSpec, TaskSpec
@@ -85,6 +85,10 @@ class RunState:
 
     def replace_record(self, record: ProcessRecord) -> None:
         self.processes = [record if r.key == record.key else r for r in self.processes]
+
+    def replace_records(self, records: Iterable[ProcessRecord]) -> None:
+        for record in records:
+            self.replace_record(record)
 
     def to_json(self) -> dict:
         return {

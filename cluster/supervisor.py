@@ -168,7 +168,7 @@ class Supervisor(JobExecutor):
                              epoch=event.get("epoch"), loss=event.get("loss"),
                              examples_per_second=event.get("examples_per_second"),
                              per_worker=event.get("per_worker") or None)
-                job = self.state.job.to_json()
+                job = self.progress.to_json()
                 job.pop("orchestrator", None)
                 self.reporter.emit("job", **job)
             if self.plan.mode != Mode.ASYNC:

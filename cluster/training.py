@@ -54,9 +54,9 @@ def resolve_job(spec: str, root: Path) -> JobRef:
         name = path.stem if path.is_file() else path.name
         example = _is_within(path, root / "examples")
         return JobRef(spec, name, path, example)
-    example = root / "examples" / spec
-    if (example / "job.py").is_file():
-        return JobRef(spec, spec, example, True)
+    shipped = root / "examples" / spec
+    if (shipped / "job.py").is_file():
+        return JobRef(spec, spec, shipped, True)
     known = sorted(p.name for p in (root / "examples").iterdir() if (p / "job.py").is_file()) \
         if (root / "examples").is_dir() else []
     raise UsageError(f"no job named {spec!r}", hint=f"shipped jobs: {', '.join(known) or 'none'}; "

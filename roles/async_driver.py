@@ -142,8 +142,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             coordinator.join()  # a consistent step on disk
             if keeper:
                 last_saved_step = int(step_var.numpy())
-                last_checkpoint = keeper.save(last_saved_step)
-                reporter.checkpoint(last_saved_step, last_checkpoint)
+                last_checkpoint = keeper.save_and_report(last_saved_step, reporter) or last_checkpoint
         if reached.evaluate:
             evaluate()
     while in_flight:
@@ -155,8 +154,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     rate = meter.overall_rate()
 
     if keeper and last_saved_step != final_step:
-        last_checkpoint = keeper.save(final_step)
-        reporter.checkpoint(final_step, last_checkpoint)
+        last_checkpoint = keeper.save_and_report(final_step, reporter) or last_checkpoint
 
     val_loss, val_accuracy = evaluate()
     return TrainResult(global_step=final_step, val_loss=val_loss, val_accuracy=val_accuracy,
@@ -195,3 +193,4 @@ def _make_train_steps(job: Job, plan: TrainPlan, strategy: Any, model: Any,
         return total / tf.cast(n, tf.float32), worker
 
     return train_steps
+

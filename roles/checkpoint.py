@@ -70,6 +70,13 @@ class CheckpointKeeper:
         status.assert_existing_objects_matched()
         return path
 
+    def save_and_report(self, step: int, reporter: Any) -> str | None:
+        """Save at ``step`` and report the checkpoint (when this keeper keeps it)."""
+        path = self.save(step)
+        if path:
+            reporter.checkpoint(step, path)
+        return path
+
     def save(self, step: int) -> str | None:
         """Writes a checkpoint numbered ``step``; returns its path (None if not kept)."""
         path = self._manager.save(checkpoint_number=step, options=self._options)

@@ -136,7 +136,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             meter.maybe_emit(step)
         reached = schedule.reached(step)
         if keeper and reached.checkpoint:
-            last_checkpoint = _save(keeper, reporter, step) or last_checkpoint
+            last_checkpoint = keeper.save_and_report(step, reporter) or last_checkpoint
             last_saved = step
         if reached.evaluate:
             evaluate(step)
@@ -145,7 +145,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     meter.maybe_emit(step, force=True)
     rate = meter.overall_rate()
     if keeper and last_saved != step:
-        last_checkpoint = _save(keeper, reporter, step) or last_checkpoint
+        last_checkpoint = keeper.save_and_report(step, reporter) or last_checkpoint
     if keeper:
         keeper.close()
 
@@ -204,13 +204,6 @@ def _within(seconds: float, what: str, call: Any, *args: Any) -> bool:
                  type(outcome[0]).__name__)
         return False
     return True
-
-
-def _save(keeper: CheckpointKeeper, reporter: Reporter, step: int) -> str | None:
-    path = keeper.save(step)
-    if path:
-        reporter.checkpoint(step, path)
-    return path
 
 
 def _make_train_steps(job: Job, plan: TrainPlan, strategy: Any, model: Any,

@@ -185,13 +185,14 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
 
 def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: TrainerLink,
           session: Any, loss: Any, train_op: Any, step: int, saver: Any,
-          evaluate: Callable[[int], Any] | None) -> tuple[int, float | None, str | None]:
+          evaluate: Callable[[int], Any] | None
+          ) -> tuple[int, float | None, dict[str, float] | None, str | None]:
     """Steps until the global step reaches the budget; returns (step, rate, per-worker rates, checkpoint).
 
     ``train_op`` yields the new global step: SyncReplicasOptimizer's train op is the
     assignment of the token it dequeued, and the token is the global step.
     """
-    prefix = os.path.join(plan.checkpoint_dir, CHECKPOINT_NAME) if saver else None
+    prefix = os.path.join(plan.checkpoint_dir, CHECKPOINT_NAME) if saver and plan.checkpoint_dir else None
     timeout = tf.compat.v1.RunOptions(timeout_in_ms=int(plan.collective_timeout * 1000))
     meter = ProgressMeter(reporter)
     checkpoint = None
@@ -210,14 +211,14 @@ def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: Trainer
                       [(task.name, n * plan.worker_batch_size)])
             meter.maybe_emit(step)
         reached = schedule.reached(step)
-        if saver and reached.checkpoint:
+        if prefix and reached.checkpoint:
             checkpoint = _save(saver, session, prefix, step, reporter)
             last_saved = step
         if evaluate and reached.evaluate:
             evaluate(step)
     deadline.disarm()
     meter.maybe_emit(step, force=True)
-    if saver and step != last_saved:
+    if prefix and step != last_saved:
         checkpoint = _save(saver, session, prefix, step, reporter)
     return step, meter.overall_rate(), meter.overall_per_worker(), checkpoint
 

@@ -156,8 +156,15 @@ class JobExecutor:
                                  hint="wait for it, or stop it with Ctrl-C in its terminal")
         return state
 
+    @property
+    def progress(self) -> JobProgress:
+        """The job record of the job this executor runs (set when the job starts)."""
+        if self.state.job is None:
+            raise RuntimeError("no job record: the job has not started")
+        return self.state.job
+
     def set_job(self, **fields) -> None:
-        self.state.job = self.state.job.updated(**fields)
+        self.state.job = self.progress.updated(**fields)
 
     def publish(self, now: float, force: bool = False) -> None:
         if force or now - self._published > PUBLISH_SECONDS:
@@ -172,7 +179,7 @@ class JobExecutor:
             pass     # the cluster was taken down meanwhile: nothing to record
 
     def job_restarts(self) -> dict[str, int]:
-        return core.restarts_in_job(self.state.job.restarts)
+        return core.restarts_in_job(self.progress.restarts)
 
     # ------------------------------------------------------------------ running
     def run(self) -> dict:
@@ -271,7 +278,7 @@ class JobExecutor:
         lost = core.lost_host_failure(views, now=now, host_timeout=self.host_timeout, policy=self.rules.policy)
         if lost is not None:
             tasks = self.tasks_on(lost.host)
-            raise self.fail(HostError(lost.host, f"unreachable for {now - lost.lost_since:.0f} s; its tasks "
+            raise self.fail(HostError(lost.host, f"unreachable for {now - (lost.lost_since or now):.0f} s; its tasks "
                                                  f"{', '.join(tasks)} are lost ({lost.error})",
                                       hint="when the host is back, 'pscluster down' stops what is left there"))
         incident = core.find_incident(self.views(), now=now, watch=self.watchdog())
@@ -304,7 +311,7 @@ class JobExecutor:
                                           log_tail=self.log_tail(watched.record), log_path=watched.record.log)
         self.reporter.emit("task-failed", task=proc.task, host=proc.host, error=reason)
         while True:
-            used = self.state.job.restarts.get(proc.task, 0)
+            used = self.progress.restarts.get(proc.task, 0)
             verdict = core.verdict(self.rules, incident, used)
             if verdict.action is core.Action.ACCEPT:
                 watched.finished = True
@@ -331,7 +338,7 @@ class JobExecutor:
 
     def count_restart(self, task: str, *, message: str | None = None) -> None:
         """One more restart of ``task``: in this job's budget and in the cluster's lifetime count."""
-        restarts = dict(self.state.job.restarts)
+        restarts = dict(self.progress.restarts)
         restarts[task] = restarts.get(task, 0) + 1
         self.set_job(state=JobState.RESTARTING, restarts=restarts,
                      **({"message": message} if message else {}))
@@ -417,7 +424,7 @@ class JobExecutor:
             for task in self.plan.standing_tasks:
                 if prober.probe(task.target, timeout=2.0).ok:
                     continue
-                used = self.state.job.restarts.get(task.name, 0)
+                used = self.progress.restarts.get(task.name, 0)
                 if used >= self.rules.max_restarts:
                     raise self.fail(TaskError(task.name, task.host, "does not answer; restart budget exhausted "
                                                                      f"({self.rules.max_restarts} restart(s) used)"))
@@ -460,7 +467,7 @@ class JobExecutor:
         stopped, errors = stop_records(self.plan, records, self.pool, self.reporter, grace=grace,
                                        first_signal=first_signal)
         if stopped:
-            self.writer.change(lambda s: [s.replace_record(record) for record in stopped])
+            self.writer.change(lambda s: s.replace_records(stopped))
         for host, error in errors.items():
             self.reporter.emit("message", level="warning",
                                text=f"could not stop processes on {host}: {error.message.splitlines()[0]}; "

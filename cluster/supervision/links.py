@@ -84,7 +84,7 @@ class HostLink:
     def poll(self, now: float) -> list[hostops.WatchUpdate]:
         """New updates; marks the host lost when its stream has been silent too long."""
         stream = self.stream
-        updates = []
+        updates: list[hostops.WatchUpdate] = []
         if stream is not None:
             for line in stream.lines():
                 update = hostops.parse_watch_line(line)
