@@ -404,7 +404,7 @@ class _Collector(Reporter):
         self.global_batch_size: int | None = None
         self.windows: dict[int, dict[str, float]] = {}    # step -> per-worker examples/s
 
-    def emit(self, kind: str, **data: Any) -> None:
+    def handle(self, kind: str, **data: Any) -> None:
         if kind != "job":
             return
         if data.get("global_batch_size"):

@@ -173,7 +173,7 @@ class RichReporter(Reporter):
     def _say(self, text: str) -> None:
         (self._progress.console if self._progress else self.console).print(text)
 
-    def emit(self, kind: str, **data: Any) -> None:
+    def handle(self, kind: str, **data: Any) -> None:
         handler = getattr(self, "_on_" + kind.replace("-", "_"), None)
         if handler is not None:
             handler(**data)
@@ -256,7 +256,7 @@ class TrainDisplay(Reporter):
         self._notes: list[str] = []
         self._started = time.monotonic()
 
-    def emit(self, kind: str, **data: Any) -> None:
+    def handle(self, kind: str, **data: Any) -> None:
         if kind == "job":
             self._job.update(data)
             if data.get("per_worker"):
@@ -348,7 +348,7 @@ class EventLineReporter(Reporter):
     def __init__(self, console: Console):
         self.console = console
 
-    def emit(self, kind: str, **data: Any) -> None:
+    def handle(self, kind: str, **data: Any) -> None:
         if kind == "phase":
             text = f"▸ {data['name']} {data.get('detail', '')}"
         elif kind == "message":
@@ -373,7 +373,7 @@ class BenchProgress(Reporter):
         self._status = None
         self._label = ""
 
-    def emit(self, kind: str, **data: Any) -> None:
+    def handle(self, kind: str, **data: Any) -> None:
         if kind == "bench-config":
             self._label = (f"[{data['index']}/{data['total']}] {data['mode']}, {data['workers']} worker(s), "
                            f"{data['placement']}, repeat {data['repeat']}")
@@ -508,7 +508,7 @@ class ProgramOutput(Reporter):
     def _line(self, text: Text, console: Console | None = None) -> None:
         (console or self.err).print(text, soft_wrap=True, highlight=False)
 
-    def emit(self, kind: str, **data: Any) -> None:
+    def handle(self, kind: str, **data: Any) -> None:
         if kind == "output":
             prefix = Text(f"[{data['task']}@{data['host']}] ", style=self._style(data["task"]))
             self._line(prefix + Text.from_ansi(data["line"]), self.out)

@@ -1,25 +1,188 @@
 """Progress reporting without a console: the launcher, preflight and supervisor emit events;
 the CLI renders them with rich (:mod:`cluster.console`), tests record them.
 
-Event kinds and their fields:
-
-``phase``          name, detail
-``check``          host, check, ok, detail                  (preflight, one per host and check)
-``sync``           host, files, bytes, skipped
-``task-starting``  task, host
-``task-started``   task, host, pid
-``task-ready``     task, host, devices, seconds
-``task-failed``    task, host, error
-``task-stopped``   task, host, signals, found
-``host-failed``    host, error
-``message``        text, level ("info" | "warning" | "error")
-``job``            state, and training fields (step, loss, examples_per_second, ...)
+Every event kind is a frozen dataclass below (the contract between emitters and renderers,
+as ``roles/events.py`` is on the host side). ``Reporter.emit(kind, **fields)`` builds that
+dataclass first, so an unknown kind or a misspelt, missing or extra field fails loudly at
+the emitter (:class:`UnknownEvent`) instead of being dropped by a renderer; reporters then
+receive the validated fields in :meth:`Reporter.handle`.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping, Sequence
+
+from .progress import JobProgress
+
+
+class UnknownEvent(ValueError):
+    """An event kind nobody declared, or fields its dataclass does not have: a bug in the emitter."""
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Check:
+    """One preflight check on one host."""
+    host: str
+    check: str
+    ok: bool
+    detail: str
+    hint: str | None = None
+
+
+@dataclass(frozen=True)
+class Sync:
+    host: str
+    files: int
+    bytes: int
+    unchanged: int
+    skipped: bool
+
+
+@dataclass(frozen=True)
+class TaskStarting:
+    task: str
+    host: str
+
+
+@dataclass(frozen=True)
+class TaskStarted:
+    task: str
+    host: str
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class TaskReady:
+    task: str
+    host: str
+    devices: Sequence[str]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class TaskFailed:
+    task: str
+    host: str
+    error: str
+
+
+@dataclass(frozen=True)
+class TaskStopped:
+    task: str
+    host: str
+    signals: Sequence[str]
+    found: bool
+
+
+@dataclass(frozen=True)
+class TaskLost:
+    """Tasks (comma-separated) lost with their host."""
+    task: str
+    host: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class TaskRestarting:
+    task: str
+    host: str
+    detail: str
+    attempt: int
+    delay: float
+
+
+@dataclass(frozen=True)
+class TaskRestarted:
+    task: str
+    host: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class TaskExited:
+    """A `run` program's process ended."""
+    task: str
+    host: str
+    exit_code: int | None
+    signal: str | int | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class Output:
+    """One line a `run` program printed."""
+    task: str
+    host: str
+    line: str
+
+
+@dataclass(frozen=True)
+class HostFailed:
+    host: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Message:
+    text: str
+    level: str = "info"          # "info" | "warning" | "error"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    index: int
+    total: int
+    mode: str
+    workers: int
+    placement: str
+    repeat: int
+    name: str
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    result: Any                  # cluster.bench.ConfigResult (bench imports this module)
+
+
+# `job` carries any fields of the job record (JobProgress), and a sync worker's own progress.
+_JOB_FIELDS = frozenset(f.name for f in dataclasses.fields(JobProgress)) | {"worker_progress"}
+
+EVENT_TYPES: Mapping[str, type] = {
+    "phase": Phase, "check": Check, "sync": Sync, "task-starting": TaskStarting, "task-started": TaskStarted,
+    "task-ready": TaskReady, "task-failed": TaskFailed, "task-stopped": TaskStopped, "task-lost": TaskLost,
+    "task-restarting": TaskRestarting, "task-restarted": TaskRestarted, "task-exited": TaskExited,
+    "output": Output, "host-failed": HostFailed, "message": Message, "bench-config": BenchConfig,
+    "bench-result": BenchResult,
+}
+
+
+def validated(kind: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The event's fields, defaults filled in, after checking them against its dataclass.
+
+    Raises:
+        UnknownEvent: an undeclared kind, or fields that kind does not take or lacks.
+    """
+    if kind == "job":
+        unknown = set(data) - _JOB_FIELDS
+        if unknown:
+            raise UnknownEvent(f"event 'job' has no field(s) {', '.join(sorted(unknown))}")
+        return dict(data)
+    event_type = EVENT_TYPES.get(kind)
+    if event_type is None:
+        raise UnknownEvent(f"unknown event kind {kind!r}; declare it in cluster/events.py")
+    try:
+        event = event_type(**data)
+    except TypeError as exc:
+        raise UnknownEvent(f"event {kind!r}: {exc}") from None
+    return {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
 
 
 @dataclass(frozen=True)
@@ -32,9 +195,13 @@ class Event:
 
 
 class Reporter:
-    """Receives events; the base class ignores them."""
+    """Receives events: :meth:`emit` validates one, :meth:`handle` (overridden) acts on it;
+    the base class ignores them."""
 
     def emit(self, kind: str, **data: Any) -> None:
+        self.handle(kind, **validated(kind, data))
+
+    def handle(self, kind: str, **data: Any) -> None:
         pass
 
     def close(self) -> None:
@@ -48,7 +215,7 @@ class RecordingReporter(Reporter):
         self.events: list[Event] = []
         self._lock = threading.Lock()
 
-    def emit(self, kind: str, **data: Any) -> None:
+    def handle(self, kind: str, **data: Any) -> None:
         with self._lock:
             self.events.append(Event(kind, data))
 
@@ -62,9 +229,9 @@ class TeeReporter(Reporter):
     def __init__(self, *reporters: Reporter):
         self.reporters = reporters
 
-    def emit(self, kind: str, **data: Any) -> None:
+    def handle(self, kind: str, **data: Any) -> None:
         for reporter in self.reporters:
-            reporter.emit(kind, **data)
+            reporter.handle(kind, **data)
 
     def close(self) -> None:
         for reporter in self.reporters:
