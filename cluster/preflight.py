@@ -11,21 +11,13 @@ from dataclasses import dataclass
 
 from . import hostops
 from .errors import Failure, HostError, MultiHostError, PsclusterError
+from .events import Check as CheckResult  # one type: a check is also the event that reports it
 from .events import Reporter
 from .plan import ClusterPlan, HostSpec, loopback_addresses
 from .transport import TransportPool
 
 MIN_TF = (2, 16)        # Keras 3 era; the drivers in roles/ are written against it
 MAX_PARALLEL = 64
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    host: str
-    check: str
-    ok: bool
-    detail: str
-    hint: str | None = None
 
 
 @dataclass(frozen=True)
