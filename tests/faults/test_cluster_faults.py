@@ -150,7 +150,9 @@ def test_orchestrator_killed_during_train_then_down_stops_everything(fault_clust
     """Scenario 12."""
     cluster = fault_cluster()
     cluster.up(ASYNC, "async")
-    training = cluster.train(*BUDGET)
+    # A budget the job cannot finish before `down`: on a quiet machine async runs ~30 steps/s,
+    # and 500 steps could end between seeing step 100 and the checks below.
+    training = cluster.train("--steps", 20000, "--checkpoint-every", 50)
     training.wait_step(100)
     chief = training.record("chief:0", "train")
     training.proc.send_signal(signal.SIGKILL)
