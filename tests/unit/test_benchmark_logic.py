@@ -121,3 +121,26 @@ def test_overhead_rows_name_the_budget():
     assert rows[0][2] == "1.010 (60.6 s / 60.0 s)"
     assert rows[2][0] == "train overhead (async, 200 steps)"
     assert rows[1][2] == "0.90 s -> 1.015"
+
+
+# ----------------------------------------------------------------------------- run overhead (issue 11)
+
+def test_byhand_plans_the_classic_command_lines_with_runs_environment():
+    from benchmarks.byhand import plan_tasks
+    tasks = plan_tasks(2, 2, 5000, 300, python="/py")
+    assert [(t.job_name, t.task_index) for t in tasks] == [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)]
+    assert tasks[3].argv == ("/py", "examples/byo/tf1_flags.py", "--ps_hosts=localhost:5000,localhost:5001",
+                             "--worker_hosts=localhost:5002,localhost:5003", "--job_name=worker", "--task_index=1",
+                             "--steps", "300")
+    env = {t.job_name: dict(t.env) for t in tasks}
+    assert env["ps"]["CUDA_VISIBLE_DEVICES"] == "" and "CUDA_VISIBLE_DEVICES" not in env["worker"]
+    assert env["worker"]["OMP_NUM_THREADS"] == "1" and env["worker"]["TF_ENABLE_ONEDNN_OPTS"] == "1"
+
+
+def test_final_line_and_ratio():
+    from benchmarks.byhand import parse_final
+    from benchmarks.run_overhead import ratio
+    assert parse_final("x\nfinal test_accuracy=0.9712 test_loss=0.0912 steps=2000 seconds=41.2\n") == \
+        {"accuracy": 0.9712, "loss": 0.0912, "steps": 2000, "seconds": 41.2}
+    assert parse_final("no result") is None
+    assert ratio([10.0, 12.0, 11.0], [10.0, 10.0, 9.0]) == pytest.approx(1.1)

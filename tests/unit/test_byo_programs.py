@@ -1,0 +1,69 @@
+"""The example programs of examples/byo/: their pure parts (flags, TF_CONFIG checks, where the
+data is found), without TensorFlow. tests/local/test_run.py trains them for real."""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from tests.helpers import REPO
+
+BYO = REPO / "examples" / "byo"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"byo_{name}", BYO / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TF1 = load("tf1_flags")
+MWMS = load("tf2_mwms")
+COORD = load("tf2_ps_coordinator")
+FLAGS = ["--ps_hosts=h1:2222, h2:2222", "--worker_hosts=h1:2223,h2:2223,h2:2224"]
+
+
+def test_tf1_flags_parse_the_classic_command_line():
+    args = TF1.parse_args([*FLAGS, "--job_name=worker", "--task_index=2", "--steps", "40", "--sync_replicas"])
+    assert args.hosts == {"ps": ["h1:2222", "h2:2222"], "worker": ["h1:2223", "h2:2223", "h2:2224"]}
+    assert (args.job_name, args.task_index, args.steps, args.sync_replicas) == ("worker", 2, 40, True)
+    assert TF1.parse_args([*FLAGS, "--job_name=ps", "--task_index=1"]).steps == 2000
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--job_name=chief", "--task_index=0"], "invalid choice: 'chief'"),     # worker 0 is the chief in TF1
+    (["--job_name=ps", "--task_index=2"], "--task_index 2 is not a ps task (2 listed)"),
+    (["--job_name=worker", "--task_index=0", "--steps", "0"], "must be >= 1"),
+])
+def test_tf1_flags_refuse_what_cannot_run(capsys, extra, words):
+    with pytest.raises(SystemExit) as caught:
+        TF1.parse_args([*FLAGS, *extra])
+    assert caught.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_data_is_found_in_the_project_then_in_the_bundled_copy(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    bundled = TF1.data_path(None)
+    assert bundled.endswith("distributed_mnist/data/mnist.npz")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "mnist.npz").write_bytes(b"x")
+    for module in (TF1, MWMS, COORD):
+        assert module.data_path(None) == "data/mnist.npz"
+        assert module.data_path(bundled) == bundled
+        with pytest.raises(SystemExit, match="no such file"):
+            module.data_path("missing.npz")
+
+
+def test_tf_config_is_read_and_checked():
+    cluster = {"chief": ["h:1"], "ps": ["h:2"], "worker": ["h:3", "h:4"]}
+    config = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}})}
+    assert MWMS.task_of(config) == ("worker", 1, 2)
+    with pytest.raises(SystemExit, match="TF_CONFIG is missing"):
+        MWMS.task_of({})
+    with pytest.raises(SystemExit, match="runs as the chief"):
+        COORD.check_chief(config)
+    COORD.check_chief({"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})})
+    with pytest.raises(SystemExit, match="malformed"):
+        COORD.check_chief({"TF_CONFIG": "{not json"})
