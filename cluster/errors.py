@@ -133,3 +133,17 @@ class MultiHostError(PsclusterError):
     @property
     def root_cause(self) -> PsclusterError | None:
         return self.failures[0].error if self.failures else None
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP reached the command (a CI timeout, a service manager, a closed
+    terminal). A :class:`KeyboardInterrupt`, so every Ctrl-C path (rollback of ``up``, stopping
+    a job's processes, ``run``'s take-down) runs for it too; the CLI exits with 128 + signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    def __str__(self) -> str:
+        import signal
+        return f"terminated by {signal.Signals(self.signum).name}"
