@@ -100,8 +100,9 @@ def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base
     ui.render_plan(env.out, cluster, secret_names=secret_names)
     if firewall or cluster.firewall:
         from .firewall import ruleset_for
-        env.out.print("\n[bold]firewall[/] (the control machine's address, as each host sees it over SSH, "
-                      "is added at up)")
+        env.out.print("\n[bold]firewall[/]: each host's TF ports accept loopback, every address of every "
+                      "member host and this machine's source address toward that host (the probe's); "
+                      "the comments say which is which. At up, members are also resolved on each host.")
         for host in cluster.hosts:
             env.out.print(f"\n[bold]nftables ruleset for {host.name}[/]")
             env.out.print(ruleset_for(cluster, host.name), markup=False, highlight=False)

@@ -61,6 +61,10 @@ class StateError(PsclusterError):
     """The cluster state on this machine is missing, locked or unreadable."""
 
 
+class Aborted(PsclusterError):
+    """Another command (``down``) took the cluster over while this one was working."""
+
+
 def tail_text(text: str, lines: int = 12) -> str:
     """The last ``lines`` non-empty lines of ``text``, for error messages."""
     kept = [line for line in text.splitlines() if line.strip()]

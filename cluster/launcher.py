@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 from . import hostops
 from .codesync import sync_code
-from .errors import Failure, HostError, MultiHostError, PsclusterError, StateError, TaskError, Terminated, UsageError
+from .errors import Aborted, Failure, HostError, MultiHostError, PsclusterError, StateError, TaskError, Terminated, UsageError
 from .events import Reporter
 from .firewall import install_rules, remove_rules
 from .plan import ClusterPlan, TaskSpec
@@ -31,10 +31,6 @@ from .transport import TransportPool
 
 DEFAULT_READY_TIMEOUT = 120.0
 DEFAULT_GRACE = 10.0
-
-
-class Aborted(PsclusterError):
-    """Another command (``down``) took the cluster over while this one was working."""
 
 
 class StateWriter:
@@ -261,6 +257,7 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
     began = time.monotonic()
     own_pool = pool is None
     pool = pool or TransportPool()
+    _remove_stale_tables(plan.name, store, pool, reporter)
     with store.lock(plan.name):
         existing = store.load(plan.name)
         if existing is not None and existing.phase not in ("failed", "down"):
@@ -308,6 +305,29 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
     finally:
         if own_pool:
             pool.close()
+
+
+def _remove_stale_tables(name: str, store: StateStore, pool: TransportPool, reporter: Reporter) -> None:
+    """Before a new ``up`` replaces a failed state: remove the firewall tables it records (on
+    that state's hosts), so they are not forgotten when the state is overwritten.
+
+    Raises:
+        MultiHostError: a table could not be removed (the old state keeps it, for ``down``).
+    """
+    with store.lock(name):
+        stale = store.load(name)
+    if stale is None or stale.phase not in ("failed", "down") or not stale.firewall or stale.live_records():
+        return      # (live records: the check below sends the user to `down`, which removes both)
+    reporter.emit("phase", name="firewall", detail=f"removing {len(stale.firewall)} table(s) of the earlier, "
+                                                   "failed cluster")
+    errors = remove_rules(stale, pool, reporter)
+    with store.lock(name):
+        if store.load(name) is not None:
+            store.save(stale)
+    if errors:
+        raise MultiHostError(f"the firewall tables of the earlier, failed cluster {name!r} could not be removed",
+                             [Failure(host, err) for host, err in errors.items()],
+                             hint=f"'pscluster down --name {name}' when the host is reachable again")
 
 
 def _stop_after_abort(plan: ClusterPlan, state: RunState, pool: TransportPool, reporter: Reporter) -> None:
