@@ -37,10 +37,16 @@ def test_firewall_admits_members_and_drops_outsiders(tmp_path, make_lab, write_l
     inventory = write_lab_inventory(lab, tmp_path / "fw.yaml", GROUPS, {
         "pscluster_port_base": port_base(), "pscluster_workdir": str(REPO), "pscluster_firewall": True})
     try:
-        plan = run_json(["plan", inventory, "--name", name], state_dir=state_dir)
+        # The operator's own SSH session (a laptop, a bastion) must not be what gets in.
+        laptop = {"SSH_CONNECTION": "203.0.113.9 50000 10.0.0.5 22"}
+        plan = run_json(["plan", inventory, "--name", name], state_dir=state_dir, env=laptop)
         assert "drop" in plan["firewall"]["node-2"]
-        up = run_cli(["up", inventory, "--name", name], state_dir=state_dir)
+        assert f"#   {lab.bridge_address}: control machine (its source address toward node-2)" in \
+            plan["firewall"]["node-2"]
+        up = run_cli(["up", inventory, "--name", name], state_dir=state_dir, env=laptop)
         assert up.returncode == 0, up.stderr
+        ruleset = lab.exec_in_netns("node-2", ["nft", "list", "ruleset"]).stdout
+        assert lab.bridge_address in ruleset and "203.0.113.9" not in ruleset
         status = run_json(["status", "--name", name], state_dir=state_dir)
         servers = [t for t in status["tasks"] if t["kind"] == "server"]
         assert len(servers) == 4 and all(t["state"] == "ready" for t in servers)   # the control machine gets in
