@@ -141,7 +141,9 @@ def ruleset_for(plan: ClusterPlan, host: str, *, sources: Sequence[Source] | Non
     v6 = [a for a in sorted(merged, key=_order) if ":" in a]
     table = table_name(plan.name)
     port_set = ", ".join(map(str, ports)) or "0"
-    lines = [f"# pscluster firewall on {_safe(host)}: TF ports {port_set} accepted from loopback and:"]
+    local = any(h.name == host and h.is_local for h in plan.hosts)
+    lines = [f"# pscluster firewall on {_safe(host)}: TF ports {port_set} accepted from:",
+             "#   loopback: this host's own processes" + (" and the control machine (it is this host)" if local else "")]
     lines += [f"#   {address}: {'; '.join(dict.fromkeys(merged[address]))}" for address in v4 + v6]
     lines += [f"#   not resolvable here: {_safe(name)} (up resolves it on each host, or fails)" for name in unresolved]
     lines += [
