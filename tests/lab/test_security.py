@@ -1,6 +1,7 @@
 """Locked-down clusters on the SSH lab: the nftables firewall and secret environment values."""
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -128,3 +129,19 @@ def test_missing_secret_is_refused_before_anything_starts(tmp_path, lab3, write_
     assert up.returncode == 2
     assert "PSCLUSTER_TEST_ABSENT" in up.stderr and "not set here" in up.stderr
     assert not (state_dir / f"{name}.json").exists()
+
+
+def test_members_are_resolved_on_the_host_with_every_address(tmp_path, lab3, write_lab_inventory):
+    """The host's own resolver answers (over SSH, hostctl ``resolve``): every address of a name,
+    and an error text, not silence, for a name it cannot resolve."""
+    from cluster import hostops
+    from cluster.inventory import load_inventory
+    from cluster.plan import PlanOptions, plan_cluster
+    from cluster.transport import TransportPool
+    inventory = write_lab_inventory(lab3, tmp_path / "resolve.yaml", GROUPS, {"pscluster_port_base": port_base()})
+    plan = plan_cluster(load_inventory(str(inventory)), PlanOptions(local_python=sys.executable, local_workdir=str(REPO)))
+    with TransportPool() as pool:
+        answer = hostops.resolve(pool.get(plan.host("node-2")), ["localhost", "no-such-member.invalid"])
+    assert isinstance(answer["no-such-member.invalid"], str) and answer["no-such-member.invalid"]
+    assert "127.0.0.1" in answer["localhost"]
+    assert all(ipaddress.ip_address(address) for address in answer["localhost"])
