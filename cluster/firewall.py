@@ -74,7 +74,7 @@ def control_source(host: HostSpec) -> tuple[str, ...]:
         try:
             with socket.socket(family, socket.SOCK_DGRAM) as sock:
                 sock.connect((address, 9))
-                found.add(sock.getsockname()[0].split("%")[0])
+                found.add(str(sock.getsockname()[0]).split("%")[0])
         except OSError:
             continue     # no route from here: the probe cannot reach it either
     return tuple(sorted(found, key=_order))
