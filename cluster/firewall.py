@@ -60,7 +60,7 @@ def resolve(address: str) -> list[str]:
         infos = socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)
     except (socket.gaierror, UnicodeError):
         return []
-    return sorted({info[4][0].split("%")[0] for info in infos})
+    return sorted({str(info[4][0]).split("%")[0] for info in infos})
 
 
 def control_source(host: HostSpec) -> tuple[str, ...]:
