@@ -1,11 +1,14 @@
 """The ``pscluster`` command line. Definitions only: behaviour lives in the launcher, training
 and supervisor modules; this module turns their results into output and their errors into
-exit codes (0 ok, 1 failure, 2 bad input or usage, 130 interrupted).
+exit codes (0 ok, 1 failure, 2 bad input or usage, 130 interrupted, 143/129 terminated by
+SIGTERM/SIGHUP, after the same clean-up as Ctrl-C).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -16,7 +19,7 @@ from rich.console import Console
 
 from . import console as ui
 from .codesync import local_workdir, project_root
-from .errors import PsclusterError, UsageError
+from .errors import PsclusterError, Terminated, UsageError
 from .inventory import MODES, load_inventory
 from .plan import ClusterPlan, PlanOptions, plan_cluster
 from .state import StateStore
@@ -97,8 +100,9 @@ def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base
     ui.render_plan(env.out, cluster, secret_names=secret_names)
     if firewall or cluster.firewall:
         from .firewall import ruleset_for
-        env.out.print("\n[bold]firewall[/] (the control machine's address, as each host sees it over SSH, "
-                      "is added at up)")
+        env.out.print("\n[bold]firewall[/]: each host's TF ports accept loopback, every address of every "
+                      "member host and this machine's source address toward that host (the probe's); "
+                      "the comments say which is which. At up, members are also resolved on each host.")
         for host in cluster.hosts:
             env.out.print(f"\n[bold]nftables ruleset for {host.name}[/]")
             env.out.print(ruleset_for(cluster, host.name), markup=False, highlight=False)
@@ -563,7 +567,42 @@ def _show_run_report(env: Env, report: dict, *, as_json: bool) -> None:
 
 
 def run(argv: list[str] | None = None, env: Env | None = None) -> int:
-    """Run the CLI and return its exit code (what tests call)."""
+    """Run the CLI and return its exit code (what tests call).
+
+    SIGTERM and SIGHUP raise :class:`~cluster.errors.Terminated` (a KeyboardInterrupt) in the
+    main thread, so ``up``, ``train``, ``bench`` and ``run`` roll back and clean up as after
+    Ctrl-C; the exit code is then 128 + the signal's number, whatever the command reported.
+    """
+    with _terminations_interrupt() as received:
+        code = _run(argv, env)
+    return 128 + received[0] if received else code
+
+
+@contextlib.contextmanager
+def _terminations_interrupt():
+    """Handlers for SIGTERM/SIGHUP for the duration of one command; yields the signals seen."""
+    received: list[int] = []
+
+    def handler(signum, frame):
+        if received:
+            return      # already cleaning up after the first one: let the clean-up finish
+        received.append(signum)
+        raise Terminated(signum)
+
+    previous = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:      # not the main thread (an embedding program): leave signals alone
+        pass
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _run(argv: list[str] | None, env: Env | None) -> int:
     try:
         cli.main(args=argv, prog_name="pscluster", standalone_mode=False, obj=env)
         return 0

@@ -61,6 +61,10 @@ class StateError(PsclusterError):
     """The cluster state on this machine is missing, locked or unreadable."""
 
 
+class Aborted(PsclusterError):
+    """Another command (``down``) took the cluster over while this one was working."""
+
+
 def tail_text(text: str, lines: int = 12) -> str:
     """The last ``lines`` non-empty lines of ``text``, for error messages."""
     kept = [line for line in text.splitlines() if line.strip()]
@@ -133,3 +137,17 @@ class MultiHostError(PsclusterError):
     @property
     def root_cause(self) -> PsclusterError | None:
         return self.failures[0].error if self.failures else None
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP reached the command (a CI timeout, a service manager, a closed
+    terminal). A :class:`KeyboardInterrupt`, so every Ctrl-C path (rollback of ``up``, stopping
+    a job's processes, ``run``'s take-down) runs for it too; the CLI exits with 128 + signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    def __str__(self) -> str:
+        import signal
+        return f"terminated by {signal.Signals(self.signum).name}"

@@ -2,64 +2,152 @@
 
 TensorFlow's gRPC servers listen on every interface, have no authentication and run any graph
 they are sent. Before any server starts, each host gets an nftables table of pscluster's own,
-``inet pscluster_<cluster>``, whose input chain accepts the cluster's TF ports only from
-loopback, the cluster's member addresses and the control machine (as that host sees it over
-SSH, so the readiness probe keeps working), and drops them for everyone else. Nothing else on
-the host is touched; ``down`` deletes exactly that table. Needs root or passwordless sudo and
-``nft`` on each host (checked by preflight).
+``inet pscluster_<name>_<hash>``, whose input chain accepts the cluster's TF ports only from:
+
+* loopback (the host's own tasks, and the control machine when it is that host);
+* every address of every member host: all A and AAAA results, resolved on the host itself and
+  on the control machine (a member name that resolves nowhere fails ``up`` with its name);
+* the control machine, as the source address it really probes from: the address its kernel
+  picks to reach that host (a route lookup, no packet sent). Not ``SSH_CONNECTION``, which
+  names the operator's laptop, a NAT or a bastion host, and would let all of those in.
+
+Everyone else is dropped on those ports. Nothing else on the host is touched. Each host's table
+is recorded in the cluster state *before* it is applied, so a failed ``up``, ``down`` and the
+next ``up`` over a failed state remove exactly the tables that state records. Needs root or
+passwordless sudo and ``nft`` on each host (checked by preflight).
 """
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 import socket
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 from . import hostops
-from .errors import Failure, HostError, MultiHostError, PsclusterError
+from .errors import Aborted, Failure, HostError, MultiHostError, PsclusterError
 from .events import Reporter
-from .plan import ClusterPlan
+from .plan import ClusterPlan, HostSpec
 from .state import RunState
 from .transport import TransportPool
 
 
 def table_name(cluster: str) -> str:
-    return "pscluster_" + re.sub(r"[^A-Za-z0-9_]", "_", cluster)[:40]
+    """``pscluster_<readable prefix>_<12 hex digits of sha256(exact name)>``.
+
+    The prefix alone would map ``exp-a``, ``exp.a`` and ``exp a`` (and long names that differ
+    after the cut) to one table, so one cluster would replace, and its ``down`` delete, another's.
+    """
+    digest = hashlib.sha256(cluster.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"pscluster_{re.sub(r'[^A-Za-z0-9_]', '_', cluster)[:32]}_{digest}"
+
+
+def _literal(address: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(address.strip("[]").split("%")[0]))
+    except ValueError:
+        return None
 
 
 def resolve(address: str) -> list[str]:
-    """IP addresses of a host name (an IP stays itself). Unresolvable names give []."""
-    try:
-        return [str(ipaddress.ip_address(address.strip("[]")))]
-    except ValueError:
-        pass
+    """Every IP address of a host name on this machine (an IP stays itself). Unresolvable: []."""
+    literal = _literal(address)
+    if literal is not None:
+        return [literal]
     try:
         infos = socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)
-    except socket.gaierror:
+    except (socket.gaierror, UnicodeError):
         return []
-    return sorted({info[4][0] for info in infos})
+    return sorted({str(info[4][0]).split("%")[0] for info in infos})
 
 
-def member_addresses(plan: ClusterPlan) -> list[str]:
-    found: set[str] = set()
+def control_source(host: HostSpec) -> tuple[str, ...]:
+    """The address(es) this machine sends from to reach ``host`` (a UDP connect: a route
+    lookup, nothing is sent). Empty for a local host, whose probes arrive on loopback."""
+    if host.is_local:
+        return ()
+    found = set()
+    for address in resolve(host.address):
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as sock:
+                sock.connect((address, 9))
+                found.add(str(sock.getsockname()[0]).split("%")[0])
+        except OSError:
+            continue     # no route from here: the probe cannot reach it either
+    return tuple(sorted(found, key=_order))
+
+
+def _order(address: str) -> tuple[bool, str]:
+    return ":" in address, address
+
+
+@dataclass(frozen=True)
+class Source:
+    """One address a host's table accepts on the TF ports, and why."""
+
+    address: str
+    why: str
+
+
+def _safe(text: str) -> str:
+    """Data that goes into a ruleset comment: never anything nft could read as syntax."""
+    return re.sub(r"[^A-Za-z0-9._:@-]", "?", text)[:80]
+
+
+def member_sources(plan: ClusterPlan, resolved: Mapping[str, Sequence[str]]) -> tuple[list[Source], list[str]]:
+    """Every address of every member host (``resolved``: member address -> its addresses).
+
+    Returns the sources and the member addresses that resolved to nothing (pure).
+    """
+    sources: dict[str, Source] = {}
+    missing = []
     for host in plan.hosts:
-        found.update(resolve(host.address))
-    return sorted(found, key=lambda a: (":" in a, a))
+        addresses = [a for a in (_literal(a) for a in resolved.get(host.address, ())) if a]
+        if not addresses:
+            missing.append(host.address)
+        for address in addresses:
+            sources.setdefault(address, Source(address, f"member {_safe(host.name)} ({_safe(host.address)})"))
+    return sorted(sources.values(), key=lambda s: _order(s.address)), missing
 
 
-def ruleset_for(plan: ClusterPlan, host: str, *, control: tuple[str, ...] = (),
-                members: list[str] | None = None) -> str:
-    """The nftables ruleset for one host (pure, given the resolved addresses)."""
+def control_sources(control: Sequence[str], host: str) -> list[Source]:
+    return [Source(a, f"control machine (its source address toward {_safe(host)})")
+            for a in (_literal(a) for a in control) if a]
+
+
+def resolved_here(plan: ClusterPlan) -> dict[str, list[str]]:
+    """Member addresses as this machine resolves them (``plan --firewall``, and part of ``up``)."""
+    return {host.address: resolve(host.address) for host in plan.hosts}
+
+
+def ruleset_for(plan: ClusterPlan, host: str, *, sources: Sequence[Source] | None = None) -> str:
+    """The nftables ruleset for one host (pure, given the accepted sources).
+
+    Without ``sources``: the members as this machine resolves them and this machine's source
+    address toward ``host`` (what ``plan --firewall`` shows; ``up`` adds each host's own view).
+    """
+    unresolved: list[str] = []
+    if sources is None:
+        members, unresolved = member_sources(plan, resolved_here(plan))
+        sources = members + control_sources(control_source(plan.host(host)), host)
+    merged: dict[str, list[str]] = {}
+    for source in sources:
+        merged.setdefault(source.address, []).append(source.why)
     ports = sorted({task.port for task in plan.tasks if task.host == host})
-    members = sorted(set((members if members is not None else member_addresses(plan)) + list(control)),
-                     key=lambda a: (":" in a, a))
-    v4 = [a for a in members if ":" not in a]
-    v6 = [a for a in members if ":" in a]
+    v4 = [a for a in sorted(merged, key=_order) if ":" not in a]
+    v6 = [a for a in sorted(merged, key=_order) if ":" in a]
     table = table_name(plan.name)
     port_set = ", ".join(map(str, ports)) or "0"
-    lines = [
-        f"# pscluster firewall for cluster {plan.name!r} on {host}: TF ports {port_set}",
-        f"# accepted from loopback and {', '.join(members) or 'no other address'}; dropped from anyone else",
+    local = any(h.name == host and h.is_local for h in plan.hosts)
+    lines = [f"# pscluster firewall on {_safe(host)}: TF ports {port_set} accepted from:",
+             "#   loopback: this host's own processes" + (" and the control machine (it is this host)" if local else "")]
+    lines += [f"#   {address}: {'; '.join(dict.fromkeys(merged[address]))}" for address in v4 + v6]
+    lines += [f"#   not resolvable here: {_safe(name)} (up resolves it on each host, or fails)" for name in unresolved]
+    lines += [
+        "# and dropped from anyone else",
         f"add table inet {table}",
         f"delete table inet {table}",      # replace an earlier version atomically
         f"table inet {table} {{",
@@ -75,31 +163,50 @@ def ruleset_for(plan: ClusterPlan, host: str, *, control: tuple[str, ...] = (),
     return "\n".join(lines) + "\n"
 
 
-def removal_for(cluster: str) -> str:
-    table = table_name(cluster)
+def removal_for(table: str) -> str:
+    """Delete one table (``add`` first, so a table already gone is not an error)."""
     return f"add table inet {table}\ndelete table inet {table}\n"
+
+
+def host_sources(plan: ClusterPlan, host: HostSpec, pool: TransportPool, here: Mapping[str, Sequence[str]]) -> list[Source]:
+    """What ``host``'s table accepts: members as resolved there and here, and this machine.
+
+    Raises:
+        HostError: a member's name resolves to nothing, neither there nor here.
+    """
+    names = sorted({h.address for h in plan.hosts if _literal(h.address) is None})
+    there = hostops.resolve(pool.get(host), names) if names else {}
+    resolved = {address: sorted(set(here.get(address, ())) |
+                                set(there.get(address, ()) if not isinstance(there.get(address), str) else ()))
+                for address in {h.address for h in plan.hosts}}
+    members, missing = member_sources(plan, resolved)
+    if missing:
+        why = "; ".join(f"{name}: {there.get(name) or 'no address'}" for name in missing)
+        raise HostError(host.name, f"cannot resolve member address(es) {', '.join(missing)} ({why})",
+                        hint="every member must resolve on each host and on this machine; use IP addresses "
+                             "or fix DNS or /etc/hosts, otherwise members could not reach each other")
+    return members + control_sources(control_source(host), host.name)
 
 
 def install_rules(plan: ClusterPlan, pool: TransportPool, writer, reporter: Reporter) -> None:
     """Install the cluster's table on every host in parallel (the ``up`` firewall hook).
 
-    Each installed table is recorded in the state at once, so rollback and ``down`` remove it.
+    Each table is recorded in the state *before* it is applied, so rollback and ``down`` remove
+    it even when applying was interrupted.
 
     Raises:
-        MultiHostError: a host refused the rules (nothing is started then; rollback cleans up).
+        MultiHostError: a host refused the rules or a member does not resolve (nothing is
+            started then; rollback cleans up).
     """
-    reporter.emit("phase", name="firewall", detail=f"nftables table {table_name(plan.name)} on "
-                                                   f"{len(plan.hosts)} host(s)")
-    members = member_addresses(plan)
+    table = table_name(plan.name)
+    reporter.emit("phase", name="firewall", detail=f"nftables table {table} on {len(plan.hosts)} host(s)")
+    here = resolved_here(plan)
 
     def one(host) -> list[str]:
-        transport = pool.get(host)
-        facts = hostops.facts(transport, ports=[], gpus=False, workdir=None)
-        control = tuple(resolve(facts.ssh_client)) if facts.ssh_client else ()
-        ruleset = ruleset_for(plan, host.name, control=control, members=members)
-        tables = hostops.nft_apply(transport, ruleset)
-        writer.change(lambda s: s.firewall.__setitem__(host.name, table_name(plan.name)))
-        if not any(table_name(plan.name) in line for line in tables):
+        ruleset = ruleset_for(plan, host.name, sources=host_sources(plan, host, pool, here))
+        writer.change(lambda s: s.firewall.__setitem__(host.name, table))
+        tables = hostops.nft_apply(pool.get(host), ruleset)
+        if not any(table in line for line in tables):
             raise HostError(host.name, "the firewall table is missing after nft applied it")
         return tables
 
@@ -112,6 +219,9 @@ def install_rules(plan: ClusterPlan, pool: TransportPool, writer, reporter: Repo
                 reporter.emit("message", text=f"  {name}: firewall installed")
             except PsclusterError as exc:
                 failures.append(Failure(name, exc))
+    for failure in failures:
+        if isinstance(failure.error, Aborted):
+            raise failure.error     # `down` took over: not a firewall failure to roll back
     if failures:
         raise MultiHostError(f"firewall installation failed on {len(failures)} host(s)", failures)
 
@@ -122,7 +232,7 @@ def remove_rules(state: RunState, pool: TransportPool, reporter: Reporter) -> di
     hosts = [host for host in state.plan.hosts if host.name in state.firewall]
 
     def one(host) -> None:
-        hostops.nft_apply(pool.get(host), removal_for(state.name))
+        hostops.nft_apply(pool.get(host), removal_for(state.firewall[host.name]))
 
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts) or 1))) as executor:
         futures = {host.name: executor.submit(one, host) for host in hosts}

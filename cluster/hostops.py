@@ -125,11 +125,14 @@ def start_many(transport: Transport, items: Sequence[tuple[TaskSpec, ProcessReco
                *, timeout: float = 30.0) -> list[ProcessRecord | HostError]:
     """Start several tasks on one host in one call; per task its record (pid filled) or error."""
     answer = call(transport, "start_many", {"tasks": [
-        {"argv": list(argv), "env": env, "cwd": task.workdir, "log": record.log,
+        {"argv": list(argv), "env": env, "cwd": task.workdir, "log": record.log, "token": record.token,
          "fresh": [record.events] if record.events else []}
         for task, record, argv, env in items]}, timeout=timeout)
     results: list[ProcessRecord | HostError] = []
     for (task, record, argv, _), started in zip(items, answer["started"]):
+        if started.get("cancelled"):
+            results.append(StartCancelled(transport.host.name, f"{task.name}: {started['error']}", argv=argv))
+            continue
         if started.get("error"):
             results.append(HostError(transport.host.name, f"{task.name}: {started['error']}", argv=argv,
                                      hint="check pscluster_python and pscluster_workdir for this host"))
@@ -139,6 +142,10 @@ def start_many(transport: Transport, items: Sequence[tuple[TaskSpec, ProcessReco
                                         "task_starttime": started["task_starttime"], "started": started["started"],
                                         "log": started["log"], "exit_file": started["exit_file"]}))
     return results
+
+
+class StartCancelled(HostError):
+    """A ``stop`` (``down``) reached the host before this start: nothing was started."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,7 @@ class StopResult:
     found: bool
     signals: tuple[str, ...]
     survivors: tuple[int, ...]
+    cancelled: bool = False     # not started yet: its start will not spawn anything
 
 
 def stop(transport: Transport, records: Sequence[ProcessRecord], *, grace: float,
@@ -193,7 +201,8 @@ def stop(transport: Transport, records: Sequence[ProcessRecord], *, grace: float
     answer = call(transport, "stop", {"tasks": [record.to_hostctl() for record in records],
                                       "grace": grace, "signal": first_signal}, timeout=grace + 30)
     return {item["key"]: StopResult(item["key"], item["found"], tuple(item["signals"]),
-                                    tuple(item["survivors"])) for item in answer["tasks"]}
+                                    tuple(item["survivors"]), bool(item.get("cancelled")))
+            for item in answer["tasks"]}
 
 
 def send_signal(transport: Transport, records: Sequence[ProcessRecord], signal_name: str, *,
@@ -271,6 +280,13 @@ def parse_watch_line(line: str) -> WatchUpdate | None:
     reads = tuple(FileChunk(r["exists"], r["size"], r["offset"], r["end"], r["data"], r["path"])
                   for r in data["reads"])
     return WatchUpdate(data["ts"], states, reads)
+
+
+def resolve(transport: Transport, names: Sequence[str]) -> dict[str, tuple[str, ...] | str]:
+    """Every address of each name as the host resolves it; an error text for a name it cannot."""
+    answer = call(transport, "resolve", {"names": list(names)})
+    return {name: tuple(item["addresses"]) if "addresses" in item else item["error"]
+            for name, item in answer["resolved"].items()}
 
 
 def nft_apply(transport: Transport, ruleset: str) -> list[str]:

@@ -10,6 +10,7 @@ Unreachable hosts are reported and keep their records, so a later ``down`` finis
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +20,7 @@ from typing import Callable, Sequence
 
 from . import hostops
 from .codesync import sync_code
-from .errors import Failure, HostError, MultiHostError, PsclusterError, StateError, TaskError, UsageError
+from .errors import Aborted, Failure, HostError, MultiHostError, PsclusterError, StateError, TaskError, Terminated, UsageError
 from .events import Reporter
 from .firewall import install_rules, remove_rules
 from .plan import ClusterPlan, TaskSpec
@@ -30,10 +31,6 @@ from .transport import TransportPool
 
 DEFAULT_READY_TIMEOUT = 120.0
 DEFAULT_GRACE = 10.0
-
-
-class Aborted(PsclusterError):
-    """Another command (``down``) took the cluster over while this one was working."""
 
 
 class StateWriter:
@@ -49,10 +46,28 @@ class StateWriter:
         with self._lock, self.store.lock(self.state.name):
             if self.expect_phase is not None:
                 on_disk = self.store.load(self.state.name)
-                if on_disk is None or on_disk.phase != self.expect_phase:
+                # A later `up` of the same name has a new state: this command's cluster is gone too.
+                if on_disk is None or on_disk.phase != self.expect_phase or on_disk.created != self.state.created:
                     raise Aborted(f"cluster {self.state.name!r} was taken down by another command")
             mutate(self.state)
             self.store.save(self.state)
+
+
+def test_pause(point: str) -> None:
+    """Test hook: with ``PSCLUSTER_TEST_PAUSE=POINT:FILE``, wait at ``point`` until FILE exists.
+
+    Announces the wait by creating ``FILE.waiting``, so a race test can force another command
+    (``down``, a signal) into exactly this moment. Points: ``before-start`` (records saved, the
+    host not yet asked to start), ``after-start`` (started on the host, pids not yet saved).
+    """
+    wanted, _, path = os.environ.get("PSCLUSTER_TEST_PAUSE", "").partition(":")
+    if wanted != point or not path:
+        return
+    with open(path + ".waiting", "w"):
+        pass
+    deadline = time.monotonic() + 600
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def records_by_host(records: Sequence[ProcessRecord]) -> dict[str, list[ProcessRecord]]:
@@ -75,7 +90,9 @@ def start_task(writer: StateWriter, pool: TransportPool, plan: ClusterPlan, task
     """Record, then start one task; the pid reaches the state as soon as it is known."""
     writer.change(lambda state: state.processes.append(record))
     reporter.emit("task-starting", task=task.name, host=task.host)
+    test_pause("before-start")
     started = hostops.start(pool.get(plan.host(task.host)), task, record, argv=argv, env=env)
+    test_pause("after-start")
     writer.change(lambda state: state.replace_record(started))
     reporter.emit("task-started", task=task.name, host=task.host, pid=started.pid)
     return started
@@ -94,10 +111,12 @@ def start_tasks(writer: StateWriter, pool: TransportPool, plan: ClusterPlan,
         writer.change(lambda state: state.processes.extend(record for _, record, _, _ in host_items))
         for task, _, _, _ in host_items:
             reporter.emit("task-starting", task=task.name, host=host)
+        test_pause("before-start")
         try:
             results = hostops.start_many(pool.get(plan.host(host)), host_items)
         except PsclusterError as exc:
             return [(task, exc) for task, _, _, _ in host_items]
+        test_pause("after-start")
         started = [r for r in results if isinstance(r, ProcessRecord)]
         writer.change(lambda state: [state.replace_record(r) for r in started])
         for (task, _, _, _), result in zip(host_items, results):
@@ -238,6 +257,7 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
     began = time.monotonic()
     own_pool = pool is None
     pool = pool or TransportPool()
+    _remove_stale_tables(plan.name, store, pool, reporter)
     with store.lock(plan.name):
         existing = store.load(plan.name)
         if existing is not None and existing.phase not in ("failed", "down"):
@@ -277,7 +297,9 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
         writer.change(lambda s: setattr(s, "phase", "up"))
         return UpResult(state, report, devices, time.monotonic() - began)
     except (PsclusterError, KeyboardInterrupt) as exc:
-        if not isinstance(exc, Aborted) and store.path(plan.name).exists():
+        if isinstance(exc, Aborted):
+            _stop_after_abort(plan, state, pool, reporter)
+        elif store.path(plan.name).exists():
             _roll_back(plan, store, state, pool, reporter, exc)
         raise
     finally:
@@ -285,9 +307,50 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
             pool.close()
 
 
+def _remove_stale_tables(name: str, store: StateStore, pool: TransportPool, reporter: Reporter) -> None:
+    """Before a new ``up`` replaces a failed state: remove the firewall tables it records (on
+    that state's hosts), so they are not forgotten when the state is overwritten.
+
+    Raises:
+        MultiHostError: a table could not be removed (the old state keeps it, for ``down``).
+    """
+    with store.lock(name):
+        stale = store.load(name)
+    if stale is None or stale.phase not in ("failed", "down") or not stale.firewall or stale.live_records():
+        return      # (live records: the check below sends the user to `down`, which removes both)
+    reporter.emit("phase", name="firewall", detail=f"removing {len(stale.firewall)} table(s) of the earlier, "
+                                                   "failed cluster")
+    errors = remove_rules(stale, pool, reporter)
+    with store.lock(name):
+        if store.load(name) is not None:
+            store.save(stale)
+    if errors:
+        raise MultiHostError(f"the firewall tables of the earlier, failed cluster {name!r} could not be removed",
+                             [Failure(host, err) for host, err in errors.items()],
+                             hint=f"'pscluster down --name {name}' when the host is reachable again")
+
+
+def _stop_after_abort(plan: ClusterPlan, state: RunState, pool: TransportPool, reporter: Reporter) -> None:
+    """``down`` took the cluster over mid-``up``: stop (again) everything this ``up`` recorded or
+    started and remove its firewall tables, without writing the state, which is ``down``'s now.
+
+    ``down`` stops what it read from the state; this covers what it could not see: a start
+    that was under way, or a table being applied, while it read. Records without a pid are
+    found on the host by their pid file, or cancelled there before they start.
+    """
+    live = state.live_records()
+    if live:
+        reporter.emit("phase", name="rollback", detail=f"taken down meanwhile: stopping {len(live)} task(s) "
+                                                       "this up started")
+    stop_records(plan, live, pool, reporter, grace=3.0)
+    if state.firewall:
+        remove_rules(state, pool, reporter)
+
+
 def _roll_back(plan: ClusterPlan, store: StateStore, state: RunState, pool: TransportPool, reporter: Reporter,
                cause: BaseException) -> None:
-    message = "interrupted" if isinstance(cause, KeyboardInterrupt) else str(cause)
+    message = str(cause) if isinstance(cause, Terminated) else \
+        "interrupted" if isinstance(cause, KeyboardInterrupt) else str(cause)
     live = state.live_records()
     if live:
         reporter.emit("phase", name="rollback", detail=f"stopping {len(live)} task(s) started so far")

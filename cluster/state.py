@@ -49,11 +49,14 @@ class ProcessRecord:
     task_starttime: str | None = None
     started: float | None = None
     stopped: bool = False
+    # Names this start on the host: a ``stop`` that arrives before the start wrote its pid file
+    # cancels the token, and the start then spawns nothing (hostctl ``start``/``stop``).
+    token: str = field(default_factory=lambda: os.urandom(8).hex())
 
     def to_hostctl(self) -> dict:
         return {"key": self.key, "pid": self.pid, "pgid": self.pgid, "starttime": self.starttime,
                 "task_starttime": self.task_starttime, "started": self.started, "log": self.log,
-                "exit_file": self.exit_file}
+                "exit_file": self.exit_file, "token": self.token}
 
 
 @dataclass

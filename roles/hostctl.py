@@ -7,15 +7,22 @@ nothing secret is on a command line); the answer is one JSON object on stdout. O
 ``facts``   interpreter, TensorFlow distribution and version (from package metadata, without the
             3 s import), busy ports, GPUs (``nvidia-smi -L``), workdir writability.
 ``start``   start one task detached: a monitor process becomes session and group leader
-            (pgid = its pid), starts the task in its group with output to the log file, and
-            writes the task's exit status to ``<log>.exit`` when it ends.
+            (pgid = its pid) and a child subreaper, starts the task in its group with output to
+            the log file (0600, in 0700 ``.pscluster`` folders), writes the task's exit status
+            to ``<log>.exit`` when it ends, and stays until every descendant is gone (so a
+            descendant that left the session is still found by ``stop``). A start whose token a
+            ``stop`` cancelled first (``<log>.cancel``) does not start anything.
 ``status``  per recorded task: running / frozen / exited (with code or signal) / gone.
 ``watch``   the same, streamed as JSON lines with new bytes of event files (supervision).
-``stop``    SIGTERM each recorded process group, wait up to a grace period, SIGKILL what is
-            left, verify; only groups whose leader's start time matches the record.
+``stop``    SIGTERM every process of each recorded task (its session, and every descendant of
+            it, found in /proc, whatever group or session it moved to), wait up to a grace
+            period, freeze and SIGKILL what is left, verify; each (pid, start time) is checked
+            before it is signalled. A record whose start has not written its pid file yet is
+            cancelled under the start's lock instead, so that start never spawns.
 ``read``    bytes of a file from an offset (logs, event files).
 ``hashes``  sha256 of files under a directory (code sync sends only what changed).
 ``nft``     apply or delete an nftables ruleset (the firewall feature).
+``resolve`` every address of host names, as this host resolves them (firewall members).
 """
 import json
 import os
@@ -47,17 +54,6 @@ def _alive(pid, starttime=None):
     if stat is None or stat[0] in ("Z", "X"):
         return False
     return starttime is None or stat[3] == starttime
-
-
-def _session_members(sid):
-    """Live processes of a session (used when its leader is gone but members remain)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            stat = _proc_stat(int(entry))
-            if stat and stat[2] == sid and stat[0] not in ("Z", "X"):
-                members.append(int(entry))
-    return members
 
 
 TF_DISTS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tf-nightly-cpu",
@@ -168,13 +164,60 @@ def op_facts(req):
     return result
 
 
+def _private_dirs(path):
+    """Create ``path`` and make every folder from ``.pscluster`` down owner-only (0700): they
+    hold logs (which may show data or tracebacks), pid files and events."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    parts = path.split(os.sep)
+    if ".pscluster" in parts:
+        for end in range(parts.index(".pscluster") + 1, len(parts) + 1):
+            try:
+                os.chmod(os.sep.join(parts[:end]), 0o700)
+            except OSError:
+                pass    # not ours (a shared folder): leave it
+
+
+def _start_lock(log):
+    """Exclusive lock of one log's start/cancel (held by a start until its pid file exists)."""
+    import fcntl
+    fd = os.open(log + ".lock", os.O_WRONLY | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _cancelled(log, token):
+    try:
+        with open(log + ".cancel") as handle:
+            return token in handle.read().split()
+    except OSError:
+        return False
+
+
+def _wait_status(status):
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
 def op_start(req):
     cwd = _expand(req["cwd"])
     log = _expand(req["log"])
     exit_file = log + ".exit"
-    os.makedirs(os.path.dirname(log), exist_ok=True)
+    token = req.get("token")
+    _private_dirs(os.path.dirname(log))
+    lock_fd = _start_lock(log)
+    try:
+        # A stop that came first (the orchestrator's record was saved, then `down` ran before
+        # this start arrived) left this start's token: starting now would leave a server
+        # nobody records.
+        if token and _cancelled(log, token):
+            return {"error": "cancelled: the cluster was stopped before this task started", "cancelled": True}
+        return _spawn(req, cwd, log, exit_file, token, lock_fd)
+    finally:
+        os.close(lock_fd)
+
+
+def _spawn(req, cwd, log, exit_file, token, lock_fd):
     # Each attempt starts clean: a name reused by a later cluster or job must not show old lines.
-    for stale in [exit_file, log + ".pid"] + [_expand(path) for path in req.get("fresh", [])]:
+    for stale in [exit_file, log + ".pid", log + ".cancel"] + [_expand(path) for path in req.get("fresh", [])]:
         if os.path.exists(stale):
             os.unlink(stale)
     env = dict(os.environ) if req.get("inherit_env", True) else {}
@@ -184,12 +227,19 @@ def op_start(req):
     monitor = os.fork()
     if monitor == 0:  # monitor: session leader, parent of the task
         try:
+            os.close(lock_fd)    # the lock is the starting call's, not the monitor's lifetime
             os.close(read_end)
             os.setsid()
+            try:    # PR_SET_CHILD_SUBREAPER: orphaned descendants become our children, not init's
+                import ctypes
+                ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+            except Exception:
+                pass
             devnull = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
-            log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+            log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+            os.fchmod(log_fd, 0o600)     # an older log of the same name may have been 0644
             os.write(log_fd, ("pscluster: %s starting %s\n" % (
                 time.strftime("%Y-%m-%d %H:%M:%S"), " ".join(req["argv"]))).encode())
             try:
@@ -207,17 +257,27 @@ def op_start(req):
             me = os.getpid()
             record = {"pid": task.pid, "pgid": me, "starttime": _proc_stat(me)[3],
                       "task_starttime": (_proc_stat(task.pid) or [None] * 4)[3],
-                      "started": time.time(), "log": log, "exit_file": exit_file}
+                      "started": time.time(), "log": log, "exit_file": exit_file, "token": token}
             # Written before anyone is told: an orchestrator killed right now still finds it.
             _write_json(log + ".pid", record)
             os.write(write_end, json.dumps(record).encode())
             os.close(write_end)
-            code = task.wait()
-            _write_json(exit_file, {"exit_code": code if code >= 0 else None,
-                                    "signal": -code if code < 0 else None, "ended": time.time()})
-            os.write(log_fd, ("pscluster: %s task ended with %s\n" % (
-                time.strftime("%Y-%m-%d %H:%M:%S"),
-                "exit code %d" % code if code >= 0 else "signal %d" % -code)).encode())
+            # Reap every child (the task, and orphans adopted as subreaper) until none is left.
+            while True:
+                try:
+                    pid, status = os.waitpid(-1, 0)
+                except ChildProcessError:
+                    break
+                except InterruptedError:
+                    continue
+                if pid != task.pid:
+                    continue
+                code = _wait_status(status)
+                _write_json(exit_file, {"exit_code": code if code >= 0 else None,
+                                        "signal": -code if code < 0 else None, "ended": time.time()})
+                os.write(log_fd, ("pscluster: %s task ended with %s\n" % (
+                    time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "exit code %d" % code if code >= 0 else "signal %d" % -code)).encode())
         finally:
             os._exit(0)
     os.close(write_end)
@@ -255,10 +315,14 @@ def _read_exit(path):
 
 
 def _resolve(rec):
-    """Fill pid/pgid from the pid file when the orchestrator died before recording them."""
+    """Fill pid/pgid from the pid file when the orchestrator died before recording them.
+
+    Only a pid file written for this record's start (same token) counts: the file of an
+    earlier cluster or job of the same name names processes that are not this record's.
+    """
     if rec.get("pgid") is None and rec.get("log"):
         found = _read_exit(rec["log"] + ".pid")
-        if found:
+        if found and (found.get("token") in (None, rec.get("token")) or rec.get("token") is None):
             rec = dict(rec, **{k: found[k] for k in ("pid", "pgid", "starttime", "task_starttime",
                                                       "started", "exit_file")})
     return rec
@@ -327,67 +391,152 @@ def op_watch(req):
         time.sleep(interval)
 
 
-def _group_members(rec):
-    """Live processes in the recorded group, checking the leader is the one we started."""
+def _proc_table():
+    """{pid: (state, ppid, session, starttime)} of every live process (one /proc scan)."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/stat" % entry) as handle:
+                    text = handle.read()
+            except OSError:
+                continue
+            fields = text[text.rindex(")") + 2:].split()
+            if fields[0] not in ("Z", "X"):
+                table[int(entry)] = (fields[0], int(fields[1]), int(fields[3]), fields[19])
+    return table
+
+
+def _task_processes(rec, known=None):
+    """{pid: starttime} of every live process of one recorded task.
+
+    That is the monitor's session (the task and whatever it started that stayed there, in any
+    process group), every descendant of those (a child that called setsid() or setpgid() is
+    still one: the monitor is their subreaper), the task itself, and processes seen by an
+    earlier scan (``known``) that still have the same start time. Empty if the recorded
+    leader's PID now belongs to an unrelated process.
+    """
     rec = _resolve(rec)
     if rec.get("pgid") is None:
-        return []
-    leader_ok = _alive(rec["pgid"], rec.get("starttime"))
-    stat = _proc_stat(rec["pgid"])
-    if stat is not None and not leader_ok and stat[0] not in ("Z", "X"):
-        return []   # the PID was reused by an unrelated process: never touch it
-    # Linux does not reuse a PID while it names a live session, so members are ours.
-    return _session_members(rec["pgid"])
+        return {}
+    table = _proc_table()
+    leader = table.get(rec["pgid"])
+    found = {}
+    if leader is None or rec.get("starttime") is None or leader[3] == rec["starttime"]:
+        # Linux does not reuse a PID while it names a live session, so its members are ours.
+        found.update((pid, info[3]) for pid, info in table.items() if info[2] == rec["pgid"])
+    task = table.get(rec.get("pid"))
+    if task is not None and task[3] == rec.get("task_starttime"):
+        found[rec["pid"]] = task[3]
+    for pid, starttime in (known or {}).items():
+        if pid in table and table[pid][3] == starttime:
+            found[pid] = starttime
+    children = {}
+    for pid, info in table.items():
+        children.setdefault(info[1], []).append(pid)
+    stack = list(found)
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in found:
+                found[child] = table[child][3]
+                stack.append(child)
+    return found
 
 
-def op_stop(req):
-    grace = float(req.get("grace", 10))
-    records = [_resolve(rec) for rec in req["tasks"]]
-    first_signal = getattr(signal, "SIG" + req.get("signal", "TERM"))
-    results = {rec["key"]: {"key": rec["key"], "signals": [], "found": False} for rec in records}
-    for rec in records:
-        members = _group_members(rec)
-        if members:
-            results[rec["key"]]["found"] = True
-            _kill_group(rec["pgid"], members, first_signal)
-            results[rec["key"]]["signals"].append(first_signal.name)
-    deadline = time.time() + grace
-    pending = [rec for rec in records if results[rec["key"]]["found"]]
-    while pending and time.time() < deadline:
-        time.sleep(0.05)
-        pending = [rec for rec in pending if _group_members(rec)]
-    for rec in pending:
-        members = _group_members(rec)
-        if members:
-            _kill_group(rec["pgid"], members, signal.SIGKILL)
-            results[rec["key"]]["signals"].append("SIGKILL")
-    deadline = time.time() + 5
-    while pending and time.time() < deadline:
-        pending = [rec for rec in pending if _group_members(rec)]
-        if pending:
-            time.sleep(0.05)
-    for rec in records:
-        survivors = _group_members(rec)
-        results[rec["key"]]["survivors"] = survivors
-        results[rec["key"]]["exit"] = _read_exit(rec["exit_file"]) if rec.get("exit_file") else None
-    return {"tasks": list(results.values())}
-
-
-def _kill_group(pgid, members, sig):
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        for pid in members:
+def _signal_all(processes, sig):
+    """Signal each (pid, start time) that is still that process."""
+    for pid, starttime in processes.items():
+        stat = _proc_stat(pid)
+        if stat is not None and stat[3] == starttime:
             try:
                 os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
 
 
+def _freeze_and_kill(rec, known):
+    """SIGKILL every process of a task, frozen first (SIGSTOP) so none forks away meanwhile."""
+    frozen = {}
+    for _ in range(20):     # until a scan finds nothing new (a fork in flight adds one more round)
+        fresh = {pid: st for pid, st in _task_processes(rec, {**known, **frozen}).items() if pid not in frozen}
+        if not fresh:
+            break
+        _signal_all(fresh, signal.SIGSTOP)
+        frozen.update(fresh)
+    _signal_all(frozen, signal.SIGKILL)
+    return frozen
+
+
+def _cancel_start(rec):
+    """For a record whose start has not written its pid file: make that start never spawn.
+
+    Under the start's lock: either the start already finished (its pid file is there now and
+    the record resolves), or the token goes into ``<log>.cancel``, which the start checks.
+    """
+    log = _expand(rec["log"])
+    _private_dirs(os.path.dirname(log))
+    lock_fd = _start_lock(log)
+    try:
+        resolved = _resolve(dict(rec, log=log))
+        if resolved.get("pgid") is not None:
+            return resolved, False
+        with open(log + ".cancel", "a") as handle:
+            handle.write(rec["token"] + "\n")
+        return rec, True
+    finally:
+        os.close(lock_fd)
+
+
+def op_stop(req):
+    grace = float(req.get("grace", 10))
+    records = []
+    results = {}
+    for rec in req["tasks"]:
+        rec = _resolve(rec)
+        cancelled = False
+        if rec.get("pgid") is None and rec.get("token") and rec.get("log"):
+            rec, cancelled = _cancel_start(rec)
+        records.append(rec)
+        results[rec["key"]] = {"key": rec["key"], "signals": [], "found": False, "cancelled": cancelled}
+    first_signal = getattr(signal, "SIG" + req.get("signal", "TERM"))
+    known = {}
+    for rec in records:
+        known[rec["key"]] = _task_processes(rec)
+        if known[rec["key"]]:
+            results[rec["key"]]["found"] = True
+            _signal_all(known[rec["key"]], first_signal)
+            results[rec["key"]]["signals"].append(first_signal.name)
+    deadline = time.time() + grace
+    pending = [rec for rec in records if results[rec["key"]]["found"]]
+    while pending and time.time() < deadline:
+        time.sleep(0.05)
+        still = []
+        for rec in pending:
+            now = _task_processes(rec, known[rec["key"]])
+            if now:
+                if first_signal != signal.SIGKILL:
+                    _signal_all({p: s for p, s in now.items() if p not in known[rec["key"]]}, first_signal)
+                known[rec["key"]].update(now)
+                still.append(rec)
+        pending = still
+    for rec in pending:
+        if _task_processes(rec, known[rec["key"]]):
+            known[rec["key"]].update(_freeze_and_kill(rec, known[rec["key"]]))
+            results[rec["key"]]["signals"].append("SIGKILL")
+    deadline = time.time() + 5
+    while pending and time.time() < deadline:
+        pending = [rec for rec in pending if _task_processes(rec, known[rec["key"]])]
+        if pending:
+            time.sleep(0.05)
+    for rec in records:
+        results[rec["key"]]["survivors"] = sorted(_task_processes(rec, known[rec["key"]]))
+        results[rec["key"]]["exit"] = _read_exit(rec["exit_file"]) if rec.get("exit_file") else None
+    return {"tasks": list(results.values())}
+
+
 def op_signal(req):
-    """Send one signal to recorded groups or single task processes (fault tests, Ctrl-C)."""
+    """Send one signal to recorded tasks (every process of each) or to single task processes
+    (fault tests, Ctrl-C)."""
     sig = getattr(signal, "SIG" + req["signal"])
     sent = []
     for rec in map(_resolve, req["tasks"]):
@@ -395,9 +544,11 @@ def op_signal(req):
             if rec.get("pid") and _alive(rec["pid"], rec.get("task_starttime")):
                 os.kill(rec["pid"], sig)
                 sent.append(rec["key"])
-        elif _group_members(rec):
-            _kill_group(rec["pgid"], _group_members(rec), sig)
-            sent.append(rec["key"])
+        else:
+            processes = _task_processes(rec)
+            if processes:
+                _signal_all(processes, sig)
+                sent.append(rec["key"])
     return {"sent": sent}
 
 
@@ -455,9 +606,23 @@ def op_nft(req):
             "tables": tables.stdout.split("\n") if tables.returncode == 0 else None}
 
 
+def op_resolve(req):
+    """Every address (all A and AAAA results) of each name, as this host resolves it."""
+    import socket
+    resolved = {}
+    for name in req["names"]:
+        try:
+            infos = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as exc:
+            resolved[name] = {"error": getattr(exc, "strerror", None) or str(exc)}
+            continue
+        resolved[name] = {"addresses": sorted({info[4][0].split("%")[0] for info in infos})}
+    return {"resolved": resolved}
+
+
 OPERATIONS = {"facts": op_facts, "start": op_start, "start_many": op_start_many, "status": op_status, "stop": op_stop,
               "signal": op_signal, "read": op_read, "hashes": op_hashes, "remove": op_remove,
-              "nft": op_nft, "watch": op_watch}
+              "nft": op_nft, "watch": op_watch, "resolve": op_resolve}
 
 
 def main():

@@ -1,6 +1,7 @@
 """Locked-down clusters on the SSH lab: the nftables firewall and secret environment values."""
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import subprocess
@@ -37,10 +38,16 @@ def test_firewall_admits_members_and_drops_outsiders(tmp_path, make_lab, write_l
     inventory = write_lab_inventory(lab, tmp_path / "fw.yaml", GROUPS, {
         "pscluster_port_base": port_base(), "pscluster_workdir": str(REPO), "pscluster_firewall": True})
     try:
-        plan = run_json(["plan", inventory, "--name", name], state_dir=state_dir)
+        # The operator's own SSH session (a laptop, a bastion) must not be what gets in.
+        laptop = {"SSH_CONNECTION": "203.0.113.9 50000 10.0.0.5 22"}
+        plan = run_json(["plan", inventory, "--name", name], state_dir=state_dir, env=laptop)
         assert "drop" in plan["firewall"]["node-2"]
-        up = run_cli(["up", inventory, "--name", name], state_dir=state_dir)
+        assert f"#   {lab.bridge_address}: control machine (its source address toward node-2)" in \
+            plan["firewall"]["node-2"]
+        up = run_cli(["up", inventory, "--name", name], state_dir=state_dir, env=laptop)
         assert up.returncode == 0, up.stderr
+        ruleset = lab.exec_in_netns("node-2", ["nft", "list", "ruleset"]).stdout
+        assert lab.bridge_address in ruleset and "203.0.113.9" not in ruleset
         status = run_json(["status", "--name", name], state_dir=state_dir)
         servers = [t for t in status["tasks"] if t["kind"] == "server"]
         assert len(servers) == 4 and all(t["state"] == "ready" for t in servers)   # the control machine gets in
@@ -122,3 +129,19 @@ def test_missing_secret_is_refused_before_anything_starts(tmp_path, lab3, write_
     assert up.returncode == 2
     assert "PSCLUSTER_TEST_ABSENT" in up.stderr and "not set here" in up.stderr
     assert not (state_dir / f"{name}.json").exists()
+
+
+def test_members_are_resolved_on_the_host_with_every_address(tmp_path, lab3, write_lab_inventory):
+    """The host's own resolver answers (over SSH, hostctl ``resolve``): every address of a name,
+    and an error text, not silence, for a name it cannot resolve."""
+    from cluster import hostops
+    from cluster.inventory import load_inventory
+    from cluster.plan import PlanOptions, plan_cluster
+    from cluster.transport import TransportPool
+    inventory = write_lab_inventory(lab3, tmp_path / "resolve.yaml", GROUPS, {"pscluster_port_base": port_base()})
+    plan = plan_cluster(load_inventory(str(inventory)), PlanOptions(local_python=sys.executable, local_workdir=str(REPO)))
+    with TransportPool() as pool:
+        answer = hostops.resolve(pool.get(plan.host("node-2")), ["localhost", "no-such-member.invalid"])
+    assert isinstance(answer["no-such-member.invalid"], str) and answer["no-such-member.invalid"]
+    assert "127.0.0.1" in answer["localhost"]
+    assert all(ipaddress.ip_address(address) for address in answer["localhost"])

@@ -1,0 +1,33 @@
+"""StateWriter notices that another command took the cluster over: `down` changed the phase or
+deleted the state, or a later `up` of the same name wrote a new state (a new `created`)."""
+from __future__ import annotations
+
+import pytest
+
+from cluster.errors import Aborted
+from cluster.inventory import load_inventory
+from cluster.launcher import StateWriter
+from cluster.plan import PlanOptions, plan_cluster
+from cluster.state import RunState, StateStore
+from tests.unit.conftest import INVENTORIES
+
+
+def test_writer_aborts_when_down_or_a_new_up_took_the_cluster(tmp_path):
+    plan = plan_cluster(load_inventory(str(INVENTORIES / "local.yaml")),
+                        PlanOptions(local_python="python3", local_workdir="/w"))
+    store = StateStore(tmp_path)
+    mine = RunState(name=plan.name, plan=plan)
+    store.save(mine)
+    writer = StateWriter(store, mine, expect_phase="starting")
+    writer.change(lambda s: s.synced.update({"localhost": "synced"}))
+    assert store.load(plan.name).synced == {"localhost": "synced"}
+
+    store.save(RunState(name=plan.name, plan=plan, created=mine.created + 1))    # down, then another up
+    with pytest.raises(Aborted):
+        writer.change(lambda s: s.synced.update({"other": "synced"}))
+    assert store.load(plan.name).synced == {}                                       # the new state untouched
+
+    store.delete(plan.name)
+    with pytest.raises(Aborted):
+        writer.change(lambda s: None)
+    assert store.load(plan.name) is None
