@@ -18,6 +18,7 @@ from . import console as ui
 from .codesync import local_workdir, project_root
 from .errors import PsclusterError, UsageError
 from .inventory import MODES, load_inventory
+from . import secrets as secrets_rule
 from .plan import ClusterPlan, PlanOptions, plan_cluster
 from .state import StateStore
 from .transport import TransportPool
@@ -41,14 +42,9 @@ def _plan(inventory: str, *, name: str | None, mode: str | None, port_base: int 
     return plan_cluster(load_inventory(inventory), options)
 
 
-def _secrets(plan: ClusterPlan) -> dict[str, str]:
+def _secrets(plan: ClusterPlan) -> secrets_rule.Secrets:
     """Values of the inventory's secret variables, from this machine's environment."""
-    names = sorted({name for host in plan.hosts for name in host.secret_env})
-    missing = [name for name in names if name not in os.environ]
-    if missing:
-        raise UsageError(f"secret variable(s) {', '.join(missing)} named in pscluster_secret_env are not set here",
-                         hint="export them in this shell; they travel to the hosts over SSH stdin only")
-    return {name: os.environ[name] for name in names}
+    return secrets_rule.collect(plan, os.environ)
 
 
 inventory_arg = click.argument("inventory", type=click.Path(dir_okay=False))
@@ -405,9 +401,7 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
             facts = study.gather_facts(study.study_hosts(inv, spec, options), pool)
             cpus = {host: item.cpus for host, item in facts.items() if not isinstance(item, str)}
             configs = study.plan_study(inv, spec, options, cpus)
-            secrets = {}
-            for config in configs:
-                secrets.update(_secrets(config.plan) if config.plan else {})
+            secrets = secrets_rule.merge_all(_secrets(config.plan) for config in configs if config.plan)
             outcome = study.Study(spec, store=env.store, pool=pool, job=job_ref, reporter=display,
                                   root=project_root(), secrets=secrets).run(configs)
     finally:

@@ -64,7 +64,9 @@ def render_plan(console: Console, plan: ClusterPlan, *, secret_names: Sequence[s
         env = dict(task.env)
         console.print(f"  TF_CONFIG={env.pop('TF_CONFIG')}", markup=False)
         shown = " ".join(f"{key}={'****' if key in secret_names else value}" for key, value in env.items())
-        shown += "".join(f" {key}=****" for key in secret_names if key not in env)
+        host = plan.host(task.host)
+        given = host.secret_env if not task.standing or task.role in host.secret_env_roles else ()
+        shown += "".join(f" {key}=****" for key in given if key not in env)
         console.print(f"  env: {shown}", soft_wrap=True, markup=False)
         console.print(f"  argv: {' '.join(task.argv)}", soft_wrap=True, markup=False)
 

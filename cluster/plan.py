@@ -66,6 +66,7 @@ class HostSpec:
     known_hosts: str | None
     connect_timeout: float
     secret_env: tuple[str, ...] = ()
+    secret_env_roles: tuple[str, ...] = ()     # standing roles that also get the secrets
 
     @property
     def is_local(self) -> bool:
@@ -256,7 +257,8 @@ def _host_spec(host: HostConfig, options: PlanOptions) -> HostSpec:
     return HostSpec(name=host.name, address=host.address, connection=host.connection,
                     ssh_port=host.ssh_port, user=host.user, key_file=host.key_file, python=python,
                     workdir=workdir, host_key_policy=host.host_key_policy, known_hosts=host.known_hosts,
-                    connect_timeout=host.connect_timeout, secret_env=host.secret_env)
+                    connect_timeout=host.connect_timeout, secret_env=host.secret_env,
+                    secret_env_roles=host.secret_env_roles)
 
 
 def _slots(inventory: Inventory) -> list[_Slot]:
