@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from .errors import PlanError
 from .inventory import MODES, ROLES, HostConfig, Inventory, RoleSlots
+from .names import check_cluster_name
 
 # Which roles take part in the cluster spec, and which of them stand (started by `up`).
 MODE_ROLES = {
@@ -199,7 +200,8 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
     mode = options.mode or inventory.mode or "async"
     if mode not in MODES:
         raise PlanError(f"unknown mode {mode!r}", hint=f"choose one of {', '.join(MODES)}")
-    name = options.name or inventory.name
+    name = check_cluster_name(options.name) if options.name else \
+        check_cluster_name(inventory.name, source=inventory.path)
     slots = _slots(inventory)
     ports = _assign_ports(slots, options.port_base)
     host_specs = {host.name: _host_spec(host, options) for host in inventory.hosts}

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .errors import StateError, UsageError
+from .names import check_cluster_name
 from .plan import ClusterPlan, HostSpec, TaskSpec
 from .progress import JobProgress
 
@@ -143,7 +144,7 @@ class StateStore:
         self.root = Path(root) if root else default_state_dir()
 
     def path(self, name: str) -> Path:
-        return self.root / f"{name}.json"
+        return self.root / f"{check_cluster_name(name)}.json"
 
     def names(self) -> list[str]:
         if not self.root.is_dir():
@@ -182,7 +183,7 @@ class StateStore:
     def lock(self, name: str, *, wait: float = 10.0) -> Iterator[None]:
         """Exclusive lock on one cluster's state (released if this process dies)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        handle = open(self.root / f"{name}.lock", "a+")
+        handle = open(self.root / f"{check_cluster_name(name)}.lock", "a+")
         deadline = time.monotonic() + wait
         try:
             while True:
