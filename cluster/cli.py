@@ -115,7 +115,7 @@ def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base
         env.out.print("\n[bold]firewall[/] (the control machine's address, as each host sees it over SSH, "
                       "is added at up)")
         for host in cluster.hosts:
-            env.out.print(f"\n[bold]nftables ruleset for {host.name}[/]")
+            env.out.print(f"\n[bold]nftables ruleset for {ui.escape(host.name)}[/]")
             env.out.print(ruleset_for(cluster, host.name), markup=False, highlight=False)
 
 
