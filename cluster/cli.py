@@ -44,9 +44,14 @@ def _plan(inventory: str, *, name: str | None, mode: str | None, port_base: int 
     return plan_cluster(load_inventory(inventory), options)
 
 
-def _secrets(plan: ClusterPlan) -> secrets_rule.Secrets:
-    """Values of the inventory's secret variables, from this machine's environment."""
-    return secrets_rule.collect(plan, os.environ)
+def _secrets(*plans: ClusterPlan) -> secrets_rule.Secrets:
+    """Values of the inventory's secret variables, from this machine's environment. They are then
+    removed from this process's environment: tasks on local hosts inherit it, and would otherwise
+    all get every secret whatever cluster/secrets.py says (measured: a standing server did)."""
+    found = secrets_rule.merge_all([secrets_rule.collect(plan, os.environ) for plan in plans])
+    for name in found.values:
+        os.environ.pop(name, None)
+    return found
 
 
 inventory_arg = click.argument("inventory", type=click.Path(dir_okay=False))
@@ -422,7 +427,7 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
             facts = study.gather_facts(study.study_hosts(inv, spec, options), pool)
             cpus = {host: item.cpus for host, item in facts.items() if not isinstance(item, str)}
             configs = study.plan_study(inv, spec, options, cpus)
-            secrets = secrets_rule.merge_all(_secrets(config.plan) for config in configs if config.plan)
+            secrets = _secrets(*(config.plan for config in configs if config.plan))
             outcome = study.Study(spec, store=env.store, pool=pool, job=job_ref, reporter=display,
                                   root=project_root(), secrets=secrets).run(configs)
     finally:
