@@ -2,9 +2,9 @@
 
 A standing server's environment is readable by anyone who reaches its port, so `up` gives the
 inventory's secrets to no standing server unless pscluster_secret_env_roles names its role, while
-a `run` program on the chief (and a `train` trainer) gets them. Local tasks inherit the
-control process's environment, so the CLI also drops the secrets from it. Read from /proc/<pid>/environ of the recorded
-server pids, and from the program's own output."""
+a `run` program on the chief (and a `train` trainer) gets them. Local tasks inherit the control
+process's environment, so the CLI also drops the secrets from it. Read from /proc/<pid>/environ of
+the recorded server pids, and from the program's own output."""
 from __future__ import annotations
 
 import os
@@ -25,15 +25,9 @@ all:
     pscluster_secret_env: [SCOPE_TEST_SECRET]
     pscluster_secret_env_roles: [ps]
   children:
-    chief:
-      hosts:
-        localhost:
-    ps:
-      hosts:
-        localhost:
-    worker:
-      hosts:
-        localhost:
+    chief: {{hosts: {{localhost: }}}}
+    ps: {{hosts: {{localhost: }}}}
+    worker: {{hosts: {{localhost: }}}}
 """
 PROGRAM = "import os; print('secret=' + os.environ.get('SCOPE_TEST_SECRET', 'ABSENT'))"
 
