@@ -118,3 +118,14 @@ def test_every_float_option_is_covered():
                 assert isinstance(param.type, FiniteFloat), (name, param.name)
                 found.add((name, param.opts[0]))
     assert found == {(argv[0], option) for argv, option in FLOAT_OPTIONS}
+
+
+@pytest.mark.parametrize("spec", ["../examples/distributed_mnist", "distributed_mnist/../distributed_mnist"])
+def test_a_shipped_job_name_cannot_climb_out_of_its_folder(tmp_path, monkeypatch, spec):
+    """A shipped job's name becomes <workdir>/.pscluster/<cluster>/jobs/<name>/ on every host."""
+    from cluster.codesync import project_root
+    from cluster.training import resolve_job
+    monkeypatch.chdir(tmp_path)            # so that the spec is not an existing path here
+    assert resolve_job("distributed_mnist", project_root()).name == "distributed_mnist"
+    with pytest.raises(UsageError, match="no job named"):
+        resolve_job(spec, project_root())
