@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -21,6 +22,8 @@ from . import console as ui
 from .codesync import local_workdir, project_root
 from .errors import PsclusterError, Terminated, UsageError
 from .inventory import MODES, load_inventory
+from .names import check_cluster_name
+from . import secrets as secrets_rule
 from .plan import ClusterPlan, PlanOptions, plan_cluster
 from .state import StateStore
 from .transport import TransportPool
@@ -44,20 +47,37 @@ def _plan(inventory: str, *, name: str | None, mode: str | None, port_base: int 
     return plan_cluster(load_inventory(inventory), options)
 
 
-def _secrets(plan: ClusterPlan) -> dict[str, str]:
-    """Values of the inventory's secret variables, from this machine's environment."""
-    names = sorted({name for host in plan.hosts for name in host.secret_env})
-    missing = [name for name in names if name not in os.environ]
-    if missing:
-        raise UsageError(f"secret variable(s) {', '.join(missing)} named in pscluster_secret_env are not set here",
-                         hint="export them in this shell; they travel to the hosts over SSH stdin only")
-    return {name: os.environ[name] for name in names}
+def _secrets(*plans: ClusterPlan) -> secrets_rule.Secrets:
+    """Values of the inventory's secret variables, from this machine's environment. They are then
+    removed from this process's environment: tasks on local hosts inherit it, and would otherwise
+    all get every secret whatever cluster/secrets.py says (measured: a standing server did)."""
+    found = secrets_rule.merge_all([secrets_rule.collect(plan, os.environ) for plan in plans])
+    for name in found.values:
+        os.environ.pop(name, None)
+    return found
 
 
 inventory_arg = click.argument("inventory", type=click.Path(dir_okay=False))
-name_opt = click.option("--name", help="Cluster name (default: the inventory's file name without .yaml).")
+name_opt = click.option("--name", help="Cluster name (default: the inventory's file name without .yaml).",
+                        callback=lambda ctx, param, value: value if value is None else check_cluster_name(value))
 mode_opt = click.option("--mode", type=click.Choice(MODES), help="Training mode (default: pscluster_mode, else async).")
 port_opt = click.option("--port-base", type=click.IntRange(1024, 65000), help="First port (overrides pscluster_port_base).")
+
+
+class FiniteFloat(click.FloatRange):
+    """A number option within [min, max] that must be finite: click's float and FloatRange take
+    ``nan`` (which passes every bound check, so ``up --timeout nan`` never timed out) and ``inf``."""
+
+    name = "finite number"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+SECONDS = FiniteFloat(1, 86400)      # timeouts: a second to a day
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -104,7 +124,7 @@ def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base
                       "member host and this machine's source address toward that host (the probe's); "
                       "the comments say which is which. At up, members are also resolved on each host.")
         for host in cluster.hosts:
-            env.out.print(f"\n[bold]nftables ruleset for {host.name}[/]")
+            env.out.print(f"\n[bold]nftables ruleset for {ui.escape(host.name)}[/]")
             env.out.print(ruleset_for(cluster, host.name), markup=False, highlight=False)
 
 
@@ -136,7 +156,7 @@ def check(env: Env, inventory: str, name: str | None, mode: str | None, port_bas
 @name_opt
 @mode_opt
 @port_opt
-@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for every server to answer.")
+@click.option("--timeout", type=SECONDS, default=120.0, show_default=True, help="Seconds to wait for every server to answer.")
 @click.option("--firewall", is_flag=True, help="Install nftables rules so only cluster members reach the ports.")
 @click.option("--json", "as_json", is_flag=True, help="Print the resulting status as JSON.")
 @click.pass_obj
@@ -224,7 +244,8 @@ def logs(env: Env, task: str | None, name: str | None, follow: bool, lines: int 
 
 @cli.command()
 @name_opt
-@click.option("--grace", default=10.0, show_default=True, help="Seconds between SIGTERM and SIGKILL.")
+@click.option("--grace", type=FiniteFloat(0, 3600), default=10.0, show_default=True,
+              help="Seconds between SIGTERM and SIGKILL.")
 @click.pass_obj
 def down(env: Env, name: str | None, grace: float) -> None:
     """Stop every process this cluster started, on every host, and remove its state."""
@@ -243,10 +264,10 @@ def down(env: Env, name: str | None, grace: float) -> None:
 @cli.command()
 @click.argument("job")
 @name_opt
-@click.option("--epochs", type=float, help="Epochs to train (default: the job's).")
+@click.option("--epochs", type=FiniteFloat(0, 1e6, min_open=True), help="Epochs to train (default: the job's).")
 @click.option("--steps", type=int, help="Global steps to train (instead of epochs).")
 @click.option("--batch-size", type=int, help="Global batch size (default: the job's).")
-@click.option("--learning-rate", type=float, help="Learning rate (default: the job's).")
+@click.option("--learning-rate", type=FiniteFloat(0, 1e6, min_open=True), help="Learning rate (default: the job's).")
 @click.option("--scale-lr", is_flag=True, help="Multiply the learning rate by the number of workers.")
 @click.option("--checkpoint-dir", help="Checkpoint folder on the chief's host "
                                        "(default: <workdir>/.pscluster/<name>/checkpoints/<job>).")
@@ -259,11 +280,11 @@ def down(env: Env, name: str | None, grace: float) -> None:
               show_default=True, help="What to do when a task fails.")
 @click.option("--max-restarts", type=click.IntRange(0, 100), default=3, show_default=True,
               help="Restarts allowed per task (exponential backoff from 1 s).")
-@click.option("--start-timeout", type=float, default=180.0, show_default=True,
+@click.option("--start-timeout", type=SECONDS, default=180.0, show_default=True,
               help="Seconds a training process may take to start training.")
-@click.option("--collective-timeout", type=float, default=30.0, show_default=True,
+@click.option("--collective-timeout", type=SECONDS, default=30.0, show_default=True,
               help="Sync mode: seconds a collective may wait for a peer.")
-@click.option("--host-timeout", type=float, default=60.0, show_default=True,
+@click.option("--host-timeout", type=SECONDS, default=60.0, show_default=True,
               help="Seconds to wait for an unreachable host before failing the job.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the final report, as JSON.")
 @click.pass_obj
@@ -362,14 +383,15 @@ def _csv(text: str, what: str, choices: tuple[str, ...] | None = None) -> tuple[
 @click.option("--steps", type=click.IntRange(1), default=300, show_default=True, help="Global steps per run.")
 @click.option("--repeat", type=click.IntRange(1, 100), default=1, show_default=True,
               help="Runs per configuration (the table shows medians and the min-max spread).")
-@click.option("--target-accuracy", type=click.FloatRange(0, 1), help="Also time how long until val_accuracy "
+@click.option("--target-accuracy", type=FiniteFloat(0, 1), help="Also time how long until val_accuracy "
                                                                      "reaches this (evaluates during training).")
 @click.option("--eval-every", type=click.IntRange(1), metavar="STEPS",
               help="Evaluation interval with --target-accuracy (default: steps/10).")
 @click.option("--batch-size", type=click.IntRange(1), help="Global batch size (default: the job's).")
 @click.option("--steps-per-execution", type=click.IntRange(1), metavar="K", help="Steps per traced call.")
 @port_opt
-@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for the servers of each run.")
+@click.option("--timeout", type=SECONDS, default=120.0, show_default=True,
+              help="Seconds to wait for the servers of each run.")
 @click.option("--json", "as_json", is_flag=True, help="Print {environment, results} as JSON.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON document to FILE.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of throughput and efficiency vs workers.")
@@ -409,9 +431,7 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
             facts = study.gather_facts(study.study_hosts(inv, spec, options), pool)
             cpus = {host: item.cpus for host, item in facts.items() if not isinstance(item, str)}
             configs = study.plan_study(inv, spec, options, cpus)
-            secrets = {}
-            for config in configs:
-                secrets.update(_secrets(config.plan) if config.plan else {})
+            secrets = _secrets(*(config.plan for config in configs if config.plan))
             outcome = study.Study(spec, store=env.store, pool=pool, job=job_ref, reporter=display,
                                   root=project_root(), secrets=secrets).run(configs)
     finally:
@@ -474,11 +494,11 @@ class _ProgramCommand(click.Command):
               show_default=True, help="What to do when a task fails (an arbitrary program may not be safe to restart).")
 @click.option("--max-restarts", type=click.IntRange(0, 100), default=3, show_default=True,
               help="Restarts allowed per task (exponential backoff from 1 s).")
-@click.option("--host-timeout", type=click.FloatRange(1, 86400), default=60.0, show_default=True,
+@click.option("--host-timeout", type=SECONDS, default=60.0, show_default=True,
               help="Seconds to wait for an unreachable host before failing the run.")
-@click.option("--grace", type=click.FloatRange(0, 3600), default=10.0, show_default=True,
+@click.option("--grace", type=FiniteFloat(0, 3600), default=10.0, show_default=True,
               help="Seconds between SIGTERM and SIGKILL when stopping tasks.")
-@click.option("--timeout", type=click.FloatRange(1, 86400), default=120.0, show_default=True,
+@click.option("--timeout", type=SECONDS, default=120.0, show_default=True,
               help="One shot: seconds the bring-up may take.")
 @click.option("--firewall", is_flag=True, help="One shot: install nftables rules so only cluster members reach the ports.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the final report, as JSON (output goes to stderr).")

@@ -96,6 +96,8 @@ class HostConfig:
     jump: tuple[str, ...] = ()
     # A GPU with more memory in use than this (MiB) is busy at preflight (pscluster_gpu_busy_mib).
     gpu_busy_mib: int = 1024
+    # Standing server roles that also get this host's secrets (pscluster_secret_env_roles).
+    secret_env_roles: tuple[str, ...] = ()
 
     def slots_for(self, role: str) -> RoleSlots | None:
         return next((slot for slot in self.slots if slot.role == role), None)
@@ -325,7 +327,19 @@ def _name_list(raw: _Raw, path: KeyPath, value: Any) -> tuple[str, ...]:
     for index, item in enumerate(value):
         if not _ENV_NAME.match(item):
             raise _err(raw, path + (index,), f"{item!r} is not a valid environment variable name")
+        if item in RESERVED_ENV or item.startswith("PSCLUSTER_"):
+            raise _err(raw, path + (index,), f"{item} is set by pscluster for each task and cannot be a secret",
+                       hint="TF_CONFIG, CUDA_VISIBLE_DEVICES and PSCLUSTER_* come from the plan")
     return tuple(value)
+
+
+def _role_list(raw: _Raw, path: KeyPath, value: Any) -> tuple[str, ...]:
+    standing = ("ps", "worker")
+    if not isinstance(value, list) or not all(item in standing for item in value):
+        raise _err(raw, path, f"expected a list of standing server roles, got {_describe(value)}",
+                   hint="e.g. pscluster_secret_env_roles: [ps, worker] also gives the secrets to the servers "
+                        "that up starts (whose environment anyone reaching their port can read)")
+    return tuple(dict.fromkeys(value))
 
 
 def _choice(options: tuple[str, ...]) -> Validator:
@@ -350,6 +364,7 @@ PSCLUSTER_KEYS: dict[str, Validator] = {
     "pscluster_known_hosts": lambda raw, path, value: _as_str(raw, path, value, "a known_hosts path"),
     "pscluster_env": _env_map,
     "pscluster_secret_env": _name_list,
+    "pscluster_secret_env_roles": _role_list,
     "pscluster_mode": _choice(MODES),
     "pscluster_firewall": _boolean,
     "pscluster_intra_op_threads": lambda raw, path, value: _as_int(raw, path, value, 0, 1024, "a thread count"),
@@ -595,6 +610,7 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
         connect_timeout=float(get("pscluster_connect_timeout", PSCLUSTER_KEYS, 10)),
         env=env,
         secret_env=secret_env,
+        secret_env_roles=get("pscluster_secret_env_roles", PSCLUSTER_KEYS, ()),
         intra_op_threads=get("pscluster_intra_op_threads", PSCLUSTER_KEYS),
         inter_op_threads=get("pscluster_inter_op_threads", PSCLUSTER_KEYS),
         slots=slots,

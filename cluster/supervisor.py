@@ -28,6 +28,7 @@ from .contracts import Mode, ProcessKind
 from .errors import HostError
 from .events import Reporter
 from .launcher import task_env
+from .secrets import Secrets
 from .plan import TaskSpec
 from .state import ProcessRecord, StateStore
 from .supervision import core
@@ -45,7 +46,7 @@ class Supervisor(JobExecutor):
     job_kind = "train"
 
     def __init__(self, *, store: StateStore, name: str, job: JobRef, options: TrainOptions, reporter: Reporter,
-                 pool: TransportPool, root: Path, secrets: dict[str, str] | None = None, **clocks):
+                 pool: TransportPool, root: Path, secrets: Secrets | None = None, **clocks):
         super().__init__(store=store, name=name, reporter=reporter, pool=pool, root=root,
                          rules=restart_rules(options.restart_policy, options.max_restarts, options.backoff),
                          host_timeout=options.host_timeout, grace=options.grace, secrets=secrets, **clocks)
@@ -100,7 +101,7 @@ class Supervisor(JobExecutor):
                           events_path=events, checkpoint_dir=self.checkpoint_dir, options=self.options,
                           resume=resume)
         self.tails[record.key] = EventTail(events)
-        return self.launch(task, record, argv=argv, env=task_env(task, self.secrets), kind=ProcessKind.TRAIN,
+        return self.launch(task, record, argv=argv, env=task_env(task, self.secrets, standing=False), kind=ProcessKind.TRAIN,
                            files=(events,))
 
     def recovery(self, incident: core.Incident) -> core.Recovery:
