@@ -42,6 +42,12 @@ def make_consoles(*, no_color: bool = False) -> tuple[Console, Console]:
     return consoles[0], consoles[1]
 
 
+def render_warnings(console: Console, warnings: Sequence[str]) -> None:
+    """Inventory warnings (ansible_* keys pscluster ignores), in yellow."""
+    for warning in warnings:
+        console.print(Text("warning: " + warning, style="yellow"))
+
+
 def _mask(value: str | None) -> str:
     return "(none)" if value is None else (f'"{value}"' if value == "" else value)
 

@@ -16,6 +16,7 @@ Every error names file, line and key path (:class:`~cluster.errors.InventoryErro
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import os
 import re
 import shlex
@@ -35,6 +36,9 @@ PASSWORD_KEYS = ("ansible_password", "ansible_ssh_pass", "ansible_ssh_password",
 # Set by pscluster per task; a user value would silently break the cluster.
 RESERVED_ENV = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# RFC 1123 labels, plus "_" (found in lab host names and accepted by Ansible and OpenSSH).
+_HOST_LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
+MAX_RANGE_HOSTS = 10_000     # hosts from one range pattern (n[0:999999] would be a million)
 _RANGE = re.compile(r"\[([0-9a-zA-Z]+):([0-9a-zA-Z]+)(?::([0-9]+))?\]")
 
 
@@ -112,6 +116,10 @@ class Inventory:
     mode: str | None
     mode_origin: Origin | None
     firewall: bool
+    # "file:line: key: ... ignored" for ansible_* keys pscluster does not use (the CLI prints them).
+    warnings: tuple[str, ...] = ()
+    # Every group (roles and others, e.g. "gpu") with its hosts, for --limit patterns.
+    groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def host(self, name: str) -> HostConfig:
         return next(host for host in self.hosts if host.name == name)
@@ -138,6 +146,7 @@ class _Raw:
     # host -> [(key, value, path)] in file order
     host_vars: dict[str, list[tuple[str, Any, KeyPath]]] = field(default_factory=dict)
     host_first: dict[str, KeyPath] = field(default_factory=dict)
+    warnings: dict[str, None] = field(default_factory=dict)
 
 
 def expand_host_pattern(pattern: str) -> list[str]:
@@ -147,8 +156,13 @@ def expand_host_pattern(pattern: str) -> list[str]:
     Several ranges in one name expand as a product.
 
     Raises:
-        ValueError: a range whose bounds do not make sense.
+        ValueError: a range whose bounds do not make sense, or more than MAX_RANGE_HOSTS names.
     """
+    names = _expand(pattern)
+    return names
+
+
+def _expand(pattern: str, budget: int = MAX_RANGE_HOSTS) -> list[str]:
     match = _RANGE.search(pattern)
     if not match:
         return [pattern]
@@ -160,7 +174,9 @@ def expand_host_pattern(pattern: str) -> list[str]:
         if int(start) > int(end):
             raise ValueError(f"range start {start} is after its end {end} in {pattern!r}")
         width = len(start) if start.startswith("0") and len(start) > 1 else 0
-        values = [str(number).zfill(width) for number in range(int(start), int(end) + 1, step)]
+        numbers = range(int(start), int(end) + 1, step)
+        _check_budget(len(numbers), budget, pattern)
+        values = [str(number).zfill(width) for number in numbers]
     elif len(start) == 1 and len(end) == 1 and start.isalpha() and end.isalpha():
         if start > end:
             raise ValueError(f"range start {start} is after its end {end} in {pattern!r}")
@@ -168,8 +184,40 @@ def expand_host_pattern(pattern: str) -> list[str]:
     else:
         raise ValueError(f"cannot expand range [{start}:{end}] in {pattern!r}: "
                          "use numbers ([01:04]) or single letters ([a:d])")
+    _check_budget(len(values), budget, pattern)
     prefix, suffix = pattern[:match.start()], pattern[match.end():]
-    return [name for value in values for name in expand_host_pattern(prefix + value + suffix)]
+    names: list[str] = []
+    for value in values:
+        names.extend(_expand(prefix + value + suffix, budget // len(values)))
+    return names
+
+
+def _check_budget(count: int, budget: int, pattern: str) -> None:
+    if count > budget:
+        raise ValueError(f"{pattern!r} expands to more than {MAX_RANGE_HOSTS} hosts")
+
+
+def check_host_name(name: str) -> str | None:
+    """Why ``name`` is not a host name, IPv4 or IPv6 literal (None: it is one).
+
+    Host names reach shell commands, SSH and the nft ruleset run as root: only these shapes
+    pass, never control characters, whitespace, brackets, quotes or ``;`` (issue 16 item 9).
+    """
+    if not name:
+        return "the host name is empty"
+    try:
+        ipaddress.ip_address(name)
+        return None
+    except ValueError:
+        pass
+    if len(name) > 253:
+        return "a host name has at most 253 characters"
+    bad = next((char for char in name if not (char.isascii() and (char.isalnum() or char in "-_."))), None)
+    if bad is not None:
+        return f"{name!r} is not a host name or IP address ({bad!r} is not allowed)"
+    if not all(_HOST_LABEL.match(label) for label in name.split(".")):
+        return f"{name!r} is not a host name or IP address (empty label, or '-' at a label's start or end)"
+    return None
 
 
 def _err(raw: _Raw, path: KeyPath, message: str, hint: str | None = None) -> InventoryError:
@@ -193,15 +241,26 @@ def _parse_group(raw: _Raw, name: str, data: Any, path: KeyPath) -> None:
                    hint="write hosts as 'hosts: {node-a: , node-b: }' or one 'name:' per line")
     for pattern, host_vars in (hosts or {}).items():
         host_path = path + ("hosts", pattern)
+        if host_path in raw.source.key_types:
+            raise _err(raw, host_path, f"host name {pattern!r} is read by YAML as "
+                                       f"{raw.source.key_types[host_path]}, not text",
+                       hint=f"quote it: \"{pattern}\": (as Ansible requires)")
         try:
             names = expand_host_pattern(pattern)
         except ValueError as exc:
             raise _err(raw, host_path, str(exc)) from None
+        for host in names:
+            problem = check_host_name(host)
+            if problem:
+                raise _err(raw, host_path, problem, hint="a host name is letters, digits, '-', '_' and '.'; "
+                                                         "set the address with ansible_host")
         if host_vars is not None and not isinstance(host_vars, dict):
             raise _err(raw, host_path, f"host variables must be a mapping, got {_describe(host_vars)}")
+        known = set(group.hosts)
         for host in names:
             raw.host_first.setdefault(host, host_path)
-            if host not in group.hosts:
+            if host not in known:
+                known.add(host)
                 group.hosts.append(host)
             for key, value in (host_vars or {}).items():
                 raw.host_vars.setdefault(host, []).append((key, value, host_path + (key,)))
@@ -232,19 +291,22 @@ def _describe(value: Any) -> str:
     return repr(value)
 
 
-def _members(raw: _Raw, name: str, seen: tuple[str, ...] = ()) -> list[str]:
+def _members(raw: _Raw, name: str, seen: tuple[str, ...] = (),
+             memo: dict[str, list[str]] | None = None) -> list[str]:
     """Hosts of a group, including its descendants, in file order."""
+    memo = {} if memo is None else memo
     if name in seen:
         raise _err(raw, raw.groups[name].path, f"group {name!r} contains itself via {' -> '.join(seen)}")
+    if name in memo:
+        return memo[name]
     group = raw.groups.get(name)
     if group is None:
         return []
-    result = list(group.hosts)
+    result = dict.fromkeys(group.hosts)
     for child in group.children:
-        for host in _members(raw, child, seen + (name,)):
-            if host not in result:
-                result.append(host)
-    return result
+        result.update(dict.fromkeys(_members(raw, child, seen + (name,), memo)))
+    memo[name] = list(result)
+    return memo[name]
 
 
 def _depths(raw: _Raw) -> dict[str, int]:
@@ -361,9 +423,14 @@ PSCLUSTER_KEYS: dict[str, Validator] = {
 CLUSTER_WIDE_KEYS = ("pscluster_mode", "pscluster_firewall")
 
 CONNECTION_KEYS: dict[str, Validator] = {
-    "ansible_host": lambda raw, path, value: _as_str(raw, path, value, "a host name or address"),
+    "ansible_host": lambda raw, path, value: _address(raw, path, value),
+    "ansible_ssh_host": lambda raw, path, value: _address(raw, path, value),
     "ansible_port": lambda raw, path, value: _as_int(raw, path, value, 1, 65535, "an SSH port"),
+    "ansible_ssh_port": lambda raw, path, value: _as_int(raw, path, value, 1, 65535, "an SSH port"),
     "ansible_user": lambda raw, path, value: _as_str(raw, path, value, "a user name"),
+    "ansible_ssh_user": lambda raw, path, value: _as_str(raw, path, value, "a user name"),
+    "ansible_ssh_timeout": lambda raw, path, value: _as_int(raw, path, value, 1, 600, "seconds"),
+    "ansible_host_key_checking": lambda raw, path, value: _ansible_bool(raw, path, value),
     "ansible_ssh_private_key_file": lambda raw, path, value: _as_str(raw, path, value, "a key file path"),
     "ansible_connection": _choice(("ssh", "local", "paramiko", "smart")),
     "ansible_python_interpreter": lambda raw, path, value: _as_str(raw, path, value, "an interpreter path"),
@@ -373,6 +440,14 @@ CONNECTION_KEYS: dict[str, Validator] = {
     "ansible_ssh_common_args": lambda raw, path, value: _ssh_jumps(raw, path, value),
     "ansible_ssh_extra_args": lambda raw, path, value: _ssh_jumps(raw, path, value),
 }
+
+
+def _address(raw: _Raw, path: KeyPath, value: Any) -> str:
+    text = _as_str(raw, path, value, "a host name or address")
+    problem = check_host_name(text)
+    if problem:
+        raise _err(raw, path, problem, hint="ansible_host is a host name, IPv4 or IPv6 address")
+    return text
 
 
 def _ansible_bool(raw: _Raw, path: KeyPath, value: Any) -> bool:
@@ -407,8 +482,13 @@ def _ssh_jumps(raw: _Raw, path: KeyPath, value: Any) -> tuple[str, ...]:
     return tuple(hops)
 
 
-def _check_key(raw: _Raw, key: str, path: KeyPath) -> None:
-    """Reject keys pscluster would otherwise ignore by mistake."""
+def _check_key(raw: _Raw, key: str, path: KeyPath, value: Any = None) -> None:
+    """Reject keys pscluster would otherwise ignore by mistake; warn about ignored ansible_* keys."""
+    if key.startswith("ansible_") and key not in CONNECTION_KEYS and key not in PASSWORD_KEYS:
+        _warn(raw, path, "ignored by pscluster (an Ansible setting it does not use)")
+    if key == "ansible_host_key_checking" and not _ansible_bool(raw, path, value):
+        _warn(raw, path, "ignored: pscluster still checks host keys",
+              "set pscluster_host_key_policy: accept-new to trust a new host's key on first use")
     if key in PASSWORD_KEYS:
         raise _err(raw, path, "passwords are not accepted in inventories",
                    hint="use key authentication (ansible_ssh_private_key_file) or an SSH agent")
@@ -421,6 +501,11 @@ def _check_key(raw: _Raw, key: str, path: KeyPath) -> None:
     if role in ROLES and suffix and suffix not in ROLE_SUFFIXES:
         raise _err(raw, path, f"unknown task setting {key!r}",
                    hint=f"per-role settings are {', '.join(role + '_' + s for s in ROLE_SUFFIXES)}")
+
+
+def _warn(raw: _Raw, path: KeyPath, message: str, hint: str | None = None) -> None:
+    text = str(_err(raw, path, message, hint))
+    raw.warnings.setdefault(text)
 
 
 def _similar(left: str, right: str) -> bool:
@@ -518,13 +603,13 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
             all_group.children.append(name)
     for name, group in raw.groups.items():
         for key, (_, key_path) in group.vars.items():
-            _check_key(raw, key, key_path)
+            _check_key(raw, key, key_path, group.vars[key][0])
             if key in CLUSTER_WIDE_KEYS and name != "all":
                 raise _err(raw, key_path, f"{key} applies to the whole cluster",
                            hint="set it under all.vars")
     for host, items in raw.host_vars.items():
-        for key, _, key_path in items:
-            _check_key(raw, key, key_path)
+        for key, value, key_path in items:
+            _check_key(raw, key, key_path, value)
             if key in CLUSTER_WIDE_KEYS:
                 raise _err(raw, key_path, f"{key} applies to the whole cluster", hint="set it under all.vars")
 
@@ -535,14 +620,18 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
         if host not in all_hosts:
             all_hosts.append(host)
     role_hosts = tuple((role, tuple(membership[role])) for role in ROLES if membership.get(role))
+    groups_by_host: dict[str, list[str]] = {host: [] for host in all_hosts}
+    for name, members in membership.items():
+        for host in members:
+            groups_by_host[host].append(name)
 
     hosts = []
     for host in all_hosts:
-        groups_of_host = [name for name, members in membership.items() if host in members]
+        groups_of_host = groups_by_host[host]
         if "all" not in groups_of_host:
             groups_of_host.append("all")
         merged = _merged_vars(raw, host, groups_of_host, depth)
-        hosts.append(_host_config(raw, host, merged, [r for r, members in role_hosts if host in members]))
+        hosts.append(_host_config(raw, host, merged, [r for r in ROLES if r in groups_of_host]))
 
     mode_item = all_group.vars.get("pscluster_mode")
     firewall_item = all_group.vars.get("pscluster_firewall")
@@ -551,7 +640,8 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
     firewall = _boolean(raw, firewall_item[1], firewall_item[0]) if firewall_item else False
     stem = os.path.splitext(os.path.basename(path))[0]
     return Inventory(path=source.file, name=stem, hosts=tuple(hosts), role_hosts=role_hosts,
-                     mode=mode, mode_origin=mode_origin, firewall=firewall)
+                     mode=mode, mode_origin=mode_origin, firewall=firewall, warnings=tuple(raw.warnings),
+                     groups=tuple((name, tuple(members)) for name, members in membership.items()))
 
 
 def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], roles: list[str]) -> HostConfig:
@@ -563,7 +653,7 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
 
     connection = get("ansible_connection", CONNECTION_KEYS, "ssh")
     connection = "local" if connection == "local" else "ssh"
-    address = get("ansible_host", CONNECTION_KEYS) or host
+    address = get("ansible_host", CONNECTION_KEYS) or get("ansible_ssh_host", CONNECTION_KEYS) or host
     python = get("pscluster_python", PSCLUSTER_KEYS) or get("ansible_python_interpreter", CONNECTION_KEYS)
     env = get("pscluster_env", PSCLUSTER_KEYS, ())
     secret_env = get("pscluster_secret_env", PSCLUSTER_KEYS, ())
@@ -584,15 +674,16 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
         name=host,
         address=address,
         connection=connection,
-        ssh_port=get("ansible_port", CONNECTION_KEYS),
-        user=get("ansible_user", CONNECTION_KEYS),
+        ssh_port=get("ansible_port", CONNECTION_KEYS) or get("ansible_ssh_port", CONNECTION_KEYS),
+        user=get("ansible_user", CONNECTION_KEYS) or get("ansible_ssh_user", CONNECTION_KEYS),
         key_file=get("ansible_ssh_private_key_file", CONNECTION_KEYS),
         python=python,
         workdir=get("pscluster_workdir", PSCLUSTER_KEYS),
         port_base=get("pscluster_port_base", PSCLUSTER_KEYS, DEFAULT_PORT_BASE),
         host_key_policy=get("pscluster_host_key_policy", PSCLUSTER_KEYS, "reject"),
         known_hosts=get("pscluster_known_hosts", PSCLUSTER_KEYS),
-        connect_timeout=float(get("pscluster_connect_timeout", PSCLUSTER_KEYS, 10)),
+        connect_timeout=float(get("pscluster_connect_timeout", PSCLUSTER_KEYS)
+                              or get("ansible_ssh_timeout", CONNECTION_KEYS, 10)),
         env=env,
         secret_env=secret_env,
         intra_op_threads=get("pscluster_intra_op_threads", PSCLUSTER_KEYS),
