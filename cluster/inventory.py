@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .errors import InventoryError
-from .yamlsrc import KeyPath, SourceMap, display_path, load_yaml_with_lines
+from .inventory_source import read_source
+from .yamlsrc import KeyPath, SourceMap, display_path
 
 ROLES = ("chief", "ps", "worker", "evaluator")
 MODES = ("async", "sync", "sync-ps")
@@ -147,6 +148,9 @@ class _Raw:
     host_vars: dict[str, list[tuple[str, Any, KeyPath]]] = field(default_factory=dict)
     host_first: dict[str, KeyPath] = field(default_factory=dict)
     warnings: dict[str, None] = field(default_factory=dict)
+    # From group_vars/ and host_vars/ files: name -> {key: (value, path)}, later files already applied.
+    group_file_vars: dict[str, dict[str, tuple[Any, KeyPath]]] = field(default_factory=dict)
+    host_file_vars: dict[str, dict[str, tuple[Any, KeyPath]]] = field(default_factory=dict)
 
 
 def expand_host_pattern(pattern: str) -> list[str]:
@@ -221,7 +225,7 @@ def check_host_name(name: str) -> str | None:
 
 
 def _err(raw: _Raw, path: KeyPath, message: str, hint: str | None = None) -> InventoryError:
-    return InventoryError(raw.source.file, raw.source.line(path), display_path(path), message, hint=hint)
+    return InventoryError(raw.source.file_of(path), raw.source.line(path), display_path(path), message, hint=hint)
 
 
 def _parse_group(raw: _Raw, name: str, data: Any, path: KeyPath) -> None:
@@ -437,6 +441,7 @@ CONNECTION_KEYS: dict[str, Validator] = {
     "ansible_become": lambda raw, path, value: _ansible_bool(raw, path, value),
     "ansible_become_user": lambda raw, path, value: _as_str(raw, path, value, "a user name"),
     "ansible_become_method": _choice(("sudo",)),
+    "ansible_group_priority": lambda raw, path, value: _as_int(raw, path, value, -1_000_000, 1_000_000, "a priority"),
     "ansible_ssh_common_args": lambda raw, path, value: _ssh_jumps(raw, path, value),
     "ansible_ssh_extra_args": lambda raw, path, value: _ssh_jumps(raw, path, value),
 }
@@ -513,11 +518,23 @@ def _similar(left: str, right: str) -> bool:
     return difflib.SequenceMatcher(None, left, right).ratio() >= 0.85 or right.startswith(left)
 
 
+def _origin(raw: _Raw, path: KeyPath) -> Origin:
+    return Origin(raw.source.file_of(path), raw.source.line(path), display_path(path))
+
+
 def _merged_vars(raw: _Raw, host: str, groups_of_host: list[str], depth: dict[str, int]
                  ) -> dict[str, tuple[Any, KeyPath]]:
-    merged: dict[str, tuple[Any, KeyPath]] = {}
-    for group in sorted(groups_of_host, key=lambda name: (depth.get(name, 1), name)):
+    """Ansible's order (its documented variable precedence, checked with ansible-inventory):
+    inventory-file group vars (all, then other groups) < group_vars/all < group_vars/<group>
+    < inventory-file host vars < host_vars/<host>; groups by (depth, ansible_group_priority, name)."""
+    merged: dict[str, tuple[Any, KeyPath]] = dict(raw.groups["all"].vars)
+    ordered = sorted((name for name in groups_of_host if name != "all"),
+                     key=lambda name: (depth.get(name, 1), _priority(raw, name), name))
+    for group in ordered:
         merged.update(raw.groups[group].vars)
+    merged.update(raw.group_file_vars.get("all", {}))
+    for group in ordered:
+        merged.update(raw.group_file_vars.get(group, {}))
     seen: dict[str, tuple[Any, KeyPath]] = {}
     for key, value, path in raw.host_vars.get(host, []):
         if key in seen and seen[key][0] != value:
@@ -526,7 +543,13 @@ def _merged_vars(raw: _Raw, host: str, groups_of_host: list[str], depth: dict[st
                        hint="set each host variable in one place")
         seen[key] = (value, path)
     merged.update(seen)
+    merged.update(raw.host_file_vars.get(host, {}))
     return merged
+
+
+def _priority(raw: _Raw, group: str) -> int:
+    item = raw.groups[group].vars.get("ansible_group_priority")
+    return 1 if item is None else _as_int(raw, item[1], item[0], -1_000_000, 1_000_000, "a priority")
 
 
 def _role_slots(raw: _Raw, host: str, role: str, merged: dict[str, tuple[Any, KeyPath]]) -> RoleSlots:
@@ -573,7 +596,7 @@ def _role_slots(raw: _Raw, host: str, role: str, merged: dict[str, tuple[Any, Ke
         if len(set(ports)) != len(ports):
             raise _err(raw, path, "lists the same port twice")
         origin_path = path
-    origin = Origin(raw.source.file, raw.source.line(origin_path), display_path(origin_path))
+    origin = _origin(raw, origin_path)
     return RoleSlots(role, count, gpus, ports, origin, auto_gpus=auto)
 
 
@@ -587,20 +610,39 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
     Raises:
         InventoryError: with file, line, key path and a hint.
     """
-    data, source = load_yaml_with_lines(path, display_name)
+    inventory_source = read_source(path, display_name)
+    source = inventory_source.source
     raw = _Raw(source)
-    if data is None:
+    for data, root in inventory_source.documents:
+        if data is None:
+            continue
+        if not isinstance(data, dict):
+            raise InventoryError(source.file_of(root), source.line(root), "",
+                                 f"expected a mapping of groups, got {_describe(data)}",
+                                 hint="an inventory starts with 'all:' (see inventories/local.yaml)")
+        for name, group_data in data.items():
+            if root + (name,) in source.key_types:
+                raise _err(raw, root + (name,), f"group name {name!r} is read by YAML as "
+                                                f"{source.key_types[root + (name,)]}, not text",
+                           hint=f'quote it: "{name}":')
+            _parse_group(raw, name, group_data, root + (name,))
+    if not raw.groups:
         raise InventoryError(source.file, None, "", "the inventory is empty",
                              hint="see inventories/local.yaml for the format")
-    if not isinstance(data, dict):
-        raise InventoryError(source.file, source.line(()), "", f"expected a mapping of groups, got {_describe(data)}",
-                             hint="an inventory starts with 'all:' (see inventories/local.yaml)")
-    for name, group_data in data.items():
-        _parse_group(raw, name, group_data, (name,))
     all_group = raw.groups.setdefault("all", _Group("all", ("all",)))
-    for name in list(data):
-        if name != "all" and name not in all_group.children:
-            all_group.children.append(name)
+    for data, root in inventory_source.documents:
+        for name in data or ():
+            if name != "all" and name not in all_group.children:
+                all_group.children.append(name)
+    for kind, items, target in (("group", inventory_source.group_vars, raw.group_file_vars),
+                                ("host", inventory_source.host_vars, raw.host_file_vars)):
+        for owner, values, root in items:
+            for key, value in values.items():
+                _check_key(raw, key, root + (key,), value)
+                if key in CLUSTER_WIDE_KEYS and not (kind == "group" and owner == "all"):
+                    raise _err(raw, root + (key,), f"{key} applies to the whole cluster",
+                               hint="set it in group_vars/all or under all.vars")
+                target.setdefault(owner, {})[key] = (value, root + (key,))
     for name, group in raw.groups.items():
         for key, (_, key_path) in group.vars.items():
             _check_key(raw, key, key_path, group.vars[key][0])
@@ -633,13 +675,13 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
         merged = _merged_vars(raw, host, groups_of_host, depth)
         hosts.append(_host_config(raw, host, merged, [r for r in ROLES if r in groups_of_host]))
 
-    mode_item = all_group.vars.get("pscluster_mode")
-    firewall_item = all_group.vars.get("pscluster_firewall")
+    cluster_vars = {**all_group.vars, **raw.group_file_vars.get("all", {})}
+    mode_item = cluster_vars.get("pscluster_mode")
+    firewall_item = cluster_vars.get("pscluster_firewall")
     mode = PSCLUSTER_KEYS["pscluster_mode"](raw, mode_item[1], mode_item[0]) if mode_item else None
-    mode_origin = Origin(source.file, source.line(mode_item[1]), display_path(mode_item[1])) if mode_item else None
+    mode_origin = _origin(raw, mode_item[1]) if mode_item else None
     firewall = _boolean(raw, firewall_item[1], firewall_item[0]) if firewall_item else False
-    stem = os.path.splitext(os.path.basename(path))[0]
-    return Inventory(path=source.file, name=stem, hosts=tuple(hosts), role_hosts=role_hosts,
+    return Inventory(path=display_name or path, name=inventory_source.name, hosts=tuple(hosts), role_hosts=role_hosts,
                      mode=mode, mode_origin=mode_origin, firewall=firewall, warnings=tuple(raw.warnings),
                      groups=tuple((name, tuple(members)) for name, members in membership.items()))
 
@@ -689,7 +731,7 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
         intra_op_threads=get("pscluster_intra_op_threads", PSCLUSTER_KEYS),
         inter_op_threads=get("pscluster_inter_op_threads", PSCLUSTER_KEYS),
         slots=slots,
-        origin=Origin(raw.source.file, raw.source.line(first), display_path(first)),
+        origin=_origin(raw, first),
         become_user=become_user,
         jump=jump,
         gpu_busy_mib=get("pscluster_gpu_busy_mib", PSCLUSTER_KEYS, 1024),

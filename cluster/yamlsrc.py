@@ -22,6 +22,11 @@ MAX_NODES = 200_000          # values after alias expansion
 MAX_DEPTH = 64               # nesting of mappings/sequences
 
 
+class FileRoot(str):
+    """First element of the key paths of values from another file (a vars file, the second file of
+    an inventory folder): keeps paths apart, and is left out when a path is shown."""
+
+
 @dataclass
 class SourceMap:
     """Line numbers by key path for one YAML document."""
@@ -31,6 +36,22 @@ class SourceMap:
     # Keys that YAML resolved to something other than a string (``yes:`` -> bool): path -> type.
     key_types: dict[KeyPath, str] = field(default_factory=dict)
     nodes: int = 0
+    # Files other than ``file``, by the root of their key paths.
+    files: dict[KeyPath, str] = field(default_factory=dict)
+
+    def file_of(self, path: KeyPath) -> str:
+        """The file a value at ``path`` was written in."""
+        if path and isinstance(path[0], FileRoot):
+            return self.files.get(path[:1], self.file)
+        return self.file
+
+    def add(self, other: "SourceMap", root: KeyPath) -> None:
+        """Take in another file's lines under ``root`` (``(FileRoot(name),)``)."""
+        self.files[root] = other.file
+        for path, line in other.lines.items():
+            self.lines[root + path] = line
+        for path, kind in other.key_types.items():
+            self.key_types[root + path] = kind
 
     def line(self, path: KeyPath) -> int | None:
         """The line of ``path``, or of its nearest ancestor that has one."""
@@ -45,6 +66,8 @@ def render_path(path: KeyPath) -> str:
     """``("worker", "hosts", "node-b", "worker_gpus", 1)`` -> ``worker.hosts.node-b.worker_gpus[1]``."""
     text = ""
     for part in path:
+        if isinstance(part, FileRoot):
+            continue
         if isinstance(part, int):
             text += f"[{part}]"
         else:
