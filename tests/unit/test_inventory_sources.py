@@ -134,16 +134,22 @@ def _actual_vars(name: str, values: dict) -> dict:
                if key == "ansible_connection" and value == "local" or key.endswith("_tasks") and value != 1}}
 
 
-@pytest.fixture(scope="module")
-def listings(tmp_path_factory):
+def run_ansible_inventory(tmp_path_factory, jobs: dict) -> dict:
+    """Run ``ansible-inventory`` once per job (key -> extra argv) in parallel: key -> (rc, stdout, stderr)."""
     if not ANSIBLE_INVENTORY.exists():
         pytest.skip(f"{ANSIBLE_INVENTORY} not installed (pip install 'pscluster[test]')")
     home = tmp_path_factory.mktemp("ansible-home")
     env = {**_ansible_env(home), "ANSIBLE_INVENTORY_ENABLED": "yaml,ini"}
-    running = {path: subprocess.Popen([str(ANSIBLE_INVENTORY), "-i", str(path), "--list"], stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, env=env, cwd=home) for path in CHECKED}
-    results = {path: process.communicate(timeout=120) for path, process in running.items()}
-    return {path: (running[path].returncode, *output) for path, output in results.items()}
+    running = {key: subprocess.Popen([str(ANSIBLE_INVENTORY), "--list", *argv], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env, cwd=home)
+               for key, argv in jobs.items()}
+    results = {key: process.communicate(timeout=120) for key, process in running.items()}
+    return {key: (running[key].returncode, *output) for key, output in results.items()}
+
+
+@pytest.fixture(scope="module")
+def listings(tmp_path_factory):
+    return run_ansible_inventory(tmp_path_factory, {path: ["-i", str(path)] for path in CHECKED})
 
 
 @pytest.mark.parametrize("path", CHECKED, ids=[path.name for path in CHECKED])

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
@@ -10,7 +9,7 @@ from cluster.errors import UsageError
 from cluster.inventory import load_inventory
 from cluster.patterns import apply_limit, required_roles, select_hosts
 
-from .test_inventory_sources import ANSIBLE_INVENTORY, FIXTURES, _ansible_env
+from .test_inventory_sources import FIXTURES, run_ansible_inventory
 
 INI = FIXTURES / "hosts.ini"      # chief: a; ps: a, b; worker: a, b, c; gpu: children worker
 
@@ -38,19 +37,13 @@ def test_select_hosts(pattern, expected):
 
 @pytest.fixture(scope="module")
 def ansible_limits(tmp_path_factory):
-    if not ANSIBLE_INVENTORY.exists():
-        pytest.skip(f"{ANSIBLE_INVENTORY} not installed")
-    home = tmp_path_factory.mktemp("ansible-home")
-    env = {**_ansible_env(home), "ANSIBLE_INVENTORY_ENABLED": "yaml,ini"}
-    running = {pattern: subprocess.Popen([str(ANSIBLE_INVENTORY), "-i", str(INI), "--list", "--limit", pattern],
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=home)
-               for pattern in PATTERNS}
-    return {pattern: process.communicate(timeout=120) for pattern, process in running.items()}
+    return run_ansible_inventory(tmp_path_factory, {pattern: ["-i", str(INI), "--limit", pattern]
+                                                    for pattern in PATTERNS})
 
 
 @pytest.mark.parametrize("pattern", PATTERNS, ids=list(PATTERNS))
 def test_ansible_inventory_limit_agrees(ansible_limits, pattern):
-    stdout, stderr = ansible_limits[pattern]
+    _, stdout, stderr = ansible_limits[pattern]
     assert sorted(json.loads(stdout)["_meta"]["hostvars"]) == PATTERNS[pattern], stderr
 
 
