@@ -162,11 +162,10 @@ def expand_host_pattern(pattern: str) -> list[str]:
     Raises:
         ValueError: a range whose bounds do not make sense, or more than MAX_RANGE_HOSTS names.
     """
-    names = _expand(pattern)
-    return names
+    return _expand(pattern, MAX_RANGE_HOSTS, pattern)
 
 
-def _expand(pattern: str, budget: int = MAX_RANGE_HOSTS) -> list[str]:
+def _expand(pattern: str, budget: int, whole: str) -> list[str]:
     match = _RANGE.search(pattern)
     if not match:
         return [pattern]
@@ -179,7 +178,7 @@ def _expand(pattern: str, budget: int = MAX_RANGE_HOSTS) -> list[str]:
             raise ValueError(f"range start {start} is after its end {end} in {pattern!r}")
         width = len(start) if start.startswith("0") and len(start) > 1 else 0
         numbers = range(int(start), int(end) + 1, step)
-        _check_budget(len(numbers), budget, pattern)
+        _check_budget(len(numbers), budget, whole)
         values = [str(number).zfill(width) for number in numbers]
     elif len(start) == 1 and len(end) == 1 and start.isalpha() and end.isalpha():
         if start > end:
@@ -188,11 +187,11 @@ def _expand(pattern: str, budget: int = MAX_RANGE_HOSTS) -> list[str]:
     else:
         raise ValueError(f"cannot expand range [{start}:{end}] in {pattern!r}: "
                          "use numbers ([01:04]) or single letters ([a:d])")
-    _check_budget(len(values), budget, pattern)
+    _check_budget(len(values), budget, whole)
     prefix, suffix = pattern[:match.start()], pattern[match.end():]
     names: list[str] = []
     for value in values:
-        names.extend(_expand(prefix + value + suffix, budget // len(values)))
+        names.extend(_expand(prefix + value + suffix, budget // len(values), whole))
     return names
 
 
@@ -252,7 +251,8 @@ def _parse_group(raw: _Raw, name: str, data: Any, path: KeyPath) -> None:
         try:
             names = expand_host_pattern(pattern)
         except ValueError as exc:
-            raise _err(raw, host_path, str(exc)) from None
+            raise _err(raw, host_path, str(exc), hint="ranges are [01:04], [a:d] or [0:10:2], at most "
+                                                      f"{MAX_RANGE_HOSTS} hosts in all") from None
         for host in names:
             problem = check_host_name(host)
             if problem:

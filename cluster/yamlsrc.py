@@ -96,7 +96,7 @@ def load_yaml_with_lines(path: str, display_name: str | None = None) -> tuple[An
     name = display_name or path
     text = read_text(path, name, hint="pass the path of an inventory YAML, e.g. inventories/local.yaml")
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_DepthLimitedLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -105,7 +105,7 @@ def load_yaml_with_lines(path: str, display_name: str | None = None) -> tuple[An
     except yaml.YAMLError as exc:
         raise InventoryError(name, None, "", f"invalid YAML: {exc}") from None
     except RecursionError:
-        raise InventoryError(name, _deep_line(text), "", "invalid YAML: nested too deeply",
+        raise InventoryError(name, None, "", "invalid YAML: nested too deeply",
                              hint=f"an inventory nests a few levels; at most {MAX_DEPTH} are accepted") from None
     source = SourceMap(name)
     if node is None:
@@ -113,17 +113,23 @@ def load_yaml_with_lines(path: str, display_name: str | None = None) -> tuple[An
     return _convert(node, (), source, 0), source
 
 
-def _deep_line(text: str) -> int | None:
-    """The line where nesting passes MAX_DEPTH (the event parser is iterative, unlike compose)."""
-    depth = 0
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
-        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            depth += 1
-            if depth > MAX_DEPTH:
-                return event.start_mark.line + 1
-        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            depth -= 1
-    return None
+class _DepthLimitedLoader(yaml.SafeLoader):
+    """SafeLoader whose composer stops at MAX_DEPTH levels (naming the line) instead of recursing
+    until RecursionError: 5000 nested '[' took 0.5 s to fail, 20 s under tracemalloc."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self.depth = 0
+
+    def compose_node(self, parent, index):
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_DEPTH} levels deep",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
 
 def read_text(path: str, name: str, *, hint: str) -> str:
@@ -166,6 +172,10 @@ def _convert(node: yaml.Node, path: KeyPath, source: SourceMap, depth: int) -> A
                              f"nested more than {MAX_DEPTH} levels deep (a recursive alias?)",
                              hint="an alias (*name) must not refer to a value that contains it")
     source.lines.setdefault(path, line)
+    if not isinstance(node, yaml.ScalarNode) and node.tag not in _PLAIN_TAGS:
+        raise InventoryError(source.file, line, display_path(path), f"unsupported tag {node.tag}",
+                             hint="drop the tag (!...): inventories hold plain strings, numbers, lists "
+                                  "and mappings")
     if isinstance(node, yaml.MappingNode):
         result: dict[Any, Any] = {}
         for key_node, value_node in node.value:
@@ -173,7 +183,7 @@ def _convert(node: yaml.Node, path: KeyPath, source: SourceMap, depth: int) -> A
                 raise InventoryError(source.file, key_node.start_mark.line + 1, display_path(path),
                                      "YAML merge keys (<<) are not supported in inventories")
             key = _scalar(key_node, path, source)
-            if not isinstance(key, (str, int)) and key is not None:
+            if not isinstance(key, (str, int, float)) and key is not None:
                 raise InventoryError(source.file, key_node.start_mark.line + 1, display_path(path),
                                      f"keys must be strings, got {type(key).__name__}")
             if not isinstance(key, str):
@@ -206,5 +216,6 @@ def _scalar(node: yaml.Node, path: KeyPath, source: SourceMap) -> Any:
                                   "and mappings") from None
 
 
+_PLAIN_TAGS = ("tag:yaml.org,2002:map", "tag:yaml.org,2002:seq")
 # A loader instance only for its scalar constructors (no stream is read through it).
 _LOADER = yaml.SafeLoader("")
