@@ -18,7 +18,7 @@ KeyPath = tuple  # tuple[str | int, ...]
 # Bounds for hostile input (issue 16 item 13). A 400-byte alias bomb expands to ~10^9 values
 # without them (14 s, 1.3 GB measured); real inventories are a few KiB with < 1000 values.
 MAX_FILE_BYTES = 4 * 1024 * 1024
-MAX_NODES = 200_000          # values after alias expansion
+MAX_NODES = 100_000          # values after alias expansion
 MAX_DEPTH = 64               # nesting of mappings/sequences
 
 

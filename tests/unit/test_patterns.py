@@ -38,10 +38,14 @@ def test_select_hosts(pattern, expected):
 @pytest.fixture(scope="module")
 def ansible_limits(tmp_path_factory):
     return run_ansible_inventory(tmp_path_factory, {pattern: ["-i", str(INI), "--limit", pattern]
-                                                    for pattern in PATTERNS})
+                                                    for pattern in CROSS_CHECKED})
 
 
-@pytest.mark.parametrize("pattern", PATTERNS, ids=list(PATTERNS))
+# One ansible-inventory per pattern (~1.5 s of CPU each): the ones that exercise each rule.
+CROSS_CHECKED = ["node-a:node-c", "worker:&ps:!node-a", "!node-a", "node-[bc]", "~node-[ab]", "!ps:gpu"]
+
+
+@pytest.mark.parametrize("pattern", CROSS_CHECKED)
 def test_ansible_inventory_limit_agrees(ansible_limits, pattern):
     _, stdout, stderr = ansible_limits[pattern]
     assert sorted(json.loads(stdout)["_meta"]["hostvars"]) == PATTERNS[pattern], stderr
