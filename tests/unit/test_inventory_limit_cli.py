@@ -10,10 +10,10 @@ import pytest
 
 from cluster.errors import PsclusterError
 
-from .conftest import INVENTORIES
 from .test_cli_plan import Captured
+from .test_inventory_sources import FIXTURES
 
-FOLDER = str(INVENTORIES / "lab-folder")      # node-a: chief, ps, 2 workers; node-b: ps, 2 workers
+FOLDER = str(FIXTURES / "hosts.ini")      # node-a: chief, ps, 2 workers; node-b: ps, 2 workers; node-c: worker
 
 
 class Stop(PsclusterError):
@@ -50,7 +50,7 @@ def test_commands_plan_for_the_limited_hosts(tmp_path, recorder, argv):
     extra = ["--", "python", "-c", "pass"] if argv[0] == "run" else []
     assert cli.run(*argv[:1], FOLDER, *argv[1:], "--limit", "all:!node-a", *(["--mode", "sync"]
                                                                              if argv[0] != "run" else []), *extra) == 7
-    assert {task.host for task in recorder[0].tasks} == {"node-b"}
+    assert {task.host for task in recorder[0].tasks} == {"node-b", "node-c"}
 
 
 @pytest.mark.parametrize("command", ["plan", "check", "up", "run", "bench"])

@@ -62,9 +62,10 @@ def test_folder_mixes_ini_and_yaml_and_skips_ignored_files():
 def test_shipped_lab_folder():
     inventory = load_inventory(str(INVENTORIES / "lab-folder"))
     assert inventory.name == "lab-folder" and inventory.mode == "async"
-    assert [host.address for host in inventory.hosts] == ["127.0.0.1", "127.0.0.2"]
-    assert [host.slots_for("worker").count for host in inventory.hosts] == [2, 2]
-    assert [host.port_base for host in inventory.hosts] == [2322, 2422]
+    (host,) = inventory.hosts
+    assert (host.address, host.port_base, host.connection) == ("127.0.0.1", 2322, "local")   # host_vars win
+    assert [(slot.role, slot.count) for slot in host.slots] == [("chief", 1), ("ps", 2), ("worker", 2)]
+    assert host.env == (("OMP_NUM_THREADS", "1"),)
     assert inventory.warnings == ()
 
 
