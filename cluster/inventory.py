@@ -1,12 +1,14 @@
-"""Ansible-style inventory loading and validation (pure: reads one file, touches no host).
+"""Ansible-style inventory loading and validation (pure: reads files, touches no host).
 
-The format is Ansible's YAML inventory: groups with ``hosts``, ``vars`` and ``children``; host
-vars beat group vars (deeper groups beat shallower ones, ties by name) beat ``all`` vars; host
-ranges such as ``node-[01:04]`` expand. pscluster reads four role groups (``chief``, ``ps``,
+:mod:`cluster.inventory_source` reads the file or folder, YAML or INI, and the group_vars/ and
+host_vars/ beside it; this module merges variables with Ansible's precedence (see
+``_merged_vars``) and validates them. pscluster reads four role groups (``chief``, ``ps``,
 ``worker``, ``evaluator``) and these host variables:
 
-* connection: ``ansible_host``, ``ansible_port``, ``ansible_user``,
-  ``ansible_ssh_private_key_file``, ``ansible_connection`` (``local`` runs without SSH);
+* connection: ``ansible_host``, ``ansible_port``, ``ansible_user`` (and their ``ansible_ssh_*``
+  aliases), ``ansible_ssh_private_key_file``, ``ansible_connection`` (``local`` runs without
+  SSH), become, ProxyJump and the others in ``CONNECTION_KEYS``; any other ``ansible_*`` key is
+  a warning (``Inventory.warnings``), passwords are errors;
 * tasks, per role (``<role>_tasks``, ``<role>_gpus``, ``<role>_ports``);
 * ``pscluster_*`` settings (see ``PSCLUSTER_KEYS``). Unknown ``pscluster_*`` keys and
   unknown ``<role>_*`` suffixes are errors: a typo must not be silently ignored.
@@ -16,14 +18,13 @@ Every error names file, line and key path (:class:`~cluster.errors.InventoryErro
 from __future__ import annotations
 
 import difflib
-import ipaddress
-import os
 import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .errors import InventoryError
+from .hostnames import MAX_RANGE_HOSTS, check_host_name, expand_host_pattern  # noqa: F401 (re-exported)
 from .inventory_source import read_source
 from .yamlsrc import KeyPath, SourceMap, display_path
 
@@ -37,10 +38,6 @@ PASSWORD_KEYS = ("ansible_password", "ansible_ssh_pass", "ansible_ssh_password",
 # Set by pscluster per task; a user value would silently break the cluster.
 RESERVED_ENV = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# RFC 1123 labels, plus "_" (found in lab host names and accepted by Ansible and OpenSSH).
-_HOST_LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
-MAX_RANGE_HOSTS = 10_000     # hosts from one range pattern (n[0:999999] would be a million)
-_RANGE = re.compile(r"\[([0-9a-zA-Z]+):([0-9a-zA-Z]+)(?::([0-9]+))?\]")
 
 
 @dataclass(frozen=True)
@@ -151,76 +148,6 @@ class _Raw:
     # From group_vars/ and host_vars/ files: name -> {key: (value, path)}, later files already applied.
     group_file_vars: dict[str, dict[str, tuple[Any, KeyPath]]] = field(default_factory=dict)
     host_file_vars: dict[str, dict[str, tuple[Any, KeyPath]]] = field(default_factory=dict)
-
-
-def expand_host_pattern(pattern: str) -> list[str]:
-    """Expand Ansible host ranges: ``node-[01:03]`` -> node-01, node-02, node-03.
-
-    Numeric ranges keep the start's zero padding; ``[a:c]`` ranges letters; ``[1:9:2]`` steps.
-    Several ranges in one name expand as a product.
-
-    Raises:
-        ValueError: a range whose bounds do not make sense, or more than MAX_RANGE_HOSTS names.
-    """
-    return _expand(pattern, MAX_RANGE_HOSTS, pattern)
-
-
-def _expand(pattern: str, budget: int, whole: str) -> list[str]:
-    match = _RANGE.search(pattern)
-    if not match:
-        return [pattern]
-    start, end, step_text = match.group(1), match.group(2), match.group(3)
-    step = int(step_text) if step_text else 1
-    if step < 1:
-        raise ValueError(f"range step must be at least 1 in {pattern!r}")
-    if start.isdigit() and end.isdigit():
-        if int(start) > int(end):
-            raise ValueError(f"range start {start} is after its end {end} in {pattern!r}")
-        width = len(start) if start.startswith("0") and len(start) > 1 else 0
-        numbers = range(int(start), int(end) + 1, step)
-        _check_budget(len(numbers), budget, whole)
-        values = [str(number).zfill(width) for number in numbers]
-    elif len(start) == 1 and len(end) == 1 and start.isalpha() and end.isalpha():
-        if start > end:
-            raise ValueError(f"range start {start} is after its end {end} in {pattern!r}")
-        values = [chr(code) for code in range(ord(start), ord(end) + 1, step)]
-    else:
-        raise ValueError(f"cannot expand range [{start}:{end}] in {pattern!r}: "
-                         "use numbers ([01:04]) or single letters ([a:d])")
-    _check_budget(len(values), budget, whole)
-    prefix, suffix = pattern[:match.start()], pattern[match.end():]
-    names: list[str] = []
-    for value in values:
-        names.extend(_expand(prefix + value + suffix, budget // len(values), whole))
-    return names
-
-
-def _check_budget(count: int, budget: int, pattern: str) -> None:
-    if count > budget:
-        raise ValueError(f"{pattern!r} expands to more than {MAX_RANGE_HOSTS} hosts")
-
-
-def check_host_name(name: str) -> str | None:
-    """Why ``name`` is not a host name, IPv4 or IPv6 literal (None: it is one).
-
-    Host names reach shell commands, SSH and the nft ruleset run as root: only these shapes
-    pass, never control characters, whitespace, brackets, quotes or ``;`` (issue 16 item 9).
-    """
-    if not name:
-        return "the host name is empty"
-    try:
-        ipaddress.ip_address(name)
-        return None
-    except ValueError:
-        pass
-    if len(name) > 253:
-        return "a host name has at most 253 characters"
-    bad = next((char for char in name if not (char.isascii() and (char.isalnum() or char in "-_."))), None)
-    if bad is not None:
-        return f"{name!r} is not a host name or IP address ({bad!r} is not allowed)"
-    if not all(_HOST_LABEL.match(label) for label in name.split(".")):
-        return f"{name!r} is not a host name or IP address (empty label, or '-' at a label's start or end)"
-    return None
 
 
 def _err(raw: _Raw, path: KeyPath, message: str, hint: str | None = None) -> InventoryError:
