@@ -561,8 +561,9 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
         for name in data or ():
             if name != "all" and name not in all_group.children:
                 all_group.children.append(name)
-    for kind, items, target in (("group", inventory_source.group_vars, raw.group_file_vars),
-                                ("host", inventory_source.host_vars, raw.host_file_vars)):
+    for kind, items, target in (
+            ("group", inventory_source.vars_of(inventory_source.group_vars, raw.groups), raw.group_file_vars),
+            ("host", inventory_source.vars_of(inventory_source.host_vars, raw.host_first), raw.host_file_vars)):
         for owner, values, root in items:
             for key, value in values.items():
                 _check_key(raw, key, root + (key,), value)

@@ -38,9 +38,31 @@ class InventorySource:
     source: SourceMap
     name: str                                              # display name: file stem or folder name
     documents: list[tuple[Any, KeyPath]] = field(default_factory=list)
-    # (group or host name, mapping, root) in Ansible's load order (later files win).
-    group_vars: list[tuple[str, dict, KeyPath]] = field(default_factory=list)
-    host_vars: list[tuple[str, dict, KeyPath]] = field(default_factory=list)
+    # (group or host name, file path, display name) in Ansible's load order (later files win);
+    # read by vars_of() only for groups and hosts the inventory has, as Ansible does.
+    group_vars: list[tuple[str, str, str]] = field(default_factory=list)
+    host_vars: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def vars_of(self, files: list[tuple[str, str, str]], owners) -> list[tuple[str, dict, KeyPath]]:
+        """(owner, mapping, key-path root) of each vars file whose owner is in ``owners``.
+
+        Raises:
+            InventoryError: a vars file that is not YAML/JSON or not a mapping.
+        """
+        result = []
+        for owner, full, file_name in files:
+            if owner not in owners:
+                continue
+            data, source = load_yaml_with_lines(full, file_name)
+            if data is None:
+                continue
+            if not isinstance(data, dict):
+                raise InventoryError(file_name, source.line(()), "", "a vars file must be a mapping of variables",
+                                     hint="e.g. pscluster_workdir: /srv/pscluster")
+            root = (FileRoot(f"{len(self.source.files) + 1}:{file_name}"),)
+            self.source.add(source, root)
+            result.append((owner, data, root))
+        return result
 
 
 def read_source(path: str, display_name: str | None = None) -> InventorySource:
@@ -188,7 +210,7 @@ def _ini_value(text: str) -> Any:
 
 
 def _read_vars_folder(inventory: InventorySource, folder: str, shown: str,
-                      target: list[tuple[str, dict, KeyPath]]) -> None:
+                      target: list[tuple[str, str, str]]) -> None:
     """``group_vars/NAME``, ``NAME.yml``, ``NAME.yaml``, ``NAME.json`` and ``NAME/*`` files."""
     if not os.path.isdir(folder):
         return
@@ -202,13 +224,4 @@ def _read_vars_folder(inventory: InventorySource, folder: str, shown: str,
                 files.append((full, os.path.join(shown, owner + extension)))
         if os.path.isdir(os.path.join(folder, owner)):
             files.extend(_folder_files(os.path.join(folder, owner), os.path.join(shown, owner), False))
-        for full, file_name in files:
-            data, source = load_yaml_with_lines(full, file_name)
-            if data is None:
-                continue
-            if not isinstance(data, dict):
-                raise InventoryError(file_name, source.line(()), "", "a vars file must be a mapping of variables",
-                                     hint="e.g. pscluster_workdir: /srv/pscluster")
-            root = (FileRoot(f"{len(inventory.source.files) + 1}:{file_name}"),)
-            inventory.source.add(source, root)
-            target.append((owner, data, root))
+        target.extend((owner, full, file_name) for full, file_name in files)

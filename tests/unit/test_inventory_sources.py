@@ -166,3 +166,14 @@ def test_ansible_inventory_gives_the_same_hosts_and_vars(listings, path):
     hostvars = listing["_meta"]["hostvars"]
     for host in inventory.hosts:
         assert _actual_vars(host.name, hostvars[host.name]) == _expected_vars(host), host.name
+
+
+def test_vars_files_of_unknown_groups_and_hosts_are_not_read(tmp_path):
+    """As Ansible: group_vars/notes.txt or host_vars/old-host.yml are never opened."""
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "host_vars").mkdir()
+    (tmp_path / "group_vars" / "README.txt").write_bytes(b"\xff not yaml [[[")
+    (tmp_path / "host_vars" / "old-host.yml").write_text("[[[\n")
+    (tmp_path / "host_vars" / "a.lab.example").write_text("pscluster_workdir: /w/a\n")
+    (tmp_path / "hosts.yml").write_text("worker: {hosts: {a.lab.example: }}\n")
+    assert load_inventory(str(tmp_path / "hosts.yml")).hosts[0].workdir == "/w/a"
