@@ -71,7 +71,8 @@ def render_path(path: KeyPath) -> str:
         if isinstance(part, int):
             text += f"[{part}]"
         else:
-            text += ("." if text else "") + str(part)
+            shown = str(part) if str(part).isprintable() else repr(str(part))   # no raw newlines in errors
+            text += ("." if text else "") + shown
     return text
 
 

@@ -81,6 +81,7 @@ def test_bad_host_names_are_refused(tmp_path, name):
     quoted = '"' + name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t") + '"'
     error = refused(tmp_path, WORKER + f"        {quoted}:\n")
     assert error.line == 5 and "not a host name" in error.message and error.hint
+    assert "\n" not in str(error).split("  hint:")[0].rstrip("\n")
 
 
 def test_newline_host_never_reaches_the_ruleset(tmp_path):
