@@ -41,10 +41,21 @@ class Env:
     extra: dict = field(default_factory=dict)
 
 
-def _plan(inventory: str, *, name: str | None, mode: str | None, port_base: int | None) -> ClusterPlan:
+def _plan(inventory: str, *, name: str | None, mode: str | None, port_base: int | None,
+          env: Env | None = None, limit: str | None = None) -> ClusterPlan:
     options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=name,
                           mode=mode, port_base=port_base)
-    return plan_cluster(load_inventory(inventory), options)
+    return plan_cluster(_inventory(env, inventory, limit, mode), options)
+
+
+def _inventory(env: Env | None, path: str, limit: str | None, mode: str | None,
+               roles: tuple[str, ...] | None = None):
+    """Load INVENTORY, print its warnings once (stderr), apply --limit."""
+    from .patterns import apply_limit, required_roles
+    inventory = load_inventory(path)
+    if env is not None:
+        ui.render_warnings(env.err, inventory.warnings)
+    return apply_limit(inventory, limit, required_roles(mode, inventory, roles))
 
 
 def _secrets(*plans: ClusterPlan) -> secrets_rule.Secrets:
@@ -57,7 +68,9 @@ def _secrets(*plans: ClusterPlan) -> secrets_rule.Secrets:
     return found
 
 
-inventory_arg = click.argument("inventory", type=click.Path(dir_okay=False))
+inventory_arg = click.argument("inventory", type=click.Path())
+limit_opt = click.option("--limit", metavar="PATTERN",
+                         help="Only these hosts (Ansible pattern: a,b  all:!node-c  worker:&gpu  node-*).")
 name_opt = click.option("--name", help="Cluster name (default: the inventory's file name without .yaml).",
                         callback=lambda ctx, param, value: value if value is None else check_cluster_name(value))
 mode_opt = click.option("--mode", type=click.Choice(MODES), help="Training mode (default: pscluster_mode, else async).")
@@ -102,11 +115,12 @@ def cli(ctx: click.Context, state_dir: str | None, traceback: bool, no_color: bo
 @port_opt
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--firewall", is_flag=True, help="Also show the firewall rules up --firewall would install.")
+@limit_opt
 @click.pass_obj
 def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base: int | None, as_json: bool,
-         firewall: bool) -> None:
+         firewall: bool, limit: str | None) -> None:
     """Show the cluster an inventory describes, touching no host."""
-    cluster = _plan(inventory, name=name, mode=mode, port_base=port_base)
+    cluster = _plan(inventory, name=name, mode=mode, port_base=port_base, env=env, limit=limit)
     secret_names = sorted({n for host in cluster.hosts for n in host.secret_env})
     if as_json:
         document = cluster.to_json()
@@ -134,12 +148,14 @@ def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base
 @mode_opt
 @port_opt
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@limit_opt
 @click.pass_obj
-def check(env: Env, inventory: str, name: str | None, mode: str | None, port_base: int | None, as_json: bool) -> None:
+def check(env: Env, inventory: str, name: str | None, mode: str | None, port_base: int | None, as_json: bool,
+          limit: str | None) -> None:
     """Preflight only: reachability, interpreter, TensorFlow, ports, GPUs, per host."""
     from .events import Reporter
     from .preflight import run_preflight
-    cluster = _plan(inventory, name=name, mode=mode, port_base=port_base)
+    cluster = _plan(inventory, name=name, mode=mode, port_base=port_base, env=env, limit=limit)
     with env.pool_factory() as pool:
         report = run_preflight(cluster, pool, Reporter())
     if as_json:
@@ -159,13 +175,14 @@ def check(env: Env, inventory: str, name: str | None, mode: str | None, port_bas
 @click.option("--timeout", type=SECONDS, default=120.0, show_default=True, help="Seconds to wait for every server to answer.")
 @click.option("--firewall", is_flag=True, help="Install nftables rules so only cluster members reach the ports.")
 @click.option("--json", "as_json", is_flag=True, help="Print the resulting status as JSON.")
+@limit_opt
 @click.pass_obj
 def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: int | None, timeout: float,
-       firewall: bool, as_json: bool) -> None:
+       firewall: bool, as_json: bool, limit: str | None) -> None:
     """Preflight, sync code, start the standing servers and wait until they answer."""
     from dataclasses import replace as _replace
     from .launcher import bring_up, rows_after_up
-    cluster = _plan(inventory, name=name, mode=mode, port_base=port_base)
+    cluster = _plan(inventory, name=name, mode=mode, port_base=port_base, env=env, limit=limit)
     if firewall:
         cluster = _replace(cluster, firewall=True)
     secrets = _secrets(cluster)
@@ -395,11 +412,12 @@ def _csv(text: str, what: str, choices: tuple[str, ...] | None = None) -> tuple[
 @click.option("--json", "as_json", is_flag=True, help="Print {environment, results} as JSON.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON document to FILE.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of throughput and efficiency vs workers.")
+@limit_opt
 @click.pass_obj
 def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str | None, placements_text: str,
           steps: int, repeat: int, target_accuracy: float | None, eval_every: int | None, batch_size: int | None,
           steps_per_execution: int | None, port_base: int | None, timeout: float, as_json: bool, out: str | None,
-          plot: str | None) -> None:
+          plot: str | None, limit: str | None) -> None:
     """Train JOB on 1, 2, 4 ... workers of INVENTORY: running time, throughput, accuracy, scaling efficiency.
 
     Each configuration (mode x workers x placement, each --repeat times) is brought up as its own
@@ -408,7 +426,7 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
     """
     from . import bench as study
     from .training import resolve_job
-    inv = load_inventory(inventory)
+    inv = _inventory(env, inventory, limit, None, roles=("worker",))
     try:
         workers = tuple(sorted({int(item) for item in _csv(workers_text, "--workers")}))
     except ValueError:
@@ -502,10 +520,12 @@ class _ProgramCommand(click.Command):
               help="One shot: seconds the bring-up may take.")
 @click.option("--firewall", is_flag=True, help="One shot: install nftables rules so only cluster members reach the ports.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the final report, as JSON (output goes to stderr).")
+@limit_opt
 @click.pass_context
 def run_program(ctx: click.Context, inventory: str | None, name: str | None, mode: str | None, port_base: int | None,
                 on_text: str | None, sync_paths: tuple[str, ...], restart_policy: str, max_restarts: int,
-                host_timeout: float, grace: float, timeout: float, firewall: bool, as_json: bool) -> None:
+                host_timeout: float, grace: float, timeout: float, firewall: bool, as_json: bool,
+                limit: str | None) -> None:
     """Run your own program on every task: pscluster run [INVENTORY] [OPTIONS] -- PROGRAM [ARG...]
 
     With INVENTORY: one shot (preflight, sync, start every task, wait, stop everything). Without:
@@ -530,8 +550,8 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
     files = local_files(program, sync_paths, space)
     rules = restart_rules(restart_policy, max_restarts)
     output = ui.ProgramOutput(env.err if as_json else env.out, env.err)
-    if inventory is None and (mode or port_base or firewall):
-        raise UsageError("--mode, --port-base and --firewall apply to a one-shot run (give INVENTORY)",
+    if inventory is None and (mode or port_base or firewall or limit):
+        raise UsageError("--mode, --port-base, --firewall and --limit apply to a one-shot run (give INVENTORY)",
                          hint="a cluster that is up keeps the mode and ports of its 'up'")
 
     def supervisor(cluster_name: str, one_shot: bool) -> ProgramSupervisor:
@@ -550,6 +570,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
             if inventory is not None:
                 inv = load_inventory(inventory)
                 roles = on or one_shot_roles(inv, mode)
+                inv = _inventory(env, inventory, limit, mode, roles=roles)
                 options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=name,
                                       mode=mode, port_base=port_base, roles=roles)
                 cluster = plan_cluster(inv, options)

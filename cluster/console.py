@@ -59,6 +59,12 @@ def escape(value: Any) -> str:
     return _markup_escape(_plain(value))
 
 
+def render_warnings(console: Console, warnings: Sequence[str]) -> None:
+    """Inventory warnings (ansible_* keys pscluster ignores), in yellow."""
+    for warning in warnings:
+        console.print(Text("warning: " + _plain(warning), style="yellow"))
+
+
 def _mask(value: str | None) -> str:
     return "(none)" if value is None else (f'"{value}"' if value == "" else value)
 
