@@ -106,3 +106,38 @@ def test_deadline_checkpoints_and_exits_4(cluster, tmp_path):
     assert report["checkpoint"] and report["checkpoint"].endswith(f"ckpt-{report['global_step']}")
     assert job_state(state_dir)["state"] == "done"
     assert "--deadline reached" in out.stderr
+
+
+def test_sync_ps_chief_checkpoints_on_sigterm_to_train(tmp_path):
+    """sync-ps: worker 0 is stopped first and saves while worker 1 and the ps still run."""
+    name, state_dir, ckpt = "long-runs-syncps", tmp_path / "state", tmp_path / "ckpt"
+    up = subprocess.run(cli_argv(["up", LOCAL, "--name", name, "--mode", "sync-ps", "--port-base", port_base()]),
+                        cwd=REPO, env=cli_env(state_dir), capture_output=True, text=True, timeout=600)
+    try:
+        assert up.returncode == 0, up.stderr
+        train = subprocess.Popen(cli_argv(["train", "distributed_mnist", "--name", name, "--steps", "100000",
+                                           "--checkpoint-dir", str(ckpt), "--checkpoint-every", "50"]),
+                                 cwd=REPO, env=cli_env(state_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+        try:
+            end = time.monotonic() + 600
+            while True:
+                assert train.poll() is None, train.stderr.read()[-3000:]
+                assert time.monotonic() < end, "never reached a periodic checkpoint"
+                job = json.loads((state_dir / f"{name}.json").read_text()).get("job") or {}
+                if job.get("checkpoint_step") and (job.get("step") or 0) >= job["checkpoint_step"] + 20:
+                    break
+                time.sleep(0.3)
+            train.send_signal(signal.SIGTERM)
+            _, stderr = train.communicate(timeout=300)
+        finally:
+            if train.poll() is None:
+                train.kill()
+        assert train.returncode == 143, stderr
+        after = json.loads((state_dir / f"{name}.json").read_text())["job"]
+        assert after["checkpoint_step"] > job["checkpoint_step"] and after["checkpoint_step"] >= job["step"], (job, after)
+        assert "checkpoint saved at step" in " ".join(stderr.split()), stderr
+    finally:
+        subprocess.run(cli_argv(["down", "--name", name, "--grace", "3"]), cwd=REPO, env=cli_env(state_dir),
+                       capture_output=True, text=True, timeout=300)
+    assert_no_survivors(name)
