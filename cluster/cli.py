@@ -309,7 +309,7 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
                            collective_timeout=collective_timeout, host_timeout=host_timeout,
                            stop_grace=stop_grace, deadline=deadline)
     state = env.store.load(resolved)
-    if deadline is not None and state.plan.mode == "sync":
+    if deadline is not None and state is not None and state.plan.mode == "sync":
         raise UsageError("--deadline works in async and sync-ps modes only (sync workers do not checkpoint on stop yet)")
     display = ui.EventLineReporter(env.err) if as_json else ui.TrainDisplay(env.err)
     try:
