@@ -1,7 +1,7 @@
 """The ``pscluster`` command line. Definitions only: behaviour lives in the launcher, training
 and supervisor modules; this module turns their results into output and their errors into
-exit codes (0 ok, 1 failure, 2 bad input or usage, 130 interrupted, 143/129 terminated by
-SIGTERM/SIGHUP, after the same clean-up as Ctrl-C).
+exit codes (0 ok, 1 failure, 2 bad input or usage, 4 ``train --deadline`` reached (checkpoint saved),
+130 interrupted, 143/129 terminated by SIGTERM/SIGHUP, after the same clean-up as Ctrl-C).
 """
 from __future__ import annotations
 
@@ -278,6 +278,27 @@ def down(env: Env, name: str | None, grace: float) -> None:
                   f"{hosts} host(s) in {result.seconds:.1f} s; nothing left running")
 
 
+EXIT_DEADLINE = 4
+
+
+class DurationParam(click.ParamType):
+    """A duration as seconds: 90, 90s, 45m, 2h, 1d."""
+
+    name = "duration"
+    units = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        text = str(value).strip().lower()
+        number, unit = text.rstrip("smhd"), text[len(text.rstrip("smhd")):]
+        try:
+            seconds = float(number) * self.units[unit]
+        except (ValueError, KeyError):
+            self.fail(f"{value!r} is not a duration; write e.g. 90s, 45m, 2h", param, ctx)
+        if seconds <= 0:
+            self.fail(f"{value!r}: a duration must be > 0", param, ctx)
+        return seconds
+
+
 @cli.command()
 @click.argument("job")
 @name_opt
@@ -303,11 +324,15 @@ def down(env: Env, name: str | None, grace: float) -> None:
               help="Sync mode: seconds a collective may wait for a peer.")
 @click.option("--host-timeout", type=SECONDS, default=60.0, show_default=True,
               help="Seconds to wait for an unreachable host before failing the job.")
+@click.option("--stop-grace", type=click.FloatRange(0, 3600), default=30.0, show_default=True, metavar="SECONDS",
+              help="async, sync-ps: on Ctrl-C/SIGTERM the leader checkpoints and stops within SECONDS (0: kill at once).")
+@click.option("--deadline", type=DurationParam(), metavar="DURATION",
+              help="async, sync-ps: checkpoint and stop this long after the start (90s, 45m, 2h); exit 4.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the final report, as JSON.")
 @click.pass_obj
 def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learning_rate, scale_lr, checkpoint_dir,
           checkpoint_every, resume, data, steps_per_execution, eval_every, restart_policy, max_restarts, start_timeout,
-          collective_timeout, host_timeout, as_json: bool) -> None:
+          collective_timeout, host_timeout, stop_grace, deadline, as_json: bool) -> None:
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
     from .supervisor import Supervisor
     from .training import TrainOptions, resolve_job
@@ -319,8 +344,11 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
                            scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                            resume=resume, data=data, steps_per_execution=steps_per_execution,
                            eval_every=eval_every, restart_policy=restart_policy, max_restarts=max_restarts, start_timeout=start_timeout,
-                           collective_timeout=collective_timeout, host_timeout=host_timeout)
+                           collective_timeout=collective_timeout, host_timeout=host_timeout,
+                           stop_grace=stop_grace, deadline=deadline)
     state = env.store.load(resolved)
+    if deadline is not None and state is not None and state.plan.mode == "sync":
+        raise UsageError("--deadline works in async and sync-ps modes only (sync workers do not checkpoint on stop yet)")
     display = ui.EventLineReporter(env.err) if as_json else ui.TrainDisplay(env.err)
     try:
         with env.pool_factory() as pool:
@@ -332,6 +360,10 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
         env.out.print_json(json.dumps(summary))
     else:
         ui.render_summary(env.out, summary)
+    if summary.get("deadline_reached"):
+        env.err.print(f"[yellow]--deadline reached at step {summary.get('global_step')}[/]: checkpoint "
+                      f"{summary.get('checkpoint')}; continue with 'pscluster train {job} --resume'")
+        raise SystemExit(EXIT_DEADLINE)
 
 
 @cli.command()

@@ -103,9 +103,9 @@ class TrainOptions(TrainerSettings):
 
 # Trainer settings given on every command line, and those given only when set. The seed is
 # left to the trainer's default (tests/unit/test_train_contract.py checks the whole mapping).
-_ALWAYS = ("start_timeout",)
+_ALWAYS = ("start_timeout", "stop_grace")
 _IF_SET = ("epochs", "steps", "batch_size", "learning_rate", "checkpoint_every", "data",
-           "steps_per_execution", "eval_every")
+           "steps_per_execution", "eval_every", "deadline")
 
 
 def _flag(field_name: str) -> str:
