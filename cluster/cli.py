@@ -324,7 +324,7 @@ class DurationParam(click.ParamType):
               help="Sync mode: seconds a collective may wait for a peer.")
 @click.option("--host-timeout", type=SECONDS, default=60.0, show_default=True,
               help="Seconds to wait for an unreachable host before failing the job.")
-@click.option("--stop-grace", type=click.FloatRange(0, 3600), default=30.0, show_default=True, metavar="SECONDS",
+@click.option("--stop-grace", type=FiniteFloat(0, 3600), default=30.0, show_default=True, metavar="SECONDS",
               help="async, sync-ps: on Ctrl-C/SIGTERM the leader checkpoints and stops within SECONDS (0: kill at once).")
 @click.option("--deadline", type=DurationParam(), metavar="DURATION",
               help="async, sync-ps: checkpoint and stop this long after the start (90s, 45m, 2h); exit 4.")

@@ -87,6 +87,7 @@ FLOAT_OPTIONS = [
     (["train", "mnist"], "--start-timeout"),
     (["train", "mnist"], "--collective-timeout"),
     (["train", "mnist"], "--host-timeout"),
+    (["train", "mnist"], "--stop-grace"),
     (["bench", "mnist", LOCAL], "--target-accuracy"),
     (["bench", "mnist", LOCAL], "--timeout"),
     (["run", LOCAL], "--host-timeout"),
