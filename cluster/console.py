@@ -224,8 +224,11 @@ class RichReporter(Reporter):
     def _on_check(self, **check: Any) -> None:
         self._checks.append(check)
 
-    def _on_sync(self, host: str, files: int, bytes: int, unchanged: int, skipped: bool) -> None:
-        if skipped:
+    def _on_sync(self, host: str, files: int, bytes: int, unchanged: int, skipped: bool,
+                 shared_with: str | None = None) -> None:
+        if shared_with:
+            self._say(f"  {escape(host)}: shares {escape(shared_with)}'s copy (same filesystem)")
+        elif skipped:
             self._say(f"  {escape(host)}: uses this machine's checkout (nothing to copy)")
         else:
             self._say(f"  {escape(host)}: {files} file(s) sent ({bytes / 1e6:.1f} MB), {unchanged} unchanged")

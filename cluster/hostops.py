@@ -243,6 +243,13 @@ def hashes(transport: Transport, root: str, files: Sequence[str]) -> dict[str, s
     return answer["hashes"]
 
 
+def fsid(transport: Transport, root: str) -> tuple[str, str]:
+    """(absolute workdir as the host expands it, id of the filesystem holding it); hosts that
+    report the same pair share one copy of the workdir."""
+    answer = call(transport, "fsid", {"root": root})
+    return answer["root"], answer["fsid"]
+
+
 def remove(transport: Transport, paths: Sequence[str]) -> list[str]:
     return call(transport, "remove", {"paths": list(paths)})["removed"]
 

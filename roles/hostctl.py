@@ -594,6 +594,29 @@ def op_hashes(req):
     return {"root": root, "hashes": result}
 
 
+def op_fsid(req):
+    """The id of the filesystem holding ``root``: a random id in ``root/.pscluster/fsid``, written
+    by the first host that looks (hard link of a private temp file: exactly one writer wins) and
+    read by every other host that shares the folder (NFS home, or the control machine's disk)."""
+    import uuid
+    root = _expand(req["root"])
+    folder = os.path.join(root, ".pscluster")
+    os.makedirs(folder, exist_ok=True)
+    marker = os.path.join(folder, "fsid")
+    if not os.path.exists(marker):
+        tmp = "%s.%s.tmp" % (marker, uuid.uuid4().hex)
+        with open(tmp, "w") as handle:
+            handle.write(uuid.uuid4().hex)
+        try:
+            os.link(tmp, marker)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    with open(marker) as handle:
+        return {"root": root, "fsid": handle.read().strip()}
+
+
 def op_remove(req):
     removed = []
     for path in req["paths"]:
@@ -633,7 +656,7 @@ def op_resolve(req):
 
 
 OPERATIONS = {"facts": op_facts, "start": op_start, "start_many": op_start_many, "status": op_status, "stop": op_stop,
-              "signal": op_signal, "read": op_read, "hashes": op_hashes, "remove": op_remove,
+              "signal": op_signal, "read": op_read, "hashes": op_hashes, "remove": op_remove, "fsid": op_fsid,
               "nft": op_nft, "watch": op_watch, "resolve": op_resolve}
 
 

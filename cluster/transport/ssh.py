@@ -25,7 +25,7 @@ import fabric
 import paramiko
 
 from ..errors import HostError, UnreachableHostError
-from .base import CommandResult, Stream, Transport
+from .base import CommandResult, Stream, Transport, file_mode, temp_name
 
 KEEPALIVE_SECONDS = 1
 _KNOWN_HOSTS_LOCK = threading.Lock()
@@ -222,9 +222,9 @@ class SSHTransport(Transport):
                 for local, remote in files:
                     path = remote[2:] if remote.startswith("~/") else remote   # SFTP starts in $HOME
                     self._makedirs(sftp, os.path.dirname(path), made)
-                    tmp = f"{path}.pscluster-tmp"
+                    tmp = temp_name(path)
                     sftp.put(local, tmp)
-                    sftp.chmod(tmp, mode if mode is not None else (os.stat(local).st_mode & 0o777))
+                    sftp.chmod(tmp, mode if mode is not None else file_mode(local))
                     sftp.posix_rename(tmp, path)
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 self._drop()
@@ -242,7 +242,10 @@ class SSHTransport(Transport):
             try:
                 sftp.stat(partial)
             except FileNotFoundError:
-                sftp.mkdir(partial)
+                try:
+                    sftp.mkdir(partial)
+                except OSError:        # another host sharing this filesystem made it meanwhile
+                    sftp.stat(partial)
             made.add(partial)
 
     def _drop(self) -> None:
