@@ -9,8 +9,13 @@ its defaults are replaced on purpose:
   ``pscluster_host_key_policy: accept-new`` (like OpenSSH's ``StrictHostKeyChecking=accept-new``);
   a changed key is refused either way.
 * Commands run on raw exec channels rather than Invoke runners, so stdin can be fed and closed
-  at once and a deadline bounds every call; keepalives every second let a dead host surface
-  within seconds instead of hanging the caller.
+  at once and a deadline bounds every call (``run``: its timeout; channel opening and SFTP: the
+  host's connect timeout).
+* A dead host is detected by :class:`_Watchdog`, not by paramiko's keepalive (which sends
+  requests that want no reply, so it never notices silence): every ``KEEPALIVE_SECONDS`` it sends
+  ``keepalive@openssh.com`` wanting a reply, and closes a connection that has answered nothing
+  for ``DEAD_AFTER_SECONDS``; whatever waits on it (a command, SFTP, a stream) then fails at once
+  with "connection lost" naming the host.
 """
 from __future__ import annotations
 
@@ -27,7 +32,8 @@ import paramiko
 from ..errors import HostError, UnreachableHostError
 from .base import CommandResult, Stream, Transport, file_mode, temp_name
 
-KEEPALIVE_SECONDS = 1
+KEEPALIVE_SECONDS = 2
+DEAD_AFTER_SECONDS = 10     # OpenSSH answers in ms; 10 s of silence on a loaded 2-core box is a dead host
 _KNOWN_HOSTS_LOCK = threading.Lock()
 _CONFIG_LOCK = threading.Lock()
 _CONFIG: fabric.Config | None = None
@@ -78,6 +84,33 @@ class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
             os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
             with open(self.path, "a", encoding="ascii") as handle:
                 handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+class _Watchdog(threading.Thread):
+    """Closes an SSH connection whose server stopped answering (see the module docstring)."""
+
+    def __init__(self, transport: paramiko.Transport, host: str):
+        super().__init__(name=f"ssh-watchdog-{host}", daemon=True)
+        self.transport = transport
+        self.dead = False
+
+    def run(self) -> None:
+        while self.transport.is_active():
+            answered = threading.Event()
+
+            def ask() -> None:
+                try:
+                    self.transport.global_request("keepalive@openssh.com", wait=True)
+                except Exception:     # the connection went away: the loop below sees it
+                    pass
+                answered.set()
+
+            threading.Thread(target=ask, daemon=True).start()
+            if not answered.wait(DEAD_AFTER_SECONDS):
+                self.dead = True
+                self.transport.close()
+                return
+            time.sleep(KEEPALIVE_SECONDS)
 
 
 class SSHTransport(Transport):
@@ -152,7 +185,7 @@ class SSHTransport(Transport):
             reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
             raise UnreachableHostError(self.host.name, f"cannot reach {self.where}: {reason}",
                                        hint="is the host up and sshd listening? check ansible_host / ansible_port") from None
-        conn.transport.set_keepalive(KEEPALIVE_SECONDS)
+        _Watchdog(conn.transport, self.host.name).start()
         return conn
 
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> CommandResult:
@@ -218,6 +251,7 @@ class SSHTransport(Transport):
         with self._sftp_lock:
             try:
                 sftp = self._conn.sftp()
+                sftp.get_channel().settimeout(max(30.0, self.host.connect_timeout * 3))
                 made: set[str] = set()
                 for local, remote in files:
                     path = remote[2:] if remote.startswith("~/") else remote   # SFTP starts in $HOME
