@@ -137,15 +137,18 @@ class SSHTransport(Transport):
                 return
             self._conn = self._open()
 
-    def _open(self) -> fabric.Connection:
+    def _connection(self, address: str, port: int | None, user: str | None,
+                    gateway: fabric.Connection | None) -> fabric.Connection:
+        """An unopened connection to one hop (or the host itself) with our host-key policy:
+        every hop is checked against known_hosts like the target, never auto-added."""
         timeout = self.host.connect_timeout
         connect_kwargs: dict = {"banner_timeout": timeout, "auth_timeout": timeout,
                                 "allow_agent": True, "look_for_keys": True}
         if self.host.key_file:
             connect_kwargs["key_filename"] = [os.path.expanduser(self.host.key_file)]
             connect_kwargs["look_for_keys"] = False
-        conn = fabric.Connection(host=self.host.address, user=self.host.user, port=self.host.ssh_port,
-                                 connect_timeout=timeout, connect_kwargs=connect_kwargs, config=_fabric_config())
+        conn = fabric.Connection(host=address, user=user, port=port, connect_timeout=timeout,
+                                 connect_kwargs=connect_kwargs, config=_fabric_config(), gateway=gateway)
         known_hosts = self.known_hosts_path()
         recorded = _known_host_keys(known_hosts)
         if recorded is not None:     # only this host's entries, under the name paramiko looks up
@@ -156,6 +159,26 @@ class SSHTransport(Transport):
             conn.client.set_missing_host_key_policy(AcceptNewPolicy(known_hosts))
         else:
             conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        return conn
+
+    def jumps(self) -> tuple[str, ...]:
+        """ProxyJump hops: the inventory's, else ~/.ssh/config's for this host (Fabric would
+        follow the latter itself, but with AutoAddPolicy on the hop)."""
+        if self.host.jump:
+            return self.host.jump
+        found = _fabric_config().base_ssh_config.lookup(self.host.address).get("proxyjump", "")
+        return tuple(hop.strip() for hop in found.split(",") if hop.strip() and hop.strip().lower() != "none")
+
+    def _open(self) -> fabric.Connection:
+        timeout = self.host.connect_timeout
+        known_hosts = self.known_hosts_path()
+        gateway = None
+        for hop in self.jumps():
+            user, _, rest = hop.rpartition("@")
+            address, _, port = rest.partition(":") if rest.count(":") == 1 else (rest, "", "")
+            gateway = self._connection(address.strip("[]"), int(port) if port else None, user or self.host.user,
+                                       gateway)
+        conn = self._connection(self.host.address, self.host.ssh_port, self.host.user, gateway)
         try:
             conn.open()
         except paramiko.BadHostKeyException as exc:

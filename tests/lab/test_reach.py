@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from dataclasses import replace
+
 from cluster.errors import UnreachableHostError
 from cluster.plan import HostSpec
 from cluster.transport.ssh import SSHTransport
@@ -33,3 +35,25 @@ def test_a_host_that_vanishes_mid_command_is_named_within_seconds(lab3):
         transport.close()
     assert elapsed < 30, elapsed
     assert caught.value.host == "node-3" and "lost" in str(caught.value)
+
+
+def test_a_hidden_host_is_reached_through_its_bastion_with_host_keys_checked(lab3, tmp_path):
+    lab3.hide_behind("node-3", "node-1")
+    try:
+        hidden = _spec(lab3, "node-3")
+        direct = SSHTransport(replace(hidden, connect_timeout=3.0))
+        with pytest.raises(UnreachableHostError):
+            direct.run(["true"])                                     # the control machine cannot reach it
+        via = SSHTransport(replace(hidden, jump=(f"root@{lab3.host('node-1').address}",)))
+        try:
+            result = via.run(["hostname"])
+            assert result.exit_code == 0 and result.stdout.strip() == "node-3"
+        finally:
+            via.close()
+        # The hop's key is checked like the target's: an empty known_hosts refuses the bastion.
+        strict = SSHTransport(replace(hidden, jump=(lab3.host("node-1").address,),
+                                      known_hosts=str(lab3.empty_known_hosts())))
+        with pytest.raises(UnreachableHostError):
+            strict.run(["true"])
+    finally:
+        lab3.unhide("node-3")
