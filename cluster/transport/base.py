@@ -117,6 +117,11 @@ class Transport(abc.ABC):
         this machine's other permission bits (a private umask must not hide code from a task user).
         """
 
+    def tunnel(self, address: str, port: int) -> str | None:
+        """A local ``host:port`` that reaches ``address:port`` as this host sees it, when the
+        control machine cannot reach it directly (a host behind a bastion); None: go direct."""
+        return None
+
     def connect(self) -> None:
         """Open the connection now (so preflight can time and report it)."""
 

@@ -113,12 +113,56 @@ class _Watchdog(threading.Thread):
             time.sleep(KEEPALIVE_SECONDS)
 
 
+class _Tunnel(threading.Thread):
+    """A local listener on 127.0.0.1 whose connections are carried to ``address:port`` over
+    the transport's SSH connection (like ``ssh -L``), two pump threads per connection."""
+
+    def __init__(self, owner: "SSHTransport", address: str, port: int):
+        super().__init__(name=f"ssh-tunnel-{owner.host.name}-{port}", daemon=True)
+        self.owner, self.target = owner, (address, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+
+    def run(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:          # stopped
+                return
+            try:
+                self.owner.connect()
+                channel = self.owner._conn.transport.open_channel(
+                    "direct-tcpip", self.target, ("127.0.0.1", 0), timeout=self.owner.host.connect_timeout)
+            except (paramiko.SSHException, OSError, EOFError):
+                client.close()       # the probe sees a closed connection: "not ready"
+                continue
+            for source, sink in ((client.recv, channel.sendall), (channel.recv, client.sendall)):
+                threading.Thread(target=_pump, args=(source, sink, client, channel), daemon=True).start()
+
+    def stop(self) -> None:
+        self.listener.close()
+
+
+def _pump(source, sink, client: socket.socket, channel) -> None:
+    try:
+        while True:
+            data = source(65536)
+            if not data:
+                break
+            sink(data)
+    except (OSError, EOFError, paramiko.SSHException):
+        pass
+    client.close()
+    channel.close()
+
+
 class SSHTransport(Transport):
     """Runs commands on a host over one persistent SSH connection."""
 
     def __init__(self, host):
         super().__init__(host)
         self._conn: fabric.Connection | None = None
+        self._tunnels: dict[tuple[str, int], _Tunnel] = {}
         self._lock = threading.Lock()
         self._sftp_lock = threading.Lock()
 
@@ -269,6 +313,18 @@ class SSHTransport(Transport):
         channel.settimeout(None)
         return Stream(lambda: channel.recv(65536), channel.close)
 
+    def tunnel(self, address: str, port: int) -> str | None:
+        """Behind a jump host, TF ports are probed through this SSH connection (a direct-tcpip
+        channel per probe connection), so the control machine needs to reach only the bastion."""
+        if not self.jumps():
+            return None
+        with self._lock:
+            tunnel = self._tunnels.get((address, port))
+            if tunnel is None or not tunnel.is_alive():
+                tunnel = self._tunnels[(address, port)] = _Tunnel(self, address, port)
+                tunnel.start()
+        return f"127.0.0.1:{tunnel.port}"
+
     def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
         self.connect()
         with self._sftp_lock:
@@ -315,4 +371,8 @@ class SSHTransport(Transport):
                 self._conn = None
 
     def close(self) -> None:
+        with self._lock:
+            tunnels, self._tunnels = list(self._tunnels.values()), {}
+        for tunnel in tunnels:
+            tunnel.stop()
         self._drop()

@@ -1,6 +1,7 @@
 """Reaching hosts over real SSH: a host that vanishes is reported within a bounded time."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -11,6 +12,7 @@ from dataclasses import replace
 from cluster.errors import UnreachableHostError
 from cluster.plan import HostSpec
 from cluster.transport.ssh import SSHTransport
+from tests.helpers import assert_no_survivors, port_base, run_cli, run_json
 from tests.lab.netlab import venv_python
 
 pytestmark = [pytest.mark.lab]
@@ -57,3 +59,33 @@ def test_a_hidden_host_is_reached_through_its_bastion_with_host_keys_checked(lab
             strict.run(["true"])
     finally:
         lab3.unhide("node-3")
+
+
+@pytest.mark.tf
+def test_up_train_status_down_with_a_worker_behind_a_bastion(lab3, tmp_path, write_lab_inventory):
+    name = "lab-bastion"
+    state_dir = tmp_path / "state"
+    bastion = lab3.host("node-1").address
+    hidden = {"ansible_ssh_common_args": f"-o ProxyJump=root@{bastion}",
+              "pscluster_workdir": str(tmp_path / "work-3")}
+    groups = {"chief": {"node-1": {"pscluster_workdir": str(tmp_path / "work-1")}},
+              "ps": {"node-2": {"pscluster_workdir": str(tmp_path / "work-2")}},
+              "worker": {"node-3": hidden}}
+    inventory = write_lab_inventory(lab3, tmp_path / "bastion.yaml", groups, {
+        "pscluster_port_base": port_base(), "pscluster_mode": "async",
+        "pscluster_env": {"OMP_NUM_THREADS": 1}, "pscluster_intra_op_threads": 1})
+    lab3.hide_behind("node-3", "node-1")
+    try:
+        up = run_cli(["up", inventory, "--name", name], state_dir=state_dir)
+        assert up.returncode == 0, up.stdout + up.stderr
+        report = run_json(["train", "distributed_mnist", "--name", name, "--steps", 50], state_dir=state_dir,
+                          timeout=900)
+        assert report["global_step"] == 50
+        status = run_json(["status", "--name", name], state_dir=state_dir)
+        assert "worker:0" in json.dumps(status) and "ready" in json.dumps(status)
+    finally:
+        if (state_dir / f"{name}.json").exists():
+            down = run_cli(["down", "--name", name], state_dir=state_dir)
+            assert down.returncode == 0, down.stdout + down.stderr
+        lab3.unhide("node-3")
+    assert_no_survivors(name)
