@@ -81,12 +81,13 @@ def render_plan(console: Console, plan: ClusterPlan, *, secret_names: Sequence[s
     console.print("[bold]ClusterSpec[/]")
     console.print_json(json.dumps(plan.cluster_spec))
     for task in plan.tasks:
-        console.print(f"\n[bold]{escape(task.name)}[/] on {escape(task.host)}  "
+        host = plan.host(task.host)
+        how = (f" as {host.become_user}" if host.become_user else "") + "".join(f" via {hop}" for hop in host.jump)
+        console.print(f"\n[bold]{escape(task.name)}[/] on {escape(task.host)}{escape(how)}  "
                       f"(cwd {escape(task.workdir)}, log {escape(task.log_path)})")
         env = dict(task.env)
         console.print(_plain(f"  TF_CONFIG={env.pop('TF_CONFIG')}"), markup=False)
         shown = " ".join(f"{key}={'****' if key in secret_names else value}" for key, value in env.items())
-        host = plan.host(task.host)
         given = host.secret_env if not task.standing or task.role in host.secret_env_roles else ()
         shown += "".join(f" {key}=****" for key in given if key not in env)
         console.print(_plain(f"  env: {shown}"), soft_wrap=True, markup=False)

@@ -51,6 +51,9 @@ def call(transport: Transport, operation: str, request: dict, *, timeout: float 
     python = transport.host.python
     program = packed_source()
     argv = [python, "-I", "-S", "-c", BOOTSTRAP, str(len(program)), operation]
+    become = getattr(transport.host, "become_user", None)
+    if become:      # ansible_become: every host operation (so every task) runs as that user
+        argv = ["sudo", "-n", "-H", "-u", become, *argv]
     result = transport.run(argv, stdin=program + json.dumps(request).encode(), timeout=timeout)
     shown = [python, "-c", "<pscluster hostctl>", operation]
     if result.exit_code == 127 or "No such file or directory" in result.stderr and not result.stdout:

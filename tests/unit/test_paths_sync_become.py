@@ -35,3 +35,23 @@ def test_synced_files_get_0755_or_0644_whatever_the_local_bits(tmp_path):
 
 def test_temporary_names_differ_per_writer():
     assert len({temp_name("/w/roles/hostctl.py") for _ in range(100)}) == 100
+
+
+def test_plan_shows_the_task_user_and_the_jump_host(tmp_path):
+    from tests.helpers import run_cli
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("""\
+all:
+  vars:
+    pscluster_port_base: 2300
+  children:
+    worker:
+      hosts:
+        gpu-1: {ansible_host: 198.51.100.20, ansible_become: true, ansible_become_user: alice,
+                ansible_ssh_common_args: "-o ProxyJump=bob@login.example.org:2202"}
+        gpu-2: {ansible_host: 198.51.100.21}
+""")
+    shown = run_cli(["plan", str(inventory), "--mode", "sync"], state_dir=tmp_path / "state")
+    assert shown.returncode == 0, shown.stderr
+    assert "on gpu-1 as alice via bob@login.example.org:2202" in shown.stdout
+    assert "on gpu-2  " in shown.stdout
