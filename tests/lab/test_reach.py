@@ -89,3 +89,24 @@ def test_up_train_status_down_with_a_worker_behind_a_bastion(lab3, tmp_path, wri
             assert down.returncode == 0, down.stdout + down.stderr
         lab3.unhide("node-3")
     assert_no_survivors(name)
+
+
+def test_preflight_names_a_blocked_path_between_two_hosts_and_starts_nothing(lab3, tmp_path, write_lab_inventory):
+    name = "lab-reach"
+    state_dir = tmp_path / "state"
+    groups = {"chief": {"node-1": {"pscluster_workdir": str(tmp_path / "w1")}},
+              "ps": {"node-2": {"pscluster_workdir": str(tmp_path / "w2")}},
+              "worker": {"node-3": {"pscluster_workdir": str(tmp_path / "w3")}}}
+    base = port_base()
+    inventory = write_lab_inventory(lab3, tmp_path / "reach.yaml", groups, {"pscluster_port_base": base})
+    lab3.block("node-2", "node-3")
+    try:
+        up = run_cli(["up", inventory, "--name", name], state_dir=state_dir, timeout=120)
+    finally:
+        lab3.unhide("node-3")
+    text = up.stdout + up.stderr
+    assert up.returncode != 0, text
+    assert "node-2 → node-3:" in text and "timed out" in text, text
+    assert "node-1 → node-3" not in text                     # only the blocked path is named
+    assert "nothing was started" in text
+    assert_no_survivors(name)
