@@ -148,18 +148,24 @@ def check_reach(plan: ClusterPlan, pool: TransportPool, hosts: list[HostSpec]) -
 
     def listen(host: HostSpec):
         ports = sorted({task.port for task in tasks if task.host == host.name})
-        return hostops.call(pool.get(host), "listen", {"ports": ports, "seconds": 6 * REACH_TIMEOUT})["bound"]
+        address = next(task.address for task in tasks if task.host == host.name)   # its family: IPv4 or IPv6
+        return hostops.call(pool.get(host), "listen", {"ports": ports, "address": address,
+                                                       "seconds": 6 * REACH_TIMEOUT})
 
     def connect(host: HostSpec):
         targets = sorted({(task.address, task.port) for task in tasks if task.host != host.name and task.port in
-                          (listening.get(task.host) or ())})
+                          (listening.get(task.host) or {}).get("bound", ())})
         return hostops.call(pool.get(host), "connect", {"targets": targets, "timeout": REACH_TIMEOUT},
                             timeout=REACH_TIMEOUT + 60)["results"]
 
     results: list[CheckResult] = []
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(hosts))) as executor:
         listening = dict(zip([h.name for h in hosts], executor.map(_quiet(listen), hosts)))
-        reached = dict(zip([h.name for h in hosts], executor.map(_quiet(connect), hosts)))
+        try:
+            reached = dict(zip([h.name for h in hosts], executor.map(_quiet(connect), hosts)))
+        finally:     # the ports must be free again before the servers start
+            list(executor.map(_quiet(lambda host: hostops.call(pool.get(host), "unlisten", listening[host.name])),
+                              [host for host in hosts if listening.get(host.name)]))
     by_target = {task.target: task for task in tasks}
     for host in hosts:
         blocked = [(target, outcome) for target, outcome in (reached.get(host.name) or {}).items() if outcome != "ok"]

@@ -633,7 +633,8 @@ def op_listen(req):
             bound.append(port)
         except OSError as exc:
             failed[str(port)] = exc.strerror or str(exc)
-    if sockets and os.fork() == 0:
+    child = os.fork() if sockets else None
+    if child == 0:
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
@@ -650,7 +651,21 @@ def op_listen(req):
         os._exit(0)
     for sock in sockets:
         sock.close()
-    return {"bound": bound, "failed": failed}
+    stat = _proc_stat(child) if child else None
+    return {"bound": bound, "failed": failed, "pid": child, "starttime": stat[3] if stat else None}
+
+
+def op_unlisten(req):
+    """End the listeners of ``listen`` (pid and its start time checked), ports free on return."""
+    import signal
+    pid = req.get("pid")
+    if not pid or not _alive(pid, req.get("starttime")):
+        return {"stopped": False}
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return {"stopped": True}
 
 
 def op_connect(req):
@@ -718,7 +733,7 @@ def op_resolve(req):
 
 OPERATIONS = {"facts": op_facts, "start": op_start, "start_many": op_start_many, "status": op_status, "stop": op_stop,
               "signal": op_signal, "read": op_read, "hashes": op_hashes, "remove": op_remove, "fsid": op_fsid, "listen": op_listen,
-              "connect": op_connect,
+              "connect": op_connect, "unlisten": op_unlisten,
               "nft": op_nft, "watch": op_watch, "resolve": op_resolve}
 
 
