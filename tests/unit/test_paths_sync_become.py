@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 from cluster.transport.base import file_mode, temp_name
@@ -20,8 +21,12 @@ def test_fsid_is_one_id_per_folder_even_when_hosts_race(tmp_path):
 
 def test_fsid_expands_a_user_home_on_the_host():
     user = pwd.getpwuid(os.getuid())
-    answer = hostctl.op_fsid({"root": f"~{user.pw_name}/.cache/pscluster-fsid-test"})
-    assert answer["root"] == os.path.join(user.pw_dir, ".cache", "pscluster-fsid-test")   # not a "~root" folder
+    folder = f"pscluster-fsid-test-{os.getpid()}"
+    try:
+        answer = hostctl.op_fsid({"root": f"~{user.pw_name}/{folder}"})
+    finally:
+        shutil.rmtree(os.path.join(user.pw_dir, folder), ignore_errors=True)
+    assert answer["root"] == os.path.join(user.pw_dir, folder)              # not a literal "~root" folder
 
 
 def test_synced_files_get_0755_or_0644_whatever_the_local_bits(tmp_path):
