@@ -96,11 +96,27 @@ class SyncResult:
     skipped: bool
 
 
+def _parallel(hosts: list[HostSpec], work) -> tuple[list[tuple[HostSpec, object]], list[Failure]]:
+    """``work(host)`` on every host at once; (host, result) pairs and the hosts' failures."""
+    done, failures = [], []
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as executor:
+        futures = [(host, executor.submit(work, host)) for host in hosts]
+        for host, future in futures:
+            try:
+                done.append((host, future.result()))
+            except HostError as exc:
+                failures.append(Failure(host.name, exc))
+    return done, failures
+
+
 def sync_files(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, files: list[LocalFile],
                root: Path) -> list[SyncResult]:
     """Bring ``files`` up to date on every host that needs them, in parallel.
 
-    Hosts sharing one address and workdir are synced once.
+    Hosts whose workdirs are one folder on a shared filesystem (an NFS home, this lab's
+    namespaces) are synced once: each host reports the folder's marker id (hostctl ``fsid``),
+    and one host per (folder, id) copies; the others are reported as sharing its copy. Several
+    hosts writing the same files at once made all but one fail with "No such file".
 
     Raises:
         MultiHostError: copying failed on some hosts (each named, with the cause).
@@ -108,29 +124,42 @@ def sync_files(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, files
     targets: dict[tuple[str, str], HostSpec] = {}
     for host in plan.hosts:
         targets.setdefault((host.address, host.workdir), host)
+    syncing = [host for host in targets.values() if needs_sync(host, root)]
+    located, failures = _parallel(syncing, lambda host: hostops.fsid(pool.get(host), host.workdir))
+    writers: dict[tuple[str, str], HostSpec] = {}
+    shared_with: dict[str, str] = {}
+    destination: dict[str, str] = {}
+    for host, where in located:
+        writer = writers.setdefault(where, host)
+        destination[host.name] = where[0]
+        if writer is not host:
+            shared_with[host.name] = writer.name
 
     def one(host: HostSpec) -> SyncResult:
-        if not needs_sync(host, root):
-            return SyncResult(host.name, 0, 0, len(files), True)
+        workdir = destination[host.name]
         transport = pool.get(host)
-        remote = hostops.hashes(transport, host.workdir, [f.rel for f in files])
+        remote = hostops.hashes(transport, workdir, [f.rel for f in files])
         changed = [f for f in files if remote.get(f.rel) != f.sha256]
         if changed:
-            transport.put_files([(f.path, f"{host.workdir.rstrip('/')}/{f.rel}") for f in changed])
+            transport.put_files([(f.path, f"{workdir.rstrip('/')}/{f.rel}") for f in changed])
         return SyncResult(host.name, len(changed), sum(f.size for f in changed), len(files) - len(changed), False)
 
-    results, failures = [], []
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(targets)))) as executor:
-        futures = [(host, executor.submit(one, host)) for host in targets.values()]
-        for host, future in futures:
-            try:
-                result = future.result()
-            except HostError as exc:
-                failures.append(Failure(host.name, exc))
-                continue
-            results.append(result)
-            reporter.emit("sync", host=host.name, files=result.sent, bytes=result.bytes,
-                          unchanged=result.unchanged, skipped=result.skipped)
+    copied, copy_failures = _parallel(list(writers.values()), one)
+    failures += copy_failures
+    by_name = {host.name: result for host, result in copied}
+    results = []
+    for host in targets.values():
+        if host.name in by_name:
+            result = by_name[host.name]
+        elif not needs_sync(host, root):
+            result = SyncResult(host.name, 0, 0, len(files), True)
+        elif shared_with.get(host.name) in by_name:
+            result = SyncResult(host.name, 0, 0, len(files), True)
+        else:
+            continue
+        results.append(result)
+        reporter.emit("sync", host=host.name, files=result.sent, bytes=result.bytes,
+                      unchanged=result.unchanged, skipped=result.skipped, shared_with=shared_with.get(host.name))
     if failures:
         raise MultiHostError(f"code sync failed on {len(failures)} host(s)", failures)
     return results

@@ -88,12 +88,13 @@ def render_plan(console: Console, plan: ClusterPlan, *, secret_names: Sequence[s
     console.print("[bold]ClusterSpec[/]")
     console.print_json(json.dumps(plan.cluster_spec))
     for task in plan.tasks:
-        console.print(f"\n[bold]{escape(task.name)}[/] on {escape(task.host)}  "
+        host = plan.host(task.host)
+        how = (f" as {host.become_user}" if host.become_user else "") + "".join(f" via {hop}" for hop in host.jump)
+        console.print(f"\n[bold]{escape(task.name)}[/] on {escape(task.host)}{escape(how)}  "
                       f"(cwd {escape(task.workdir)}, log {escape(task.log_path)})")
         env = dict(task.env)
         console.print(_plain(f"  TF_CONFIG={env.pop('TF_CONFIG')}"), markup=False)
         shown = " ".join(f"{key}={'****' if key in secret_names else value}" for key, value in env.items())
-        host = plan.host(task.host)
         given = host.secret_env if not task.standing or task.role in host.secret_env_roles else ()
         shown += "".join(f" {key}=****" for key in given if key not in env)
         console.print(_plain(f"  env: {shown}"), soft_wrap=True, markup=False)
@@ -231,8 +232,11 @@ class RichReporter(Reporter):
     def _on_check(self, **check: Any) -> None:
         self._checks.append(check)
 
-    def _on_sync(self, host: str, files: int, bytes: int, unchanged: int, skipped: bool) -> None:
-        if skipped:
+    def _on_sync(self, host: str, files: int, bytes: int, unchanged: int, skipped: bool,
+                 shared_with: str | None = None) -> None:
+        if shared_with:
+            self._say(f"  {escape(host)}: shares {escape(shared_with)}'s copy (same filesystem)")
+        elif skipped:
             self._say(f"  {escape(host)}: uses this machine's checkout (nothing to copy)")
         else:
             self._say(f"  {escape(host)}: {files} file(s) sent ({bytes / 1e6:.1f} MB), {unchanged} unchanged")

@@ -44,6 +44,7 @@ class Sync:
     bytes: int
     unchanged: int
     skipped: bool
+    shared_with: str | None = None    # another host of the same filesystem copied for this one
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,9 @@ def call(transport: Transport, operation: str, request: dict, *, timeout: float 
     python = transport.host.python
     program = packed_source()
     argv = [python, "-I", "-S", "-c", BOOTSTRAP, str(len(program)), operation]
+    become = getattr(transport.host, "become_user", None)
+    if become:      # ansible_become: every host operation (so every task) runs as that user
+        argv = ["sudo", "-n", "-H", "-u", become, *argv]
     result = transport.run(argv, stdin=program + json.dumps(request).encode(), timeout=timeout)
     shown = [python, "-c", "<pscluster hostctl>", operation]
     if result.exit_code == 127 or "No such file or directory" in result.stderr and not result.stdout:
@@ -241,6 +244,13 @@ def log_tail(transport: Transport, path: str, *, limit: int = 4000) -> str:
 def hashes(transport: Transport, root: str, files: Sequence[str]) -> dict[str, str | None]:
     answer = call(transport, "hashes", {"root": root, "files": list(files)})
     return answer["hashes"]
+
+
+def fsid(transport: Transport, root: str) -> tuple[str, str]:
+    """(absolute workdir as the host expands it, id of the filesystem holding it); hosts that
+    report the same pair share one copy of the workdir."""
+    answer = call(transport, "fsid", {"root": root})
+    return answer["root"], answer["fsid"]
 
 
 def remove(transport: Transport, paths: Sequence[str]) -> list[str]:

@@ -167,7 +167,7 @@ def wait_ready(plan: ClusterPlan, records: dict[str, ProcessRecord], pool: Trans
         while pending:
             for name in list(pending):
                 task = plan.task(name)
-                result = prober.probe(task.target, timeout=1.0)
+                result = prober.probe(task.target, timeout=1.0, via=pool.get(plan.host(task.host)))
                 if result.ok:
                     devices[name] = tuple(device.name for device in result.devices)
                     reporter.emit("task-ready", task=name, host=task.host, devices=devices[name],
@@ -489,7 +489,7 @@ def cluster_status(state: RunState, *, pool: TransportPool, prober: Prober | Non
             rows.append(TaskRow(**base, pid=record.pid, state="exited", exit_code=status.exit_code,
                                 detail=status.describe()))
         elif task.standing and prober is not None:
-            probe = prober.probe(task.target, timeout=2.0)
+            probe = prober.probe(task.target, timeout=2.0, via=pool.get(plan.host(task.host)))
             rows.append(TaskRow(**base, pid=record.pid, state="ready" if probe.ok else "starting",
                                 devices=tuple(d.name for d in probe.devices), uptime=status.uptime,
                                 detail="" if probe.ok else (probe.error or "")))

@@ -68,6 +68,8 @@ class HostSpec:
     connect_timeout: float
     secret_env: tuple[str, ...] = ()
     secret_env_roles: tuple[str, ...] = ()     # standing roles that also get the secrets
+    jump: tuple[str, ...] = ()                 # ProxyJump hops "[user@]host[:port]", first hop first
+    become_user: str | None = None             # tasks run as this user (sudo -n -H -u)
 
     @property
     def is_local(self) -> bool:
@@ -260,7 +262,7 @@ def _host_spec(host: HostConfig, options: PlanOptions) -> HostSpec:
                     ssh_port=host.ssh_port, user=host.user, key_file=host.key_file, python=python,
                     workdir=workdir, host_key_policy=host.host_key_policy, known_hosts=host.known_hosts,
                     connect_timeout=host.connect_timeout, secret_env=host.secret_env,
-                    secret_env_roles=host.secret_env_roles)
+                    secret_env_roles=host.secret_env_roles, jump=host.jump, become_user=host.become_user)
 
 
 def _slots(inventory: Inventory) -> list[_Slot]:

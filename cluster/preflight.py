@@ -134,6 +134,62 @@ def check_cluster(plan: ClusterPlan, facts: dict[str, hostops.HostFacts]) -> lis
     return results
 
 
+REACH_TIMEOUT = 3.0      # seconds per host-to-host TCP connect; listeners live a few times longer
+
+
+def check_reach(plan: ClusterPlan, pool: TransportPool, hosts: list[HostSpec]) -> list[CheckResult]:
+    """Every host opens a TCP connection to every other member's planned ports (held open by a
+    short-lived listener there), so a blocked path between two hosts is named before anything
+    starts (``node-b → node-c:2225 timed out``) instead of hanging training."""
+    names = {host.name for host in hosts}
+    if len(names) < 2:
+        return []
+    tasks = [task for task in plan.tasks if task.host in names]
+
+    def listen(host: HostSpec):
+        ports = sorted({task.port for task in tasks if task.host == host.name})
+        address = next(task.address for task in tasks if task.host == host.name)   # its family: IPv4 or IPv6
+        return hostops.call(pool.get(host), "listen", {"ports": ports, "address": address,
+                                                       "seconds": 6 * REACH_TIMEOUT})
+
+    def connect(host: HostSpec):
+        targets = sorted({(task.address, task.port) for task in tasks if task.host != host.name and task.port in
+                          (listening.get(task.host) or {}).get("bound", ())})
+        return hostops.call(pool.get(host), "connect", {"targets": targets, "timeout": REACH_TIMEOUT},
+                            timeout=REACH_TIMEOUT + 60)["results"]
+
+    results: list[CheckResult] = []
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(hosts))) as executor:
+        listening = dict(zip([h.name for h in hosts], executor.map(_quiet(listen), hosts)))
+        try:
+            reached = dict(zip([h.name for h in hosts], executor.map(_quiet(connect), hosts)))
+        finally:     # the ports must be free again before the servers start
+            list(executor.map(_quiet(lambda host: hostops.call(pool.get(host), "unlisten", listening[host.name])),
+                              [host for host in hosts if listening.get(host.name)]))
+    by_target = {task.target: task for task in tasks}
+    for host in hosts:
+        blocked = [(target, outcome) for target, outcome in (reached.get(host.name) or {}).items() if outcome != "ok"]
+        for target, outcome in blocked:
+            peer = by_target.get(target)
+            where = f"{peer.host}:{peer.port}" if peer else target
+            results.append(CheckResult(host.name, "reach", False, f"{host.name} → {where} {outcome}",
+                                       hint="a firewall or route between these hosts blocks the port; "
+                                            "TensorFlow would hang there"))
+        if reached.get(host.name) and not blocked:
+            results.append(CheckResult(host.name, "reach", True, f"reaches {len(reached[host.name])} peer port(s)"))
+    return results
+
+
+def _quiet(work):
+    """``work(host)``, or None when the host fails (its own checks already report why)."""
+    def run(host):
+        try:
+            return work(host)
+        except HostError:
+            return None
+    return run
+
+
 def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter) -> CheckReport:
     """Check every host of the plan in parallel and report each check as it is known."""
     start = time.monotonic()
@@ -163,6 +219,8 @@ def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter) ->
         if host_facts is not None:
             facts[host.name] = host_facts
     results.extend(check_cluster(plan, facts))
+    if all(result.ok for result in results):
+        results.extend(check_reach(plan, pool, [host for host in plan.hosts if host.name in facts]))
     for result in results:
         reporter.emit("check", host=result.host, check=result.check, ok=result.ok, detail=result.detail,
                       hint=result.hint)

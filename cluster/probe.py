@@ -99,8 +99,15 @@ class Prober:
     def __init__(self):
         self._channels: dict[str, grpc.Channel] = {}
 
-    def probe(self, target: str, *, timeout: float = 2.0) -> ProbeResult:
+    def probe(self, target: str, *, timeout: float = 2.0, via=None) -> ProbeResult:
+        """``via``: the task's host transport; a host behind a bastion is probed through its SSH
+        connection (:meth:`Transport.tunnel`), the result still names ``target``."""
         start = time.monotonic()
+        shown = target
+        tunnel = getattr(via, "tunnel", None)
+        if tunnel is not None:
+            address, _, port = target.rpartition(":")
+            target = tunnel(address.strip("[]"), int(port)) or target
         channel = self._channels.get(target)
         if channel is None:
             channel = self._channels[target] = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
@@ -110,14 +117,14 @@ class Prober:
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             detail = exc.details() if hasattr(exc, "details") else str(exc)
-            return ProbeResult(target, False, error=f"{code.name if code else 'error'}: {detail}",
+            return ProbeResult(shown, False, error=f"{code.name if code else 'error'}: {detail}",
                                seconds=time.monotonic() - start)
         try:
             devices = parse_get_status(response)
         except (ValueError, IndexError) as exc:
-            return ProbeResult(target, False, error=f"not a TensorFlow server reply: {exc}",
+            return ProbeResult(shown, False, error=f"not a TensorFlow server reply: {exc}",
                                seconds=time.monotonic() - start)
-        return ProbeResult(target, True, devices, seconds=time.monotonic() - start)
+        return ProbeResult(shown, True, devices, seconds=time.monotonic() - start)
 
     def forget(self, target: str) -> None:
         channel = self._channels.pop(target, None)

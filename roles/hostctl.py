@@ -594,6 +594,105 @@ def op_hashes(req):
     return {"root": root, "hashes": result}
 
 
+def op_fsid(req):
+    """The id of the filesystem holding ``root``: a random id in ``root/.pscluster/fsid``, written
+    by the first host that looks (hard link of a private temp file: exactly one writer wins) and
+    read by every other host that shares the folder (NFS home, or the control machine's disk)."""
+    import uuid
+    root = _expand(req["root"])
+    folder = os.path.join(root, ".pscluster")
+    os.makedirs(folder, exist_ok=True)
+    marker = os.path.join(folder, "fsid")
+    if not os.path.exists(marker):
+        tmp = "%s.%s.tmp" % (marker, uuid.uuid4().hex)
+        with open(tmp, "w") as handle:
+            handle.write(uuid.uuid4().hex)
+        try:
+            os.link(tmp, marker)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    with open(marker) as handle:
+        return {"root": root, "fsid": handle.read().strip()}
+
+
+def op_listen(req):
+    """Short-lived listeners on the planned ports, for the host-to-host reach check: a detached
+    child binds them, accepts and drops connections for ``seconds``, then exits; this call
+    returns once they are bound. Ports that cannot be bound (in use) are reported, not checked."""
+    import socket
+    bound, failed, sockets = [], {}, []
+    for port in req["ports"]:
+        try:
+            sock = socket.socket(socket.AF_INET6 if ":" in req.get("address", "") else socket.AF_INET)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((req.get("bind", ""), port))
+            sock.listen(64)
+            sockets.append(sock)
+            bound.append(port)
+        except OSError as exc:
+            failed[str(port)] = exc.strerror or str(exc)
+    child = os.fork() if sockets else None
+    if child == 0:
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        import select
+        deadline = time.monotonic() + float(req.get("seconds", 15))
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select(sockets, [], [], max(0.0, deadline - time.monotonic()))
+            for sock in ready:
+                try:
+                    sock.accept()[0].close()
+                except OSError:
+                    pass
+        os._exit(0)
+    for sock in sockets:
+        sock.close()
+    stat = _proc_stat(child) if child else None
+    return {"bound": bound, "failed": failed, "pid": child, "starttime": stat[3] if stat else None}
+
+
+def op_unlisten(req):
+    """End the listeners of ``listen`` (pid and its start time checked), ports free on return."""
+    import signal
+    pid = req.get("pid")
+    if not pid or not _alive(pid, req.get("starttime")):
+        return {"stopped": False}
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return {"stopped": True}
+
+
+def op_connect(req):
+    """TCP connections from this host to each ``[address, port]``: "ok", "refused", "timed out"."""
+    import socket
+    import threading
+    results = {}
+
+    def one(address, port):
+        try:
+            socket.create_connection((address, port), timeout=float(req.get("timeout", 3))).close()
+            results["%s:%d" % (address, port)] = "ok"
+        except socket.timeout:
+            results["%s:%d" % (address, port)] = "timed out"
+        except ConnectionRefusedError:
+            results["%s:%d" % (address, port)] = "refused"
+        except OSError as exc:
+            results["%s:%d" % (address, port)] = exc.strerror or str(exc)
+
+    threads = [threading.Thread(target=one, args=(address, port)) for address, port in req["targets"]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {"results": results}
+
+
 def op_remove(req):
     removed = []
     for path in req["paths"]:
@@ -633,7 +732,8 @@ def op_resolve(req):
 
 
 OPERATIONS = {"facts": op_facts, "start": op_start, "start_many": op_start_many, "status": op_status, "stop": op_stop,
-              "signal": op_signal, "read": op_read, "hashes": op_hashes, "remove": op_remove,
+              "signal": op_signal, "read": op_read, "hashes": op_hashes, "remove": op_remove, "fsid": op_fsid, "listen": op_listen,
+              "connect": op_connect, "unlisten": op_unlisten,
               "nft": op_nft, "watch": op_watch, "resolve": op_resolve}
 
 

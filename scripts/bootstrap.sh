@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 apt_missing=()
 command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || apt_missing+=(openssh-server)
 command -v ssh >/dev/null 2>&1 || apt_missing+=(openssh-client)
+command -v sudo >/dev/null 2>&1 || apt_missing+=(sudo)    # ansible_become: tasks run through sudo -n -H -u USER
 command -v ip >/dev/null 2>&1 || apt_missing+=(iproute2)
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || apt_missing+=(nftables)
 if [ ${#apt_missing[@]} -gt 0 ]; then

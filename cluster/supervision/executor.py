@@ -423,7 +423,7 @@ class JobExecutor:
         yet when the coordinator's was)."""
         with Prober() as prober:
             for task in self.plan.standing_tasks:
-                if prober.probe(task.target, timeout=2.0).ok:
+                if prober.probe(task.target, timeout=2.0, via=self.pool.get(self.plan.host(task.host))).ok:
                     continue
                 used = self.progress.restarts.get(task.name, 0)
                 if used >= self.rules.max_restarts:

@@ -8,8 +8,10 @@ implementation uses subprocess, the SSH one Fabric/paramiko. Higher-level host o
 from __future__ import annotations
 
 import abc
+import os
 import queue
 import threading
+import uuid
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -108,7 +110,17 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
-        """Copy local files to remote paths atomically (write a temporary, then rename)."""
+        """Copy local files to remote paths atomically (write a temporary, then rename).
+
+        Temporary names are unique per writer (hosts sharing a filesystem may write the same
+        file at once); without ``mode`` a file gets 0755 if executable here, else 0644, not
+        this machine's other permission bits (a private umask must not hide code from a task user).
+        """
+
+    def tunnel(self, address: str, port: int) -> str | None:
+        """A local ``host:port`` that reaches ``address:port`` as this host sees it, when the
+        control machine cannot reach it directly (a host behind a bastion); None: go direct."""
+        return None
 
     def connect(self) -> None:
         """Open the connection now (so preflight can time and report it)."""
@@ -118,3 +130,13 @@ class Transport(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.host.name})"
+
+
+def file_mode(local: str) -> int:
+    """0755 for an executable local file, else 0644 (see :meth:`Transport.put_files`)."""
+    return 0o755 if os.stat(local).st_mode & 0o111 else 0o644
+
+
+def temp_name(path: str) -> str:
+    """A temporary name beside ``path`` that no other writer (process, thread, host) uses."""
+    return f"{path}.pscluster-tmp-{uuid.uuid4().hex}"

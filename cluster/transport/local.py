@@ -7,7 +7,7 @@ import subprocess
 from typing import Sequence
 
 from ..errors import HostError
-from .base import CommandResult, Stream, Transport
+from .base import CommandResult, Stream, Transport, file_mode, temp_name
 
 
 class LocalTransport(Transport):
@@ -52,7 +52,7 @@ class LocalTransport(Transport):
         for local, remote in files:
             target = os.path.expanduser(remote)
             os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-            tmp = f"{target}.pscluster-tmp{os.getpid()}"
+            tmp = temp_name(target)
             shutil.copyfile(local, tmp)
-            os.chmod(tmp, mode if mode is not None else (os.stat(local).st_mode & 0o777))
+            os.chmod(tmp, mode if mode is not None else file_mode(local))
             os.replace(tmp, target)

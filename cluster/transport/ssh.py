@@ -9,8 +9,13 @@ its defaults are replaced on purpose:
   ``pscluster_host_key_policy: accept-new`` (like OpenSSH's ``StrictHostKeyChecking=accept-new``);
   a changed key is refused either way.
 * Commands run on raw exec channels rather than Invoke runners, so stdin can be fed and closed
-  at once and a deadline bounds every call; keepalives every second let a dead host surface
-  within seconds instead of hanging the caller.
+  at once and a deadline bounds every call (``run``: its timeout; channel opening and SFTP: the
+  host's connect timeout).
+* A dead host is detected by :class:`_Watchdog`, not by paramiko's keepalive (which sends
+  requests that want no reply, so it never notices silence): every ``KEEPALIVE_SECONDS`` it sends
+  ``keepalive@openssh.com`` wanting a reply, and closes a connection that has answered nothing
+  for ``DEAD_AFTER_SECONDS``; whatever waits on it (a command, SFTP, a stream) then fails at once
+  with "connection lost" naming the host.
 """
 from __future__ import annotations
 
@@ -25,9 +30,10 @@ import fabric
 import paramiko
 
 from ..errors import HostError, UnreachableHostError
-from .base import CommandResult, Stream, Transport
+from .base import CommandResult, Stream, Transport, file_mode, temp_name
 
-KEEPALIVE_SECONDS = 1
+KEEPALIVE_SECONDS = 2
+DEAD_AFTER_SECONDS = 10     # OpenSSH answers in ms; 10 s of silence on a loaded 2-core box is a dead host
 _KNOWN_HOSTS_LOCK = threading.Lock()
 _CONFIG_LOCK = threading.Lock()
 _CONFIG: fabric.Config | None = None
@@ -80,12 +86,83 @@ class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
                 handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
+class _Watchdog(threading.Thread):
+    """Closes an SSH connection whose server stopped answering (see the module docstring)."""
+
+    def __init__(self, transport: paramiko.Transport, host: str):
+        super().__init__(name=f"ssh-watchdog-{host}", daemon=True)
+        self.transport = transport
+        self.dead = False
+
+    def run(self) -> None:
+        while self.transport.is_active():
+            answered = threading.Event()
+
+            def ask() -> None:
+                try:
+                    self.transport.global_request("keepalive@openssh.com", wait=True)
+                except Exception:     # the connection went away: the loop below sees it
+                    pass
+                answered.set()
+
+            threading.Thread(target=ask, daemon=True).start()
+            if not answered.wait(DEAD_AFTER_SECONDS):
+                self.dead = True
+                self.transport.close()
+                return
+            time.sleep(KEEPALIVE_SECONDS)
+
+
+class _Tunnel(threading.Thread):
+    """A local listener on 127.0.0.1 whose connections are carried to ``address:port`` over
+    the transport's SSH connection (like ``ssh -L``), two pump threads per connection."""
+
+    def __init__(self, owner: "SSHTransport", address: str, port: int):
+        super().__init__(name=f"ssh-tunnel-{owner.host.name}-{port}", daemon=True)
+        self.owner, self.target = owner, (address, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+
+    def run(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:          # stopped
+                return
+            try:
+                self.owner.connect()
+                channel = self.owner._conn.transport.open_channel(
+                    "direct-tcpip", self.target, ("127.0.0.1", 0), timeout=self.owner.host.connect_timeout)
+            except (paramiko.SSHException, OSError, EOFError):
+                client.close()       # the probe sees a closed connection: "not ready"
+                continue
+            for source, sink in ((client.recv, channel.sendall), (channel.recv, client.sendall)):
+                threading.Thread(target=_pump, args=(source, sink, client, channel), daemon=True).start()
+
+    def stop(self) -> None:
+        self.listener.close()
+
+
+def _pump(source, sink, client: socket.socket, channel) -> None:
+    try:
+        while True:
+            data = source(65536)
+            if not data:
+                break
+            sink(data)
+    except (OSError, EOFError, paramiko.SSHException):
+        pass
+    client.close()
+    channel.close()
+
+
 class SSHTransport(Transport):
     """Runs commands on a host over one persistent SSH connection."""
 
     def __init__(self, host):
         super().__init__(host)
         self._conn: fabric.Connection | None = None
+        self._tunnels: dict[tuple[str, int], _Tunnel] = {}
         self._lock = threading.Lock()
         self._sftp_lock = threading.Lock()
 
@@ -104,15 +181,18 @@ class SSHTransport(Transport):
                 return
             self._conn = self._open()
 
-    def _open(self) -> fabric.Connection:
+    def _connection(self, address: str, port: int | None, user: str | None,
+                    gateway: fabric.Connection | None) -> fabric.Connection:
+        """An unopened connection to one hop (or the host itself) with our host-key policy:
+        every hop is checked against known_hosts like the target, never auto-added."""
         timeout = self.host.connect_timeout
         connect_kwargs: dict = {"banner_timeout": timeout, "auth_timeout": timeout,
                                 "allow_agent": True, "look_for_keys": True}
         if self.host.key_file:
             connect_kwargs["key_filename"] = [os.path.expanduser(self.host.key_file)]
             connect_kwargs["look_for_keys"] = False
-        conn = fabric.Connection(host=self.host.address, user=self.host.user, port=self.host.ssh_port,
-                                 connect_timeout=timeout, connect_kwargs=connect_kwargs, config=_fabric_config())
+        conn = fabric.Connection(host=address, user=user, port=port, connect_timeout=timeout,
+                                 connect_kwargs=connect_kwargs, config=_fabric_config(), gateway=gateway)
         known_hosts = self.known_hosts_path()
         recorded = _known_host_keys(known_hosts)
         if recorded is not None:     # only this host's entries, under the name paramiko looks up
@@ -123,6 +203,26 @@ class SSHTransport(Transport):
             conn.client.set_missing_host_key_policy(AcceptNewPolicy(known_hosts))
         else:
             conn.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        return conn
+
+    def jumps(self) -> tuple[str, ...]:
+        """ProxyJump hops: the inventory's, else ~/.ssh/config's for this host (Fabric would
+        follow the latter itself, but with AutoAddPolicy on the hop)."""
+        if self.host.jump:
+            return self.host.jump
+        found = _fabric_config().base_ssh_config.lookup(self.host.address).get("proxyjump", "")
+        return tuple(hop.strip() for hop in found.split(",") if hop.strip() and hop.strip().lower() != "none")
+
+    def _open(self) -> fabric.Connection:
+        timeout = self.host.connect_timeout
+        known_hosts = self.known_hosts_path()
+        gateway = None
+        for hop in self.jumps():
+            user, _, rest = hop.rpartition("@")
+            address, _, port = rest.partition(":") if rest.count(":") == 1 else (rest, "", "")
+            gateway = self._connection(address.strip("[]"), int(port) if port else None, user or self.host.user,
+                                       gateway)
+        conn = self._connection(self.host.address, self.host.ssh_port, self.host.user, gateway)
         try:
             conn.open()
         except paramiko.BadHostKeyException as exc:
@@ -152,7 +252,7 @@ class SSHTransport(Transport):
             reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
             raise UnreachableHostError(self.host.name, f"cannot reach {self.where}: {reason}",
                                        hint="is the host up and sshd listening? check ansible_host / ansible_port") from None
-        conn.transport.set_keepalive(KEEPALIVE_SECONDS)
+        _Watchdog(conn.transport, self.host.name).start()
         return conn
 
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> CommandResult:
@@ -213,18 +313,31 @@ class SSHTransport(Transport):
         channel.settimeout(None)
         return Stream(lambda: channel.recv(65536), channel.close)
 
+    def tunnel(self, address: str, port: int) -> str | None:
+        """Behind a jump host, TF ports are probed through this SSH connection (a direct-tcpip
+        channel per probe connection), so the control machine needs to reach only the bastion."""
+        if not self.jumps():
+            return None
+        with self._lock:
+            tunnel = self._tunnels.get((address, port))
+            if tunnel is None or not tunnel.is_alive():
+                tunnel = self._tunnels[(address, port)] = _Tunnel(self, address, port)
+                tunnel.start()
+        return f"127.0.0.1:{tunnel.port}"
+
     def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
         self.connect()
         with self._sftp_lock:
             try:
                 sftp = self._conn.sftp()
+                sftp.get_channel().settimeout(max(30.0, self.host.connect_timeout * 3))
                 made: set[str] = set()
                 for local, remote in files:
                     path = remote[2:] if remote.startswith("~/") else remote   # SFTP starts in $HOME
                     self._makedirs(sftp, os.path.dirname(path), made)
-                    tmp = f"{path}.pscluster-tmp"
+                    tmp = temp_name(path)
                     sftp.put(local, tmp)
-                    sftp.chmod(tmp, mode if mode is not None else (os.stat(local).st_mode & 0o777))
+                    sftp.chmod(tmp, mode if mode is not None else file_mode(local))
                     sftp.posix_rename(tmp, path)
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 self._drop()
@@ -242,7 +355,10 @@ class SSHTransport(Transport):
             try:
                 sftp.stat(partial)
             except FileNotFoundError:
-                sftp.mkdir(partial)
+                try:
+                    sftp.mkdir(partial)
+                except OSError:        # another host sharing this filesystem made it meanwhile
+                    sftp.stat(partial)
             made.add(partial)
 
     def _drop(self) -> None:
@@ -255,4 +371,8 @@ class SSHTransport(Transport):
                 self._conn = None
 
     def close(self) -> None:
+        with self._lock:
+            tunnels, self._tunnels = list(self._tunnels.values()), {}
+        for tunnel in tunnels:
+            tunnel.stop()
         self._drop()

@@ -790,12 +790,31 @@ class Lab:
             capture_output=True, text=True, timeout=timeout, check=check,
         )
 
+    def hide_behind(self, name: str, bastion: str) -> None:
+        """Make ``name`` reachable from the control side only through ``bastion``: an nftables
+        table in its namespace drops packets from the bridge address (the control machine);
+        the bastion and the other hosts still reach it. Undone by :meth:`unhide`."""
+        rules = (f"table inet netlab_hide {{\n chain input {{\n type filter hook input priority 0; policy accept;\n"
+                 f" ip saddr {self.bridge_address} drop\n }}\n}}\n")
+        self.exec_in_netns(name, ["nft", "-f", "-"], check=True, input=rules)
+
+    def block(self, source: str, target: str) -> None:
+        """Drop every packet from ``source`` arriving at ``target`` (a one-way path cut between two
+        hosts; the control machine still reaches both). Undone by :meth:`unhide`."""
+        rules = (f"table inet netlab_block {{\n chain input {{\n type filter hook input priority 0; policy accept;\n"
+                 f" ip saddr {self.host(source).address} drop\n }}\n}}\n")
+        self.exec_in_netns(target, ["nft", "-f", "-"], check=True, input=rules)
+
+    def unhide(self, name: str) -> None:
+        for table in ("netlab_hide", "netlab_block"):
+            self.exec_in_netns(name, ["nft", "delete", "table", "inet", table])
+
     def exec_in_netns(self, name: str, argv: Sequence[str], *, timeout: float = 30,
-                      check: bool = False) -> subprocess.CompletedProcess:
+                      check: bool = False, input: str | None = None) -> subprocess.CompletedProcess:
         """Run ``argv`` inside that host's namespace via ``ip netns exec`` (no ssh)."""
         return subprocess.run(
             [IP, "netns", "exec", self.host(name).netns, *argv],
-            stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            stdin=None if input is not None else subprocess.DEVNULL, input=input, capture_output=True, text=True,
             timeout=timeout, check=check,
         )
 

@@ -1,0 +1,89 @@
+"""GPUs of a host from ``nvidia-smi`` output (pure parsing and rules; the query runs in preflight).
+
+Two queries, both ``--format=csv,noheader,nounits``:
+
+* ``--query-gpu=index,uuid,memory.used``          -> one line per GPU: ``0, GPU-xxxx, 312``
+* ``--query-compute-apps=gpu_uuid,pid,used_memory`` -> one line per process using a GPU
+
+``worker_gpus: auto`` becomes one task per listed GPU. A GPU is busy when a process uses it or
+its used memory exceeds the host's ``pscluster_gpu_busy_mib`` (default 1024): lab GPUs are shared.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+QUERY_GPUS = ("nvidia-smi", "--query-gpu=index,uuid,memory.used", "--format=csv,noheader,nounits")
+QUERY_APPS = ("nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits")
+
+
+class GpuQueryError(ValueError):
+    """nvidia-smi printed something this module cannot read; the message names the host."""
+
+
+@dataclass(frozen=True)
+class GpuApp:
+    pid: int
+    used_mib: int
+    user: str | None = None        # filled in on the host from /proc, when known
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    used_mib: int
+    apps: tuple[GpuApp, ...] = ()
+
+    def busy(self, threshold_mib: int) -> bool:
+        return bool(self.apps) or self.used_mib > threshold_mib
+
+    def describe(self) -> str:
+        users = ", ".join(f"{app.user or '?'}/pid {app.pid}" for app in self.apps)
+        return f"GPU {self.index}: {self.used_mib} MiB used" + (f" by {users}" if users else "")
+
+
+def _rows(host: str, text: str, columns: int, what: str) -> list[list[str]]:
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        cells = [cell.strip() for cell in line.split(",")]
+        if len(cells) != columns:
+            raise GpuQueryError(f"{host}: nvidia-smi {what} line {number} has {len(cells)} field(s), "
+                                f"expected {columns}: {line.strip()!r}")
+        rows.append(cells)
+    return rows
+
+
+def _int(host: str, value: str, what: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise GpuQueryError(f"{host}: nvidia-smi gave {value!r} for {what}, expected a number") from None
+
+
+def parse(host: str, gpus_csv: str, apps_csv: str, users: dict[int, str] | None = None) -> tuple[Gpu, ...]:
+    """The host's GPUs with the processes using each, from the two queries' outputs.
+
+    Raises:
+        GpuQueryError: malformed output (names the host and the line).
+    """
+    users = users or {}
+    apps: dict[str, list[GpuApp]] = {}
+    for uuid, pid, used in _rows(host, apps_csv, 3, "--query-compute-apps"):
+        pid_number = _int(host, pid, "a pid")
+        used_mib = _int(host, used, "used_memory") if used not in ("[N/A]", "[Not Supported]") else 0
+        apps.setdefault(uuid, []).append(GpuApp(pid_number, used_mib, users.get(pid_number)))
+    found = []
+    for index, uuid, used in _rows(host, gpus_csv, 3, "--query-gpu"):
+        found.append(Gpu(_int(host, index, "index"), uuid, _int(host, used, "memory.used"), tuple(apps.get(uuid, ()))))
+    return tuple(sorted(found, key=lambda gpu: gpu.index))
+
+
+def busy_gpus(gpus: tuple[Gpu, ...], threshold_mib: int) -> tuple[Gpu, ...]:
+    return tuple(gpu for gpu in gpus if gpu.busy(threshold_mib))
+
+
+def busy_message(host: str, busy: tuple[Gpu, ...]) -> str:
+    """The error for busy GPUs: host, GPU index, and who uses them."""
+    return f"{host}: GPU(s) already in use: " + "; ".join(gpu.describe() for gpu in busy)

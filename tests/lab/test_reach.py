@@ -1,0 +1,112 @@
+"""Reaching hosts over real SSH: a host that vanishes is reported within a bounded time."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from dataclasses import replace
+
+from cluster.errors import UnreachableHostError
+from cluster.plan import HostSpec
+from cluster.transport.ssh import SSHTransport
+from tests.helpers import assert_no_survivors, port_base, run_cli, run_json
+from tests.lab.netlab import venv_python
+
+pytestmark = [pytest.mark.lab]
+
+
+def _spec(lab, name: str) -> HostSpec:
+    return HostSpec(name=name, address=lab.host(name).address, connection="ssh", ssh_port=None, user="root",
+                    key_file=str(lab.key_path), python=venv_python(), workdir="/tmp", host_key_policy="strict",
+                    known_hosts=str(lab.known_hosts), connect_timeout=10.0)
+
+
+def test_a_host_that_vanishes_mid_command_is_named_within_seconds(lab3):
+    transport = SSHTransport(_spec(lab3, "node-3"))
+    try:
+        assert transport.run(["true"]).exit_code == 0
+        threading.Timer(1.0, lab3.cut, ["node-3"]).start()
+        began = time.monotonic()
+        with pytest.raises(UnreachableHostError) as caught:
+            transport.run(["sleep", "300"], timeout=600)       # only the keepalive watchdog can end this
+        elapsed = time.monotonic() - began
+    finally:
+        transport.close()
+    assert elapsed < 30, elapsed
+    assert caught.value.host == "node-3" and "lost" in str(caught.value)
+
+
+def test_a_hidden_host_is_reached_through_its_bastion_with_host_keys_checked(lab3, tmp_path):
+    lab3.hide_behind("node-3", "node-1")
+    try:
+        hidden = _spec(lab3, "node-3")
+        direct = SSHTransport(replace(hidden, connect_timeout=3.0))
+        with pytest.raises(UnreachableHostError):
+            direct.run(["true"])                                     # the control machine cannot reach it
+        via = SSHTransport(replace(hidden, jump=(f"root@{lab3.host('node-1').address}",)))
+        try:
+            result = via.run(["hostname"])
+            assert result.exit_code == 0 and result.stdout.strip() == "node-3"
+        finally:
+            via.close()
+        # The hop's key is checked like the target's: an empty known_hosts refuses the bastion.
+        strict = SSHTransport(replace(hidden, jump=(lab3.host("node-1").address,),
+                                      known_hosts=str(lab3.empty_known_hosts())))
+        with pytest.raises(UnreachableHostError):
+            strict.run(["true"])
+    finally:
+        lab3.unhide("node-3")
+
+
+@pytest.mark.tf
+def test_up_train_status_down_with_a_worker_behind_a_bastion(lab3, tmp_path, write_lab_inventory):
+    name = "lab-bastion"
+    state_dir = tmp_path / "state"
+    bastion = lab3.host("node-1").address
+    hidden = {"ansible_ssh_common_args": f"-o ProxyJump=root@{bastion}",
+              "pscluster_workdir": str(tmp_path / "work-3")}
+    groups = {"chief": {"node-1": {"pscluster_workdir": str(tmp_path / "work-1")}},
+              "ps": {"node-2": {"pscluster_workdir": str(tmp_path / "work-2")}},
+              "worker": {"node-3": hidden}}
+    inventory = write_lab_inventory(lab3, tmp_path / "bastion.yaml", groups, {
+        "pscluster_port_base": port_base(), "pscluster_mode": "async",
+        "pscluster_env": {"OMP_NUM_THREADS": 1}, "pscluster_intra_op_threads": 1})
+    lab3.hide_behind("node-3", "node-1")
+    try:
+        up = run_cli(["up", inventory, "--name", name], state_dir=state_dir)
+        assert up.returncode == 0, up.stdout + up.stderr
+        report = run_json(["train", "distributed_mnist", "--name", name, "--steps", 50], state_dir=state_dir,
+                          timeout=900)
+        assert report["global_step"] == 50
+        status = run_json(["status", "--name", name], state_dir=state_dir)
+        assert "worker:0" in json.dumps(status) and "ready" in json.dumps(status)
+    finally:
+        if (state_dir / f"{name}.json").exists():
+            down = run_cli(["down", "--name", name], state_dir=state_dir)
+            assert down.returncode == 0, down.stdout + down.stderr
+        lab3.unhide("node-3")
+    assert_no_survivors(name)
+
+
+def test_preflight_names_a_blocked_path_between_two_hosts_and_starts_nothing(lab3, tmp_path, write_lab_inventory):
+    name = "lab-reach"
+    state_dir = tmp_path / "state"
+    groups = {"chief": {"node-1": {"pscluster_workdir": str(tmp_path / "w1")}},
+              "ps": {"node-2": {"pscluster_workdir": str(tmp_path / "w2")}},
+              "worker": {"node-3": {"pscluster_workdir": str(tmp_path / "w3")}}}
+    base = port_base()
+    inventory = write_lab_inventory(lab3, tmp_path / "reach.yaml", groups, {"pscluster_port_base": base})
+    lab3.block("node-2", "node-3")
+    try:
+        up = run_cli(["up", inventory, "--name", name], state_dir=state_dir, timeout=120)
+    finally:
+        lab3.unhide("node-3")
+    text = up.stdout + up.stderr
+    assert up.returncode != 0, text
+    assert "node-2 → node-3:" in text and "timed out" in text, text
+    assert "node-1 → node-3" not in text                     # only the blocked path is named
+    assert "nothing was started" in text
+    assert_no_survivors(name)
