@@ -21,7 +21,7 @@ from rich.console import Console
 from . import console as ui
 from .codesync import local_workdir, project_root
 from .errors import PsclusterError, Terminated, UsageError
-from .inventory import MODES, load_inventory
+from .inventory import MODES, Inventory, load_inventory
 from .names import check_cluster_name
 from . import secrets as secrets_rule
 from .plan import ClusterPlan, PlanOptions, plan_cluster
@@ -42,10 +42,23 @@ class Env:
 
 
 def _plan(inventory: str, *, name: str | None, mode: str | None, port_base: int | None,
-          env: Env | None = None, limit: str | None = None) -> ClusterPlan:
+          env: Env | None = None, limit: str | None = None, pool: TransportPool | None = None) -> ClusterPlan:
+    """The plan of INVENTORY; with ``pool``, `<role>_gpus: auto` is resolved on the hosts."""
     options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=name,
                           mode=mode, port_base=port_base)
-    return plan_cluster(_inventory(env, inventory, limit, mode), options)
+    return _planned(_inventory(env, inventory, limit, mode), options, pool)
+
+
+def _planned(inventory: Inventory, options: PlanOptions, pool: TransportPool | None) -> ClusterPlan:
+    plan = plan_cluster(inventory, options)
+    if pool is not None and plan.auto_gpu_hosts:
+        from .preflight import resolve_auto_gpus
+        plan = plan_cluster(resolve_auto_gpus(inventory, plan, pool), options)
+    return plan
+
+
+allow_busy_opt = click.option("--allow-busy-gpus", is_flag=True,
+                              help="Start on GPUs that other processes already use (lab GPUs are shared).")
 
 
 def _inventory(env: Env | None, path: str, limit: str | None, mode: str | None,
@@ -149,15 +162,16 @@ def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base
 @port_opt
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
 @limit_opt
+@allow_busy_opt
 @click.pass_obj
 def check(env: Env, inventory: str, name: str | None, mode: str | None, port_base: int | None, as_json: bool,
-          limit: str | None) -> None:
+          limit: str | None, allow_busy_gpus: bool) -> None:
     """Preflight only: reachability, interpreter, TensorFlow, ports, GPUs, per host."""
     from .events import Reporter
     from .preflight import run_preflight
-    cluster = _plan(inventory, name=name, mode=mode, port_base=port_base, env=env, limit=limit)
     with env.pool_factory() as pool:
-        report = run_preflight(cluster, pool, Reporter())
+        cluster = _plan(inventory, name=name, mode=mode, port_base=port_base, env=env, limit=limit, pool=pool)
+        report = run_preflight(cluster, pool, Reporter(), allow_busy_gpus=allow_busy_gpus)
     if as_json:
         env.out.print_json(json.dumps({"ok": report.ok, "seconds": report.seconds,
                                        "checks": [asdict(result) for result in report.results]}))
@@ -176,21 +190,22 @@ def check(env: Env, inventory: str, name: str | None, mode: str | None, port_bas
 @click.option("--firewall", is_flag=True, help="Install nftables rules so only cluster members reach the ports.")
 @click.option("--json", "as_json", is_flag=True, help="Print the resulting status as JSON.")
 @limit_opt
+@allow_busy_opt
 @click.pass_obj
 def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: int | None, timeout: float,
-       firewall: bool, as_json: bool, limit: str | None) -> None:
+       firewall: bool, as_json: bool, limit: str | None, allow_busy_gpus: bool) -> None:
     """Preflight, sync code, start the standing servers and wait until they answer."""
     from dataclasses import replace as _replace
     from .launcher import bring_up, rows_after_up
-    cluster = _plan(inventory, name=name, mode=mode, port_base=port_base, env=env, limit=limit)
-    if firewall:
-        cluster = _replace(cluster, firewall=True)
-    secrets = _secrets(cluster)
     reporter = ui.RichReporter(env.err)
     try:
         with env.pool_factory() as pool:
+            cluster = _plan(inventory, name=name, mode=mode, port_base=port_base, env=env, limit=limit, pool=pool)
+            if firewall:
+                cluster = _replace(cluster, firewall=True)
+            secrets = _secrets(cluster)
             result = bring_up(cluster, store=env.store, reporter=reporter, timeout=timeout, pool=pool,
-                              secrets=secrets)
+                              secrets=secrets, allow_busy_gpus=allow_busy_gpus)
             reporter.close()
         _show_status(env, result.state, rows_after_up(result.state, result.devices), as_json=as_json)
     finally:
@@ -397,6 +412,9 @@ def export(env: Env, inventory: str, fmt: str, image: str | None, job: str, mode
         raise UsageError(f"no job named {job!r} in examples/",
                          hint=f"shipped jobs: {', '.join(known) or 'none'}; or give the job's path inside the image")
     cluster = _plan(inventory, name=name, mode=mode, port_base=None)
+    if cluster.auto_gpu_hosts:
+        raise UsageError(f"<role>_gpus: auto on {', '.join(cluster.auto_gpu_hosts)}: a manifest cannot count "
+                         "a host's GPUs", hint="list the masks in the inventory for export")
     manifest = tfjob_manifest(cluster, image=image or DEFAULT_IMAGE, job_command=train_command(cluster.mode, job),
                               restart_policy=restart_policy, name=name)
     text = yaml.safe_dump(manifest, sort_keys=False)
@@ -465,6 +483,10 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
     from . import bench as study
     from .training import resolve_job
     inv = _inventory(env, inventory, limit, None, roles=("worker",))
+    auto = [host.name for host in inv.hosts if any(slot.auto_gpus for slot in host.slots)]
+    if auto:
+        raise UsageError(f"<role>_gpus: auto on {', '.join(auto)}: bench needs each host's GPU slots up front",
+                         hint="list the masks (worker_gpus: [[0], [1]]) for bench")
     try:
         workers = tuple(sorted({int(item) for item in _csv(workers_text, "--workers")}))
     except ValueError:
@@ -559,11 +581,12 @@ class _ProgramCommand(click.Command):
 @click.option("--firewall", is_flag=True, help="One shot: install nftables rules so only cluster members reach the ports.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the final report, as JSON (output goes to stderr).")
 @limit_opt
+@allow_busy_opt
 @click.pass_context
 def run_program(ctx: click.Context, inventory: str | None, name: str | None, mode: str | None, port_base: int | None,
                 on_text: str | None, sync_paths: tuple[str, ...], restart_policy: str, max_restarts: int,
                 host_timeout: float, grace: float, timeout: float, firewall: bool, as_json: bool,
-                limit: str | None) -> None:
+                limit: str | None, allow_busy_gpus: bool) -> None:
     """Run your own program on every task: pscluster run [INVENTORY] [OPTIONS] -- PROGRAM [ARG...]
 
     With INVENTORY: one shot (preflight, sync, start every task, wait, stop everything). Without:
@@ -611,7 +634,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 inv = _inventory(env, inventory, limit, mode, roles=roles)
                 options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=name,
                                       mode=mode, port_base=port_base, roles=roles)
-                cluster = plan_cluster(inv, options)
+                cluster = _planned(inv, options, pool)
                 if firewall:
                     cluster = _replace(cluster, firewall=True)
                 if env.store.load(cluster.name) is not None:
@@ -622,7 +645,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 bringup = ui.RichReporter(env.err)
                 report = run_one_shot(cluster, lambda: remember(supervisor(cluster.name, True)), store=env.store,
                                       pool=pool, bringup_reporter=bringup, secrets=secrets, timeout=timeout,
-                                      grace=grace)
+                                      grace=grace, allow_busy_gpus=allow_busy_gpus)
             else:
                 resolved = env.store.resolve_name(name)
                 state = env.store.load(resolved)

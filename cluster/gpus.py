@@ -10,7 +10,11 @@ its used memory exceeds the host's ``pscluster_gpu_busy_mib`` (default 1024): la
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+from .errors import InventoryError
+from .inventory import Inventory
 
 QUERY_GPUS = ("nvidia-smi", "--query-gpu=index,uuid,memory.used", "--format=csv,noheader,nounits")
 QUERY_APPS = ("nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits")
@@ -87,3 +91,41 @@ def busy_gpus(gpus: tuple[Gpu, ...], threshold_mib: int) -> tuple[Gpu, ...]:
 def busy_message(host: str, busy: tuple[Gpu, ...]) -> str:
     """The error for busy GPUs: host, GPU index, and who uses them."""
     return f"{host}: GPU(s) already in use: " + "; ".join(gpu.describe() for gpu in busy)
+
+
+def from_query(host: str, query: Mapping[str, Any] | None) -> tuple[Gpu, ...] | None:
+    """The GPUs hostctl's ``facts`` reported (None: not asked, or no GPU listed).
+
+    Raises:
+        GpuQueryError: nvidia-smi failed or printed something unreadable (names the host).
+    """
+    if not query:
+        return None
+    if query.get("error"):
+        raise GpuQueryError(f"{host}: {query['error']}")
+    users = {int(pid): user for pid, user in (query.get("users") or {}).items() if str(pid).isdigit()}
+    return parse(host, query.get("gpus") or "", query.get("apps") or "", users)
+
+
+def resolve_auto(inventory: Inventory, counts: Mapping[str, int]) -> Inventory:
+    """``<role>_gpus: auto`` made concrete: one task per GPU that the host lists, GPU i alone
+    for task i (``counts``: GPUs per host, as nvidia-smi listed them at preflight).
+
+    Raises:
+        InventoryError: a host with ``auto`` lists no GPU (names the file, line and key).
+    """
+    hosts = []
+    for host in inventory.hosts:
+        slots = []
+        for slot in host.slots:
+            if slot.auto_gpus:
+                found = counts.get(host.name, 0)
+                if found == 0:
+                    raise InventoryError(slot.origin.file, slot.origin.line, slot.origin.key_path,
+                                         f"{slot.role}_gpus: auto, but nvidia-smi lists no GPU on {host.name}",
+                                         hint=f"list masks for {host.name} ({slot.role}_gpus: [[]] for one CPU task), "
+                                              "or leave it out with --limit")
+                slot = replace(slot, count=found, gpus=tuple(str(index) for index in range(found)), auto_gpus=False)
+            slots.append(slot)
+        hosts.append(replace(host, slots=tuple(slots)))
+    return replace(inventory, hosts=tuple(hosts))

@@ -12,7 +12,7 @@ import importlib.util
 import json
 import zlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from .errors import HostError
 from .plan import TaskSpec
@@ -93,6 +93,9 @@ class HostFacts:
     uid: int
     ssh_client: str | None = None
     root: bool | None = None
+    # nvidia-smi's per-GPU memory and compute-apps queries (CSV) and the user of each app's pid,
+    # or {"error": ...}: parsed by cluster/gpus.py (None when GPUs were not asked for or none).
+    gpu_query: Mapping[str, Any] | None = None
 
 
 def facts(transport: Transport, *, ports: Sequence[int], gpus: bool, workdir: str | None,
@@ -108,7 +111,7 @@ def facts(transport: Transport, *, ports: Sequence[int], gpus: bool, workdir: st
         gpus=tuple(answer["gpus"]) if answer.get("gpus") is not None else None,
         gpu_error=answer.get("gpu_error"), workdir_error=answer.get("workdir_error"),
         tools=tuple(sorted((answer.get("tools") or {}).items())), uid=answer.get("uid", -1),
-        ssh_client=answer.get("ssh_client"), root=answer.get("root"))
+        ssh_client=answer.get("ssh_client"), root=answer.get("root"), gpu_query=answer.get("gpu_query"))
 
 
 def start(transport: Transport, task: TaskSpec, record: ProcessRecord, *, argv: Sequence[str],

@@ -248,7 +248,7 @@ class UpResult:
 
 def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeout: float = DEFAULT_READY_TIMEOUT,
              root: Path | None = None, pool: TransportPool | None = None,
-             secrets: Secrets | None = None) -> UpResult:
+             secrets: Secrets | None = None, allow_busy_gpus: bool = False) -> UpResult:
     """Preflight, sync, install the firewall if asked, start the standing servers and wait
     until they answer.
 
@@ -276,7 +276,7 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
     writer = StateWriter(store, state, expect_phase="starting")
     devices: dict[str, tuple[str, ...]] = {}
     try:
-        report = run_preflight(plan, pool, reporter)
+        report = run_preflight(plan, pool, reporter, allow_busy_gpus=allow_busy_gpus)
         if not report.ok:
             store.delete(plan.name)   # nothing started: leave nothing behind
             report.raise_for_failures()

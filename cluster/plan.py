@@ -34,6 +34,7 @@ UNUSED_REASONS = {
 }
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 DEFAULT_REMOTE_WORKDIR = "~/pscluster"
+AUTO_GPUS = "auto"          # a task's mask until preflight counts the host's GPUs (plan shows it)
 DEFAULT_REMOTE_PYTHON = "python3"
 # Defaults every task gets; a host's pscluster_env overrides any of them. TF logging
 # is quieted. oneDNN's CPU kernels are turned on: TensorFlow enables them by itself
@@ -70,6 +71,7 @@ class HostSpec:
     secret_env_roles: tuple[str, ...] = ()     # standing roles that also get the secrets
     jump: tuple[str, ...] = ()                 # ProxyJump hops "[user@]host[:port]", first hop first
     become_user: str | None = None             # tasks run as this user (sudo -n -H -u)
+    gpu_busy_mib: int = 1024                   # a GPU using more memory is busy at preflight
 
     @property
     def is_local(self) -> bool:
@@ -118,6 +120,11 @@ class ClusterPlan:
     hosts: tuple[HostSpec, ...]
     unused: tuple[tuple[str, str], ...] = ()
     firewall: bool = False
+
+    @property
+    def auto_gpu_hosts(self) -> tuple[str, ...]:
+        """Hosts with `<role>_gpus: auto` tasks not yet resolved against their GPUs."""
+        return tuple(dict.fromkeys(t.host for t in self.tasks if t.cuda_visible_devices == AUTO_GPUS))
 
     def host(self, name: str) -> HostSpec:
         return next(host for host in self.hosts if host.name == name)
@@ -262,7 +269,8 @@ def _host_spec(host: HostConfig, options: PlanOptions) -> HostSpec:
                     ssh_port=host.ssh_port, user=host.user, key_file=host.key_file, python=python,
                     workdir=workdir, host_key_policy=host.host_key_policy, known_hosts=host.known_hosts,
                     connect_timeout=host.connect_timeout, secret_env=host.secret_env,
-                    secret_env_roles=host.secret_env_roles, jump=host.jump, become_user=host.become_user)
+                    secret_env_roles=host.secret_env_roles, jump=host.jump, become_user=host.become_user,
+                    gpu_busy_mib=host.gpu_busy_mib)
 
 
 def _slots(inventory: Inventory) -> list[_Slot]:
@@ -277,7 +285,9 @@ def _slots(inventory: Inventory) -> list[_Slot]:
                 continue
             for local_index in range(role_slots.count):
                 gpus: str | None
-                if role_slots.gpus is not None:
+                if role_slots.auto_gpus:
+                    gpus = AUTO_GPUS          # resolved at preflight (cluster/gpus.py resolve_auto)
+                elif role_slots.gpus is not None:
                     gpus = role_slots.gpus[local_index]
                 else:
                     gpus = "" if role == "ps" else None   # a ps must not grab GPU memory
@@ -356,7 +366,7 @@ def _task_env(slot: _Slot, tf_config: str, name: str) -> tuple[tuple[str, str], 
     env["TF_CONFIG"] = tf_config
     env["PSCLUSTER_CLUSTER"] = name
     env["PSCLUSTER_TASK"] = f"{slot.role}:{slot.index}"
-    if slot.gpus is not None:
+    if slot.gpus is not None and slot.gpus != AUTO_GPUS:
         env["CUDA_VISIBLE_DEVICES"] = slot.gpus
     if slot.host.intra_op_threads is not None:
         env["PSCLUSTER_INTRA_OP_THREADS"] = str(slot.host.intra_op_threads)

@@ -9,10 +9,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from . import hostops
+from . import gpus, hostops
 from .errors import Failure, HostError, MultiHostError, PsclusterError
 from .events import Check as CheckResult  # one type: a check is also the event that reports it
 from .events import Reporter
+from .inventory import Inventory
 from .plan import ClusterPlan, HostSpec, loopback_addresses
 from .transport import TransportPool
 
@@ -56,7 +57,8 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, connect_seconds: float) -> list[CheckResult]:
+def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, connect_seconds: float, *,
+               allow_busy_gpus: bool = False) -> list[CheckResult]:
     """The checks of one host, from what it reported (pure)."""
     name = host.name
     tasks = [task for task in plan.tasks if task.host == name]
@@ -95,7 +97,8 @@ def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, conn
                                        f"{', '.join(users)} ask(s) for GPU {', '.join(map(str, missing))}, but {found}",
                                        hint="fix <role>_gpus for this host, or [] for CPU-only tasks"))
         else:
-            results.append(CheckResult(name, "gpus", True, f"{available} GPU(s); masks use {wanted}"))
+            results.append(_busy_check(host, facts, wanted, allow_busy_gpus)
+                           or CheckResult(name, "gpus", True, f"{available} GPU(s); masks use {wanted}"))
     if facts.workdir_error:
         results.append(CheckResult(name, "workdir", False, f"not writable: {facts.workdir_error}",
                                    hint="set pscluster_workdir to a directory this user can write"))
@@ -190,9 +193,58 @@ def _quiet(work):
     return run
 
 
-def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter) -> CheckReport:
+def _busy_check(host: HostSpec, facts: hostops.HostFacts, wanted: list[int], allow: bool) -> CheckResult | None:
+    """A failed check when a GPU the plan masks is already used by someone (lab GPUs are shared)."""
+    try:
+        found = gpus.from_query(host.name, facts.gpu_query)
+    except gpus.GpuQueryError as exc:
+        return CheckResult(host.name, "gpus", False, str(exc), hint="check nvidia-smi on that host")
+    busy = tuple(gpu for gpu in gpus.busy_gpus(found or (), host.gpu_busy_mib) if gpu.index in wanted)
+    if not busy:
+        return None
+    if allow:
+        return CheckResult(host.name, "gpus", True, "shared on purpose (--allow-busy-gpus): "
+                           + "; ".join(gpu.describe() for gpu in busy))
+    return CheckResult(host.name, "gpus", False, gpus.busy_message(host.name, busy),
+                       hint=f"pick other GPUs, raise pscluster_gpu_busy_mib (now {host.gpu_busy_mib}), leave the host "
+                            "out with --limit, or share them anyway with --allow-busy-gpus")
+
+
+def resolve_auto_gpus(inventory: Inventory, plan: ClusterPlan, pool: TransportPool) -> Inventory:
+    """The inventory with every ``<role>_gpus: auto`` replaced by one task per GPU that
+    ``nvidia-smi -L`` lists on its host now (asked in parallel).
+
+    Raises:
+        MultiHostError: a host could not be asked, or nvidia-smi failed there.
+        InventoryError: a host with ``auto`` has no GPU.
+    """
+    def count(name: str) -> int:
+        host = plan.host(name)
+        facts = hostops.facts(pool.get(host), ports=(), gpus=True, workdir=None)
+        if facts.gpu_error:
+            raise HostError(name, f"worker_gpus/chief_gpus: auto needs nvidia-smi: {facts.gpu_error}",
+                            hint="install the NVIDIA driver there, or list the masks in the inventory")
+        return len(facts.gpus or ())
+
+    names = plan.auto_gpu_hosts
+    counts, failures = {}, []
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(names)))) as executor:
+        for name, future in [(name, executor.submit(count, name)) for name in names]:
+            try:
+                counts[name] = future.result()
+            except PsclusterError as exc:
+                failures.append(Failure(name, exc))
+    if failures:
+        raise MultiHostError(f"could not count the GPUs of {len(failures)} host(s) for '<role>_gpus: auto'", failures)
+    return gpus.resolve_auto(inventory, counts)
+
+
+def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, *,
+                  allow_busy_gpus: bool = False) -> CheckReport:
     """Check every host of the plan in parallel and report each check as it is known."""
     start = time.monotonic()
+    if plan.auto_gpu_hosts:        # the CLI resolves them first (resolve_auto_gpus): a bug if not
+        raise PsclusterError(f"<role>_gpus: auto is not resolved on {', '.join(plan.auto_gpu_hosts)}")
     reporter.emit("phase", name="preflight", detail=f"{len(plan.hosts)} host(s)")
 
     def one(host: HostSpec) -> tuple[list[CheckResult], hostops.HostFacts | None]:
@@ -208,7 +260,7 @@ def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter) ->
         except HostError as exc:
             check = "ssh" if "interpreter" not in exc.message else "python"
             return [CheckResult(host.name, check, False, exc.message.split(": ", 1)[-1], hint=exc.hint)], None
-        return check_host(plan, host, facts, connected), facts
+        return check_host(plan, host, facts, connected, allow_busy_gpus=allow_busy_gpus), facts
 
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(plan.hosts)))) as executor:
         outcomes = list(executor.map(one, plan.hosts))

@@ -232,13 +232,15 @@ def _in_dir(task: TaskSpec, cwd: str) -> TaskSpec:
 
 
 def run_one_shot(plan: ClusterPlan, make_supervisor, *, store: StateStore, pool: TransportPool,
-                 bringup_reporter: Reporter, secrets: Secrets, timeout: float, grace: float) -> dict:
+                 bringup_reporter: Reporter, secrets: Secrets, timeout: float, grace: float,
+                 allow_busy_gpus: bool = False) -> dict:
     """Bring ``plan`` up (no standing server: every task runs the program), run, and always
     take it down again, even after a failure or Ctrl-C.
 
     ``make_supervisor()`` returns the :class:`ProgramSupervisor` once the cluster is up.
     """
-    bring_up(plan, store=store, reporter=bringup_reporter, timeout=timeout, pool=pool, secrets=secrets)
+    bring_up(plan, store=store, reporter=bringup_reporter, timeout=timeout, pool=pool, secrets=secrets,
+             allow_busy_gpus=allow_busy_gpus)
     bringup_reporter.close()
     try:
         return make_supervisor().run()

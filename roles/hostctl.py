@@ -130,6 +130,33 @@ def _port_busy(socket, port):
     return None
 
 
+def _gpu_query(subprocess):
+    """Per-GPU memory and the processes using each GPU (cluster/gpus.py parses them), with the
+    user owning each of those processes: lab GPUs are shared, and a busy one is named with who."""
+    out = {}
+    for key, query in (("gpus", "--query-gpu=index,uuid,memory.used"),
+                       ("apps", "--query-compute-apps=gpu_uuid,pid,used_memory")):
+        try:
+            done = subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, timeout=20, universal_newlines=True)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return {"error": "nvidia-smi %s: %s" % (query, exc)}
+        if done.returncode:
+            return {"error": "nvidia-smi %s: %s" % (query, done.stderr.strip() or "exit %d" % done.returncode)}
+        out[key] = done.stdout
+    users = {}
+    for line in out["apps"].splitlines():
+        cells = [cell.strip() for cell in line.split(",")]
+        if len(cells) == 3 and cells[1].isdigit():
+            try:
+                import pwd
+                users[cells[1]] = pwd.getpwuid(os.stat("/proc/" + cells[1]).st_uid).pw_name
+            except (OSError, KeyError, ImportError):
+                pass
+    out["users"] = users
+    return out
+
+
 def op_facts(req):
     import socket
     result = {"python": sys.version.split()[0], "executable": sys.executable,
@@ -149,6 +176,8 @@ def op_facts(req):
             result["gpus"], result["gpu_error"] = [], "nvidia-smi not found"
         except subprocess.TimeoutExpired:
             result["gpus"], result["gpu_error"] = [], "nvidia-smi -L timed out"
+        if result["gpus"]:
+            result["gpu_query"] = _gpu_query(subprocess)
     workdir = req.get("workdir")
     if workdir:
         path = _expand(workdir)
