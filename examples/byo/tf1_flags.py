@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ps_hosts", required=True, help="comma-separated host:port of the ps tasks")
     parser.add_argument("--worker_hosts", required=True, help="comma-separated host:port of the workers")
-    parser.add_argument("--job_name", required=True, choices=["ps", "worker"],
+    parser.add_argument("--job_name", required=True, choices=["ps", "worker", "chief"], metavar="{ps,worker}",
                         help="this process's job (TF1 between-graph training has no 'chief' job: "
                              "worker 0 is the chief)")
     parser.add_argument("--task_index", type=int, required=True)
@@ -52,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", help="mnist.npz (default: data/mnist.npz here, else pscluster's bundled copy)")
     parser.add_argument("--log_every", type=int, default=100, help="print progress every N local steps")
     args = parser.parse_args(argv)
+    if args.job_name == "chief":
+        parser.error("--job_name chief: TF1 between-graph training has no chief job (worker 0 is the chief); "
+                     "under pscluster run, start it with --on ps,worker or on a --mode sync-ps cluster")
     hosts = {"ps": split_hosts(args.ps_hosts), "worker": split_hosts(args.worker_hosts)}
     if not hosts["worker"]:
         parser.error("--worker_hosts lists no worker")
