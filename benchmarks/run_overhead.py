@@ -16,14 +16,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.byhand import PROGRAM, parse_final, plan_tasks, run_once
-from benchmarks.common import REPO, cli, print_columns
+from benchmarks.byhand import LOCAL, PROGRAM, parse_final, plan_tasks, run_once
+from benchmarks.common import cli, print_columns
 
 PORTS = {"run": 39400, "hand": 39450}
 
 
 def pscluster_once(steps: int, work: Path, round_index: int) -> dict:
-    args = ["run", REPO / "inventories" / "local.yaml", "--name", f"overhead-run-{round_index}", "--port-base",
+    args = ["run", LOCAL, "--name", f"overhead-run-{round_index}", "--port-base",
             PORTS["run"], "--on", "ps,worker", "--json", "--", "python", PROGRAM, "--ps_hosts={ps_hosts}",
             "--worker_hosts={worker_hosts}", "--job_name={job_name}", "--task_index={task_index}",
             "--steps", steps]
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                     result = pscluster_once(args.steps, folder, index)
                     runs.append(result)
                 else:
-                    result = run_once(plan_tasks(2, 2, PORTS["hand"], args.steps), folder)
+                    result = run_once(plan_tasks(LOCAL, PORTS["hand"], args.steps), folder)
                     hands.append(result)
                 final = result["final"] or {}
                 rows.append((str(index + 1), side, f"{result['wall_seconds']:.1f}", str(final.get("accuracy")),

@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sync_replicas", action="store_true",
                         help="synchronous updates (SyncReplicasOptimizer, one gradient per worker per step)")
     parser.add_argument("--data", help="mnist.npz (default: data/mnist.npz here, else pscluster's bundled copy)")
-    parser.add_argument("--log_every", type=int, default=100, help="print progress every N local steps")
+    parser.add_argument("--log_every", type=int, default=50, help="print progress every N local steps")
     args = parser.parse_args(argv)
     if args.job_name == "chief":
         parser.error("--job_name chief: TF1 between-graph training has no chief job (worker 0 is the chief); "
@@ -133,6 +133,8 @@ def train(tf, args: argparse.Namespace, cluster, server) -> None:
 
     # Only the ps and this worker: without the filter the session waits for every worker.
     config = tf.compat.v1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{index}"])
+    if not is_chief:
+        wait_for_chief(tf, server.target, config)
     local_steps, step = 0, 0
     with tf.compat.v1.train.MonitoredTrainingSession(master=server.target, is_chief=is_chief, hooks=hooks,
                                                      config=config, log_step_count_steps=None) as session:
@@ -153,6 +155,7 @@ def train(tf, args: argparse.Namespace, cluster, server) -> None:
                 batch_loss, batch_hits = raw.run([loss, correct], feed)
                 total_loss += batch_loss * len(feed[labels])
                 hits += batch_hits
+            step = raw.run(global_step)      # the last step of any worker, not the one this one saw
             print(f"final test_accuracy={hits / len(x_test):.4f} test_loss={total_loss / len(x_test):.4f} "
                   f"steps={step} seconds={time.monotonic() - started:.1f}", flush=True)
         else:
@@ -160,6 +163,21 @@ def train(tf, args: argparse.Namespace, cluster, server) -> None:
         # Leave without closing the session: its teardown can wait on peers that are gone.
         sys.stdout.flush()
         os._exit(0)
+
+
+def wait_for_chief(tf, target: str, config, poll_seconds: float = 0.2) -> None:
+    """Block until the chief has initialized the variables on the ps.
+
+    A non-chief worker's MonitoredTrainingSession checks for that and, if it is not done yet,
+    sleeps 30 s before looking again (SessionManager's recovery_wait_secs, which
+    MonitoredTrainingSession does not expose): on a 2-core machine the chief then ran a whole
+    700-step job alone while worker 1 slept, and every run took 30 s longer. Polling here
+    first, the session finds the model ready at once.
+    """
+    uninitialized = tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables())
+    with tf.compat.v1.Session(target, config=config) as session:
+        while len(session.run(uninitialized)):
+            time.sleep(poll_seconds)
 
 
 if __name__ == "__main__":
