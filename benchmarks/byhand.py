@@ -2,12 +2,15 @@
 worker with ``--ps_hosts/--worker_hosts/--job_name/--task_index``, wait for the workers, then
 kill the parameter servers (which never exit by themselves).
 
-Same program (examples/byo/tf1_flags.py), same interpreter, same environment as
-``pscluster run inventories/local.yaml --on ps,worker`` gives each task: pscluster's task
-defaults (cluster/plan.py ``BASE_ENV``), the inventory's ``pscluster_env`` and a CPU-only mask
-for the ps. Used by benchmarks/run_overhead.py; alone:
+Same program (examples/byo/tf1_flags.py), interpreter, ports and environment as
+``pscluster run inventories/local.yaml --on ps,worker --port-base N`` gives each task, taken
+from pscluster's own plan of the inventory: pscluster's task defaults (cluster/plan.py
+``BASE_ENV``), the inventory's ``pscluster_env``, the plan's ``CUDA_VISIBLE_DEVICES`` mask
+("" for the ps). Left out, as a person typing the commands would: ``TF_CONFIG`` and the
+``PSCLUSTER_*`` variables (the TF1 script reads its flags only). Used by
+benchmarks/run_overhead.py; alone:
 
-    python -m benchmarks.byhand [--ps 2] [--workers 2] [--steps 2000] [--port-base 39300] [--json]
+    python -m benchmarks.byhand [--inventory inventories/local.yaml] [--steps 2000] [--port-base 39300] [--json]
 """
 from __future__ import annotations
 
@@ -24,12 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.common import REPO
-from cluster.plan import BASE_ENV
+from cluster.inventory import load_inventory
+from cluster.plan import PlanOptions, plan_cluster
+
+LOCAL = REPO / "inventories" / "local.yaml"
 
 PROGRAM = "examples/byo/tf1_flags.py"
 FINAL = re.compile(r"final test_accuracy=(?P<accuracy>[0-9.]+) test_loss=(?P<loss>[0-9.naif]+) "
                    r"steps=(?P<steps>\d+) seconds=(?P<seconds>[0-9.]+)")
-INVENTORY_ENV = {"OMP_NUM_THREADS": "1"}      # inventories/local.yaml's pscluster_env
 
 
 @dataclass(frozen=True)
@@ -40,20 +45,22 @@ class HandTask:
     env: tuple[tuple[str, str], ...]
 
 
-def plan_tasks(ps: int, workers: int, port_base: int, steps: int, python: str = sys.executable) -> list[HandTask]:
-    """The command line and environment of every process, ps first."""
-    hosts = {"ps": [f"localhost:{port_base + i}" for i in range(ps)],
-             "worker": [f"localhost:{port_base + ps + i}" for i in range(workers)]}
+def plan_tasks(inventory: Path, port_base: int, steps: int, python: str = sys.executable) -> list[HandTask]:
+    """The command line and environment of every ps and worker process, ps first, as
+    ``pscluster run INVENTORY --on ps,worker --port-base PORT_BASE`` would start them here."""
+    plan = plan_cluster(load_inventory(str(inventory)), PlanOptions(
+        local_python=python, local_workdir=str(REPO), port_base=port_base, roles=("ps", "worker")))
+    spec = plan.cluster_spec
     tasks = []
-    for job_name, count in (("ps", ps), ("worker", workers)):
-        for index in range(count):
-            env = {**dict(BASE_ENV), **INVENTORY_ENV}
-            if job_name == "ps":
-                env["CUDA_VISIBLE_DEVICES"] = ""
-            argv = (python, PROGRAM, f"--ps_hosts={','.join(hosts['ps'])}",
-                    f"--worker_hosts={','.join(hosts['worker'])}", f"--job_name={job_name}",
-                    f"--task_index={index}", "--steps", str(steps))
-            tasks.append(HandTask(job_name, index, argv, tuple(sorted(env.items()))))
+    for task in (*plan.tasks_of("ps"), *plan.tasks_of("worker")):
+        host = plan.host(task.host)
+        if not host.is_local:
+            raise ValueError(f"{inventory}: host {host.name} is not local; by hand here means on this machine")
+        env = {key: value for key, value in task.env if key != "TF_CONFIG" and not key.startswith("PSCLUSTER_")}
+        argv = (host.python, PROGRAM, f"--ps_hosts={','.join(spec['ps'])}",
+                f"--worker_hosts={','.join(spec['worker'])}", f"--job_name={task.role}",
+                f"--task_index={task.index}", "--steps", str(steps))
+        tasks.append(HandTask(task.role, task.index, argv, tuple(sorted(env.items()))))
     return tasks
 
 
@@ -96,14 +103,13 @@ def run_once(tasks: list[HandTask], work: Path, timeout: float = 1800) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ps", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--inventory", type=Path, default=LOCAL, help="local hosts only (default: local.yaml)")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--port-base", type=int, default=39300)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="pscluster-byhand-") as work:
-        result = run_once(plan_tasks(args.ps, args.workers, args.port_base, args.steps), Path(work))
+        result = run_once(plan_tasks(args.inventory, args.port_base, args.steps), Path(work))
     if args.json:
         print(json.dumps(result))
     else:

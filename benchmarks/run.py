@@ -1,6 +1,6 @@
 """Run pscluster's benchmarks and print one summary table.
 
-``python -m benchmarks [--only lifecycle,overhead,training,onednn,soak] [--quick] [--out results.json]``
+``python -m benchmarks [--only lifecycle,overhead,run_overhead,training,onednn,soak] [--quick] [--out results.json]``
 
 Each benchmark runs in its own process (``python -m benchmarks.<name> --json``) so a crash or a
 leak in one cannot skew another; run them on an otherwise idle machine. ``--quick`` shrinks the
@@ -19,10 +19,11 @@ from pathlib import Path
 from benchmarks.common import print_columns
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT = ("lifecycle", "overhead", "training", "onednn")
+DEFAULT = ("lifecycle", "overhead", "run_overhead", "training", "onednn")
 ARGS = {
     "lifecycle": (["--runs", "5"], ["--runs", "2"]),
     "overhead": (["--runs", "3", "--steps", "0"], ["--runs", "1", "--steps", "60", "--modes", "sync"]),
+    "run_overhead": (["--rounds", "3"], ["--rounds", "1", "--steps", "100"]),
     "training": ([], ["--runs", "1", "--quick"]),
     "onednn": (["--modes", "async,sync,sync-ps"], ["--quick", "--modes", "sync"]),
     "soak": (["--cycles", "20"], ["--cycles", "2"]),
@@ -68,6 +69,12 @@ def _rows(name: str, result: dict) -> list[tuple[str, str, str, str]]:
                 rows.append((f"train overhead ({mode}), outside the trainer", "seconds pscluster adds -> ratio",
                              f"{row['added_seconds']:.2f} s -> {row['ratio_without_noise']:.3f}", "<= 1.05"))
         return rows
+    if name == "run_overhead":
+        return [(f"pscluster run overhead (TF1 example, {result['steps']} steps)", "run / by hand (medians)",
+                 f"{result['ratio']:.3f} ({result['run_median_seconds']:.1f} s / "
+                 f"{result['hand_median_seconds']:.1f} s)", "<= 1.05"),
+                ("pscluster run overhead, outside the training", "seconds run adds -> ratio",
+                 f"{result['added_seconds']:.2f} s -> {result['ratio_without_noise']:.3f}", "<= 1.05")]
     if name == "soak":
         return [("soak", f"{result['cycles']} cycles up/train/down", f"{result['leaks_total']} leaks", "0")]
     if name == "onednn":

@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ps_hosts", required=True, help="comma-separated host:port of the ps tasks")
     parser.add_argument("--worker_hosts", required=True, help="comma-separated host:port of the workers")
-    parser.add_argument("--job_name", required=True, choices=["ps", "worker"],
+    parser.add_argument("--job_name", required=True, choices=["ps", "worker", "chief"], metavar="{ps,worker}",
                         help="this process's job (TF1 between-graph training has no 'chief' job: "
                              "worker 0 is the chief)")
     parser.add_argument("--task_index", type=int, required=True)
@@ -50,8 +50,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sync_replicas", action="store_true",
                         help="synchronous updates (SyncReplicasOptimizer, one gradient per worker per step)")
     parser.add_argument("--data", help="mnist.npz (default: data/mnist.npz here, else pscluster's bundled copy)")
-    parser.add_argument("--log_every", type=int, default=100, help="print progress every N local steps")
+    parser.add_argument("--join_timeout", type=float, default=120,
+                        help="seconds the chief waits for every worker to join before training without them")
+    parser.add_argument("--log_every", type=int, default=50, help="print progress every N local steps")
     args = parser.parse_args(argv)
+    if args.job_name == "chief":
+        parser.error("--job_name chief: TF1 between-graph training has no chief job (worker 0 is the chief); "
+                     "under pscluster run, start it with --on ps,worker or on a --mode sync-ps cluster")
     hosts = {"ps": split_hosts(args.ps_hosts), "worker": split_hosts(args.worker_hosts)}
     if not hosts["worker"]:
         parser.error("--worker_hosts lists no worker")
@@ -120,6 +125,10 @@ def train(tf, args: argparse.Namespace, cluster, server) -> None:
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits))
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), labels), tf.float32))
         global_step = tf.compat.v1.train.get_or_create_global_step()
+        # How many workers have joined: the chief starts training when all have (see below).
+        joined = tf.compat.v1.get_variable("workers_joined", [], tf.int32, trainable=False,
+                                           initializer=tf.compat.v1.zeros_initializer())
+        join = tf.compat.v1.assign_add(joined, 1)
         optimizer = tf.compat.v1.train.AdamOptimizer(args.learning_rate)
         hooks = [tf.compat.v1.train.StopAtStepHook(last_step=args.steps)]
         if args.sync_replicas:
@@ -130,9 +139,20 @@ def train(tf, args: argparse.Namespace, cluster, server) -> None:
 
     # Only the ps and this worker: without the filter the session waits for every worker.
     config = tf.compat.v1.ConfigProto(device_filters=["/job:ps", f"/job:worker/task:{index}"])
+    if not is_chief:
+        wait_for_chief(tf, server.target, config)
     local_steps, step = 0, 0
     with tf.compat.v1.train.MonitoredTrainingSession(master=server.target, is_chief=is_chief, hooks=hooks,
                                                      config=config, log_step_count_steps=None) as session:
+        _, step = session.run([join, global_step])
+        if is_chief:
+            # Asynchronous training would otherwise start with the chief alone: the other workers
+            # import TensorFlow and load the data later, and on a loaded 2-core machine the chief
+            # finished short jobs (700 steps, ~5 s) before worker 1 ran a single step.
+            deadline = time.monotonic() + args.join_timeout
+            while session.run(joined) < workers and time.monotonic() < deadline:
+                time.sleep(0.1)
+            print(f"worker 0: {min(session.run(joined), workers)} of {workers} workers joined, training", flush=True)
         while not session.should_stop():
             batch = rng.integers(0, len(x_train), args.batch_size)
             _, step, value = session.run([train_op, global_step, loss],
@@ -150,13 +170,33 @@ def train(tf, args: argparse.Namespace, cluster, server) -> None:
                 batch_loss, batch_hits = raw.run([loss, correct], feed)
                 total_loss += batch_loss * len(feed[labels])
                 hits += batch_hits
+            step = raw.run(global_step)      # the last step of any worker, not the one this one saw
             print(f"final test_accuracy={hits / len(x_test):.4f} test_loss={total_loss / len(x_test):.4f} "
                   f"steps={step} seconds={time.monotonic() - started:.1f}", flush=True)
         else:
-            print(f"worker {index}: done after {local_steps} local steps (global step {step})", flush=True)
+            print(f"worker {index}: done after {local_steps} local steps (the job ended at step {step})", flush=True)
         # Leave without closing the session: its teardown can wait on peers that are gone.
         sys.stdout.flush()
         os._exit(0)
+
+
+def wait_for_chief(tf, target: str, config, poll_seconds: float = 0.2, max_wait_seconds: float = 7200) -> None:
+    """Block until the chief has initialized the variables on the ps.
+
+    A non-chief worker's MonitoredTrainingSession checks for that and, if it is not done yet,
+    sleeps 30 s before looking again (SessionManager's recovery_wait_secs, which
+    MonitoredTrainingSession does not expose): on a 2-core machine the chief then ran a whole
+    700-step job alone while worker 1 slept, and every run took 30 s longer. Polling here
+    first, the session finds the model ready at once. Gives up after MonitoredTrainingSession's
+    own bound (max_wait_secs, 2 h).
+    """
+    uninitialized = tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables())
+    deadline = time.monotonic() + max_wait_seconds
+    with tf.compat.v1.Session(target, config=config) as session:
+        while len(session.run(uninitialized)):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the chief (worker 0) did not initialize the variables in {max_wait_seconds:.0f} s")
+            time.sleep(poll_seconds)
 
 
 if __name__ == "__main__":

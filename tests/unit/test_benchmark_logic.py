@@ -126,15 +126,37 @@ def test_overhead_rows_name_the_budget():
 # ----------------------------------------------------------------------------- run overhead (issue 11)
 
 def test_byhand_plans_the_classic_command_lines_with_runs_environment():
-    from benchmarks.byhand import plan_tasks
-    tasks = plan_tasks(2, 2, 5000, 300, python="/py")
+    from benchmarks.byhand import LOCAL, plan_tasks
+    tasks = plan_tasks(LOCAL, 5000, 300, python="/py")
     assert [(t.job_name, t.task_index) for t in tasks] == [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)]
-    assert tasks[3].argv == ("/py", "examples/byo/tf1_flags.py", "--ps_hosts=localhost:5000,localhost:5001",
-                             "--worker_hosts=localhost:5002,localhost:5003", "--job_name=worker", "--task_index=1",
+    # local.yaml's chief takes the port base even when only ps and workers run: the same ports as run's.
+    assert tasks[3].argv == ("/py", "examples/byo/tf1_flags.py", "--ps_hosts=localhost:5001,localhost:5002",
+                             "--worker_hosts=localhost:5003,localhost:5004", "--job_name=worker", "--task_index=1",
                              "--steps", "300")
     env = {t.job_name: dict(t.env) for t in tasks}
     assert env["ps"]["CUDA_VISIBLE_DEVICES"] == "" and "CUDA_VISIBLE_DEVICES" not in env["worker"]
     assert env["worker"]["OMP_NUM_THREADS"] == "1" and env["worker"]["TF_ENABLE_ONEDNN_OPTS"] == "1"
+    assert not [key for key in env["worker"] if key == "TF_CONFIG" or key.startswith("PSCLUSTER_")]
+
+
+def test_run_overhead_row_in_the_summary():
+    result = {"steps": 800, "ratio": 1.031, "run_median_seconds": 41.2, "hand_median_seconds": 40.0,
+              "added_seconds": 1.2, "ratio_without_noise": 1.03}
+    assert run._rows("run_overhead", result) == [
+        ("pscluster run overhead (TF1 example, 800 steps)", "run / by hand (medians)", "1.031 (41.2 s / 40.0 s)",
+         "<= 1.05"),
+        ("pscluster run overhead, outside the training", "seconds run adds -> ratio", "1.20 s -> 1.030", "<= 1.05")]
+
+
+def test_run_overhead_seconds_outside_the_training():
+    from benchmarks.run_overhead import added_seconds, outside_seconds
+
+    def result(wall, seconds):
+        return {"wall_seconds": wall, "final": {"seconds": seconds} if seconds is not None else None}
+    runs = [result(40.5, 33.2), result(41.0, 32.3), result(47.7, 34.5)]
+    hands = [result(33.3, 28.3), result(37.4, 30.7), result(53.9, 42.0), result(9.0, None)]   # no final line
+    assert outside_seconds(hands) == pytest.approx([5.0, 6.7, 11.9])
+    assert added_seconds(runs, hands) == pytest.approx(8.7 - 6.7)
 
 
 def test_final_line_and_ratio():

@@ -33,7 +33,8 @@ def test_tf1_flags_parse_the_classic_command_line():
 
 
 @pytest.mark.parametrize("extra, words", [
-    (["--job_name=chief", "--task_index=0"], "invalid choice: 'chief'"),     # worker 0 is the chief in TF1
+    (["--job_name=chief", "--task_index=0"], "has no chief job (worker 0 is the chief)"),
+    (["--job_name=evaluator", "--task_index=0"], "invalid choice: 'evaluator'"),
     (["--job_name=ps", "--task_index=2"], "--task_index 2 is not a ps task (2 listed)"),
     (["--job_name=worker", "--task_index=0", "--steps", "0"], "must be >= 1"),
 ])
