@@ -139,12 +139,23 @@ def check(env: Env, inventory: str, name: str | None, mode: str | None, port_bas
 @click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for every server to answer.")
 @click.option("--firewall", is_flag=True, help="Install nftables rules so only cluster members reach the ports.")
 @click.option("--json", "as_json", is_flag=True, help="Print the resulting status as JSON.")
+@click.option("--slurm", is_flag=True, help="Lay out the cluster on this Slurm allocation and WRITE it to INVENTORY; "
+              "tasks run as job steps (see README 'On a Slurm cluster').")
+@click.option("--ps", "slurm_ps", type=int, help="With --slurm: ps tasks (default: one per node).")
+@click.option("--chief/--no-chief", "slurm_chief", default=True, help="With --slurm: a chief on the first node.")
+@click.option("--workers-per-node", type=int, help="With --slurm: workers per node (default: the job's tasks per node).")
+@click.option("--evaluator", is_flag=True, help="With --slurm: an evaluator on the last node.")
+@click.option("--gpus-per-worker", type=int, default=0, help="With --slurm: GPUs per worker, of those Slurm granted.")
 @click.pass_obj
 def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: int | None, timeout: float,
-       firewall: bool, as_json: bool) -> None:
+       firewall: bool, as_json: bool, slurm: bool, slurm_ps: int | None, slurm_chief: bool,
+       workers_per_node: int | None, evaluator: bool, gpus_per_worker: int) -> None:
     """Preflight, sync code, start the standing servers and wait until they answer."""
     from dataclasses import replace as _replace
     from .launcher import bring_up, rows_after_up
+    if slurm:
+        _write_slurm_inventory(inventory, mode, _slurm_layout(slurm_ps, slurm_chief, workers_per_node, evaluator,
+                                                              gpus_per_worker))
     cluster = _plan(inventory, name=name, mode=mode, port_base=port_base)
     if firewall:
         cluster = _replace(cluster, firewall=True)
@@ -162,6 +173,25 @@ def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: 
         env.err.print(f"[green]cluster {cluster.name!r} is up[/] in {result.seconds:.1f} s "
                       f"({len(result.devices)} server(s) ready). Next: pscluster train distributed_mnist"
                       + (f" --name {cluster.name}" if len(env.store.names()) > 1 else ""))
+
+
+def _slurm_layout(ps, chief, workers_per_node, evaluator, gpus_per_worker):
+    from .slurm import Layout
+    return Layout(ps=ps, chief=chief, workers_per_node=workers_per_node, evaluator=evaluator,
+                  gpus_per_worker=gpus_per_worker)
+
+
+def _write_slurm_inventory(path: str, mode: str | None, layout) -> None:
+    """Write the inventory of this allocation (``up --slurm``); the later commands read it like any other."""
+    import yaml
+    from .slurm import layout_inventory
+    from .transport.slurm import read_allocation
+    alloc = read_allocation(dict(os.environ))
+    document = layout_inventory(alloc, layout, python=sys.executable, workdir=local_workdir(),
+                                mode=mode)
+    with open(path, "w") as handle:
+        handle.write(f"# written by `pscluster up --slurm` for Slurm job {alloc.job_id}\n")
+        yaml.safe_dump(document, handle, sort_keys=False)
 
 
 def _print_status(env: Env, name: str, *, as_json: bool, pool: TransportPool) -> None:
