@@ -36,7 +36,6 @@ class SlurmLab:
         os.chmod(self.dir, 0o755)
         self.nodes = [f"{self.tag}n{k}" for k in range(1, nodes + 1)]
         self.procs: list[subprocess.Popen] = []
-        self.munged_pid: int | None = None
         self.netns: list[str] = []
         self.env = dict(os.environ, SLURM_CONF=self._p("etc/slurm.conf"))
 
@@ -64,10 +63,16 @@ class SlurmLab:
         self._write_conf()
         self._sh("mungekey", "-c", "-k", self._p("munge/munge.key"))
         os.chmod(self._p("munge/munge.key"), 0o400)
-        self._sh("munged", f"--key-file={self._p('munge/munge.key')}", f"--socket={self._p('munge-run/munge.sock')}",
-                 f"--pid-file={self._p('munge-run/munged.pid')}", f"--log-file={self._p('log/munged.log')}",
-                 f"--seed-file={self._p('munge/munged.seed')}")
-        self.munged_pid = int(open(self._p("munge-run/munged.pid")).read())
+        # In the foreground, as our child: stopped by PID and reaped by us (SLURM.md T10).
+        self._daemon("munged", ["munged", "--foreground", f"--key-file={self._p('munge/munge.key')}",
+                                f"--socket={self._p('munge-run/munge.sock')}", f"--log-file={self._p('log/munged.log')}",
+                                f"--pid-file={self._p('munge-run/munged.pid')}",
+                                f"--seed-file={self._p('munge/munged.seed')}"])
+        deadline = time.monotonic() + 10
+        while not os.path.exists(self._p("munge-run/munged.pid")):
+            if time.monotonic() > deadline or self.procs[-1].poll() is not None:
+                raise RuntimeError(f"munged did not start; see {self._p('log/munged.out')}")
+            time.sleep(0.05)
         hosts = self._p("etc/hosts")
         self._daemon("ctld", ["unshare", "--uts", "--mount", "sh", "-c",
                               f"mount --bind {hosts} /etc/hosts && hostname {self.tag}ctl && exec slurmctld -D -i"])
@@ -211,11 +216,6 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if self.munged_pid:
-            try:
-                os.kill(self.munged_pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         for node in self.nodes:
             root = f"/sys/fs/cgroup/freezer/slurm_{node}"
             for dirpath, _, _ in sorted(os.walk(root), key=lambda item: -len(item[0])):
