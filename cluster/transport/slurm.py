@@ -37,7 +37,8 @@ hold = sys.argv[1] == "hold"
 p = subprocess.run(sys.argv[2:], input=sys.stdin.buffer.read(), capture_output=True)
 out = p.stdout.decode("utf-8", "replace")
 sys.stdout.write("%s%s\n" % (MARK, json.dumps({"rc": p.returncode, "stdout": out,
-                                               "stderr": p.stderr.decode("utf-8", "replace")})))
+                                               "stderr": p.stderr.decode("utf-8", "replace"),
+                                               "granted": os.environ.get("CUDA_VISIBLE_DEVICES")})))
 sys.stdout.flush()
 pids = []
 if hold and p.returncode == 0:
@@ -54,6 +55,24 @@ _WRITER = ("import os,sys;t=os.path.expanduser(sys.argv[1]);os.makedirs(os.path.
            "p=t+'.pscluster-tmp%d'%os.getpid();open(p,'wb').write(sys.stdin.buffer.read());"
            "os.chmod(p,int(sys.argv[2],8));os.replace(p,t)")
 HOLDING_OPERATIONS = ("start", "start_many")
+
+
+def _granted_gpus(facts_json: str, granted: str) -> str:
+    """Without nvidia-smi in the step, the GPUs Slurm granted there (its CUDA_VISIBLE_DEVICES) are
+    what preflight counts: one entry per id up to the highest (GRES on nodes without the NVIDIA
+    tools, as in tests/slurm). With nvidia-smi, its own answer stands."""
+    from ..slurm import parse_gpu_ids
+    try:
+        facts = json.loads(facts_json)
+    except ValueError:
+        return facts_json
+    ids = [int(gpu) for gpu in parse_gpu_ids(granted) if gpu.isdigit()]
+    if not isinstance(facts, dict) or facts.get("gpu_error") != "nvidia-smi not found" or not ids:
+        return facts_json
+    facts["gpus"] = [f"GPU {index}: granted by Slurm" + ("" if index in ids else " (not granted)")
+                     for index in range(max(ids) + 1)]
+    facts["gpu_error"] = None
+    return json.dumps(facts)
 
 
 def job_id() -> str:
@@ -94,7 +113,10 @@ class SlurmTransport(Transport):
                 if "Unable to" in message or "Invalid job id" in message or "Communication" in message:
                     raise UnreachableHostError(self.host.name, f"job {job_id()}: {message.strip()}", argv=command[:8])
                 return CommandResult(self.host.name, tuple(argv), proc.returncode or 1, "", message)
-        return CommandResult(self.host.name, tuple(argv), answer["rc"], answer["stdout"], answer["stderr"])
+        stdout = answer["stdout"]
+        if argv and argv[-1] == "facts" and answer["rc"] == 0 and answer.get("granted"):
+            stdout = _granted_gpus(stdout, answer["granted"])
+        return CommandResult(self.host.name, tuple(argv), answer["rc"], stdout, answer["stderr"])
 
     def _read_answer(self, proc: subprocess.Popen, timeout: float, argv: Sequence[str]) -> dict | None:
         deadline = time.monotonic() + timeout

@@ -10,6 +10,7 @@ import subprocess
 import time
 
 import pytest
+import yaml
 
 from tests.helpers import cli_argv, cli_env, cluster_pids, port_base
 
@@ -37,12 +38,21 @@ def test_up_train_down_inside_an_allocation(slurm_lab, tmp_path, mode):
     inventory = tmp_path / "slurm.yaml"
     started = time.monotonic()
     try:
+        too_many = _cli(slurm_lab, job, ["up", "--slurm", inventory, "--name", name, "--gpus-per-worker", 3],
+                        state_dir)
+        assert too_many.returncode == 2 and "need 3 GPUs" in too_many.stderr and "granted 2" in too_many.stderr
+        assert "Traceback" not in too_many.stderr and not cluster_pids(name)
         up = _cli(slurm_lab, job, ["up", "--slurm", inventory, "--name", name, "--mode", mode,
-                                   "--port-base", port_base()], state_dir)
+                                   "--port-base", port_base(), "--gpus-per-worker", 1], state_dir)
         assert up.returncode == 0, up.stdout + up.stderr
         seconds_up = time.monotonic() - started
         text = inventory.read_text()
         assert "ansible_connection: slurm" in text and f"job {job['SLURM_JOB_ID']}" in text
+        # One worker per node, each given the first GPU Slurm granted there (the step sees 0,1).
+        assert yaml.safe_load(text)["all"]["children"]["worker"]["hosts"] == {
+            node: {"worker_tasks": 1, "worker_gpus": [[0]]} for node in slurm_lab.nodes}
+        status = _cli(slurm_lab, job, ["status", "--name", name], state_dir)
+        assert status.returncode == 0 and slurm_lab.nodes[1] in status.stdout, status.stdout + status.stderr
         train = _cli(slurm_lab, job, ["train", "distributed_mnist", "--name", name, "--steps", 100, "--json"],
                      state_dir)
         assert train.returncode == 0, train.stdout + train.stderr
@@ -51,6 +61,8 @@ def test_up_train_down_inside_an_allocation(slurm_lab, tmp_path, mode):
         # The servers are steps of the job on its nodes (not plain processes of the caller).
         assert set(slurm_lab.cgroup_pids()) >= set(cluster_pids(name))
         print(f"slurm {mode}: up in {seconds_up:.1f} s, up+train {time.monotonic() - started:.1f} s")
+        logs = _cli(slurm_lab, job, ["logs", "--name", name, "worker:1"], state_dir)
+        assert logs.returncode == 0 and "pscluster:" in logs.stdout, logs.stdout + logs.stderr
         down = _cli(slurm_lab, job, ["down", "--name", name], state_dir)
         assert down.returncode == 0, down.stdout + down.stderr
         assert _wait_gone(slurm_lab, name) == ([], [])

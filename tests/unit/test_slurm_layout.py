@@ -98,3 +98,28 @@ def test_more_gpus_than_granted_fails_clearly():
     with pytest.raises(SlurmLayoutError, match=r"node n2: 2 worker\(s\) x 1 GPU\(s\) need 2 GPUs.*granted 1") as info:
         layout_inventory(alloc, Layout(gpus_per_worker=1), python="/py", workdir="/w")
     assert "--gres" in info.value.hint
+
+
+def test_preflight_counts_slurm_granted_gpus_only_without_nvidia_smi():
+    import json
+    from cluster.transport.slurm import _granted_gpus
+    missing = json.dumps({"gpus": [], "gpu_error": "nvidia-smi not found", "cpus": 4})
+    facts = json.loads(_granted_gpus(missing, "0,1"))
+    assert facts["gpus"] == ["GPU 0: granted by Slurm", "GPU 1: granted by Slurm"] and facts["gpu_error"] is None
+    assert json.loads(_granted_gpus(missing, "2"))["gpus"][2] == "GPU 2: granted by Slurm"
+    real = json.dumps({"gpus": ["GPU 0: A100"], "gpu_error": None})
+    assert _granted_gpus(real, "0,1") == real            # nvidia-smi's own answer stands
+
+
+def test_slurm_transport_runs_steps_of_the_calling_job(monkeypatch):
+    from cluster.errors import HostError
+    from cluster.plan import HostSpec
+    from cluster.transport import open_transport
+    host = HostSpec("n2", "n2", "slurm", None, None, None, "/py", "/w", "reject", None, 10.0)
+    transport = open_transport(host)
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    assert transport._srun()[:6] == ["srun", "--jobid=42", "--nodelist=n2", "--nodes=1", "--ntasks=1", "--overlap"]
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+    with pytest.raises(HostError, match="SLURM_JOB_ID is not set"):
+        transport._srun()
