@@ -328,8 +328,12 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
 
 @cli.command()
 @inventory_arg
-@click.option("--format", "fmt", type=click.Choice(["tfjob"]), default="tfjob", show_default=True,
-              help="Manifest format: a Kubeflow TFJob (kubeflow.org/v1).")
+@click.option("--format", "fmt", type=click.Choice(["tfjob", "sbatch"]), default="tfjob", show_default=True,
+              help="Manifest format: a Kubeflow TFJob (kubeflow.org/v1), or a Slurm batch script.")
+@click.option("--time", "time_limit", help="sbatch: the job's time limit (e.g. 1:00:00).")
+@click.option("--partition", help="sbatch: the partition.")
+@click.option("--gres", help="sbatch: generic resources per node (e.g. gpu:2).")
+@click.option("--steps", type=int, help="sbatch: training steps (default: the job's own).")
 @click.option("--image", help="Container image of every replica (docker/Dockerfile builds one).  [default: "
                               "pscluster-node:tf2.21.0-cpu]")
 @click.option("--job", default="distributed_mnist", show_default=True,
@@ -340,11 +344,15 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
               default="OnFailure", show_default=True, help="The replicas' restart policy.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the manifest to FILE, not stdout.")
 @click.pass_obj
-def export(env: Env, inventory: str, fmt: str, image: str | None, job: str, mode: str | None, name: str | None,
+def export(env: Env, inventory: str, fmt: str, time_limit: str | None, partition: str | None, gres: str | None,
+           steps: int | None, image: str | None, job: str, mode: str | None, name: str | None,
            restart_policy: str, output: str | None) -> None:
-    """Write the cluster as a manifest for another launcher (Kubernetes TFJob), touching no host."""
+    """Write the cluster as a manifest for another launcher (Kubernetes TFJob, Slurm sbatch), touching no host."""
     import yaml
     from .export import DEFAULT_IMAGE, secret_refs, tfjob_manifest, train_command
+    if fmt == "sbatch":
+        _export_sbatch(env, inventory, mode, name, job, steps, time_limit, partition, gres, output)
+        return
     shipped = project_root() / "examples"      # the image is built from this checkout
     if shipped.is_dir() and "/" not in job and not job.endswith(".py") and not (shipped / job / "job.py").is_file():
         known = sorted(p.name for p in shipped.iterdir() if (p / "job.py").is_file())
@@ -353,20 +361,38 @@ def export(env: Env, inventory: str, fmt: str, image: str | None, job: str, mode
     cluster = _plan(inventory, name=name, mode=mode, port_base=None)
     manifest = tfjob_manifest(cluster, image=image or DEFAULT_IMAGE, job_command=train_command(cluster.mode, job),
                               restart_policy=restart_policy, name=name)
-    text = yaml.safe_dump(manifest, sort_keys=False)
+    _write_output(env, yaml.safe_dump(manifest, sort_keys=False), output,
+                  f"wrote TFJob {manifest['metadata']['name']!r} to {output}")
+    for secret, keys in secret_refs(manifest).items():
+        env.err.print(f"the manifest reads {', '.join(keys)} from the Secret {secret!r}; create it first from a "
+                      f"file of KEY=value lines (not on a command line): kubectl create secret generic {secret} "
+                      "--from-env-file=FILE", markup=False, highlight=False)
+
+
+def _export_sbatch(env: Env, inventory: str, mode: str | None, name: str | None, job: str, steps: int | None,
+                   time_limit: str | None, partition: str | None, gres: str | None, output: str | None) -> None:
+    """The inventory's shape (hosts, workers per host) as a batch script that runs `up --slurm` inside."""
+    from .slurm import sbatch_script
+    cluster = _plan(inventory, name=name, mode=mode, port_base=None)
+    workers = [task.host for task in cluster.tasks if task.role == "worker"]
+    per_host = max((workers.count(host) for host in set(workers)), default=1)
+    text = sbatch_script(nodes=len(cluster.hosts), workers_per_node=per_host, mode=cluster.mode, job=job,
+                         python=sys.executable, checkout=str(project_root()), steps=steps, time_limit=time_limit,
+                         partition=partition, gres=gres, name=cluster.name)
+    _write_output(env, text, output, f"wrote a batch script to {output}; submit it with: sbatch {output}")
+
+
+def _write_output(env: Env, text: str, output: str | None, done: str) -> None:
+    """Write an exported document to ``output`` (saying ``done``), or to stdout."""
     if output:
         try:
             Path(output).write_text(text, encoding="utf-8")
         except OSError as exc:
             raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
-        env.err.print(f"wrote TFJob {manifest['metadata']['name']!r} to {output}", markup=False, highlight=False)
+        env.err.print(done, markup=False, highlight=False)
     else:
         env.out.file.write(text)
         env.out.file.flush()
-    for secret, keys in secret_refs(manifest).items():
-        env.err.print(f"the manifest reads {', '.join(keys)} from the Secret {secret!r}; create it first from a "
-                      f"file of KEY=value lines (not on a command line): kubectl create secret generic {secret} "
-                      "--from-env-file=FILE", markup=False, highlight=False)
 
 
 def _csv(text: str, what: str, choices: tuple[str, ...] | None = None) -> tuple[str, ...]:

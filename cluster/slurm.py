@@ -230,3 +230,29 @@ def tf_resolver_jobs(inventory_doc: dict) -> dict[str, int]:
         if members:
             counts[role] = sum(values.get(key, 1) if key else 1 for values in members.values())
     return counts
+
+
+def sbatch_script(*, nodes: int, workers_per_node: int, mode: str, job: str, python: str, checkout: str,
+                  steps: int | None = None, time_limit: str | None = None, partition: str | None = None,
+                  gres: str | None = None, name: str = "pscluster") -> str:
+    """A batch script that brings a cluster up inside its allocation, trains ``job``, takes it down.
+
+    ``down`` runs from an EXIT trap, so a failed ``train`` still ends the steps (and the job's end
+    would kill them anyway). pscluster is imported from the shared ``checkout`` with ``python``;
+    the layout is written to the submit directory.
+    """
+    import shlex
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --nodes={nodes}",
+             f"#SBATCH --ntasks-per-node={workers_per_node}"]
+    lines += [f"#SBATCH --time={time_limit}"] * bool(time_limit)
+    lines += [f"#SBATCH --partition={partition}"] * bool(partition)
+    lines += [f"#SBATCH --gres={gres}"] * bool(gres)
+    pscluster = f"{shlex.quote(python)} -m cluster"
+    inventory = '"${SLURM_SUBMIT_DIR:-.}/slurm-$SLURM_JOB_ID.yaml"'
+    train = f"{pscluster} train {shlex.quote(job)} --name {shlex.quote(name)}" + (f" --steps {steps}" if steps else "")
+    lines += ["set -euo pipefail",
+              f"export PYTHONPATH={shlex.quote(checkout)}${{PYTHONPATH:+:$PYTHONPATH}}",
+              f"trap '{pscluster} down --name {shlex.quote(name)} || true' EXIT",
+              f"{pscluster} up --slurm {inventory} --name {shlex.quote(name)} --mode {shlex.quote(mode)}",
+              train, ""]
+    return "\n".join(lines)

@@ -92,3 +92,24 @@ def test_scancel_mid_training_leaves_nothing(slurm_lab, tmp_path):
     finally:
         train.terminate()
         train.wait(timeout=30)
+
+
+def test_exported_batch_script_trains_inside_its_own_job(slurm_lab, tmp_path):
+    inventory = tmp_path / "shape.yaml"     # the shape only: two hosts, one worker each (plan touches no host)
+    inventory.write_text(yaml.safe_dump({"all": {"vars": {"pscluster_mode": "sync"}, "children": {
+        "worker": {"hosts": {"a": {}, "b": {}}}, "chief": {"hosts": {"a": {}}}}}}))
+    state_dir = tmp_path / "state"
+    script = tmp_path / "job.sh"
+    export = subprocess.run(cli_argv(["export", inventory, "--format", "sbatch", "--steps", 100, "--time", "0:10:00",
+                                      "--name", "batch", "-o", script]),
+                            env=cli_env(state_dir), capture_output=True, text=True, timeout=120)
+    assert export.returncode == 0, export.stderr
+    batch = subprocess.run(["sbatch", "--wait", "--parsable", "-o", str(tmp_path / "out-%j.txt"), str(script)],
+                           cwd=tmp_path, env=cli_env(state_dir, {**slurm_lab.env, "OMP_NUM_THREADS": "1"}),
+                           capture_output=True, text=True, timeout=600)
+    job = batch.stdout.strip().split(";")[0]
+    output = (tmp_path / f"out-{job}.txt").read_text()
+    assert batch.returncode == 0, output + batch.stderr
+    assert "ansible_connection: slurm" in (tmp_path / f"slurm-{job}.yaml").read_text()
+    assert "global step 100" in output or "100" in output, output
+    assert _wait_gone(slurm_lab, "batch") == ([], [])

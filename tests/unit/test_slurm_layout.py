@@ -123,3 +123,20 @@ def test_slurm_transport_runs_steps_of_the_calling_job(monkeypatch):
     monkeypatch.delenv("SLURM_JOBID", raising=False)
     with pytest.raises(HostError, match="SLURM_JOB_ID is not set"):
         transport._srun()
+
+
+def test_sbatch_script_brings_up_trains_and_always_takes_down(tmp_path):
+    import subprocess
+    from cluster.slurm import sbatch_script
+    text = sbatch_script(nodes=2, workers_per_node=1, mode="sync", job="distributed_mnist", python="/v/bin/python",
+                         checkout="/src/pscluster", steps=100, time_limit="0:10:00", gres="gpu:2", name="demo")
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --time=0:10:00\n#SBATCH --gres=gpu:2" in text
+    assert "--partition" not in text
+    lines = text.splitlines()
+    up = lines.index('/v/bin/python -m cluster up --slurm "${SLURM_SUBMIT_DIR:-.}/slurm-$SLURM_JOB_ID.yaml" --name demo --mode sync')
+    trap = next(i for i, line in enumerate(lines) if line.startswith("trap "))
+    assert trap < up and "down --name demo" in lines[trap]
+    assert lines[up + 1] == "/v/bin/python -m cluster train distributed_mnist --name demo --steps 100"
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
