@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import tempfile
 import time
@@ -119,15 +120,30 @@ class SlurmTransport(Transport):
         return CommandResult(self.host.name, tuple(argv), answer["rc"], stdout, answer["stderr"])
 
     def _read_answer(self, proc: subprocess.Popen, timeout: float, argv: Sequence[str]) -> dict | None:
+        """The keeper's marked line; None if srun ended without one. Never blocks past ``timeout``
+        (a step that cannot start, e.g. a pending job, would otherwise hang the CLI)."""
         deadline = time.monotonic() + timeout
-        for raw in iter(proc.stdout.readline, b""):
-            line = raw.decode("utf-8", "replace")
-            if line.startswith(MARK):
-                return json.loads(line[len(MARK):])
-            if time.monotonic() > deadline:
-                proc.terminate()
-                raise HostError(self.host.name, f"step timed out after {timeout:.0f} s", argv=argv)
-        return None
+        fd, buffer = proc.stdout.fileno(), b""
+        while True:
+            left = deadline - time.monotonic()
+            ready = select.select([fd], [], [], max(0.0, left))[0] if left > 0 else []
+            if not ready:
+                proc.terminate()     # SIGTERM to srun cancels the step
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                raise HostError(self.host.name, f"job step timed out after {timeout:.0f} s", argv=argv,
+                                hint=f"is job {job_id()} running? (squeue -j {job_id()})")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            buffer += chunk
+            for raw in buffer.split(b"\n")[:-1]:
+                line = raw.decode("utf-8", "replace")
+                if line.startswith(MARK):
+                    return json.loads(line[len(MARK):])
 
     def stream(self, argv: Sequence[str], *, stdin: bytes | None = None) -> Stream:
         # The local subprocess stream around srun: closing it SIGTERMs srun, which cancels the step

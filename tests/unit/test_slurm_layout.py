@@ -140,3 +140,20 @@ def test_sbatch_script_brings_up_trains_and_always_takes_down(tmp_path):
     script = tmp_path / "job.sh"
     script.write_text(text)
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+def test_a_step_that_never_answers_times_out_instead_of_hanging(tmp_path, monkeypatch):
+    import time
+    from cluster.errors import HostError
+    from cluster.plan import HostSpec
+    from cluster.transport.slurm import SlurmTransport
+    fake = tmp_path / "srun"            # like srun waiting for a pending job: no output, ever
+    fake.write_text("#!/bin/sh\nexec sleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    transport = SlurmTransport(HostSpec("n1", "n1", "slurm", None, None, None, "/py", "/w", "reject", None, 10.0))
+    began = time.monotonic()
+    with pytest.raises(HostError, match="timed out after 1 s"):
+        transport.run(["true"], timeout=1.0)
+    assert time.monotonic() - began < 5
