@@ -36,6 +36,7 @@ from .errors import PlanError, PsclusterError
 from .events import Reporter, TeeReporter
 from .inventory import MODES, Inventory
 from .plan import ClusterPlan, HostSpec, PlanOptions, plan_cluster
+from .secrets import Secrets
 from .state import StateStore
 from .training import JobRef, TrainOptions
 from .transport import TransportPool
@@ -443,7 +444,7 @@ class Study:
     replace the clock)."""
 
     def __init__(self, spec: StudySpec, *, store: StateStore, pool: TransportPool, job: JobRef,
-                 reporter: Reporter, root: Path, secrets: dict[str, str] | None = None,
+                 reporter: Reporter, root: Path, secrets: Secrets | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.spec = spec
         self.store = store

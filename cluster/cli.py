@@ -1,12 +1,13 @@
 """The ``pscluster`` command line. Definitions only: behaviour lives in the launcher, training
 and supervisor modules; this module turns their results into output and their errors into
-exit codes (0 ok, 1 failure, 2 bad input or usage, 130 interrupted, 143/129 terminated by
-SIGTERM/SIGHUP, after the same clean-up as Ctrl-C).
+exit codes (0 ok, 1 failure, 2 bad input or usage, 4 ``train --deadline`` reached (checkpoint saved),
+130 interrupted, 143/129 terminated by SIGTERM/SIGHUP, after the same clean-up as Ctrl-C).
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -21,6 +22,8 @@ from . import console as ui
 from .codesync import local_workdir, project_root
 from .errors import PsclusterError, Terminated, UsageError
 from .inventory import MODES, load_inventory
+from .names import check_cluster_name
+from . import secrets as secrets_rule
 from .plan import ClusterPlan, PlanOptions, plan_cluster
 from .state import StateStore
 from .transport import TransportPool
@@ -38,26 +41,56 @@ class Env:
     extra: dict = field(default_factory=dict)
 
 
-def _plan(inventory: str, *, name: str | None, mode: str | None, port_base: int | None) -> ClusterPlan:
+def _plan(inventory: str, *, name: str | None, mode: str | None, port_base: int | None,
+          env: Env | None = None, limit: str | None = None) -> ClusterPlan:
     options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=name,
                           mode=mode, port_base=port_base)
-    return plan_cluster(load_inventory(inventory), options)
+    return plan_cluster(_inventory(env, inventory, limit, mode), options)
 
 
-def _secrets(plan: ClusterPlan) -> dict[str, str]:
-    """Values of the inventory's secret variables, from this machine's environment."""
-    names = sorted({name for host in plan.hosts for name in host.secret_env})
-    missing = [name for name in names if name not in os.environ]
-    if missing:
-        raise UsageError(f"secret variable(s) {', '.join(missing)} named in pscluster_secret_env are not set here",
-                         hint="export them in this shell; they travel to the hosts over SSH stdin only")
-    return {name: os.environ[name] for name in names}
+def _inventory(env: Env | None, path: str, limit: str | None, mode: str | None,
+               roles: tuple[str, ...] | None = None):
+    """Load INVENTORY, print its warnings once (stderr), apply --limit."""
+    from .patterns import apply_limit, required_roles
+    inventory = load_inventory(path)
+    if env is not None:
+        ui.render_warnings(env.err, inventory.warnings)
+    return apply_limit(inventory, limit, required_roles(mode, inventory, roles))
 
 
-inventory_arg = click.argument("inventory", type=click.Path(dir_okay=False))
-name_opt = click.option("--name", help="Cluster name (default: the inventory's file name without .yaml).")
+def _secrets(*plans: ClusterPlan) -> secrets_rule.Secrets:
+    """Values of the inventory's secret variables, from this machine's environment. They are then
+    removed from this process's environment: tasks on local hosts inherit it, and would otherwise
+    all get every secret whatever cluster/secrets.py says (measured: a standing server did)."""
+    found = secrets_rule.merge_all([secrets_rule.collect(plan, os.environ) for plan in plans])
+    for name in found.values:
+        os.environ.pop(name, None)
+    return found
+
+
+inventory_arg = click.argument("inventory", type=click.Path())
+limit_opt = click.option("--limit", metavar="PATTERN",
+                         help="Only these hosts (Ansible pattern: a,b  all:!node-c  worker:&gpu  node-*).")
+name_opt = click.option("--name", help="Cluster name (default: the inventory's file name without .yaml).",
+                        callback=lambda ctx, param, value: value if value is None else check_cluster_name(value))
 mode_opt = click.option("--mode", type=click.Choice(MODES), help="Training mode (default: pscluster_mode, else async).")
 port_opt = click.option("--port-base", type=click.IntRange(1024, 65000), help="First port (overrides pscluster_port_base).")
+
+
+class FiniteFloat(click.FloatRange):
+    """A number option within [min, max] that must be finite: click's float and FloatRange take
+    ``nan`` (which passes every bound check, so ``up --timeout nan`` never timed out) and ``inf``."""
+
+    name = "finite number"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+SECONDS = FiniteFloat(1, 86400)      # timeouts: a second to a day
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -82,11 +115,12 @@ def cli(ctx: click.Context, state_dir: str | None, traceback: bool, no_color: bo
 @port_opt
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--firewall", is_flag=True, help="Also show the firewall rules up --firewall would install.")
+@limit_opt
 @click.pass_obj
 def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base: int | None, as_json: bool,
-         firewall: bool) -> None:
+         firewall: bool, limit: str | None) -> None:
     """Show the cluster an inventory describes, touching no host."""
-    cluster = _plan(inventory, name=name, mode=mode, port_base=port_base)
+    cluster = _plan(inventory, name=name, mode=mode, port_base=port_base, env=env, limit=limit)
     secret_names = sorted({n for host in cluster.hosts for n in host.secret_env})
     if as_json:
         document = cluster.to_json()
@@ -104,7 +138,7 @@ def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base
                       "member host and this machine's source address toward that host (the probe's); "
                       "the comments say which is which. At up, members are also resolved on each host.")
         for host in cluster.hosts:
-            env.out.print(f"\n[bold]nftables ruleset for {host.name}[/]")
+            env.out.print(f"\n[bold]nftables ruleset for {ui.escape(host.name)}[/]")
             env.out.print(ruleset_for(cluster, host.name), markup=False, highlight=False)
 
 
@@ -114,12 +148,14 @@ def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base
 @mode_opt
 @port_opt
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+@limit_opt
 @click.pass_obj
-def check(env: Env, inventory: str, name: str | None, mode: str | None, port_base: int | None, as_json: bool) -> None:
+def check(env: Env, inventory: str, name: str | None, mode: str | None, port_base: int | None, as_json: bool,
+          limit: str | None) -> None:
     """Preflight only: reachability, interpreter, TensorFlow, ports, GPUs, per host."""
     from .events import Reporter
     from .preflight import run_preflight
-    cluster = _plan(inventory, name=name, mode=mode, port_base=port_base)
+    cluster = _plan(inventory, name=name, mode=mode, port_base=port_base, env=env, limit=limit)
     with env.pool_factory() as pool:
         report = run_preflight(cluster, pool, Reporter())
     if as_json:
@@ -136,9 +172,10 @@ def check(env: Env, inventory: str, name: str | None, mode: str | None, port_bas
 @name_opt
 @mode_opt
 @port_opt
-@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for every server to answer.")
+@click.option("--timeout", type=SECONDS, default=120.0, show_default=True, help="Seconds to wait for every server to answer.")
 @click.option("--firewall", is_flag=True, help="Install nftables rules so only cluster members reach the ports.")
 @click.option("--json", "as_json", is_flag=True, help="Print the resulting status as JSON.")
+@limit_opt
 @click.option("--slurm", is_flag=True, help="Lay out the cluster on this Slurm allocation and WRITE it to INVENTORY; "
               "tasks run as job steps (see README 'On a Slurm cluster').")
 @click.option("--ps", "slurm_ps", type=int, help="With --slurm: ps tasks (default: one per node).")
@@ -148,7 +185,7 @@ def check(env: Env, inventory: str, name: str | None, mode: str | None, port_bas
 @click.option("--gpus-per-worker", type=int, default=0, help="With --slurm: GPUs per worker, of those Slurm granted.")
 @click.pass_obj
 def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: int | None, timeout: float,
-       firewall: bool, as_json: bool, slurm: bool, slurm_ps: int | None, slurm_chief: bool,
+       firewall: bool, as_json: bool, limit: str | None, slurm: bool, slurm_ps: int | None, slurm_chief: bool,
        workers_per_node: int | None, evaluator: bool, gpus_per_worker: int) -> None:
     """Preflight, sync code, start the standing servers and wait until they answer."""
     from dataclasses import replace as _replace
@@ -156,7 +193,7 @@ def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: 
     if slurm:
         _write_slurm_inventory(inventory, mode, _slurm_layout(slurm_ps, slurm_chief, workers_per_node, evaluator,
                                                               gpus_per_worker))
-    cluster = _plan(inventory, name=name, mode=mode, port_base=port_base)
+    cluster = _plan(inventory, name=name, mode=mode, port_base=port_base, env=env, limit=limit)
     if firewall:
         cluster = _replace(cluster, firewall=True)
     secrets = _secrets(cluster)
@@ -254,7 +291,8 @@ def logs(env: Env, task: str | None, name: str | None, follow: bool, lines: int 
 
 @cli.command()
 @name_opt
-@click.option("--grace", default=10.0, show_default=True, help="Seconds between SIGTERM and SIGKILL.")
+@click.option("--grace", type=FiniteFloat(0, 3600), default=10.0, show_default=True,
+              help="Seconds between SIGTERM and SIGKILL.")
 @click.pass_obj
 def down(env: Env, name: str | None, grace: float) -> None:
     """Stop every process this cluster started, on every host, and remove its state."""
@@ -270,13 +308,34 @@ def down(env: Env, name: str | None, grace: float) -> None:
                   f"{hosts} host(s) in {result.seconds:.1f} s; nothing left running")
 
 
+EXIT_DEADLINE = 4
+
+
+class DurationParam(click.ParamType):
+    """A duration as seconds: 90, 90s, 45m, 2h, 1d."""
+
+    name = "duration"
+    units = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        text = str(value).strip().lower()
+        number, unit = text.rstrip("smhd"), text[len(text.rstrip("smhd")):]
+        try:
+            seconds = float(number) * self.units[unit]
+        except (ValueError, KeyError):
+            self.fail(f"{value!r} is not a duration; write e.g. 90s, 45m, 2h", param, ctx)
+        if seconds <= 0:
+            self.fail(f"{value!r}: a duration must be > 0", param, ctx)
+        return seconds
+
+
 @cli.command()
 @click.argument("job")
 @name_opt
-@click.option("--epochs", type=float, help="Epochs to train (default: the job's).")
+@click.option("--epochs", type=FiniteFloat(0, 1e6, min_open=True), help="Epochs to train (default: the job's).")
 @click.option("--steps", type=int, help="Global steps to train (instead of epochs).")
 @click.option("--batch-size", type=int, help="Global batch size (default: the job's).")
-@click.option("--learning-rate", type=float, help="Learning rate (default: the job's).")
+@click.option("--learning-rate", type=FiniteFloat(0, 1e6, min_open=True), help="Learning rate (default: the job's).")
 @click.option("--scale-lr", is_flag=True, help="Multiply the learning rate by the number of workers.")
 @click.option("--checkpoint-dir", help="Checkpoint folder on the chief's host "
                                        "(default: <workdir>/.pscluster/<name>/checkpoints/<job>).")
@@ -289,17 +348,21 @@ def down(env: Env, name: str | None, grace: float) -> None:
               show_default=True, help="What to do when a task fails.")
 @click.option("--max-restarts", type=click.IntRange(0, 100), default=3, show_default=True,
               help="Restarts allowed per task (exponential backoff from 1 s).")
-@click.option("--start-timeout", type=float, default=180.0, show_default=True,
+@click.option("--start-timeout", type=SECONDS, default=180.0, show_default=True,
               help="Seconds a training process may take to start training.")
-@click.option("--collective-timeout", type=float, default=30.0, show_default=True,
+@click.option("--collective-timeout", type=SECONDS, default=30.0, show_default=True,
               help="Sync mode: seconds a collective may wait for a peer.")
-@click.option("--host-timeout", type=float, default=60.0, show_default=True,
+@click.option("--host-timeout", type=SECONDS, default=60.0, show_default=True,
               help="Seconds to wait for an unreachable host before failing the job.")
+@click.option("--stop-grace", type=FiniteFloat(0, 3600), default=30.0, show_default=True, metavar="SECONDS",
+              help="async, sync-ps: on Ctrl-C/SIGTERM the leader checkpoints and stops within SECONDS (0: kill at once).")
+@click.option("--deadline", type=DurationParam(), metavar="DURATION",
+              help="async, sync-ps: checkpoint and stop this long after the start (90s, 45m, 2h); exit 4.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the final report, as JSON.")
 @click.pass_obj
 def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learning_rate, scale_lr, checkpoint_dir,
           checkpoint_every, resume, data, steps_per_execution, eval_every, restart_policy, max_restarts, start_timeout,
-          collective_timeout, host_timeout, as_json: bool) -> None:
+          collective_timeout, host_timeout, stop_grace, deadline, as_json: bool) -> None:
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
     from .supervisor import Supervisor
     from .training import TrainOptions, resolve_job
@@ -311,8 +374,11 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
                            scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                            resume=resume, data=data, steps_per_execution=steps_per_execution,
                            eval_every=eval_every, restart_policy=restart_policy, max_restarts=max_restarts, start_timeout=start_timeout,
-                           collective_timeout=collective_timeout, host_timeout=host_timeout)
+                           collective_timeout=collective_timeout, host_timeout=host_timeout,
+                           stop_grace=stop_grace, deadline=deadline)
     state = env.store.load(resolved)
+    if deadline is not None and state is not None and state.plan.mode == "sync":
+        raise UsageError("--deadline works in async and sync-ps modes only (sync workers do not checkpoint on stop yet)")
     display = ui.EventLineReporter(env.err) if as_json else ui.TrainDisplay(env.err)
     try:
         with env.pool_factory() as pool:
@@ -324,6 +390,10 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
         env.out.print_json(json.dumps(summary))
     else:
         ui.render_summary(env.out, summary)
+    if summary.get("deadline_reached"):
+        env.err.print(f"[yellow]--deadline reached at step {summary.get('global_step')}[/]: checkpoint "
+                      f"{summary.get('checkpoint')}; continue with 'pscluster train {job} --resume'")
+        raise SystemExit(EXIT_DEADLINE)
 
 
 @cli.command()
@@ -418,22 +488,24 @@ def _csv(text: str, what: str, choices: tuple[str, ...] | None = None) -> tuple[
 @click.option("--steps", type=click.IntRange(1), default=300, show_default=True, help="Global steps per run.")
 @click.option("--repeat", type=click.IntRange(1, 100), default=1, show_default=True,
               help="Runs per configuration (the table shows medians and the min-max spread).")
-@click.option("--target-accuracy", type=click.FloatRange(0, 1), help="Also time how long until val_accuracy "
+@click.option("--target-accuracy", type=FiniteFloat(0, 1), help="Also time how long until val_accuracy "
                                                                      "reaches this (evaluates during training).")
 @click.option("--eval-every", type=click.IntRange(1), metavar="STEPS",
               help="Evaluation interval with --target-accuracy (default: steps/10).")
 @click.option("--batch-size", type=click.IntRange(1), help="Global batch size (default: the job's).")
 @click.option("--steps-per-execution", type=click.IntRange(1), metavar="K", help="Steps per traced call.")
 @port_opt
-@click.option("--timeout", default=120.0, show_default=True, help="Seconds to wait for the servers of each run.")
+@click.option("--timeout", type=SECONDS, default=120.0, show_default=True,
+              help="Seconds to wait for the servers of each run.")
 @click.option("--json", "as_json", is_flag=True, help="Print {environment, results} as JSON.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Also write the JSON document to FILE.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG of throughput and efficiency vs workers.")
+@limit_opt
 @click.pass_obj
 def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str | None, placements_text: str,
           steps: int, repeat: int, target_accuracy: float | None, eval_every: int | None, batch_size: int | None,
           steps_per_execution: int | None, port_base: int | None, timeout: float, as_json: bool, out: str | None,
-          plot: str | None) -> None:
+          plot: str | None, limit: str | None) -> None:
     """Train JOB on 1, 2, 4 ... workers of INVENTORY: running time, throughput, accuracy, scaling efficiency.
 
     Each configuration (mode x workers x placement, each --repeat times) is brought up as its own
@@ -442,7 +514,7 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
     """
     from . import bench as study
     from .training import resolve_job
-    inv = load_inventory(inventory)
+    inv = _inventory(env, inventory, limit, None, roles=("worker",))
     try:
         workers = tuple(sorted({int(item) for item in _csv(workers_text, "--workers")}))
     except ValueError:
@@ -465,9 +537,7 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
             facts = study.gather_facts(study.study_hosts(inv, spec, options), pool)
             cpus = {host: item.cpus for host, item in facts.items() if not isinstance(item, str)}
             configs = study.plan_study(inv, spec, options, cpus)
-            secrets = {}
-            for config in configs:
-                secrets.update(_secrets(config.plan) if config.plan else {})
+            secrets = _secrets(*(config.plan for config in configs if config.plan))
             outcome = study.Study(spec, store=env.store, pool=pool, job=job_ref, reporter=display,
                                   root=project_root(), secrets=secrets).run(configs)
     finally:
@@ -530,18 +600,20 @@ class _ProgramCommand(click.Command):
               show_default=True, help="What to do when a task fails (an arbitrary program may not be safe to restart).")
 @click.option("--max-restarts", type=click.IntRange(0, 100), default=3, show_default=True,
               help="Restarts allowed per task (exponential backoff from 1 s).")
-@click.option("--host-timeout", type=click.FloatRange(1, 86400), default=60.0, show_default=True,
+@click.option("--host-timeout", type=SECONDS, default=60.0, show_default=True,
               help="Seconds to wait for an unreachable host before failing the run.")
-@click.option("--grace", type=click.FloatRange(0, 3600), default=10.0, show_default=True,
+@click.option("--grace", type=FiniteFloat(0, 3600), default=10.0, show_default=True,
               help="Seconds between SIGTERM and SIGKILL when stopping tasks.")
-@click.option("--timeout", type=click.FloatRange(1, 86400), default=120.0, show_default=True,
+@click.option("--timeout", type=SECONDS, default=120.0, show_default=True,
               help="One shot: seconds the bring-up may take.")
 @click.option("--firewall", is_flag=True, help="One shot: install nftables rules so only cluster members reach the ports.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the final report, as JSON (output goes to stderr).")
+@limit_opt
 @click.pass_context
 def run_program(ctx: click.Context, inventory: str | None, name: str | None, mode: str | None, port_base: int | None,
                 on_text: str | None, sync_paths: tuple[str, ...], restart_policy: str, max_restarts: int,
-                host_timeout: float, grace: float, timeout: float, firewall: bool, as_json: bool) -> None:
+                host_timeout: float, grace: float, timeout: float, firewall: bool, as_json: bool,
+                limit: str | None) -> None:
     """Run your own program on every task: pscluster run [INVENTORY] [OPTIONS] -- PROGRAM [ARG...]
 
     With INVENTORY: one shot (preflight, sync, start every task, wait, stop everything). Without:
@@ -566,8 +638,8 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
     files = local_files(program, sync_paths, space)
     rules = restart_rules(restart_policy, max_restarts)
     output = ui.ProgramOutput(env.err if as_json else env.out, env.err)
-    if inventory is None and (mode or port_base or firewall):
-        raise UsageError("--mode, --port-base and --firewall apply to a one-shot run (give INVENTORY)",
+    if inventory is None and (mode or port_base or firewall or limit):
+        raise UsageError("--mode, --port-base, --firewall and --limit apply to a one-shot run (give INVENTORY)",
                          hint="a cluster that is up keeps the mode and ports of its 'up'")
 
     def supervisor(cluster_name: str, one_shot: bool) -> ProgramSupervisor:
@@ -586,6 +658,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
             if inventory is not None:
                 inv = load_inventory(inventory)
                 roles = on or one_shot_roles(inv, mode)
+                inv = _inventory(env, inventory, limit, mode, roles=roles)
                 options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=name,
                                       mode=mode, port_base=port_base, roles=roles)
                 cluster = plan_cluster(inv, options)

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from typing import Any, Sequence
 
 from rich import box
 from rich.console import Console
 from rich.live import Live
-from rich.markup import escape
+from rich.markup import escape as _markup_escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -35,38 +36,67 @@ def make_consoles(*, no_color: bool = False) -> tuple[Console, Console]:
     benchmark files; $COLUMNS still wins."""
     consoles = []
     for stderr in (False, True):
-        console = Console(stderr=stderr, no_color=no_color, highlight=False)
+        # emoji=False: ":fire:" in a path or host output stays text
+        console = Console(stderr=stderr, no_color=no_color, highlight=False, emoji=False)
         if not console.is_terminal and not os.environ.get("COLUMNS"):
-            console = Console(stderr=stderr, no_color=no_color, highlight=False, width=200)
+            console = Console(stderr=stderr, no_color=no_color, highlight=False, emoji=False, width=200)
         consoles.append(console)
     return consoles[0], consoles[1]
+
+
+# C0 controls but newline and tab, DEL and C1 controls: a remote string with ESC could recolour,
+# move the cursor or retitle the operator's terminal; they are shown as \x1b instead.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _plain(value: Any) -> str:
+    """``value`` as text with its control characters made visible."""
+    return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", str(value))
+
+
+def escape(value: Any) -> str:
+    """Data (a name, path or remote text) for a string read as rich markup: shown as it is."""
+    return _markup_escape(_plain(value))
+
+
+def render_warnings(console: Console, warnings: Sequence[str]) -> None:
+    """Inventory warnings (ansible_* keys pscluster ignores), in yellow."""
+    for warning in warnings:
+        console.print(Text("warning: " + _plain(warning), style="yellow"))
 
 
 def _mask(value: str | None) -> str:
     return "(none)" if value is None else (f'"{value}"' if value == "" else value)
 
 
+def _texts(*values: Any) -> list[Text]:
+    """Table cells from data (names, paths, remote output): never read as markup."""
+    return [value if isinstance(value, Text) else Text(_plain(value)) for value in values]
+
+
 def render_plan(console: Console, plan: ClusterPlan, *, secret_names: Sequence[str] = ()) -> None:
-    table = Table(title=f"cluster {plan.name!r}: mode {plan.mode}", box=box.SIMPLE_HEAVY)
+    table = Table(title=Text(f"cluster {plan.name!r}: mode {plan.mode}"), box=box.SIMPLE_HEAVY)
     for column in ("task", "host", "address:port", "CUDA_VISIBLE_DEVICES", "started by"):
         table.add_column(column)
     for task in plan.tasks:
-        table.add_row(task.name, task.host, task.target, _mask(task.cuda_visible_devices),
-                      "up (standing server)" if task.standing else "train")
+        table.add_row(*_texts(task.name, task.host, task.target, _mask(task.cuda_visible_devices),
+                              "up (standing server)" if task.standing else "train"))
     console.print(table)
     for role, reason in plan.unused:
-        console.print(f"[dim]{role} tasks in the inventory are not used: {reason}[/]")
+        console.print(Text(_plain(f"{role} tasks in the inventory are not used: {reason}"), "dim"))
     console.print("[bold]ClusterSpec[/]")
     console.print_json(json.dumps(plan.cluster_spec))
     for task in plan.tasks:
         console.print(f"\n[bold]{escape(task.name)}[/] on {escape(task.host)}  "
                       f"(cwd {escape(task.workdir)}, log {escape(task.log_path)})")
         env = dict(task.env)
-        console.print(f"  TF_CONFIG={env.pop('TF_CONFIG')}", markup=False)
+        console.print(_plain(f"  TF_CONFIG={env.pop('TF_CONFIG')}"), markup=False)
         shown = " ".join(f"{key}={'****' if key in secret_names else value}" for key, value in env.items())
-        shown += "".join(f" {key}=****" for key in secret_names if key not in env)
-        console.print(f"  env: {shown}", soft_wrap=True, markup=False)
-        console.print(f"  argv: {' '.join(task.argv)}", soft_wrap=True, markup=False)
+        host = plan.host(task.host)
+        given = host.secret_env if not task.standing or task.role in host.secret_env_roles else ()
+        shown += "".join(f" {key}=****" for key in given if key not in env)
+        console.print(_plain(f"  env: {shown}"), soft_wrap=True, markup=False)
+        console.print(_plain(f"  argv: {' '.join(task.argv)}"), soft_wrap=True, markup=False)
 
 
 COMPACT_CHECKS_ABOVE = 8     # hosts; beyond this a host whose checks all pass takes one row
@@ -84,13 +114,13 @@ def render_checks(console: Console, report: CheckReport) -> None:
         table.add_column(column)
     for host, results in by_host.items():
         if compact and all(result.ok for result in results):
-            table.add_row(Text(host), Text(f"all {len(results)}"), Text("ok", "green"),
-                          Text(" · ".join(result.detail for result in results)))
+            table.add_row(Text(_plain(host)), Text(f"all {len(results)}"), Text("ok", "green"),
+                          Text(_plain(" · ".join(result.detail for result in results))))
             continue
         for result in results:
             detail = result.detail + (f"\nhint: {result.hint}" if result.hint and not result.ok else "")
-            table.add_row(Text(result.host), Text(result.check),
-                          Text("ok", "green") if result.ok else Text("FAIL", "bold red"), Text(detail))
+            table.add_row(Text(_plain(result.host)), Text(_plain(result.check)),
+                          Text("ok", "green") if result.ok else Text("FAIL", "bold red"), Text(_plain(detail)))
     console.print(table)
     hosts = len({result.host for result in report.results})
     verdict = "[green]all checks passed[/]" if report.ok else f"[red]{len(report.failures)} check(s) failed[/]"
@@ -106,20 +136,20 @@ def _uptime(seconds: float | None) -> str:
 
 def render_status(console: Console, name: str, mode: str, phase: str, rows: Sequence[Any],
                   job: JobProgress | None = None, message: str | None = None) -> None:
-    table = Table(title=f"cluster {name!r} ({mode}): {phase}", box=box.SIMPLE_HEAVY)
+    table = Table(title=Text(f"cluster {name!r} ({mode}): {phase}"), box=box.SIMPLE_HEAVY)
     for column in ("task", "host", "address:port", "pid", "state", "uptime", "restarts", "devices / detail"):
         table.add_column(column)
     for row in rows:
         style = STATE_STYLES.get(row.state, "")
         devices = ", ".join(device.rsplit("/", 1)[-1] for device in row.devices)
-        table.add_row(row.task, row.host, f"{row.address}:{row.port}", str(row.pid or ""),
-                      Text(row.state, style), _uptime(row.uptime), str(row.restarts or ""),
-                      devices or row.detail)
+        table.add_row(*_texts(row.task, row.host, f"{row.address}:{row.port}", row.pid or "",
+                              Text(row.state, style), _uptime(row.uptime), row.restarts or "",
+                              devices or row.detail or ""))
     console.print(table)
     if message:
-        console.print(Text(message, "yellow"))
+        console.print(Text(_plain(message), "yellow"))
     if job:
-        console.print(Text(render_job_line(job)))
+        console.print(Text(_plain(render_job_line(job))))
 
 
 def render_job_line(job: JobProgress) -> str:
@@ -141,9 +171,9 @@ def render_job_line(job: JobProgress) -> str:
 def render_error(console: Console, error: PsclusterError) -> None:
     text = str(error)
     first, _, rest = text.partition("\n")
-    console.print(Text("error: ", "bold red") + Text(first))
+    console.print(Text("error: ", "bold red") + Text(_plain(first)))
     if rest:
-        console.print(Text(rest))
+        console.print(Text(_plain(rest)))
 
 
 class RichReporter(Reporter):
@@ -229,7 +259,7 @@ class RichReporter(Reporter):
         self._say(f"  [red]✗ {escape(task)}@{escape(host)}[/]: {escape(error)}")
 
     def _on_task_stopped(self, task: str, host: str, signals: Sequence[str], found: bool) -> None:
-        how = "was already gone" if not found else f"stopped ({' then '.join(signals)})"
+        how = "was already gone" if not found else escape(f"stopped ({' then '.join(signals)})")
         self._say(f"  {escape(task)}@{escape(host)} {how}")
 
     def _on_host_failed(self, host: str, error: str) -> None:
@@ -292,7 +322,7 @@ class TrainDisplay(Reporter):
             table.add_column(column, justify="right" if column else "left")
         for worker, info in sorted(self._workers.items()):
             eps = info.get("examples_per_second")
-            table.add_row(worker, str(info.get("epoch", "")), str(info.get("step", "")),
+            table.add_row(Text(_plain(worker)), str(info.get("epoch", "")), str(info.get("step", "")),
                           f"{info['loss']:.4f}" if info.get("loss") is not None else "",
                           f"{eps:,.0f}" if eps else "")
         step = job.get("step")
@@ -323,7 +353,7 @@ def render_summary(console: Console, summary: dict) -> None:
         value = summary.get(key)
         return format(value, fmt) if isinstance(value, (int, float)) else "n/a"
 
-    table = Table(title=f"{summary.get('job')} ({summary.get('mode')}, {summary.get('workers')} worker(s))",
+    table = Table(title=Text(_plain(f"{summary.get('job')} ({summary.get('mode')}, {summary.get('workers')} worker(s))")),
                   box=box.SIMPLE_HEAVY, show_header=False)
     table.add_column(style="bold")
     table.add_column()
@@ -335,9 +365,9 @@ def render_summary(console: Console, summary: dict) -> None:
     if summary.get("restored_step"):
         table.add_row("resumed from step", str(summary["restored_step"]))
     if summary.get("restarts"):
-        table.add_row("restarts", ", ".join(f"{task} x{count}" for task, count in summary["restarts"].items()))
+        table.add_row("restarts", Text(_plain(", ".join(f"{task} x{count}" for task, count in summary["restarts"].items()))))
         table.add_row("steps redone", str(summary.get("steps_redone", 0)))
-    table.add_row("checkpoint", str(summary.get("checkpoint")))
+    table.add_row("checkpoint", Text(_plain(summary.get("checkpoint"))))
     console.print(table)
 
 
@@ -359,7 +389,7 @@ class EventLineReporter(Reporter):
             text = f"{kind}: {where}: {detail}"
         else:
             return
-        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        self.console.print(_plain(text), markup=False, highlight=False, soft_wrap=True)
 
 
 # ----------------------------------------------------------------------------- pscluster bench
@@ -510,27 +540,27 @@ class ProgramOutput(Reporter):
 
     def handle(self, kind: str, **data: Any) -> None:
         if kind == "output":
-            prefix = Text(f"[{data['task']}@{data['host']}] ", style=self._style(data["task"]))
+            prefix = Text(_plain(f"[{data['task']}@{data['host']}] "), style=self._style(data["task"]))
             self._line(prefix + Text.from_ansi(data["line"]), self.out)
         elif kind == "phase":
-            self._line(Text(f"▸ {data['name']} ", "bold cyan") + Text(str(data.get("detail", ""))))
+            self._line(Text(f"▸ {data['name']} ", "bold cyan") + Text(_plain(data.get("detail", ""))))
         elif kind == "message":
-            self._line(Text(str(data["text"]), {"warning": "yellow", "error": "red"}.get(data.get("level"), "")))
+            self._line(Text(_plain(data["text"]), {"warning": "yellow", "error": "red"}.get(data.get("level"), "")))
         elif kind == "task-exited":
             ok = data.get("exit_code") == 0 and data.get("signal") is None
-            self._line(Text(f"[{data['task']}@{data['host']}] ", style=self._style(data["task"])) +
-                       Text(f"{data.get('detail')}", "green" if ok else "red"))
+            self._line(Text(_plain(f"[{data['task']}@{data['host']}] "), style=self._style(data["task"])) +
+                       Text(_plain(data.get("detail")), "green" if ok else "red"))
         elif kind in ("task-failed", "task-restarting", "task-restarted", "task-lost", "host-failed"):
             detail = data.get("error") or data.get("detail") or ""
             where = f"{data.get('task')}@{data.get('host')}" if data.get("task") else str(data.get("host"))
-            self._line(Text(f"{kind}: {where}: {detail}", "yellow"))
+            self._line(Text(_plain(f"{kind}: {where}: {detail}"), "yellow"))
         elif kind == "sync" and not data.get("skipped"):
-            self._line(Text(f"  {data['host']}: {data['files']} file(s) sent, {data['unchanged']} unchanged"))
+            self._line(Text(_plain(f"  {data['host']}: {data['files']} file(s) sent, {data['unchanged']} unchanged")))
 
 
 def render_run_report(console: Console, report: dict) -> None:
     """The end of ``run``: what became of each task."""
-    table = Table(box=box.SIMPLE, title=Text(f"run {program_name(report['command'])} on {report['cluster']!r}"))
+    table = Table(box=box.SIMPLE, title=Text(_plain(f"run {program_name(report['command'])} on {report['cluster']!r}")))
     for column in ("task", "host", "state", "exit", "restarts", "seconds"):
         table.add_column(column)
     for task in report["tasks"]:
@@ -541,7 +571,7 @@ def render_run_report(console: Console, report: dict) -> None:
         else:
             how = ""
         ok = task["state"] == "stopped" or (task["exit_code"] == 0 and task["signal"] is None)
-        table.add_row(Text(f"{task['role']}:{task['index']}"), Text(task["host"]),
+        table.add_row(Text(f"{task['role']}:{task['index']}"), Text(_plain(task["host"])),
                       Text(task["state"], "green" if ok else "red"), Text(how),
                       Text(str(task["restarts"] or "")),
                       Text(f"{task['seconds']:.1f}" if task.get("seconds") is not None else ""))

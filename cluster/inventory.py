@@ -1,12 +1,14 @@
-"""Ansible-style inventory loading and validation (pure: reads one file, touches no host).
+"""Ansible-style inventory loading and validation (pure: reads files, touches no host).
 
-The format is Ansible's YAML inventory: groups with ``hosts``, ``vars`` and ``children``; host
-vars beat group vars (deeper groups beat shallower ones, ties by name) beat ``all`` vars; host
-ranges such as ``node-[01:04]`` expand. pscluster reads four role groups (``chief``, ``ps``,
+:mod:`cluster.inventory_source` reads the file or folder, YAML or INI, and the group_vars/ and
+host_vars/ beside it; this module merges variables with Ansible's precedence (see
+``_merged_vars``) and validates them. pscluster reads four role groups (``chief``, ``ps``,
 ``worker``, ``evaluator``) and these host variables:
 
-* connection: ``ansible_host``, ``ansible_port``, ``ansible_user``,
-  ``ansible_ssh_private_key_file``, ``ansible_connection`` (``local`` runs without SSH);
+* connection: ``ansible_host``, ``ansible_port``, ``ansible_user`` (and their ``ansible_ssh_*``
+  aliases), ``ansible_ssh_private_key_file``, ``ansible_connection`` (``local`` runs without
+  SSH), become, ProxyJump and the others in ``CONNECTION_KEYS``; any other ``ansible_*`` key is
+  a warning (``Inventory.warnings``), passwords are errors;
 * tasks, per role (``<role>_tasks``, ``<role>_gpus``, ``<role>_ports``);
 * ``pscluster_*`` settings (see ``PSCLUSTER_KEYS``). Unknown ``pscluster_*`` keys and
   unknown ``<role>_*`` suffixes are errors: a typo must not be silently ignored.
@@ -16,14 +18,15 @@ Every error names file, line and key path (:class:`~cluster.errors.InventoryErro
 from __future__ import annotations
 
 import difflib
-import os
 import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .errors import InventoryError
-from .yamlsrc import KeyPath, SourceMap, display_path, load_yaml_with_lines
+from .hostnames import MAX_RANGE_HOSTS, check_host_name, expand_host_pattern  # noqa: F401 (re-exported)
+from .inventory_source import read_source
+from .yamlsrc import KeyPath, SourceMap, display_path
 
 ROLES = ("chief", "ps", "worker", "evaluator")
 MODES = ("async", "sync", "sync-ps")
@@ -35,7 +38,6 @@ PASSWORD_KEYS = ("ansible_password", "ansible_ssh_pass", "ansible_ssh_password",
 # Set by pscluster per task; a user value would silently break the cluster.
 RESERVED_ENV = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_RANGE = re.compile(r"\[([0-9a-zA-Z]+):([0-9a-zA-Z]+)(?::([0-9]+))?\]")
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,8 @@ class HostConfig:
     jump: tuple[str, ...] = ()
     # A GPU with more memory in use than this (MiB) is busy at preflight (pscluster_gpu_busy_mib).
     gpu_busy_mib: int = 1024
+    # Standing server roles that also get this host's secrets (pscluster_secret_env_roles).
+    secret_env_roles: tuple[str, ...] = ()
 
     def slots_for(self, role: str) -> RoleSlots | None:
         return next((slot for slot in self.slots if slot.role == role), None)
@@ -112,6 +116,10 @@ class Inventory:
     mode: str | None
     mode_origin: Origin | None
     firewall: bool
+    # "file:line: key: ... ignored" for ansible_* keys pscluster does not use (the CLI prints them).
+    warnings: tuple[str, ...] = ()
+    # Every group (roles and others, e.g. "gpu") with its hosts, for --limit patterns.
+    groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def host(self, name: str) -> HostConfig:
         return next(host for host in self.hosts if host.name == name)
@@ -138,42 +146,14 @@ class _Raw:
     # host -> [(key, value, path)] in file order
     host_vars: dict[str, list[tuple[str, Any, KeyPath]]] = field(default_factory=dict)
     host_first: dict[str, KeyPath] = field(default_factory=dict)
-
-
-def expand_host_pattern(pattern: str) -> list[str]:
-    """Expand Ansible host ranges: ``node-[01:03]`` -> node-01, node-02, node-03.
-
-    Numeric ranges keep the start's zero padding; ``[a:c]`` ranges letters; ``[1:9:2]`` steps.
-    Several ranges in one name expand as a product.
-
-    Raises:
-        ValueError: a range whose bounds do not make sense.
-    """
-    match = _RANGE.search(pattern)
-    if not match:
-        return [pattern]
-    start, end, step_text = match.group(1), match.group(2), match.group(3)
-    step = int(step_text) if step_text else 1
-    if step < 1:
-        raise ValueError(f"range step must be at least 1 in {pattern!r}")
-    if start.isdigit() and end.isdigit():
-        if int(start) > int(end):
-            raise ValueError(f"range start {start} is after its end {end} in {pattern!r}")
-        width = len(start) if start.startswith("0") and len(start) > 1 else 0
-        values = [str(number).zfill(width) for number in range(int(start), int(end) + 1, step)]
-    elif len(start) == 1 and len(end) == 1 and start.isalpha() and end.isalpha():
-        if start > end:
-            raise ValueError(f"range start {start} is after its end {end} in {pattern!r}")
-        values = [chr(code) for code in range(ord(start), ord(end) + 1, step)]
-    else:
-        raise ValueError(f"cannot expand range [{start}:{end}] in {pattern!r}: "
-                         "use numbers ([01:04]) or single letters ([a:d])")
-    prefix, suffix = pattern[:match.start()], pattern[match.end():]
-    return [name for value in values for name in expand_host_pattern(prefix + value + suffix)]
+    warnings: dict[str, None] = field(default_factory=dict)
+    # From group_vars/ and host_vars/ files: name -> {key: (value, path)}, later files already applied.
+    group_file_vars: dict[str, dict[str, tuple[Any, KeyPath]]] = field(default_factory=dict)
+    host_file_vars: dict[str, dict[str, tuple[Any, KeyPath]]] = field(default_factory=dict)
 
 
 def _err(raw: _Raw, path: KeyPath, message: str, hint: str | None = None) -> InventoryError:
-    return InventoryError(raw.source.file, raw.source.line(path), display_path(path), message, hint=hint)
+    return InventoryError(raw.source.file_of(path), raw.source.line(path), display_path(path), message, hint=hint)
 
 
 def _parse_group(raw: _Raw, name: str, data: Any, path: KeyPath) -> None:
@@ -193,15 +173,27 @@ def _parse_group(raw: _Raw, name: str, data: Any, path: KeyPath) -> None:
                    hint="write hosts as 'hosts: {node-a: , node-b: }' or one 'name:' per line")
     for pattern, host_vars in (hosts or {}).items():
         host_path = path + ("hosts", pattern)
+        if host_path in raw.source.key_types:
+            raise _err(raw, host_path, f"host name {pattern!r} is read by YAML as "
+                                       f"{raw.source.key_types[host_path]}, not text",
+                       hint=f"quote it: \"{pattern}\": (as Ansible requires)")
         try:
             names = expand_host_pattern(pattern)
         except ValueError as exc:
-            raise _err(raw, host_path, str(exc)) from None
+            raise _err(raw, host_path, str(exc), hint="ranges are [01:04], [a:d] or [0:10:2], at most "
+                                                      f"{MAX_RANGE_HOSTS} hosts in all") from None
+        for host in names:
+            problem = check_host_name(host)
+            if problem:
+                raise _err(raw, host_path, problem, hint="a host name is letters, digits, '-', '_' and '.'; "
+                                                         "set the address with ansible_host")
         if host_vars is not None and not isinstance(host_vars, dict):
             raise _err(raw, host_path, f"host variables must be a mapping, got {_describe(host_vars)}")
+        known = set(group.hosts)
         for host in names:
             raw.host_first.setdefault(host, host_path)
-            if host not in group.hosts:
+            if host not in known:
+                known.add(host)
                 group.hosts.append(host)
             for key, value in (host_vars or {}).items():
                 raw.host_vars.setdefault(host, []).append((key, value, host_path + (key,)))
@@ -232,19 +224,22 @@ def _describe(value: Any) -> str:
     return repr(value)
 
 
-def _members(raw: _Raw, name: str, seen: tuple[str, ...] = ()) -> list[str]:
+def _members(raw: _Raw, name: str, seen: tuple[str, ...] = (),
+             memo: dict[str, list[str]] | None = None) -> list[str]:
     """Hosts of a group, including its descendants, in file order."""
+    memo = {} if memo is None else memo
     if name in seen:
         raise _err(raw, raw.groups[name].path, f"group {name!r} contains itself via {' -> '.join(seen)}")
+    if name in memo:
+        return memo[name]
     group = raw.groups.get(name)
     if group is None:
         return []
-    result = list(group.hosts)
+    result = dict.fromkeys(group.hosts)
     for child in group.children:
-        for host in _members(raw, child, seen + (name,)):
-            if host not in result:
-                result.append(host)
-    return result
+        result.update(dict.fromkeys(_members(raw, child, seen + (name,), memo)))
+    memo[name] = list(result)
+    return memo[name]
 
 
 def _depths(raw: _Raw) -> dict[str, int]:
@@ -325,7 +320,19 @@ def _name_list(raw: _Raw, path: KeyPath, value: Any) -> tuple[str, ...]:
     for index, item in enumerate(value):
         if not _ENV_NAME.match(item):
             raise _err(raw, path + (index,), f"{item!r} is not a valid environment variable name")
+        if item in RESERVED_ENV or item.startswith("PSCLUSTER_"):
+            raise _err(raw, path + (index,), f"{item} is set by pscluster for each task and cannot be a secret",
+                       hint="TF_CONFIG, CUDA_VISIBLE_DEVICES and PSCLUSTER_* come from the plan")
     return tuple(value)
+
+
+def _role_list(raw: _Raw, path: KeyPath, value: Any) -> tuple[str, ...]:
+    standing = ("ps", "worker")
+    if not isinstance(value, list) or not all(item in standing for item in value):
+        raise _err(raw, path, f"expected a list of standing server roles, got {_describe(value)}",
+                   hint="e.g. pscluster_secret_env_roles: [ps, worker] also gives the secrets to the servers "
+                        "that up starts (whose environment anyone reaching their port can read)")
+    return tuple(dict.fromkeys(value))
 
 
 def _choice(options: tuple[str, ...]) -> Validator:
@@ -350,6 +357,7 @@ PSCLUSTER_KEYS: dict[str, Validator] = {
     "pscluster_known_hosts": lambda raw, path, value: _as_str(raw, path, value, "a known_hosts path"),
     "pscluster_env": _env_map,
     "pscluster_secret_env": _name_list,
+    "pscluster_secret_env_roles": _role_list,
     "pscluster_mode": _choice(MODES),
     "pscluster_firewall": _boolean,
     "pscluster_intra_op_threads": lambda raw, path, value: _as_int(raw, path, value, 0, 1024, "a thread count"),
@@ -361,18 +369,32 @@ PSCLUSTER_KEYS: dict[str, Validator] = {
 CLUSTER_WIDE_KEYS = ("pscluster_mode", "pscluster_firewall")
 
 CONNECTION_KEYS: dict[str, Validator] = {
-    "ansible_host": lambda raw, path, value: _as_str(raw, path, value, "a host name or address"),
+    "ansible_host": lambda raw, path, value: _address(raw, path, value),
+    "ansible_ssh_host": lambda raw, path, value: _address(raw, path, value),
     "ansible_port": lambda raw, path, value: _as_int(raw, path, value, 1, 65535, "an SSH port"),
+    "ansible_ssh_port": lambda raw, path, value: _as_int(raw, path, value, 1, 65535, "an SSH port"),
     "ansible_user": lambda raw, path, value: _as_str(raw, path, value, "a user name"),
+    "ansible_ssh_user": lambda raw, path, value: _as_str(raw, path, value, "a user name"),
+    "ansible_ssh_timeout": lambda raw, path, value: _as_int(raw, path, value, 1, 600, "seconds"),
+    "ansible_host_key_checking": lambda raw, path, value: _ansible_bool(raw, path, value),
     "ansible_ssh_private_key_file": lambda raw, path, value: _as_str(raw, path, value, "a key file path"),
     "ansible_connection": _choice(("ssh", "local", "paramiko", "smart", "slurm")),
     "ansible_python_interpreter": lambda raw, path, value: _as_str(raw, path, value, "an interpreter path"),
     "ansible_become": lambda raw, path, value: _ansible_bool(raw, path, value),
     "ansible_become_user": lambda raw, path, value: _as_str(raw, path, value, "a user name"),
     "ansible_become_method": _choice(("sudo",)),
+    "ansible_group_priority": lambda raw, path, value: _as_int(raw, path, value, -1_000_000, 1_000_000, "a priority"),
     "ansible_ssh_common_args": lambda raw, path, value: _ssh_jumps(raw, path, value),
     "ansible_ssh_extra_args": lambda raw, path, value: _ssh_jumps(raw, path, value),
 }
+
+
+def _address(raw: _Raw, path: KeyPath, value: Any) -> str:
+    text = _as_str(raw, path, value, "a host name or address")
+    problem = check_host_name(text)
+    if problem:
+        raise _err(raw, path, problem, hint="ansible_host is a host name, IPv4 or IPv6 address")
+    return text
 
 
 def _ansible_bool(raw: _Raw, path: KeyPath, value: Any) -> bool:
@@ -407,8 +429,13 @@ def _ssh_jumps(raw: _Raw, path: KeyPath, value: Any) -> tuple[str, ...]:
     return tuple(hops)
 
 
-def _check_key(raw: _Raw, key: str, path: KeyPath) -> None:
-    """Reject keys pscluster would otherwise ignore by mistake."""
+def _check_key(raw: _Raw, key: str, path: KeyPath, value: Any = None) -> None:
+    """Reject keys pscluster would otherwise ignore by mistake; warn about ignored ansible_* keys."""
+    if key.startswith("ansible_") and key not in CONNECTION_KEYS and key not in PASSWORD_KEYS:
+        _warn(raw, path, "ignored by pscluster (an Ansible setting it does not use)")
+    if key == "ansible_host_key_checking" and not _ansible_bool(raw, path, value):
+        _warn(raw, path, "ignored: pscluster still checks host keys",
+              "set pscluster_host_key_policy: accept-new to trust a new host's key on first use")
     if key in PASSWORD_KEYS:
         raise _err(raw, path, "passwords are not accepted in inventories",
                    hint="use key authentication (ansible_ssh_private_key_file) or an SSH agent")
@@ -423,16 +450,33 @@ def _check_key(raw: _Raw, key: str, path: KeyPath) -> None:
                    hint=f"per-role settings are {', '.join(role + '_' + s for s in ROLE_SUFFIXES)}")
 
 
+def _warn(raw: _Raw, path: KeyPath, message: str, hint: str | None = None) -> None:
+    text = str(_err(raw, path, message, hint))
+    raw.warnings.setdefault(text)
+
+
 def _similar(left: str, right: str) -> bool:
     """Typo detector for setting names (a letter missing, added, swapped or wrong)."""
     return difflib.SequenceMatcher(None, left, right).ratio() >= 0.85 or right.startswith(left)
 
 
+def _origin(raw: _Raw, path: KeyPath) -> Origin:
+    return Origin(raw.source.file_of(path), raw.source.line(path), display_path(path))
+
+
 def _merged_vars(raw: _Raw, host: str, groups_of_host: list[str], depth: dict[str, int]
                  ) -> dict[str, tuple[Any, KeyPath]]:
-    merged: dict[str, tuple[Any, KeyPath]] = {}
-    for group in sorted(groups_of_host, key=lambda name: (depth.get(name, 1), name)):
+    """Ansible's order (its documented variable precedence, checked with ansible-inventory):
+    inventory-file group vars (all, then other groups) < group_vars/all < group_vars/<group>
+    < inventory-file host vars < host_vars/<host>; groups by (depth, ansible_group_priority, name)."""
+    merged: dict[str, tuple[Any, KeyPath]] = dict(raw.groups["all"].vars)
+    ordered = sorted((name for name in groups_of_host if name != "all"),
+                     key=lambda name: (depth.get(name, 1), _priority(raw, name), name))
+    for group in ordered:
         merged.update(raw.groups[group].vars)
+    merged.update(raw.group_file_vars.get("all", {}))
+    for group in ordered:
+        merged.update(raw.group_file_vars.get(group, {}))
     seen: dict[str, tuple[Any, KeyPath]] = {}
     for key, value, path in raw.host_vars.get(host, []):
         if key in seen and seen[key][0] != value:
@@ -441,7 +485,13 @@ def _merged_vars(raw: _Raw, host: str, groups_of_host: list[str], depth: dict[st
                        hint="set each host variable in one place")
         seen[key] = (value, path)
     merged.update(seen)
+    merged.update(raw.host_file_vars.get(host, {}))
     return merged
+
+
+def _priority(raw: _Raw, group: str) -> int:
+    item = raw.groups[group].vars.get("ansible_group_priority")
+    return 1 if item is None else _as_int(raw, item[1], item[0], -1_000_000, 1_000_000, "a priority")
 
 
 def _role_slots(raw: _Raw, host: str, role: str, merged: dict[str, tuple[Any, KeyPath]]) -> RoleSlots:
@@ -488,7 +538,7 @@ def _role_slots(raw: _Raw, host: str, role: str, merged: dict[str, tuple[Any, Ke
         if len(set(ports)) != len(ports):
             raise _err(raw, path, "lists the same port twice")
         origin_path = path
-    origin = Origin(raw.source.file, raw.source.line(origin_path), display_path(origin_path))
+    origin = _origin(raw, origin_path)
     return RoleSlots(role, count, gpus, ports, origin, auto_gpus=auto)
 
 
@@ -502,29 +552,49 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
     Raises:
         InventoryError: with file, line, key path and a hint.
     """
-    data, source = load_yaml_with_lines(path, display_name)
+    inventory_source = read_source(path, display_name)
+    source = inventory_source.source
     raw = _Raw(source)
-    if data is None:
+    for data, root in inventory_source.documents:
+        if data is None:
+            continue
+        if not isinstance(data, dict):
+            raise InventoryError(source.file_of(root), source.line(root), "",
+                                 f"expected a mapping of groups, got {_describe(data)}",
+                                 hint="an inventory starts with 'all:' (see inventories/local.yaml)")
+        for name, group_data in data.items():
+            if root + (name,) in source.key_types:
+                raise _err(raw, root + (name,), f"group name {name!r} is read by YAML as "
+                                                f"{source.key_types[root + (name,)]}, not text",
+                           hint=f'quote it: "{name}":')
+            _parse_group(raw, name, group_data, root + (name,))
+    if not raw.groups:
         raise InventoryError(source.file, None, "", "the inventory is empty",
                              hint="see inventories/local.yaml for the format")
-    if not isinstance(data, dict):
-        raise InventoryError(source.file, source.line(()), "", f"expected a mapping of groups, got {_describe(data)}",
-                             hint="an inventory starts with 'all:' (see inventories/local.yaml)")
-    for name, group_data in data.items():
-        _parse_group(raw, name, group_data, (name,))
     all_group = raw.groups.setdefault("all", _Group("all", ("all",)))
-    for name in list(data):
-        if name != "all" and name not in all_group.children:
-            all_group.children.append(name)
+    for data, root in inventory_source.documents:
+        for name in data or ():
+            if name != "all" and name not in all_group.children:
+                all_group.children.append(name)
+    for kind, items, target in (
+            ("group", inventory_source.vars_of(inventory_source.group_vars, raw.groups), raw.group_file_vars),
+            ("host", inventory_source.vars_of(inventory_source.host_vars, raw.host_first), raw.host_file_vars)):
+        for owner, values, root in items:
+            for key, value in values.items():
+                _check_key(raw, key, root + (key,), value)
+                if key in CLUSTER_WIDE_KEYS and not (kind == "group" and owner == "all"):
+                    raise _err(raw, root + (key,), f"{key} applies to the whole cluster",
+                               hint="set it in group_vars/all or under all.vars")
+                target.setdefault(owner, {})[key] = (value, root + (key,))
     for name, group in raw.groups.items():
         for key, (_, key_path) in group.vars.items():
-            _check_key(raw, key, key_path)
+            _check_key(raw, key, key_path, group.vars[key][0])
             if key in CLUSTER_WIDE_KEYS and name != "all":
                 raise _err(raw, key_path, f"{key} applies to the whole cluster",
                            hint="set it under all.vars")
     for host, items in raw.host_vars.items():
-        for key, _, key_path in items:
-            _check_key(raw, key, key_path)
+        for key, value, key_path in items:
+            _check_key(raw, key, key_path, value)
             if key in CLUSTER_WIDE_KEYS:
                 raise _err(raw, key_path, f"{key} applies to the whole cluster", hint="set it under all.vars")
 
@@ -535,23 +605,28 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
         if host not in all_hosts:
             all_hosts.append(host)
     role_hosts = tuple((role, tuple(membership[role])) for role in ROLES if membership.get(role))
+    groups_by_host: dict[str, list[str]] = {host: [] for host in all_hosts}
+    for name, members in membership.items():
+        for host in members:
+            groups_by_host[host].append(name)
 
     hosts = []
     for host in all_hosts:
-        groups_of_host = [name for name, members in membership.items() if host in members]
+        groups_of_host = groups_by_host[host]
         if "all" not in groups_of_host:
             groups_of_host.append("all")
         merged = _merged_vars(raw, host, groups_of_host, depth)
-        hosts.append(_host_config(raw, host, merged, [r for r, members in role_hosts if host in members]))
+        hosts.append(_host_config(raw, host, merged, [r for r in ROLES if r in groups_of_host]))
 
-    mode_item = all_group.vars.get("pscluster_mode")
-    firewall_item = all_group.vars.get("pscluster_firewall")
+    cluster_vars = {**all_group.vars, **raw.group_file_vars.get("all", {})}
+    mode_item = cluster_vars.get("pscluster_mode")
+    firewall_item = cluster_vars.get("pscluster_firewall")
     mode = PSCLUSTER_KEYS["pscluster_mode"](raw, mode_item[1], mode_item[0]) if mode_item else None
-    mode_origin = Origin(source.file, source.line(mode_item[1]), display_path(mode_item[1])) if mode_item else None
+    mode_origin = _origin(raw, mode_item[1]) if mode_item else None
     firewall = _boolean(raw, firewall_item[1], firewall_item[0]) if firewall_item else False
-    stem = os.path.splitext(os.path.basename(path))[0]
-    return Inventory(path=source.file, name=stem, hosts=tuple(hosts), role_hosts=role_hosts,
-                     mode=mode, mode_origin=mode_origin, firewall=firewall)
+    return Inventory(path=display_name or path, name=inventory_source.name, hosts=tuple(hosts), role_hosts=role_hosts,
+                     mode=mode, mode_origin=mode_origin, firewall=firewall, warnings=tuple(raw.warnings),
+                     groups=tuple((name, tuple(members)) for name, members in membership.items()))
 
 
 def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], roles: list[str]) -> HostConfig:
@@ -563,7 +638,7 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
 
     connection = get("ansible_connection", CONNECTION_KEYS, "ssh")
     connection = connection if connection in ("local", "slurm") else "ssh"   # slurm: steps of a job
-    address = get("ansible_host", CONNECTION_KEYS) or host
+    address = get("ansible_host", CONNECTION_KEYS) or get("ansible_ssh_host", CONNECTION_KEYS) or host
     python = get("pscluster_python", PSCLUSTER_KEYS) or get("ansible_python_interpreter", CONNECTION_KEYS)
     env = get("pscluster_env", PSCLUSTER_KEYS, ())
     secret_env = get("pscluster_secret_env", PSCLUSTER_KEYS, ())
@@ -584,21 +659,23 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
         name=host,
         address=address,
         connection=connection,
-        ssh_port=get("ansible_port", CONNECTION_KEYS),
-        user=get("ansible_user", CONNECTION_KEYS),
+        ssh_port=get("ansible_port", CONNECTION_KEYS) or get("ansible_ssh_port", CONNECTION_KEYS),
+        user=get("ansible_user", CONNECTION_KEYS) or get("ansible_ssh_user", CONNECTION_KEYS),
         key_file=get("ansible_ssh_private_key_file", CONNECTION_KEYS),
         python=python,
         workdir=get("pscluster_workdir", PSCLUSTER_KEYS),
         port_base=get("pscluster_port_base", PSCLUSTER_KEYS, DEFAULT_PORT_BASE),
         host_key_policy=get("pscluster_host_key_policy", PSCLUSTER_KEYS, "reject"),
         known_hosts=get("pscluster_known_hosts", PSCLUSTER_KEYS),
-        connect_timeout=float(get("pscluster_connect_timeout", PSCLUSTER_KEYS, 10)),
+        connect_timeout=float(get("pscluster_connect_timeout", PSCLUSTER_KEYS)
+                              or get("ansible_ssh_timeout", CONNECTION_KEYS, 10)),
         env=env,
         secret_env=secret_env,
+        secret_env_roles=get("pscluster_secret_env_roles", PSCLUSTER_KEYS, ()),
         intra_op_threads=get("pscluster_intra_op_threads", PSCLUSTER_KEYS),
         inter_op_threads=get("pscluster_inter_op_threads", PSCLUSTER_KEYS),
         slots=slots,
-        origin=Origin(raw.source.file, raw.source.line(first), display_path(first)),
+        origin=_origin(raw, first),
         become_user=become_user,
         jump=jump,
         gpu_busy_mib=get("pscluster_gpu_busy_mib", PSCLUSTER_KEYS, 1024),

@@ -26,6 +26,7 @@ from .firewall import install_rules, remove_rules
 from .plan import ClusterPlan, TaskSpec
 from .preflight import CheckReport, run_preflight
 from .probe import Prober
+from .secrets import Secrets
 from .state import ProcessRecord, RunState, StateStore
 from .transport import TransportPool
 
@@ -136,9 +137,11 @@ def start_tasks(writer: StateWriter, pool: TransportPool, plan: ClusterPlan,
     return records, failures
 
 
-def task_env(task: TaskSpec, secrets: dict[str, str] | None = None) -> dict[str, str]:
+def task_env(task: TaskSpec, secrets: Secrets | None, *, standing: bool) -> dict[str, str]:
+    """The environment of ``task``: its planned variables plus the secrets it may have
+    (see cluster/secrets.py: ``standing`` servers get none unless pscluster_secret_env_roles asks)."""
     env = dict(task.env)
-    env.update(secrets or {})
+    env.update(secrets.env_for(task, standing=standing) if secrets else {})
     return env
 
 
@@ -245,7 +248,7 @@ class UpResult:
 
 def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeout: float = DEFAULT_READY_TIMEOUT,
              root: Path | None = None, pool: TransportPool | None = None,
-             secrets: dict[str, str] | None = None) -> UpResult:
+             secrets: Secrets | None = None) -> UpResult:
     """Preflight, sync, install the firewall if asked, start the standing servers and wait
     until they answer.
 
@@ -285,7 +288,7 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
         standing = plan.standing_tasks
         reporter.emit("phase", name="start", detail=f"{len(standing)} server(s)")
         records, failures = start_tasks(writer, pool, plan, [
-            (task, new_record(task, kind="server", attempt=1), task.argv, task_env(task, secrets))
+            (task, new_record(task, kind="server", attempt=1), task.argv, task_env(task, secrets, standing=True))
             for task in standing], reporter)
         if failures:
             raise failures[0].error if len(failures) == 1 else \

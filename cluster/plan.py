@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from .errors import PlanError
 from .inventory import MODES, ROLES, HostConfig, Inventory, RoleSlots
+from .names import check_cluster_name
 
 # Which roles take part in the cluster spec, and which of them stand (started by `up`).
 MODE_ROLES = {
@@ -66,6 +67,7 @@ class HostSpec:
     known_hosts: str | None
     connect_timeout: float
     secret_env: tuple[str, ...] = ()
+    secret_env_roles: tuple[str, ...] = ()     # standing roles that also get the secrets
 
     @property
     def is_local(self) -> bool:
@@ -198,7 +200,8 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
     mode = options.mode or inventory.mode or "async"
     if mode not in MODES:
         raise PlanError(f"unknown mode {mode!r}", hint=f"choose one of {', '.join(MODES)}")
-    name = options.name or inventory.name
+    name = check_cluster_name(options.name) if options.name else \
+        check_cluster_name(inventory.name, source=inventory.path)
     slots = _slots(inventory)
     ports = _assign_ports(slots, options.port_base)
     host_specs = {host.name: _host_spec(host, options) for host in inventory.hosts}
@@ -256,7 +259,8 @@ def _host_spec(host: HostConfig, options: PlanOptions) -> HostSpec:
     return HostSpec(name=host.name, address=host.address, connection=host.connection,
                     ssh_port=host.ssh_port, user=host.user, key_file=host.key_file, python=python,
                     workdir=workdir, host_key_policy=host.host_key_policy, known_hosts=host.known_hosts,
-                    connect_timeout=host.connect_timeout, secret_env=host.secret_env)
+                    connect_timeout=host.connect_timeout, secret_env=host.secret_env,
+                    secret_env_roles=host.secret_env_roles)
 
 
 def _slots(inventory: Inventory) -> list[_Slot]:

@@ -27,6 +27,7 @@ from .contracts import JobState, ProcessKind, RestartPolicy
 from .errors import Failure, HostError, MultiHostError, PsclusterError
 from .events import Reporter
 from .launcher import bring_down, bring_up, task_env
+from .secrets import Secrets
 from .plan import ClusterPlan, TaskSpec
 from .runspec import Workspace, expand, host_argv, placeholder_values, program_env, program_name, required_paths
 from .state import ProcessRecord, StateStore
@@ -54,7 +55,7 @@ class ProgramSupervisor(JobExecutor):
     def __init__(self, *, store: StateStore, name: str, argv: Sequence[str], on: tuple[str, ...] | None,
                  files: Sequence[LocalFile], space: Workspace, reporter: Reporter, pool: TransportPool,
                  rules: core.RestartRules, host_timeout: float = 60.0, grace: float = 10.0,
-                 secrets: dict[str, str] | None = None, one_shot: bool = False, **clocks):
+                 secrets: Secrets | None = None, one_shot: bool = False, **clocks):
         super().__init__(store=store, name=name, reporter=reporter, pool=pool, root=space.root, rules=rules,
                          host_timeout=host_timeout, grace=grace, secrets=secrets, **clocks)
         self.argv = tuple(argv)
@@ -139,7 +140,7 @@ class ProgramSupervisor(JobExecutor):
                                kind=str(ProcessKind.PROGRAM), attempt=attempt, log=log, exit_file=log + ".exit")
         host = self.plan.host(task.host)
         argv = host_argv(expand(self.argv, placeholder_values(self.plan, task)), host)
-        env = {**task_env(task, self.secrets), **program_env(self.plan, task)}
+        env = {**task_env(task, self.secrets, standing=False), **program_env(self.plan, task)}
         launch_task = _in_dir(task, self.space.host_cwd(host))
         watched = self.launch(launch_task, record, argv=argv, env=env, kind=ProcessKind.PROGRAM, files=(log,))
         watched.task = task
@@ -231,7 +232,7 @@ def _in_dir(task: TaskSpec, cwd: str) -> TaskSpec:
 
 
 def run_one_shot(plan: ClusterPlan, make_supervisor, *, store: StateStore, pool: TransportPool,
-                 bringup_reporter: Reporter, secrets: dict[str, str], timeout: float, grace: float) -> dict:
+                 bringup_reporter: Reporter, secrets: Secrets, timeout: float, grace: float) -> dict:
     """Bring ``plan`` up (no standing server: every task runs the program), run, and always
     take it down again, even after a failure or Ctrl-C.
 

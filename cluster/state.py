@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .errors import StateError, UsageError
+from .names import check_cluster_name
 from .plan import ClusterPlan, HostSpec, TaskSpec
 from .progress import JobProgress
 
@@ -122,7 +123,8 @@ def plan_from_json(data: dict) -> ClusterPlan:
 
     tasks = tuple(TaskSpec(**dict(task, env=tuples(task["env"]), argv=tuple(task["argv"])))
                   for task in data["tasks"])
-    hosts = tuple(HostSpec(**dict(host, secret_env=tuple(host.get("secret_env", ()))))
+    hosts = tuple(HostSpec(**dict(host, secret_env=tuple(host.get("secret_env", ())),
+                                    secret_env_roles=tuple(host.get("secret_env_roles", ()))))
                   for host in data["hosts"])
     cluster = tuple((job, tuple(addresses)) for job, addresses in data["cluster"])
     unused = tuple((role, reason) for role, reason in data.get("unused", ()))
@@ -145,7 +147,7 @@ class StateStore:
         self.root = Path(root) if root else default_state_dir()
 
     def path(self, name: str) -> Path:
-        return self.root / f"{name}.json"
+        return self.root / f"{check_cluster_name(name)}.json"
 
     def names(self) -> list[str]:
         if not self.root.is_dir():
@@ -184,7 +186,7 @@ class StateStore:
     def lock(self, name: str, *, wait: float = 10.0) -> Iterator[None]:
         """Exclusive lock on one cluster's state (released if this process dies)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        handle = open(self.root / f"{name}.lock", "a+")
+        handle = open(self.root / f"{check_cluster_name(name)}.lock", "a+")
         deadline = time.monotonic() + wait
         try:
             while True:

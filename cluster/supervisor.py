@@ -28,6 +28,7 @@ from .contracts import Mode, ProcessKind
 from .errors import HostError
 from .events import Reporter
 from .launcher import task_env
+from .secrets import Secrets
 from .plan import TaskSpec
 from .state import ProcessRecord, StateStore
 from .supervision import core
@@ -45,7 +46,7 @@ class Supervisor(JobExecutor):
     job_kind = "train"
 
     def __init__(self, *, store: StateStore, name: str, job: JobRef, options: TrainOptions, reporter: Reporter,
-                 pool: TransportPool, root: Path, secrets: dict[str, str] | None = None, **clocks):
+                 pool: TransportPool, root: Path, secrets: Secrets | None = None, **clocks):
         super().__init__(store=store, name=name, reporter=reporter, pool=pool, root=root,
                          rules=restart_rules(options.restart_policy, options.max_restarts, options.backoff),
                          host_timeout=options.host_timeout, grace=options.grace, secrets=secrets, **clocks)
@@ -58,6 +59,36 @@ class Supervisor(JobExecutor):
         self.placement_shown = False
         self.evals: list[dict] = []       # {"step", "val_loss", "val_accuracy", "seconds"} from "eval" events
         self.leader_done_at: float | None = None
+
+    def interrupt(self) -> None:
+        """Checkpoint on stop: the leader (async chief, sync-ps worker 0) gets SIGTERM first and
+        up to ``--stop-grace`` seconds to save and exit while its peers still run; then the rest
+        stop as usual. Sync mode's trainers do not checkpoint on SIGTERM (roles/train.py)."""
+        leader = leader_task(self.plan).name
+        first = [r for r in self.state.live_records() if r.kind == ProcessKind.TRAIN and r.task == leader]
+        if self.options.stop_grace > 0 and self.plan.mode in ("async", "sync-ps") and first:
+            self.reporter.emit("message", level="warning",
+                               text=f"asking {leader} to checkpoint and stop (up to {self.options.stop_grace:g} s; "
+                                    "Ctrl-C again to kill at once)")
+            try:
+                self.stop(first, grace=self.options.stop_grace)
+                self.read_final_events(first)
+            except KeyboardInterrupt:
+                pass
+        super().interrupt()
+
+    def read_final_events(self, records: list[ProcessRecord]) -> None:
+        """The events a stopped leader wrote last (its checkpoint), into the job record."""
+        before = self.state.job.checkpoint_step if self.state.job else None
+        for record in records:
+            tail, watched = self.tails.get(record.key), self.watched.get(record.key)
+            if tail is not None and watched is not None:
+                for event in tail.poll(self.pool.get(self.plan.host(record.host))):
+                    self.on_event(watched, event, self.clock())
+        job = self.state.job
+        if job is not None and job.checkpoint_step != before:
+            self.reporter.emit("message", text=f"checkpoint saved at step {job.checkpoint_step}: {job.checkpoint}; "
+                                               "continue with 'train --resume'")
 
     # ------------------------------------------------------------------ the job
     def job_name(self) -> str:
@@ -100,7 +131,7 @@ class Supervisor(JobExecutor):
                           events_path=events, checkpoint_dir=self.checkpoint_dir, options=self.options,
                           resume=resume)
         self.tails[record.key] = EventTail(events)
-        return self.launch(task, record, argv=argv, env=task_env(task, self.secrets), kind=ProcessKind.TRAIN,
+        return self.launch(task, record, argv=argv, env=task_env(task, self.secrets, standing=False), kind=ProcessKind.TRAIN,
                            files=(events,))
 
     def recovery(self, incident: core.Incident) -> core.Recovery:
@@ -126,8 +157,13 @@ class Supervisor(JobExecutor):
         return True
 
     def summary(self) -> dict:
-        return summarize(self.result or {}, wall_seconds=self.clock() - self.began, restarts=self.job_restarts(),
-                         steps_redone=self.steps_redone, job=self.job, evals=self.evals, progress=self.state.job)
+        report = summarize(self.result or {}, wall_seconds=self.clock() - self.began, restarts=self.job_restarts(),
+                           steps_redone=self.steps_redone, job=self.job, evals=self.evals, progress=self.state.job)
+        # --deadline: the trainers checkpointed and ended short of the budget (train exits 4).
+        total = self.state.job.steps_total if self.state.job else None
+        report["deadline_reached"] = bool(self.options.deadline is not None and total is not None
+                                          and (report.get("global_step") or 0) < total)
+        return report
 
     # ------------------------------------------------------------------ events
     def on_chunk(self, watched: Watched, chunk: hostops.FileChunk, now: float) -> None:

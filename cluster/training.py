@@ -17,6 +17,7 @@ from roles.plan import TrainerSettings
 from . import hostops
 from .codesync import LocalFile, collect, needs_sync
 from .errors import UsageError
+from .names import is_cluster_name
 from .plan import ClusterPlan, HostSpec, TaskSpec
 from .progress import JobProgress
 from .transport import Transport
@@ -55,7 +56,8 @@ def resolve_job(spec: str, root: Path) -> JobRef:
         example = _is_within(path, root / "examples")
         return JobRef(spec, name, path, example)
     shipped = root / "examples" / spec
-    if (shipped / "job.py").is_file():
+    # a shipped job's name becomes a folder under .pscluster/<cluster>/jobs/ on the hosts: no "../"
+    if is_cluster_name(spec) and (shipped / "job.py").is_file():
         return JobRef(spec, spec, shipped, True)
     known = sorted(p.name for p in (root / "examples").iterdir() if (p / "job.py").is_file()) \
         if (root / "examples").is_dir() else []
@@ -101,9 +103,9 @@ class TrainOptions(TrainerSettings):
 
 # Trainer settings given on every command line, and those given only when set. The seed is
 # left to the trainer's default (tests/unit/test_train_contract.py checks the whole mapping).
-_ALWAYS = ("start_timeout",)
+_ALWAYS = ("start_timeout", "stop_grace")
 _IF_SET = ("epochs", "steps", "batch_size", "learning_rate", "checkpoint_every", "data",
-           "steps_per_execution", "eval_every")
+           "steps_per_execution", "eval_every", "deadline")
 
 
 def _flag(field_name: str) -> str:

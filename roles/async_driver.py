@@ -126,7 +126,9 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         if meter.due():
             meter.maybe_emit(int(step_var.numpy()))
 
-    while scheduled < plan.steps_total:
+    # deadline.stop_requested (SIGTERM or --deadline): stop scheduling, let what is in
+    # flight finish, save below and skip the final evaluation.
+    while scheduled < plan.steps_total and not deadline.stop_requested:
         n = schedule.chunk(scheduled)
         remote = coordinator.schedule(train_steps, args=(per_worker_iterator, tf.constant(n)))
         in_flight.append((remote, n))
@@ -156,7 +158,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     if keeper and last_saved_step != final_step:
         last_checkpoint = keeper.save_and_report(final_step, reporter) or last_checkpoint
 
-    val_loss, val_accuracy = evaluate()
+    val_loss, val_accuracy = (None, None) if deadline.stop_requested else evaluate()
     return TrainResult(global_step=final_step, val_loss=val_loss, val_accuracy=val_accuracy,
                        examples_per_second=rate, checkpoint=last_checkpoint,
                        restored_step=restored_step, per_worker=meter.overall_per_worker())

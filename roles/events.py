@@ -39,7 +39,8 @@ Field meanings:
   ``progress``; ``checkpoint`` the last checkpoint or null.
 * ``error``: ``message`` is the gist (TensorFlow's op-definition stack is left to
   the log), ``exception`` the exception type, or ``Terminated`` / ``StartTimeout`` /
-  ``Crashed`` when the guardian process reports for a trainer that could not.
+  ``Crashed`` when the guardian process reports for a trainer that could not; ``Stopped``
+  when the trainer checkpointed and ended on SIGTERM (checkpoint on stop, roles/lifecycle.py).
 
 This module imports no TensorFlow, so the orchestrator's tests may use it to write or
 validate fixtures.

@@ -109,23 +109,35 @@ def _tensorflow_dist():
     return None
 
 
+def _port_busy(socket, port):
+    """Why ``port`` cannot be served on every interface, or None. TF servers bind [::] (dual
+    stack), so a listener on an IPv4 or an IPv6 address takes the port: both families are tried,
+    IPv6 alone (V6ONLY) so that a listener on ::1 or an IPv6-only [::] is not missed."""
+    for family, address in ((socket.AF_INET, "0.0.0.0"), (getattr(socket, "AF_INET6", None), "::")):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except (OSError, TypeError):       # no IPv6 on this host: nothing can listen there
+            continue
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family != socket.AF_INET:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((address, port))
+        except OSError as exc:
+            return "{} (on {})".format(exc.strerror, "IPv4" if family == socket.AF_INET else "IPv6")
+        finally:
+            sock.close()
+    return None
+
+
 def op_facts(req):
     import socket
     result = {"python": sys.version.split()[0], "executable": sys.executable,
               "hostname": socket.gethostname(), "cpus": os.cpu_count()}
     tf = _tensorflow_dist()
     result["tensorflow"] = tf
-    busy = []
-    for port in req.get("ports", []):
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("0.0.0.0", port))   # TF servers bind every interface
-        except OSError as exc:
-            busy.append({"port": port, "error": exc.strerror})
-        finally:
-            sock.close()
-    result["busy_ports"] = busy
+    result["busy_ports"] = [{"port": port, "error": error} for port in req.get("ports", [])
+                            for error in [_port_busy(socket, port)] if error]
     if req.get("gpus"):
         import subprocess
         try:

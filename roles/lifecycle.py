@@ -17,7 +17,15 @@ So ``roles.train`` splits itself in two, before TensorFlow is imported:
   first step has run (``disarm``) and when it has written its own final event
   (``finished``).
 
-The guardian turns SIGTERM/SIGINT/SIGHUP into SIGKILL for the trainer, enforces
+Checkpoint on stop (``stop_grace`` > 0, async and sync-ps): once the first step has
+run, a SIGTERM is a request, not a kill. The trainer's own SIGTERM handler sets
+:attr:`TrainerLink.stop_requested`; the drivers check it at each unit of work, save a
+checkpoint and end. The guardian forwards the SIGTERM it gets to the trainer and
+SIGKILLs it only if it is still running ``stop_grace`` seconds later (or on a second
+signal, or on SIGINT/SIGHUP). Before the first step, and in sync mode (whose
+coordination service swallows SIGTERM in C++), SIGTERM kills at once as before.
+
+Otherwise the guardian turns SIGTERM/SIGINT/SIGHUP into SIGKILL for the trainer, enforces
 ``--start-timeout``, writes the ``error`` event when the trainer could not, and exits
 with the trainer's exit code (or 128+signal, or :data:`EXIT_START_TIMEOUT`). The
 trainer gets ``PR_SET_PDEATHSIG`` so it cannot outlive a SIGKILLed guardian.
@@ -35,6 +43,7 @@ from typing import Callable
 
 TERMINATION_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_START_TIMEOUT = 3
+WAKE_SECONDS = 0.5
 
 _DISARM = b"d"
 _FINISHED = b"f"
@@ -48,6 +57,13 @@ class TrainerLink:
 
     def __init__(self, write_fd: int) -> None:
         self._fd: int | None = write_fd
+        self.stop_requested = False   # set by SIGTERM when checkpoint-on-stop is on
+        self.stop_reason = ""
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the driver to checkpoint and end at its next unit of work."""
+        if not self.stop_requested:
+            self.stop_requested, self.stop_reason = True, reason
 
     def disarm(self) -> None:
         """The first step ran: the start deadline no longer applies."""
@@ -76,9 +92,10 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def split(start_timeout: float, what: str, report: Report) -> TrainerLink:
+def split(start_timeout: float, what: str, report: Report, stop_grace: float = 0.0) -> TrainerLink:
     """Forks; returns a :class:`TrainerLink` in the trainer and never returns in the
-    guardian (which exits with the trainer's outcome).
+    guardian (which exits with the trainer's outcome). ``stop_grace`` > 0 turns on
+    checkpoint-on-stop (module docstring).
 
     Call before importing TensorFlow: ``fork`` is only safe without threads.
     """
@@ -95,12 +112,15 @@ def split(start_timeout: float, what: str, report: Report) -> TrainerLink:
         for sig in TERMINATION_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
         _die_with_parent(parent)
+        link = TrainerLink(write_fd)
+        if stop_grace > 0:
+            signal.signal(signal.SIGTERM, lambda _s, _f: link.request_stop("SIGTERM"))
         signal.pthread_sigmask(signal.SIG_UNBLOCK, TERMINATION_SIGNALS)
-        return TrainerLink(write_fd)
+        return link
     os.close(write_fd)
     code = 1
     try:
-        code = Guardian(child, read_fd, start_timeout, what, report).supervise()
+        code = Guardian(child, read_fd, start_timeout, what, report, stop_grace).supervise()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -111,8 +131,11 @@ class Guardian:
     """The supervising side; see the module docstring."""
 
     def __init__(self, child: int, read_fd: int, start_timeout: float, what: str,
-                 report: Report) -> None:
+                 report: Report, stop_grace: float = 0.0) -> None:
         self._child = child
+        self._stop_grace = stop_grace
+        self._armed = True           # the start deadline applies (no step has run yet)
+        self._kill_at: float | None = None
         self._fd = read_fd
         self._start_timeout = start_timeout
         self._what = what
@@ -120,10 +143,14 @@ class Guardian:
         self._signal: int | None = None
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        if self._signal is None:
+        first = self._signal is None
+        if first:
             self._signal = signum
+        graceful = first and signum == signal.SIGTERM and self._stop_grace > 0 and not self._armed
+        if graceful:
+            self._kill_at = time.monotonic() + self._stop_grace
         try:
-            os.kill(self._child, signal.SIGKILL)
+            os.kill(self._child, signal.SIGTERM if graceful else signal.SIGKILL)
         except ProcessLookupError:
             pass
 
@@ -132,12 +159,21 @@ class Guardian:
             signal.signal(sig, self._on_signal)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, TERMINATION_SIGNALS)
         deadline = time.monotonic() + self._start_timeout
-        armed, finished, timed_out = True, False, False
+        finished, timed_out = False, False
         while True:
-            timeout = max(0.0, deadline - time.monotonic()) if armed else None
-            ready, _, _ = select.select([self._fd], [], [], timeout)  # retried on EINTR
+            ends = [t for t in (deadline if self._armed else None, self._kill_at) if t is not None]
+            # At most WAKE_SECONDS: select is retried on EINTR with its original timeout, so a
+            # stop grace that a signal handler set would otherwise never be looked at.
+            timeout = min([WAKE_SECONDS] + [max(0.0, t - time.monotonic()) for t in ends])
+            ready, _, _ = select.select([self._fd], [], [], timeout)
             if not ready:
-                timed_out, armed = True, False
+                now = time.monotonic()
+                if self._kill_at is not None and now >= self._kill_at:
+                    self._kill_at = None   # the stop grace is over: the checkpoint did not make it
+                elif self._armed and now >= deadline:
+                    timed_out, self._armed = True, False
+                else:
+                    continue
                 try:
                     os.kill(self._child, signal.SIGKILL)
                 except ProcessLookupError:
@@ -145,7 +181,7 @@ class Guardian:
                 continue
             data = os.read(self._fd, 64)
             if _DISARM in data:
-                armed = False
+                self._armed = False
             if _FINISHED in data:
                 finished = True
             if not data:

@@ -177,7 +177,8 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         step, rate, per_worker, checkpoint = _loop(plan, task, reporter, deadline, session, loss,
                                                    train_op, step, saver,
                                                    evaluate if is_chief else None)
-        val_loss, val_accuracy = evaluate(step) if is_chief else (None, None)
+        stopped = deadline.stop_requested
+        val_loss, val_accuracy = evaluate(step) if is_chief and not stopped else (None, None)
     return TrainResult(global_step=step, val_loss=val_loss, val_accuracy=val_accuracy,
                        examples_per_second=rate, checkpoint=checkpoint,
                        restored_step=restored_step, per_worker=per_worker)
@@ -199,11 +200,20 @@ def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: Trainer
     last_saved = -1
     schedule = StepSchedule(plan, step)
     first = FirstStep(deadline, meter)
-    while step < plan.steps_total:
+    # stop_requested (SIGTERM or --deadline): end after this step; the chief saves below.
+    while step < plan.steps_total and not (first.done and deadline.stop_requested):
         previous = step
         # The first step waits for every worker to arrive: bounded by the start
         # deadline, not by the per-step timeout.
-        loss_value, step = session.run([loss, train_op], options=timeout if first.done else None)
+        try:
+            loss_value, step = session.run([loss, train_op], options=timeout if first.done else None)
+        except tf.errors.DeadlineExceededError:
+            if not deadline.stop_requested:
+                raise
+            # Another worker stopped first (each has its own --deadline timer): this step
+            # never completes; the variables on the ps still hold step `previous`.
+            step = previous
+            break
         step = int(step)
         if first.counts():
             n = max(step - previous, 1)

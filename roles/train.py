@@ -14,8 +14,11 @@ blocks holding the GIL or swallows SIGTERM, and enforces ``--start-timeout``.
 
 Exit codes (of the guardian, i.e. of the PID that was started): 0 done; 1 training
 failed; 2 bad command line, environment or job file; 3 ``--start-timeout`` passed before the
-first step; 128+N ended by signal N (SIGTERM: 143). Every non-zero exit comes after
-an ``error`` event saying why.
+first step; 128+N ended by signal N (SIGTERM: 143; also after a checkpoint-on-stop).
+Every non-zero exit comes after an ``error`` event saying why (``exception`` "Stopped"
+when the job checkpointed and stopped on SIGTERM, with the checkpoint in the message).
+At ``--deadline`` the run checkpoints and ends like a finished one (``done`` with
+``global_step`` short of the budget, exit 0); ``pscluster train`` exits 4 then.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Sequence
@@ -38,6 +43,9 @@ from roles.tfconfig import ConfigError, TaskInfo, task_from_env
 DRIVERS = {"async": "roles.async_driver", "sync": "roles.sync_driver",
            "sync-ps": "roles.syncps_driver"}
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+# Modes that checkpoint on SIGTERM. Not sync: its coordination service handles SIGTERM
+# in C++ (TF-NOTES), and every worker would have to agree on the step to stop at.
+STOP_MODES = frozenset({"async", "sync-ps"})
 
 log = logging.getLogger("pscluster.train")
 
@@ -91,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="SECONDS",
                    help="sync: fail a collective that waits longer; sync-ps: fail a step (after the "
                         f"first) that waits longer (default {TRAINER_DEFAULTS.collective_timeout:g})")
+    p.add_argument("--stop-grace", type=float, default=TRAINER_DEFAULTS.stop_grace, metavar="SECONDS",
+                   help="async, sync-ps: on SIGTERM checkpoint and stop within SECONDS, then be killed; "
+                        f"0: die at once (default {TRAINER_DEFAULTS.stop_grace:g})")
+    p.add_argument("--deadline", type=float, metavar="SECONDS",
+                   help="async, sync-ps: checkpoint and end SECONDS after the start ('done' short of the budget)")
     p.add_argument("--seed", type=int, default=TRAINER_DEFAULTS.seed, help=argparse.SUPPRESS)
     return p
 
@@ -110,7 +123,7 @@ def parse_options(argv: Sequence[str]) -> TrainOptions:
         resume=ns.resume, data=home["data"], eval_every=ns.eval_every,
         steps_per_execution=ns.steps_per_execution,
         start_timeout=ns.start_timeout, collective_timeout=ns.collective_timeout,
-        seed=ns.seed)
+        stop_grace=ns.stop_grace, deadline=ns.deadline, seed=ns.seed)
 
 
 def _flag(argv: Sequence[str], name: str) -> str | None:
@@ -182,7 +195,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Before TensorFlow is imported: from here on this is the trainer, and the
     # original process supervises it (roles/lifecycle.py).
-    guardian = split(options.start_timeout, "the first training step", report_from_guardian)
+    stops = options.mode in STOP_MODES
+    guardian = split(options.start_timeout, "the first training step", report_from_guardian,
+                     stop_grace=options.stop_grace if stops else 0.0)
+    if stops and options.deadline is not None:
+        timer = threading.Timer(max(0.0, options.deadline - (time.time() - started)),
+                                guardian.request_stop, args=("deadline",))
+        timer.daemon = True
+        timer.start()
     writer = EventWriter(options.events, task.name)
     if options.data:
         os.environ["PSCLUSTER_DATA"] = os.path.abspath(options.data)
@@ -198,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         writer.emit("error", message=error_message(e), exception=type(e).__name__)
         guardian.finished()
         return EXIT_FAILED
+    if guardian.stop_requested and guardian.stop_reason != "deadline":
+        return _stopped(result, writer, guardian)
     writer.emit("done", mode=options.mode, workers=task.num_workers,
                 global_step=result.global_step, val_loss=result.val_loss,
                 val_accuracy=result.val_accuracy,
@@ -215,6 +237,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         leave(task, options.collective_timeout)
         log.info("left with the other workers in %.2f s", time.monotonic() - started_leaving)
     return EXIT_OK
+
+
+def _stopped(result: Any, writer: EventWriter, guardian: TrainerLink) -> int:
+    """The driver checkpointed and ended early on SIGTERM: say so and exit 143."""
+    saved = f"checkpoint {result.checkpoint}" if result.checkpoint else "no checkpoint (no --checkpoint-dir)"
+    message = (f"stopped by {guardian.stop_reason} at step {result.global_step}; {saved}; "
+               "continue with --resume")
+    log.info("%s", message)
+    writer.emit("error", message=message, exception="Stopped")
+    guardian.finished()
+    writer.close()
+    return 128 + signal.SIGTERM
 
 
 def _train(options: TrainOptions, task: TaskInfo, writer: EventWriter,

@@ -29,6 +29,7 @@ from ..events import Reporter
 from ..launcher import StateWriter, start_task, stop_records, task_env, wait_ready
 from ..plan import ClusterPlan, TaskSpec
 from ..probe import Prober
+from ..secrets import Secrets
 from ..progress import JobProgress, Orchestrator
 from ..state import ProcessRecord, RunState, StateStore
 from ..transport import TransportPool
@@ -87,7 +88,7 @@ class JobExecutor:
 
     def __init__(self, *, store: StateStore, name: str, reporter: Reporter, pool: TransportPool, root: Path,
                  rules: core.RestartRules, host_timeout: float = 60.0, grace: float = 10.0,
-                 secrets: dict[str, str] | None = None, clock: Callable[[], float] = time.monotonic,
+                 secrets: Secrets | None = None, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, wall: Callable[[], float] = time.time):
         self.store = store
         self.name = name
@@ -97,7 +98,7 @@ class JobExecutor:
         self.rules = rules
         self.host_timeout = host_timeout
         self.grace = grace
-        self.secrets = secrets or {}
+        self.secrets = secrets
         self.clock = clock
         self.sleep = sleep
         self.wall = wall
@@ -398,7 +399,7 @@ class JobExecutor:
         log = server_log(task, attempt)
         record = ProcessRecord(key=f"{task.name}#{attempt}", task=task.name, host=task.host, kind="server",
                                attempt=attempt, log=log, exit_file=log + ".exit")
-        watched = self.launch(task, record, argv=task.argv, env=task_env(task, self.secrets), kind=ProcessKind.SERVER)
+        watched = self.launch(task, record, argv=task.argv, env=task_env(task, self.secrets, standing=True), kind=ProcessKind.SERVER)
         try:
             with Prober() as prober:
                 wait_ready(self.plan, {task.name: watched.record}, self.pool, prober, self.reporter,

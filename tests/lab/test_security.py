@@ -78,13 +78,15 @@ def test_secret_values_reach_tasks_but_never_argv_logs_or_output(tmp_path, lab3,
     state_dir = tmp_path / "state"
     inventory = write_lab_inventory(lab3, tmp_path / "secret.yaml", GROUPS, {
         "pscluster_port_base": port_base(), "pscluster_workdir": str(REPO),
-        "pscluster_secret_env": ["PSCLUSTER_TEST_TOKEN"]})
-    env = {"PSCLUSTER_TEST_TOKEN": secret}
+        "pscluster_secret_env": ["LAB_TEST_TOKEN"],
+        # standing servers get secrets only when asked (tests/local/test_secret_scope.py: not by default)
+        "pscluster_secret_env_roles": ["ps", "worker"]})
+    env = {"LAB_TEST_TOKEN": secret}
     outputs = []
     try:
         plan = run_cli(["plan", inventory, "--name", name], state_dir=state_dir, env=env, check=True)
         outputs.append(plan.stdout + plan.stderr)
-        assert "PSCLUSTER_TEST_TOKEN=****" in plan.stdout
+        assert "LAB_TEST_TOKEN=****" in plan.stdout
         up = run_cli(["up", inventory, "--name", name], state_dir=state_dir, env=env)
         assert up.returncode == 0, up.stderr
         outputs.append(up.stdout + up.stderr)
@@ -93,7 +95,7 @@ def test_secret_values_reach_tasks_but_never_argv_logs_or_output(tmp_path, lab3,
         pids = [t["pid"] for t in status["tasks"] if t["pid"]]
         for pid in pids:      # the value does reach the task ...
             environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            assert f"PSCLUSTER_TEST_TOKEN={secret}".encode() in environ
+            assert f"LAB_TEST_TOKEN={secret}".encode() in environ
         # ... but no command line of any process on any host shows it (hosts share this PID space).
         ps = subprocess.run(["ps", "-eo", "pid,args", "--width", "100000"], capture_output=True, text=True)
         assert secret not in ps.stdout
@@ -124,10 +126,10 @@ def test_missing_secret_is_refused_before_anything_starts(tmp_path, lab3, write_
     name = "lab-nosecret"
     state_dir = tmp_path / "state"
     inventory = write_lab_inventory(lab3, tmp_path / "secret.yaml", GROUPS, {
-        "pscluster_port_base": port_base(), "pscluster_secret_env": ["PSCLUSTER_TEST_ABSENT"]})
+        "pscluster_port_base": port_base(), "pscluster_secret_env": ["LAB_TEST_ABSENT"]})
     up = run_cli(["up", inventory, "--name", name], state_dir=state_dir)
     assert up.returncode == 2
-    assert "PSCLUSTER_TEST_ABSENT" in up.stderr and "not set here" in up.stderr
+    assert "LAB_TEST_ABSENT" in up.stderr and "not set here" in up.stderr
     assert not (state_dir / f"{name}.json").exists()
 
 

@@ -123,8 +123,10 @@ def test_ps_coordinator_runs_on_the_chief_of_an_async_cluster(tmp_path, cleanup)
 def test_on_failure_restarts_a_killed_worker(tmp_path, cleanup):
     name, state_dir = "run-restart", tmp_path / "state"
     cleanup(name, state_dir)
+    # A budget long enough that worker:1 is still training when it is killed (it logs first at its
+    # 100th local step; 700 steps could be over by the time the test looked, on a quiet machine).
     proc = subprocess.Popen(cli_argv(["run", LOCAL, "--name", name, "--port-base", port_base(), "--on", "ps,worker",
-                                      "--restart-policy", "on-failure", "--json", "--", *TF1, "--steps", "700"]),
+                                      "--restart-policy", "on-failure", "--json", "--", *TF1, "--steps", "3000"]),
                             cwd=REPO, env=cli_env(state_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:

@@ -1,0 +1,83 @@
+"""--limit on plan, check, up, run and bench, and inventory warnings on stderr (issue 12 items 2-3).
+
+plan runs for real; check, up and run stop at their first side effect (preflight, bring-up, the
+one-shot run), replaced here by a recorder, so the test sees the plan each command made."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cluster.errors import PsclusterError
+
+from .test_cli_plan import Captured
+from .test_inventory_sources import FIXTURES
+
+FOLDER = str(FIXTURES / "hosts.ini")      # node-a: chief, ps, 2 workers; node-b: ps, 2 workers; node-c: worker
+
+
+class Stop(PsclusterError):
+    exit_code = 7
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    seen = []
+
+    def record(cluster, *args, **kwargs):
+        seen.append(cluster)
+        raise Stop("recorded")
+    import cluster.launcher
+    import cluster.preflight
+    import cluster.runprog
+    for module, name in ((cluster.preflight, "run_preflight"), (cluster.launcher, "bring_up"),
+                         (cluster.runprog, "run_one_shot")):
+        monkeypatch.setattr(module, name, record)
+    return seen
+
+
+def test_plan_limit(tmp_path):
+    cli = Captured(tmp_path)
+    assert cli.run("plan", FOLDER, "--json", "--limit", "node-a") == 0
+    tasks = json.loads(cli.stdout.getvalue())["tasks"]
+    assert {task["host"] for task in tasks} == {"node-a"}
+    assert sorted(task["role"] for task in tasks) == ["chief", "ps", "worker", "worker"]
+
+
+@pytest.mark.parametrize("argv", [["check"], ["up"], ["run", "--on", "worker"]])
+def test_commands_plan_for_the_limited_hosts(tmp_path, recorder, argv):
+    cli = Captured(tmp_path)
+    extra = ["--", "python", "-c", "pass"] if argv[0] == "run" else []
+    assert cli.run(*argv[:1], FOLDER, *argv[1:], "--limit", "all:!node-a", *(["--mode", "sync"]
+                                                                             if argv[0] != "run" else []), *extra) == 7
+    assert {task.host for task in recorder[0].tasks} == {"node-b", "node-c"}
+
+
+@pytest.mark.parametrize("command", ["plan", "check", "up", "run", "bench"])
+def test_limit_leaving_a_role_empty_is_exit_2(tmp_path, recorder, command):
+    cli = Captured(tmp_path)
+    argv = {"bench": ["bench", "distributed_mnist", FOLDER, "--workers", "1"],
+            "run": ["run", FOLDER]}.get(command, [command, FOLDER])
+    tail = ["--", "python", "-c", "pass"] if command == "run" else []
+    assert cli.run(*argv, "--limit", "nothing*", *tail) == 2
+    assert "--limit 'nothing*' matches no host" in cli.stderr.getvalue()
+    assert cli.run(*argv, "--limit", "node-b", *tail) == 2 or command == "bench"
+    assert recorder == []
+
+
+def test_limit_without_inventory_in_run_is_refused(tmp_path):
+    cli = Captured(tmp_path)
+    assert cli.run("run", "--limit", "node-a", "--", "python", "-c", "pass") == 2
+    assert "--limit apply to a one-shot run" in cli.stderr.getvalue()
+
+
+def test_warnings_are_printed_once_on_stderr(tmp_path):
+    path = tmp_path / "warn.yaml"
+    path.write_text("all:\n  vars:\n    ansible_connection: local\n    ansible_ssh_pipelining: true\n"
+                    "  children:\n    worker:\n      hosts:\n        localhost:\n")
+    cli = Captured(tmp_path)
+    assert cli.run("plan", str(path), "--mode", "sync") == 0, cli.stderr.getvalue()
+    err = cli.stderr.getvalue()
+    assert err.count("ansible_ssh_pipelining") == 1
+    assert f"warning: {path}:4: all.vars.ansible_ssh_pipelining: ignored by pscluster" in err
+    assert "ansible_ssh_pipelining" not in cli.stdout.getvalue()

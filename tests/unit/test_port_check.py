@@ -1,0 +1,43 @@
+"""The host-side busy-port check (roles/hostctl.py, issue 16 item 17): a port held on IPv6 only
+is busy too (TF servers bind [::], dual stack). Real sockets on loopback, nothing else."""
+from __future__ import annotations
+
+import socket
+from contextlib import closing
+
+import pytest
+
+from roles import hostctl
+
+
+def listener(family: int, address: str, *, v6only: bool = False) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    if v6only:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    sock.bind((address, 0))
+    sock.listen(1)
+    return sock
+
+
+def busy(port: int) -> list[dict]:
+    return hostctl.op_facts({"ports": [port]})["busy_ports"]
+
+
+@pytest.mark.parametrize("family, address, v6only, shown", [
+    (socket.AF_INET6, "::1", True, "IPv6"),          # missed before: 0.0.0.0 binds fine beside it
+    (socket.AF_INET6, "::", True, "IPv6"),           # an IPv6-only wildcard listener: missed before
+    (socket.AF_INET, "127.0.0.1", False, "IPv4"),
+    (socket.AF_INET, "0.0.0.0", False, "IPv4"),
+])
+def test_a_held_port_is_busy_whatever_the_family(family, address, v6only, shown):
+    if family == socket.AF_INET6 and not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    with closing(listener(family, address, v6only=v6only)) as sock:
+        port = sock.getsockname()[1]
+        assert busy(port) == [{"port": port, "error": f"Address already in use (on {shown})"}]
+
+
+def test_a_free_port_is_free():
+    with closing(listener(socket.AF_INET, "127.0.0.1")) as sock:
+        port = sock.getsockname()[1]
+    assert busy(port) == []

@@ -1,0 +1,80 @@
+"""Checkpoint on stop, the process side without TensorFlow: the guardian of roles/lifecycle.py
+forwards SIGTERM as a stop request within --stop-grace, and `train --deadline` parses durations."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import click
+import pytest
+
+from cluster.cli import DurationParam
+from tests.helpers import REPO
+
+TRAINER = textwrap.dedent("""
+    import sys, time
+    from roles.lifecycle import split
+    marker, grace, finish = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "finish"
+    link = split(60, "the first step", lambda m, e: print("report:", e, m, flush=True), stop_grace=grace)
+    link.disarm()
+    open(marker + ".ready", "w").close()
+    end = time.monotonic() + 30
+    while not link.stop_requested and time.monotonic() < end:
+        time.sleep(0.02)
+    open(marker + ".saved", "w").write(link.stop_reason)   # "the checkpoint"
+    if finish:
+        link.finished()
+        sys.exit(143)
+    time.sleep(60)                                         # a save that never ends
+""")
+
+
+def run_trainer(tmp_path, grace: float, finish: bool) -> tuple[int, str, float]:
+    marker = str(tmp_path / "t")
+    proc = subprocess.Popen([sys.executable, "-c", TRAINER, marker, str(grace), "finish" if finish else "hang"],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 30
+        while not os.path.exists(marker + ".ready"):
+            assert proc.poll() is None and time.monotonic() < end
+            time.sleep(0.02)
+        began = time.monotonic()
+        proc.send_signal(signal.SIGTERM)             # to the guardian only, as `kill PID` would
+        out, _ = proc.communicate(timeout=30)
+        return proc.returncode, out, time.monotonic() - began
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_sigterm_is_a_stop_request_when_there_is_a_grace(tmp_path):
+    code, out, _ = run_trainer(tmp_path, grace=10, finish=True)
+    assert code == 143 and (tmp_path / "t.saved").read_text() == "SIGTERM"
+    assert "report:" not in out                      # the trainer reported for itself
+
+
+def test_a_trainer_still_saving_after_the_grace_is_killed(tmp_path):
+    code, out, seconds = run_trainer(tmp_path, grace=1, finish=False)
+    assert code == 143 and (tmp_path / "t.saved").exists()
+    assert 0.9 <= seconds < 10 and "report: Terminated" in out
+
+
+def test_without_a_grace_sigterm_kills_at_once(tmp_path):
+    code, out, _ = run_trainer(tmp_path, grace=0, finish=True)
+    assert code == 143 and not (tmp_path / "t.saved").exists()
+    assert "report: Terminated" in out
+
+
+@pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("45m", 2700), ("2h", 7200), ("1.5d", 129600)])
+def test_durations(text, seconds):
+    assert DurationParam().convert(text, None, None) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "h", "2x", "-5m", "0s", "soon"])
+def test_bad_durations_say_how_to_write_one(text):
+    with pytest.raises(click.BadParameter, match="duration"):
+        DurationParam().convert(text, None, None)
