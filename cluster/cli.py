@@ -25,8 +25,9 @@ from .inventory import MODES, load_inventory
 from .names import check_cluster_name
 from . import secrets as secrets_rule
 from .plan import ClusterPlan, PlanOptions, plan_cluster
-from .state import StateStore
+from .state import RunState, StateStore
 from .transport import TransportPool
+from .slurm import Layout
 
 
 @dataclass
@@ -212,13 +213,21 @@ def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: 
                       + (f" --name {cluster.name}" if len(env.store.names()) > 1 else ""))
 
 
-def _slurm_layout(ps, chief, workers_per_node, evaluator, gpus_per_worker):
-    from .slurm import Layout
+def _existing(env: Env, name: str) -> RunState:
+    """The state of cluster ``name``, which must exist (it may vanish between resolve and load)."""
+    state = env.store.load(name)
+    if state is None:
+        raise UsageError(f"no cluster named {name!r}", hint="'pscluster status' lists the clusters that are up")
+    return state
+
+
+def _slurm_layout(ps: int | None, chief: bool, workers_per_node: int | None, evaluator: bool,
+                  gpus_per_worker: int) -> Layout:
     return Layout(ps=ps, chief=chief, workers_per_node=workers_per_node, evaluator=evaluator,
                   gpus_per_worker=gpus_per_worker)
 
 
-def _write_slurm_inventory(path: str, mode: str | None, layout) -> None:
+def _write_slurm_inventory(path: str, mode: str | None, layout: Layout) -> None:
     """Write the inventory of this allocation (``up --slurm``); the later commands read it like any other."""
     import yaml
     from .slurm import layout_inventory
@@ -234,9 +243,7 @@ def _write_slurm_inventory(path: str, mode: str | None, layout) -> None:
 def _print_status(env: Env, name: str, *, as_json: bool, pool: TransportPool) -> None:
     from .launcher import cluster_status
     from .probe import Prober
-    state = env.store.load(name)
-    if state is None:
-        raise UsageError(f"no cluster named {name!r}")
+    state = _existing(env, name)
     with Prober() as prober:
         rows = cluster_status(state, pool=pool, prober=prober)
     _show_status(env, state, rows, as_json=as_json)
@@ -275,7 +282,7 @@ def status(env: Env, name: str | None, as_json: bool) -> None:
 def logs(env: Env, task: str | None, name: str | None, follow: bool, lines: int | None) -> None:
     """One task's log (TASK like worker:1), or all of them with a [task@host] prefix."""
     from .logs import select_tasks, stream_logs
-    state = env.store.load(env.store.resolve_name(name))
+    state = _existing(env, env.store.resolve_name(name))
     tasks = select_tasks(state, task)
 
     def write(text: str) -> None:
@@ -376,8 +383,8 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
                            eval_every=eval_every, restart_policy=restart_policy, max_restarts=max_restarts, start_timeout=start_timeout,
                            collective_timeout=collective_timeout, host_timeout=host_timeout,
                            stop_grace=stop_grace, deadline=deadline)
-    state = env.store.load(resolved)
-    if deadline is not None and state is not None and state.plan.mode == "sync":
+    state = _existing(env, resolved)
+    if deadline is not None and state.plan.mode == "sync":
         raise UsageError("--deadline works in async and sync-ps modes only (sync workers do not checkpoint on stop yet)")
     display = ui.EventLineReporter(env.err) if as_json else ui.TrainDisplay(env.err)
     try:
@@ -470,7 +477,7 @@ def _csv(text: str, what: str, choices: tuple[str, ...] | None = None) -> tuple[
     if not items:
         raise UsageError(f"{what}: give at least one value")
     wrong = [item for item in items if choices is not None and item not in choices]
-    if wrong:
+    if wrong and choices is not None:
         raise UsageError(f"{what}: {', '.join(wrong)} is not one of {', '.join(choices)}",
                          hint=f"e.g. {what} {','.join(choices)}")
     return items

@@ -12,10 +12,11 @@ import time
 from typing import Any, Sequence
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.live import Live
+from rich.status import Status
 from rich.markup import escape as _markup_escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -183,7 +184,7 @@ class RichReporter(Reporter):
         self.console = console
         self.verbose = verbose
         self._progress: Progress | None = None
-        self._rows: dict[str, Any] = {}
+        self._rows: dict[str, TaskID] = {}
         self._checks: list[dict] = []
 
     # -- task progress rows
@@ -236,7 +237,7 @@ class RichReporter(Reporter):
         else:
             self._say(f"  {escape(host)}: {files} file(s) sent ({bytes / 1e6:.1f} MB), {unchanged} unchanged")
 
-    def _row(self, task: str, host: str) -> int:
+    def _row(self, task: str, host: str) -> TaskID:
         progress = self._ensure_progress()
         key = f"{task}@{host}"
         if key not in self._rows:
@@ -400,7 +401,7 @@ class BenchProgress(Reporter):
 
     def __init__(self, console: Console):
         self.console = console
-        self._status = None
+        self._status: Status | None = None
         self._label = ""
 
     def handle(self, kind: str, **data: Any) -> None:
@@ -485,10 +486,11 @@ def render_bench(console: Console, summaries: Sequence[Any], results: Sequence[A
     """The study: medians over repeats with their min–max, then one line per configuration
     that failed or could not be built."""
     table = Table(title=escape(title), box=box.SIMPLE_HEAVY)
-    for column, justify in (("mode", "left"), ("placement", "left"), ("workers", "right"), ("hosts", "left"),
+    columns: tuple[tuple[str, JustifyMethod], ...] = (("mode", "left"), ("placement", "left"), ("workers", "right"), ("hosts", "left"),
                             ("ok/runs", "right"), ("bring-up s", "right"), ("train s", "right"),
                             ("steps/s", "right"), ("examples/s", "right"), ("efficiency", "right"),
-                            ("val_accuracy", "right"), ("to target s", "right")):
+                            ("val_accuracy", "right"), ("to target s", "right"))
+    for column, justify in columns:
         table.add_column(column, justify=justify)
     for row in summaries:
         if row.impossible and row.ok == 0:
@@ -545,7 +547,7 @@ class ProgramOutput(Reporter):
         elif kind == "phase":
             self._line(Text(f"▸ {data['name']} ", "bold cyan") + Text(_plain(data.get("detail", ""))))
         elif kind == "message":
-            self._line(Text(_plain(data["text"]), {"warning": "yellow", "error": "red"}.get(data.get("level"), "")))
+            self._line(Text(_plain(data["text"]), {"warning": "yellow", "error": "red"}.get(str(data.get("level")), "")))
         elif kind == "task-exited":
             ok = data.get("exit_code") == 0 and data.get("signal") is None
             self._line(Text(_plain(f"[{data['task']}@{data['host']}] "), style=self._style(data["task"])) +

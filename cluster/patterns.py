@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from typing import Callable
 from dataclasses import replace
 
 from .errors import UsageError
@@ -51,6 +52,7 @@ def _match(inventory: Inventory, term: str, pattern: str) -> set[str]:
     groups = dict(inventory.groups)
     if term in ("all", "*"):
         return set(hosts)
+    matches: Callable[[str], object]
     if term.startswith("~"):
         try:
             regex = re.compile(term[1:])
@@ -60,8 +62,7 @@ def _match(inventory: Inventory, term: str, pattern: str) -> set[str]:
     elif any(char in term for char in "*?["):
         matches = re.compile(fnmatch.translate(term)).match
     else:
-        def matches(name: str) -> bool:
-            return name == term
+        matches = term.__eq__
     result = {name for name in hosts if matches(name)}
     for group, members in groups.items():
         if matches(group):

@@ -26,7 +26,7 @@ import time
 from typing import Sequence
 
 from ..errors import HostError, UnreachableHostError
-from .base import CommandResult, Stream, Transport
+from .base import CommandResult, Stream
 from .local import LocalTransport
 
 MARK = "@@pscluster-step@@"
@@ -84,7 +84,7 @@ def job_id() -> str:
     return job
 
 
-class SlurmTransport(Transport):
+class SlurmTransport(LocalTransport):   # reuses its subprocess stream; run and put_files are steps
     """Runs argv lists as job steps on one node of the allocation."""
 
     def _srun(self, *extra: str) -> list[str]:
@@ -102,6 +102,7 @@ class SlurmTransport(Transport):
             except FileNotFoundError:
                 raise UnreachableHostError(self.host.name, "srun not found: Slurm's client is not installed here",
                                            argv=command[:1]) from None
+            assert proc.stdin is not None and proc.stdout is not None
             proc.stdin.write(stdin or b"")
             proc.stdin.close()
             answer = self._read_answer(proc, timeout, argv)
@@ -123,6 +124,7 @@ class SlurmTransport(Transport):
         """The keeper's marked line; None if srun ended without one. Never blocks past ``timeout``
         (a step that cannot start, e.g. a pending job, would otherwise hang the CLI)."""
         deadline = time.monotonic() + timeout
+        assert proc.stdout is not None
         fd, buffer = proc.stdout.fileno(), b""
         while True:
             left = deadline - time.monotonic()
@@ -148,7 +150,7 @@ class SlurmTransport(Transport):
     def stream(self, argv: Sequence[str], *, stdin: bytes | None = None) -> Stream:
         # The local subprocess stream around srun: closing it SIGTERMs srun, which cancels the step
         # (a single SIGINT would not: srun asks for a second one).
-        return LocalTransport.stream(self, self._srun() + list(argv), stdin=stdin)
+        return super().stream(self._srun() + list(argv), stdin=stdin)
 
     def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
         for local, remote in files:
