@@ -27,6 +27,7 @@ from . import secrets as secrets_rule
 from .plan import ClusterPlan, PlanOptions, plan_cluster
 from .state import RunState, StateStore
 from .transport import TransportPool
+from .slurm import Layout
 
 
 @dataclass
@@ -191,12 +192,23 @@ def check(env: Env, inventory: str, name: str | None, mode: str | None, port_bas
 @click.option("--json", "as_json", is_flag=True, help="Print the resulting status as JSON.")
 @limit_opt
 @allow_busy_opt
+@click.option("--slurm", is_flag=True, help="Lay out the cluster on this Slurm allocation and WRITE it to INVENTORY; "
+              "tasks run as job steps (see README 'On a Slurm cluster').")
+@click.option("--ps", "slurm_ps", type=int, help="With --slurm: ps tasks (default: one per node).")
+@click.option("--chief/--no-chief", "slurm_chief", default=True, help="With --slurm: a chief on the first node.")
+@click.option("--workers-per-node", type=int, help="With --slurm: workers per node (default: the job's tasks per node).")
+@click.option("--evaluator", is_flag=True, help="With --slurm: an evaluator on the last node.")
+@click.option("--gpus-per-worker", type=int, default=0, help="With --slurm: GPUs per worker, of those Slurm granted.")
 @click.pass_obj
 def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: int | None, timeout: float,
-       firewall: bool, as_json: bool, limit: str | None, allow_busy_gpus: bool) -> None:
+       firewall: bool, as_json: bool, limit: str | None, allow_busy_gpus: bool, slurm: bool, slurm_ps: int | None,
+       slurm_chief: bool, workers_per_node: int | None, evaluator: bool, gpus_per_worker: int) -> None:
     """Preflight, sync code, start the standing servers and wait until they answer."""
     from dataclasses import replace as _replace
     from .launcher import bring_up, rows_after_up
+    if slurm:
+        _write_slurm_inventory(inventory, mode, _slurm_layout(slurm_ps, slurm_chief, workers_per_node, evaluator,
+                                                              gpus_per_worker))
     reporter = ui.RichReporter(env.err)
     try:
         with env.pool_factory() as pool:
@@ -222,6 +234,25 @@ def _existing(env: Env, name: str) -> RunState:
     if state is None:
         raise UsageError(f"no cluster named {name!r}", hint="'pscluster status' lists the clusters that are up")
     return state
+
+
+def _slurm_layout(ps: int | None, chief: bool, workers_per_node: int | None, evaluator: bool,
+                  gpus_per_worker: int) -> Layout:
+    return Layout(ps=ps, chief=chief, workers_per_node=workers_per_node, evaluator=evaluator,
+                  gpus_per_worker=gpus_per_worker)
+
+
+def _write_slurm_inventory(path: str, mode: str | None, layout: Layout) -> None:
+    """Write the inventory of this allocation (``up --slurm``); the later commands read it like any other."""
+    import yaml
+    from .slurm import layout_inventory
+    from .transport.slurm import read_allocation
+    alloc = read_allocation(dict(os.environ))
+    document = layout_inventory(alloc, layout, python=sys.executable, workdir=local_workdir(),
+                                mode=mode)
+    with open(path, "w") as handle:
+        handle.write(f"# written by `pscluster up --slurm` for Slurm job {alloc.job_id}\n")
+        yaml.safe_dump(document, handle, sort_keys=False)
 
 
 def _print_status(env: Env, name: str, *, as_json: bool, pool: TransportPool) -> None:
@@ -389,8 +420,12 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
 
 @cli.command()
 @inventory_arg
-@click.option("--format", "fmt", type=click.Choice(["tfjob"]), default="tfjob", show_default=True,
-              help="Manifest format: a Kubeflow TFJob (kubeflow.org/v1).")
+@click.option("--format", "fmt", type=click.Choice(["tfjob", "sbatch"]), default="tfjob", show_default=True,
+              help="Manifest format: a Kubeflow TFJob (kubeflow.org/v1), or a Slurm batch script.")
+@click.option("--time", "time_limit", help="sbatch: the job's time limit (e.g. 1:00:00).")
+@click.option("--partition", help="sbatch: the partition.")
+@click.option("--gres", help="sbatch: generic resources per node (e.g. gpu:2).")
+@click.option("--steps", type=int, help="sbatch: training steps (default: the job's own).")
 @click.option("--image", help="Container image of every replica (docker/Dockerfile builds one).  [default: "
                               "pscluster-node:tf2.21.0-cpu]")
 @click.option("--job", default="distributed_mnist", show_default=True,
@@ -401,11 +436,15 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
               default="OnFailure", show_default=True, help="The replicas' restart policy.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the manifest to FILE, not stdout.")
 @click.pass_obj
-def export(env: Env, inventory: str, fmt: str, image: str | None, job: str, mode: str | None, name: str | None,
+def export(env: Env, inventory: str, fmt: str, time_limit: str | None, partition: str | None, gres: str | None,
+           steps: int | None, image: str | None, job: str, mode: str | None, name: str | None,
            restart_policy: str, output: str | None) -> None:
-    """Write the cluster as a manifest for another launcher (Kubernetes TFJob), touching no host."""
+    """Write the cluster as a manifest for another launcher (Kubernetes TFJob, Slurm sbatch), touching no host."""
     import yaml
     from .export import DEFAULT_IMAGE, secret_refs, tfjob_manifest, train_command
+    if fmt == "sbatch":
+        _export_sbatch(env, inventory, mode, name, job, steps, time_limit, partition, gres, output)
+        return
     shipped = project_root() / "examples"      # the image is built from this checkout
     if shipped.is_dir() and "/" not in job and not job.endswith(".py") and not (shipped / job / "job.py").is_file():
         known = sorted(p.name for p in shipped.iterdir() if (p / "job.py").is_file())
@@ -417,20 +456,38 @@ def export(env: Env, inventory: str, fmt: str, image: str | None, job: str, mode
                          "a host's GPUs", hint="list the masks in the inventory for export")
     manifest = tfjob_manifest(cluster, image=image or DEFAULT_IMAGE, job_command=train_command(cluster.mode, job),
                               restart_policy=restart_policy, name=name)
-    text = yaml.safe_dump(manifest, sort_keys=False)
+    _write_output(env, yaml.safe_dump(manifest, sort_keys=False), output,
+                  f"wrote TFJob {manifest['metadata']['name']!r} to {output}")
+    for secret, keys in secret_refs(manifest).items():
+        env.err.print(f"the manifest reads {', '.join(keys)} from the Secret {secret!r}; create it first from a "
+                      f"file of KEY=value lines (not on a command line): kubectl create secret generic {secret} "
+                      "--from-env-file=FILE", markup=False, highlight=False)
+
+
+def _export_sbatch(env: Env, inventory: str, mode: str | None, name: str | None, job: str, steps: int | None,
+                   time_limit: str | None, partition: str | None, gres: str | None, output: str | None) -> None:
+    """The inventory's shape (hosts, workers per host) as a batch script that runs `up --slurm` inside."""
+    from .slurm import sbatch_script
+    cluster = _plan(inventory, name=name, mode=mode, port_base=None)
+    workers = [task.host for task in cluster.tasks if task.role == "worker"]
+    per_host = max((workers.count(host) for host in set(workers)), default=1)
+    text = sbatch_script(nodes=len(cluster.hosts), workers_per_node=per_host, mode=cluster.mode, job=job,
+                         python=sys.executable, checkout=str(project_root()), steps=steps, time_limit=time_limit,
+                         partition=partition, gres=gres, name=cluster.name)
+    _write_output(env, text, output, f"wrote a batch script to {output}; submit it with: sbatch {output}")
+
+
+def _write_output(env: Env, text: str, output: str | None, done: str) -> None:
+    """Write an exported document to ``output`` (saying ``done``), or to stdout."""
     if output:
         try:
             Path(output).write_text(text, encoding="utf-8")
         except OSError as exc:
             raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
-        env.err.print(f"wrote TFJob {manifest['metadata']['name']!r} to {output}", markup=False, highlight=False)
+        env.err.print(done, markup=False, highlight=False)
     else:
         env.out.file.write(text)
         env.out.file.flush()
-    for secret, keys in secret_refs(manifest).items():
-        env.err.print(f"the manifest reads {', '.join(keys)} from the Secret {secret!r}; create it first from a "
-                      f"file of KEY=value lines (not on a command line): kubectl create secret generic {secret} "
-                      "--from-env-file=FILE", markup=False, highlight=False)
 
 
 def _csv(text: str, what: str, choices: tuple[str, ...] | None = None) -> tuple[str, ...]:

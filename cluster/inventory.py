@@ -378,7 +378,7 @@ CONNECTION_KEYS: dict[str, Validator] = {
     "ansible_ssh_timeout": lambda raw, path, value: _as_int(raw, path, value, 1, 600, "seconds"),
     "ansible_host_key_checking": lambda raw, path, value: _ansible_bool(raw, path, value),
     "ansible_ssh_private_key_file": lambda raw, path, value: _as_str(raw, path, value, "a key file path"),
-    "ansible_connection": _choice(("ssh", "local", "paramiko", "smart")),
+    "ansible_connection": _choice(("ssh", "local", "paramiko", "smart", "slurm")),
     "ansible_python_interpreter": lambda raw, path, value: _as_str(raw, path, value, "an interpreter path"),
     "ansible_become": lambda raw, path, value: _ansible_bool(raw, path, value),
     "ansible_become_user": lambda raw, path, value: _as_str(raw, path, value, "a user name"),
@@ -637,7 +637,7 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
         return validators[key](raw, item[1], item[0])
 
     connection = get("ansible_connection", CONNECTION_KEYS, "ssh")
-    connection = "local" if connection == "local" else "ssh"
+    connection = connection if connection in ("local", "slurm") else "ssh"   # slurm: steps of a job
     address = get("ansible_host", CONNECTION_KEYS) or get("ansible_ssh_host", CONNECTION_KEYS) or host
     python = get("pscluster_python", PSCLUSTER_KEYS) or get("ansible_python_interpreter", CONNECTION_KEYS)
     env = get("pscluster_env", PSCLUSTER_KEYS, ())

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything pscluster needs on this machine, idempotently:
-#   - Debian packages the lab tests and SSH hosts need (openssh-server/client, iproute2, nftables),
+#   - Debian packages the lab tests and SSH hosts need (openssh-server/client, iproute2, nftables,
+#     and slurmctld/slurmd/slurm-client/munge for the Slurm lab),
 #   - a virtualenv in .venv with pscluster (editable), TensorFlow (CPU) and the test tools.
 # Re-running is cheap: pip runs again only when setup.cfg changed.
 set -euo pipefail
@@ -12,6 +13,11 @@ command -v ssh >/dev/null 2>&1 || apt_missing+=(openssh-client)
 command -v sudo >/dev/null 2>&1 || apt_missing+=(sudo)    # ansible_become: tasks run through sudo -n -H -u USER
 command -v ip >/dev/null 2>&1 || apt_missing+=(iproute2)
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || apt_missing+=(nftables)
+# The Slurm lab (tests/slurm): a real slurmctld/slurmd/munged, started by the test fixture itself.
+command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || apt_missing+=(slurmctld)
+command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ] || apt_missing+=(slurmd)
+command -v srun >/dev/null 2>&1 || apt_missing+=(slurm-client)
+command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || apt_missing+=(munge)
 if [ ${#apt_missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "bootstrap: installing Debian packages: ${apt_missing[*]}"

@@ -14,6 +14,9 @@ def open_transport(host: HostSpec) -> Transport:
     """The transport for a host (not connected yet)."""
     if host.is_local:
         return LocalTransport(host)
+    if host.connection == "slurm":
+        from .slurm import SlurmTransport   # steps of $SLURM_JOB_ID (srun), see transport/slurm.py
+        return SlurmTransport(host)
     from .ssh import SSHTransport   # Fabric and paramiko load only when a host needs SSH
     return SSHTransport(host)
 

@@ -628,7 +628,7 @@ def test_bad_ports(write_inventory, line_text, key_path, message):
     ("pscluster_mode: fast", "all.vars.pscluster_mode", 'expected one of async, sync, sync-ps, got "fast"'),
     ("pscluster_firewall: yes please", "all.vars.pscluster_firewall", 'expected true or false, got "yes please"'),
     ("ansible_connection: docker", "all.vars.ansible_connection",
-     'expected one of ssh, local, paramiko, smart, got "docker"'),
+     'expected one of ssh, local, paramiko, smart, slurm, got "docker"'),
     ("pscluster_python: ''", "all.vars.pscluster_python", "expected an interpreter path, got an empty value"),
     ("pscluster_workdir: [a]", "all.vars.pscluster_workdir", "expected a directory path, got a list"),
     ("pscluster_connect_timeout: 0", "all.vars.pscluster_connect_timeout",

@@ -1,0 +1,116 @@
+"""pscluster on a real Slurm: `up --slurm` inside an allocation, training as job steps, `down`, `scancel`.
+
+The CLI runs like on a login node: with the job's SLURM_* variables, in a mount namespace whose
+/etc/hosts names the compute nodes (the lab's nodes resolve nowhere else, SLURM.md T11).
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from tests.helpers import cli_argv, cli_env, cluster_pids, port_base
+
+pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
+
+
+def _cli(lab, job_env, args, state_dir, timeout=600):
+    env = cli_env(state_dir, {**lab.env, **job_env, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(lab.login_shell() + cli_argv(args), env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _wait_gone(lab, name, seconds=20.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and (cluster_pids(name) or lab.cgroup_pids()):
+        time.sleep(0.3)
+    return cluster_pids(name), lab.cgroup_pids()
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_up_train_down_inside_an_allocation(slurm_lab, tmp_path, mode):
+    job = slurm_lab.salloc("-N2", "--ntasks-per-node=1", "--gres=gpu:2")
+    name = f"slurm-{mode}"
+    state_dir = tmp_path / "state"
+    inventory = tmp_path / "slurm.yaml"
+    started = time.monotonic()
+    try:
+        too_many = _cli(slurm_lab, job, ["up", "--slurm", inventory, "--name", name, "--gpus-per-worker", 3],
+                        state_dir)
+        assert too_many.returncode == 2 and "need 3 GPUs" in too_many.stderr and "granted 2" in too_many.stderr
+        assert "Traceback" not in too_many.stderr and not cluster_pids(name)
+        up = _cli(slurm_lab, job, ["up", "--slurm", inventory, "--name", name, "--mode", mode,
+                                   "--port-base", port_base(), "--gpus-per-worker", 1], state_dir)
+        assert up.returncode == 0, up.stdout + up.stderr
+        seconds_up = time.monotonic() - started
+        text = inventory.read_text()
+        assert "ansible_connection: slurm" in text and f"job {job['SLURM_JOB_ID']}" in text
+        # One worker per node, each given the first GPU Slurm granted there (the step sees 0,1).
+        assert yaml.safe_load(text)["all"]["children"]["worker"]["hosts"] == {
+            node: {"worker_tasks": 1, "worker_gpus": [[0]]} for node in slurm_lab.nodes}
+        status = _cli(slurm_lab, job, ["status", "--name", name], state_dir)
+        assert status.returncode == 0 and slurm_lab.nodes[1] in status.stdout, status.stdout + status.stderr
+        train = _cli(slurm_lab, job, ["train", "distributed_mnist", "--name", name, "--steps", 100, "--json"],
+                     state_dir)
+        assert train.returncode == 0, train.stdout + train.stderr
+        report = json.loads(train.stdout)
+        assert report["mode"] == mode and report["workers"] == 2 and report["global_step"] >= 100
+        # The servers are steps of the job on its nodes (not plain processes of the caller).
+        assert set(slurm_lab.cgroup_pids()) >= set(cluster_pids(name))
+        print(f"slurm {mode}: up in {seconds_up:.1f} s, up+train {time.monotonic() - started:.1f} s")
+        logs = _cli(slurm_lab, job, ["logs", "--name", name, "worker:1"], state_dir)
+        assert logs.returncode == 0 and "pscluster:" in logs.stdout, logs.stdout + logs.stderr
+        down = _cli(slurm_lab, job, ["down", "--name", name], state_dir)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert _wait_gone(slurm_lab, name) == ([], [])
+    finally:
+        subprocess.run(["scancel", job["SLURM_JOB_ID"]], env=slurm_lab.env, capture_output=True)
+    assert _wait_gone(slurm_lab, name) == ([], [])
+
+
+def test_scancel_mid_training_leaves_nothing(slurm_lab, tmp_path):
+    job = slurm_lab.salloc("-N2", "--ntasks-per-node=1")
+    name = "slurm-scancel"
+    state_dir = tmp_path / "state"
+    up = _cli(slurm_lab, job, ["up", "--slurm", tmp_path / "s.yaml", "--name", name, "--mode", "async",
+                               "--port-base", port_base()], state_dir)
+    assert up.returncode == 0, up.stdout + up.stderr
+    env = cli_env(state_dir, {**slurm_lab.env, **job})
+    train = subprocess.Popen(slurm_lab.login_shell() + cli_argv(["train", "distributed_mnist", "--name", name,
+                                                                 "--steps", 100000]),
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(cluster_pids(name)) < 6:   # 2 ps + chief + 2 workers + driver
+            time.sleep(0.5)
+        assert cluster_pids(name), "no task of the cluster is running"
+        subprocess.run(["scancel", job["SLURM_JOB_ID"]], env=slurm_lab.env, check=True)
+        assert _wait_gone(slurm_lab, name) == ([], [])
+    finally:
+        train.terminate()
+        train.wait(timeout=30)
+
+
+def test_exported_batch_script_trains_inside_its_own_job(slurm_lab, tmp_path):
+    inventory = tmp_path / "shape.yaml"     # the shape only: two hosts, one worker each (plan touches no host)
+    inventory.write_text(yaml.safe_dump({"all": {"vars": {"pscluster_mode": "sync"}, "children": {
+        "worker": {"hosts": {"a": {}, "b": {}}}, "chief": {"hosts": {"a": {}}}}}}))
+    state_dir = tmp_path / "state"
+    script = tmp_path / "job.sh"
+    export = subprocess.run(cli_argv(["export", inventory, "--format", "sbatch", "--steps", 100, "--time", "0:10:00",
+                                      "--name", "batch", "-o", script]),
+                            env=cli_env(state_dir), capture_output=True, text=True, timeout=120)
+    assert export.returncode == 0, export.stderr
+    batch = subprocess.run(["sbatch", "--wait", "--parsable", "-o", str(tmp_path / "out-%j.txt"), str(script)],
+                           cwd=tmp_path, env=cli_env(state_dir, {**slurm_lab.env, "OMP_NUM_THREADS": "1"}),
+                           capture_output=True, text=True, timeout=600)
+    job = batch.stdout.strip().split(";")[0]
+    output = (tmp_path / f"out-{job}.txt").read_text()
+    assert batch.returncode == 0, output + batch.stderr
+    assert "ansible_connection: slurm" in (tmp_path / f"slurm-{job}.yaml").read_text()
+    assert re.search(r"global step\W+100\b", output), output      # train's summary table, from the batch step
+    assert _wait_gone(slurm_lab, "batch") == ([], [])

@@ -1,0 +1,159 @@
+"""Pure Slurm parts: node list expansion, allocation from SLURM_* variables, role layout, GPU masks."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from cluster.inventory import load_inventory
+from cluster.slurm import (Allocation, Layout, SlurmLayoutError, allocation_from_env, expand_counts,
+                           expand_nodelist, layout_inventory, parse_gpu_ids, parse_job_gpus)
+
+SCONTROL_JOB = """JobId=7 JobName=x
+   NodeList=n[1-2]
+   NumNodes=2 NumCPUs=2 NumTasks=2 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+   JOB_GRES=gpu:3
+     Nodes=n1 CPU_IDs=3 Mem=0 GRES=gpu:2(IDX:0-1)
+     Nodes=n2 CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:3)
+"""
+
+
+@pytest.mark.parametrize("text, names", [
+    ("node[01-03,07],gpu-a[1-2]", ["node01", "node02", "node03", "node07", "gpu-a1", "gpu-a2"]),
+    ("n1", ["n1"]),
+    ("a,b,c", ["a", "b", "c"]),
+    ("n[8-10]", ["n8", "n9", "n10"]),
+    ("r[1-2]c[1-2]", ["r1c1", "r1c2", "r2c1", "r2c2"]),
+    ("node[098-101]", ["node098", "node099", "node100", "node101"]),
+])
+def test_expand_nodelist_as_slurm_does(text, names):
+    assert expand_nodelist(text) == names
+
+
+@pytest.mark.parametrize("text", ["n[1-", "n[a-b]", "n[3-1]", "n]1["])
+def test_bad_nodelist_is_a_clear_error(text):
+    with pytest.raises(SlurmLayoutError, match="node list"):
+        expand_nodelist(text)
+
+
+def test_counts_and_gpu_ids():
+    assert expand_counts("2(x3),1") == [2, 2, 2, 1]
+    assert parse_gpu_ids("0,1") == ("0", "1")
+    assert parse_gpu_ids("gpu:2(IDX:0-1)") == ("0", "1")
+    assert parse_gpu_ids("") == ()
+    assert parse_job_gpus(SCONTROL_JOB) == {"n1": ("0", "1"), "n2": ("3",)}
+
+
+def test_allocation_from_env_prefers_job_nodelist_and_hostnames():
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n2", "SLURM_NODELIST": "n[1-2]",
+           "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_GPUS": "0,1"}
+    alloc = allocation_from_env(env)
+    assert alloc == Allocation("7", ("n1", "n2"), (2, 2), (("0", "1"), ("0", "1")))
+    alloc = allocation_from_env(env, hostnames=["x1", "x2"], node_gpus={"x1": ("3",)})
+    assert alloc.nodes == ("x1", "x2") and alloc.gpus == (("3",), ())
+
+
+def test_not_in_an_allocation():
+    with pytest.raises(SlurmLayoutError, match="SLURM_JOB_ID") as info:
+        allocation_from_env({})
+    assert info.value.exit_code == 2 and "salloc" in info.value.hint
+
+
+def _load(tmp_path, document):
+    path = tmp_path / "slurm.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return load_inventory(str(path))
+
+
+def test_default_layout_one_ps_per_node_and_chief_first(tmp_path):
+    alloc = Allocation("7", ("n1", "n2", "n3"), (2, 2, 2), ((), (), ()))
+    inv = _load(tmp_path, layout_inventory(alloc, Layout(), python="/py", workdir="/w", mode="async"))
+    assert inv.hosts_of("chief") == ("n1",)
+    assert inv.hosts_of("ps") == ("n1", "n2", "n3")
+    assert inv.hosts_of("worker") == ("n1", "n2", "n3")
+    assert inv.host("n2").slots_for("worker").count == 2
+    assert inv.host("n2").connection == "slurm"
+    assert inv.mode == "async" and inv.hosts_of("evaluator") == ()
+
+
+def test_layout_options(tmp_path):
+    alloc = Allocation("7", ("n1", "n2"), (1, 1), ((), ()))
+    doc = layout_inventory(alloc, Layout(ps=3, chief=False, workers_per_node=3, evaluator=True),
+                           python="/py", workdir="/w")
+    inv = _load(tmp_path, doc)
+    assert inv.hosts_of("chief") == () and inv.hosts_of("evaluator") == ("n2",)
+    assert inv.host("n1").slots_for("ps").count == 2 and inv.host("n2").slots_for("ps").count == 1
+    assert inv.host("n1").slots_for("worker").count == 3
+
+
+def test_gpu_masks_are_the_granted_ids_not_physical_indices(tmp_path):
+    alloc = Allocation("7", ("n1", "n2"), (2, 1), (("2", "3"), ("5",)))
+    doc = layout_inventory(alloc, Layout(gpus_per_worker=1), python="/py", workdir="/w")
+    inv = _load(tmp_path, doc)
+    assert inv.host("n1").slots_for("worker").gpus == ("2", "3")
+    assert inv.host("n2").slots_for("worker").gpus == ("5",)
+
+
+def test_more_gpus_than_granted_fails_clearly():
+    alloc = Allocation("7", ("n1", "n2"), (2, 2), (("0", "1"), ("0",)))
+    with pytest.raises(SlurmLayoutError, match=r"node n2: 2 worker\(s\) x 1 GPU\(s\) need 2 GPUs.*granted 1") as info:
+        layout_inventory(alloc, Layout(gpus_per_worker=1), python="/py", workdir="/w")
+    assert "--gres" in info.value.hint
+
+
+def test_preflight_counts_slurm_granted_gpus_only_without_nvidia_smi():
+    import json
+    from cluster.transport.slurm import _granted_gpus
+    missing = json.dumps({"gpus": [], "gpu_error": "nvidia-smi not found", "cpus": 4})
+    facts = json.loads(_granted_gpus(missing, "0,1"))
+    assert facts["gpus"] == ["GPU 0: granted by Slurm", "GPU 1: granted by Slurm"] and facts["gpu_error"] is None
+    assert json.loads(_granted_gpus(missing, "2"))["gpus"][2] == "GPU 2: granted by Slurm"
+    real = json.dumps({"gpus": ["GPU 0: A100"], "gpu_error": None})
+    assert _granted_gpus(real, "0,1") == real            # nvidia-smi's own answer stands
+
+
+def test_slurm_transport_runs_steps_of_the_calling_job(monkeypatch):
+    from cluster.errors import HostError
+    from cluster.plan import HostSpec
+    from cluster.transport import open_transport
+    host = HostSpec("n2", "n2", "slurm", None, None, None, "/py", "/w", "reject", None, 10.0)
+    transport = open_transport(host)
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    assert transport._srun()[:6] == ["srun", "--jobid=42", "--nodelist=n2", "--nodes=1", "--ntasks=1", "--overlap"]
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+    with pytest.raises(HostError, match="SLURM_JOB_ID is not set"):
+        transport._srun()
+
+
+def test_sbatch_script_brings_up_trains_and_always_takes_down(tmp_path):
+    import subprocess
+    from cluster.slurm import sbatch_script
+    text = sbatch_script(nodes=2, workers_per_node=1, mode="sync", job="distributed_mnist", python="/v/bin/python",
+                         checkout="/src/pscluster", steps=100, time_limit="0:10:00", gres="gpu:2", name="demo")
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --time=0:10:00\n#SBATCH --gres=gpu:2" in text
+    assert "--partition" not in text
+    lines = text.splitlines()
+    up = lines.index('/v/bin/python -m cluster up --slurm "${SLURM_SUBMIT_DIR:-.}/slurm-$SLURM_JOB_ID.yaml" --name demo --mode sync')
+    trap = next(i for i, line in enumerate(lines) if line.startswith("trap "))
+    assert trap < up and "down --name demo" in lines[trap]
+    assert lines[up + 1] == "/v/bin/python -m cluster train distributed_mnist --name demo --steps 100"
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+def test_a_step_that_never_answers_times_out_instead_of_hanging(tmp_path, monkeypatch):
+    import time
+    from cluster.errors import HostError
+    from cluster.plan import HostSpec
+    from cluster.transport.slurm import SlurmTransport
+    fake = tmp_path / "srun"            # like srun waiting for a pending job: no output, ever
+    fake.write_text("#!/bin/sh\nexec sleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    transport = SlurmTransport(HostSpec("n1", "n1", "slurm", None, None, None, "/py", "/w", "reject", None, 10.0))
+    began = time.monotonic()
+    with pytest.raises(HostError, match="timed out after 1 s"):
+        transport.run(["true"], timeout=1.0)
+    assert time.monotonic() - began < 5
