@@ -12,6 +12,7 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 from pathlib import Path
 
 from . import hostops
@@ -23,6 +24,8 @@ from .transport import TransportPool
 SYNC_DIRS = ("roles", "examples")
 _SKIP_DIRS = {"__pycache__", ".pscluster", ".git", ".pytest_cache"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".log")
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -96,9 +99,10 @@ class SyncResult:
     skipped: bool
 
 
-def _parallel(hosts: list[HostSpec], work) -> tuple[list[tuple[HostSpec, object]], list[Failure]]:
+def _parallel(hosts: list[HostSpec], work: Callable[[HostSpec], T]) -> tuple[list[tuple[HostSpec, T]], list[Failure]]:
     """``work(host)`` on every host at once; (host, result) pairs and the hosts' failures."""
-    done, failures = [], []
+    done: list[tuple[HostSpec, T]] = []
+    failures: list[Failure] = []
     with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as executor:
         futures = [(host, executor.submit(work, host)) for host in hosts]
         for host, future in futures:

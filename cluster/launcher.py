@@ -10,6 +10,7 @@ Unreachable hosts are reported and keep their records, so a later ``down`` finis
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -119,7 +120,7 @@ def start_tasks(writer: StateWriter, pool: TransportPool, plan: ClusterPlan,
             return [(task, exc) for task, _, _, _ in host_items]
         test_pause("after-start")
         started = [r for r in results if isinstance(r, ProcessRecord)]
-        writer.change(lambda state: [state.replace_record(r) for r in started])
+        writer.change(lambda state: state.replace_records(started))
         for (task, _, _, _), result in zip(host_items, results):
             if isinstance(result, ProcessRecord):
                 reporter.emit("task-started", task=task.name, host=host, pid=result.pid)
@@ -469,32 +470,32 @@ def cluster_status(state: RunState, *, pool: TransportPool, prober: Prober | Non
     for task in plan.tasks:
         record = latest[task.name]
         restarts = state.restarts.get(task.name, 0)
-        base = dict(role=task.role, index=task.index, host=task.host, address=task.address, port=task.port,
-                    kind="server" if task.standing else "train", restarts=restarts)
+        row = functools.partial(TaskRow, role=task.role, index=task.index, host=task.host, address=task.address,
+                                port=task.port, kind="server" if task.standing else "train", restarts=restarts)
         if record is None:
-            rows.append(TaskRow(**base, pid=None, state="not started",
+            rows.append(row(pid=None, state="not started",
                                 detail="started by 'pscluster train'" if not task.standing else ""))
             continue
         if record.stopped:
-            rows.append(TaskRow(**base, pid=record.pid, state="stopped"))
+            rows.append(row(pid=record.pid, state="stopped"))
             continue
         if task.host in unreachable:
-            rows.append(TaskRow(**base, pid=record.pid, state="lost", detail=unreachable[task.host]))
+            rows.append(row(pid=record.pid, state="lost", detail=unreachable[task.host]))
             continue
         status = statuses.get(record.key)
         if status is None or status.state == "gone":
-            rows.append(TaskRow(**base, pid=record.pid, state="lost",
+            rows.append(row(pid=record.pid, state="lost",
                                 detail="process gone without an exit record"))
         elif status.state == "exited":
-            rows.append(TaskRow(**base, pid=record.pid, state="exited", exit_code=status.exit_code,
+            rows.append(row(pid=record.pid, state="exited", exit_code=status.exit_code,
                                 detail=status.describe()))
         elif task.standing and prober is not None:
             probe = prober.probe(task.target, timeout=2.0, via=pool.get(plan.host(task.host)))
-            rows.append(TaskRow(**base, pid=record.pid, state="ready" if probe.ok else "starting",
+            rows.append(row(pid=record.pid, state="ready" if probe.ok else "starting",
                                 devices=tuple(d.name for d in probe.devices), uptime=status.uptime,
                                 detail="" if probe.ok else (probe.error or "")))
         else:
-            rows.append(TaskRow(**base, pid=record.pid, state="running", uptime=status.uptime))
+            rows.append(row(pid=record.pid, state="running", uptime=status.uptime))
     return rows
 
 
@@ -503,11 +504,11 @@ def rows_after_up(state: RunState, devices: dict[str, tuple[str, ...]]) -> list[
     rows = []
     for task in state.plan.tasks:
         record = state.latest(task.name)
-        base = dict(role=task.role, index=task.index, host=task.host, address=task.address, port=task.port,
-                    kind="server" if task.standing else "train")
+        row = functools.partial(TaskRow, role=task.role, index=task.index, host=task.host, address=task.address,
+                                port=task.port, kind="server" if task.standing else "train")
         if record is None:
-            rows.append(TaskRow(**base, pid=None, state="not started", detail="started by 'pscluster train'"))
+            rows.append(row(pid=None, state="not started", detail="started by 'pscluster train'"))
         else:
-            rows.append(TaskRow(**base, pid=record.pid, state="ready", devices=devices.get(task.name, ()),
+            rows.append(row(pid=record.pid, state="ready", devices=devices.get(task.name, ()),
                                 uptime=max(0.0, time.time() - (record.started or time.time()))))
     return rows

@@ -107,9 +107,9 @@ def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, conn
     if plan.firewall:
         has_nft = dict(facts.tools).get("nft", False)
         if not has_nft or not facts.root:
-            missing = " and ".join(([] if has_nft else ["nft is not installed"]) +
+            lacking = " and ".join(([] if has_nft else ["nft is not installed"]) +
                                    ([] if facts.root else [f"uid {facts.uid} has neither root nor passwordless sudo"]))
-            results.append(CheckResult(name, "firewall", False, missing,
+            results.append(CheckResult(name, "firewall", False, lacking,
                                        hint="install nftables and connect as root (or allow 'sudo -n nft'), "
                                             "or bring the cluster up without --firewall"))
         else:

@@ -70,8 +70,8 @@ def _fields(data: bytes):
             raise ValueError(f"unsupported protobuf wire type {wire}")
         if pos + length > len(data):
             raise ValueError(f"field {number} runs past the end of the message")
-        value, pos = data[pos:pos + length], pos + length
-        yield number, wire, value
+        yield number, wire, data[pos:pos + length]
+        pos += length
 
 
 def parse_get_status(data: bytes) -> tuple[Device, ...]:

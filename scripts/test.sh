@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 export PYTHONDONTWRITEBYTECODE=1
-# Lint first: a second, not a run of the suite (configuration in pyproject.toml).
+# Lint and type-check first: seconds, not a run of the suite (configuration in pyproject.toml).
 .venv/bin/ruff check cluster roles tests benchmarks examples
+.venv/bin/mypy
 exec .venv/bin/python -m pytest -q -rs --durations=15 "${@:-tests}"

@@ -1,10 +1,11 @@
 """Transport for ``ansible_connection: local`` hosts: plain subprocesses on this machine."""
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import subprocess
-from typing import Sequence
+from typing import IO, Sequence, cast
 
 from ..errors import HostError
 from .base import CommandResult, Stream, Transport, file_mode, temp_name
@@ -29,8 +30,10 @@ class LocalTransport(Transport):
                                     stderr=subprocess.DEVNULL)
         except OSError as exc:
             raise HostError(self.host.name, f"cannot start {argv[0]}: {exc.strerror}", argv=argv) from None
-        proc.stdin.write(stdin or b"")
-        proc.stdin.close()
+        # Both are pipes (asked for above); stdout is buffered, so it has read1.
+        pipe_in, pipe_out = cast(IO[bytes], proc.stdin), cast(io.BufferedReader, proc.stdout)
+        pipe_in.write(stdin or b"")
+        pipe_in.close()
 
         def close() -> None:
             # Streams are read-only watchers: end ours (a direct child, by its Popen handle) now
@@ -44,9 +47,9 @@ class LocalTransport(Transport):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            proc.stdout.close()
+            pipe_out.close()
 
-        return Stream(lambda: proc.stdout.read1(65536), close)
+        return Stream(lambda: pipe_out.read1(65536), close)
 
     def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
         for local, remote in files:

@@ -131,7 +131,7 @@ class _Tunnel(threading.Thread):
                 return
             try:
                 self.owner.connect()
-                channel = self.owner._conn.transport.open_channel(
+                channel = self.owner._connected().transport.open_channel(
                     "direct-tcpip", self.target, ("127.0.0.1", 0), timeout=self.owner.host.connect_timeout)
             except (paramiko.SSHException, OSError, EOFError):
                 client.close()       # the probe sees a closed connection: "not ready"
@@ -176,10 +176,14 @@ class SSHTransport(Transport):
         return os.path.expanduser(self.host.known_hosts or "~/.ssh/known_hosts")
 
     def connect(self) -> None:
+        self._connected()
+
+    def _connected(self) -> fabric.Connection:
+        """The open connection, opened (again) if needed."""
         with self._lock:
-            if self._conn is not None and self._conn.is_connected:
-                return
-            self._conn = self._open()
+            if self._conn is None or not self._conn.is_connected:
+                self._conn = self._open()
+            return self._conn
 
     def _connection(self, address: str, port: int | None, user: str | None,
                     gateway: fabric.Connection | None) -> fabric.Connection:
@@ -260,7 +264,7 @@ class SSHTransport(Transport):
         command = shlex.join(argv)
         deadline = time.monotonic() + timeout
         try:
-            channel = self._conn.client.get_transport().open_session(timeout=timeout)
+            channel = self._connected().client.get_transport().open_session(timeout=timeout)
             channel.settimeout(timeout)
             channel.exec_command(command)
             if stdin:
@@ -290,7 +294,7 @@ class SSHTransport(Transport):
                                 stderr=err.decode("utf-8", "replace"))
             code = channel.recv_exit_status()
             channel.close()
-            if code == -1 and not self._conn.transport.is_active():   # closed under us: no real status
+            if code == -1 and not channel.get_transport().is_active():   # closed under us: no real status
                 raise EOFError("the connection closed")
         except (paramiko.SSHException, EOFError, OSError) as exc:
             self._drop()
@@ -302,7 +306,7 @@ class SSHTransport(Transport):
     def stream(self, argv: Sequence[str], *, stdin: bytes | None = None) -> Stream:
         self.connect()
         try:
-            channel = self._conn.client.get_transport().open_session(timeout=self.host.connect_timeout)
+            channel = self._connected().client.get_transport().open_session(timeout=self.host.connect_timeout)
             channel.exec_command(shlex.join(argv))
             if stdin:
                 channel.sendall(stdin)
@@ -329,7 +333,7 @@ class SSHTransport(Transport):
         self.connect()
         with self._sftp_lock:
             try:
-                sftp = self._conn.sftp()
+                sftp = self._connected().sftp()
                 sftp.get_channel().settimeout(max(30.0, self.host.connect_timeout * 3))
                 made: set[str] = set()
                 for local, remote in files:
