@@ -143,7 +143,12 @@ REACH_TIMEOUT = 3.0      # seconds per host-to-host TCP connect; listeners live 
 def check_reach(plan: ClusterPlan, pool: TransportPool, hosts: list[HostSpec]) -> list[CheckResult]:
     """Every host opens a TCP connection to every other member's planned ports (held open by a
     short-lived listener there), so a blocked path between two hosts is named before anything
-    starts (``node-b → node-c:2225 timed out``) instead of hanging training."""
+    starts (``node-b → node-c:2225 timed out``) instead of hanging training.
+
+    Not on Slurm nodes: a host operation there is a job step, and Slurm kills what a step leaves
+    behind when it ends, so no listener outlives its ``listen`` call (every connect would be
+    refused); the nodes of one allocation are the scheduler's to connect."""
+    hosts = [host for host in hosts if host.connection != "slurm"]
     names = {host.name for host in hosts}
     if len(names) < 2:
         return []

@@ -14,17 +14,21 @@ pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
 SYNC = {"worker": ["node-2", "node-3"]}
 SYNC_PS = {"ps": ["node-1"], "worker": ["node-2", "node-3"]}
 BUDGET = ("--steps", 300, "--checkpoint-every", 40)
+# Sync mode with oneDNN trains 300 steps in ~5 s on a quiet machine: over before a test can see
+# step 80 and act. The tests that interrupt a running sync job get a budget it cannot finish first.
+SYNC_STEPS = 1500
+SYNC_BUDGET = ("--steps", SYNC_STEPS, "--checkpoint-every", 40)
 
 
 def test_sync_worker_killed_group_restarts_and_completes(fault_cluster):
     cluster = fault_cluster()
     cluster.up(SYNC, "sync")
-    training = cluster.train(*BUDGET)
+    training = cluster.train(*SYNC_BUDGET)
     job = training.wait_step(80)
     training.signal("worker:1", signal.SIGKILL)
     code, report = training.finish()
     assert code == 0, training.stderr
-    assert report["global_step"] == 300
+    assert report["global_step"] == SYNC_STEPS
     assert report["val_accuracy"] >= ACCURACY_BOUND
     assert report["restarts"] == {"worker:1": 1}
     assert report["restored_step"] >= job["checkpoint_step"] > 0
@@ -34,7 +38,7 @@ def test_sync_worker_killed_group_restarts_and_completes(fault_cluster):
 def test_sync_worker_frozen_is_detected_and_the_group_restarts(fault_cluster):
     cluster = fault_cluster()
     cluster.up(SYNC, "sync")
-    training = cluster.train(*BUDGET)
+    training = cluster.train(*SYNC_BUDGET)
     training.wait_step(80)
     # Freeze the whole task (its guardian and the TensorFlow process under it), as a hung host would.
     frozen = training.record("worker:1")

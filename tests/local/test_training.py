@@ -162,5 +162,13 @@ def test_status_while_training_and_ctrl_c_stops_only_the_job(async_cluster):
     after = run_json(["status", "--name", name], state_dir=state_dir)
     assert after["job"]["state"] == "stopped"
     assert next(t for t in after["tasks"] if t["role"] == "chief")["state"] == "stopped"
-    servers = [t for t in after["tasks"] if t["kind"] == "server"]
-    assert len(servers) == 4 and all(t["state"] == "ready" for t in servers)
+    # The standing servers stay up. Right after their coordinator dies they may be busy cancelling
+    # its functions and miss one 2 s readiness probe (seen once in a full run): ask again briefly.
+    deadline = time.monotonic() + 20
+    while True:
+        servers = [t for t in after["tasks"] if t["kind"] == "server"]
+        if len(servers) == 4 and all(t["state"] == "ready" for t in servers):
+            break
+        assert time.monotonic() < deadline and all(t["state"] in ("ready", "starting") for t in servers), servers
+        time.sleep(1)
+        after = run_json(["status", "--name", name], state_dir=state_dir)
