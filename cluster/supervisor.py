@@ -66,13 +66,19 @@ class Supervisor(JobExecutor):
         stop as usual. Sync mode's trainers do not checkpoint on SIGTERM (roles/train.py)."""
         leader = leader_task(self.plan).name
         first = [r for r in self.state.live_records() if r.kind == ProcessKind.TRAIN and r.task == leader]
-        if self.options.stop_grace > 0 and self.plan.mode in ("async", "sync-ps") and first:
-            self.reporter.emit("message", level="warning",
-                               text=f"asking {leader} to checkpoint and stop (up to {self.options.stop_grace:g} s; "
-                                    "Ctrl-C again to kill at once)")
+        if self.plan.mode in ("async", "sync-ps") and first:
             try:
-                self.stop(first, grace=self.options.stop_grace)
-                self.read_final_events(first)
+                if self.options.stop_grace > 0:
+                    self.reporter.emit("message", level="warning",
+                                       text=f"asking {leader} to checkpoint and stop (up to {self.options.stop_grace:g} s; "
+                                            "Ctrl-C again to kill at once)")
+                    self.stop(first, grace=self.options.stop_grace)
+                    self.read_final_events(first)
+                else:
+                    # --stop-grace 0: no checkpoint on stop. A SIGTERM would still reach the
+                    # trainer's stop handler (it saves within a few hundred ms, before the
+                    # general grace runs out), so the leader is killed at once.
+                    self.stop(first, grace=0.5, first_signal="KILL")
             except KeyboardInterrupt:
                 pass
         super().interrupt()

@@ -146,6 +146,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
                 last_saved_step = int(step_var.numpy())
                 last_checkpoint = keeper.save_and_report(last_saved_step, reporter) or last_checkpoint
         if reached.evaluate:
+            meter.maybe_emit(int(step_var.numpy()), force=True)  # the evaluation's line comes with the loss up to it
             evaluate()
     while in_flight:
         collect_one()

@@ -139,6 +139,9 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             last_checkpoint = keeper.save_and_report(step, reporter) or last_checkpoint
             last_saved = step
         if reached.evaluate:
+            # The evaluation's line comes with the training loss up to it (a short run
+            # would otherwise report one progress event at the end).
+            meter.maybe_emit(step, force=True)
             evaluate(step)
     deadline.disarm()
     step = int(step_var.numpy())

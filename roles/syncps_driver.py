@@ -225,6 +225,7 @@ def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: Trainer
             checkpoint = _save(saver, session, prefix, step, reporter)
             last_saved = step
         if evaluate and reached.evaluate:
+            meter.maybe_emit(step, force=True)  # the evaluation's line comes with the loss up to it
             evaluate(step)
     deadline.disarm()
     meter.maybe_emit(step, force=True)
