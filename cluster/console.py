@@ -22,6 +22,7 @@ from rich.text import Text
 
 from .errors import PsclusterError
 from .events import Reporter
+from .notify import mask_url
 from .plan import ClusterPlan
 from .preflight import CheckReport
 from .progress import JobProgress
@@ -85,6 +86,8 @@ def render_plan(console: Console, plan: ClusterPlan, *, secret_names: Sequence[s
     console.print(table)
     for role, reason in plan.unused:
         console.print(Text(_plain(f"{role} tasks in the inventory are not used: {reason}"), "dim"))
+    if plan.notify:
+        console.print(Text(_plain("notify (pscluster_notify): " + ", ".join(mask_url(url) for url in plan.notify))))
     console.print("[bold]ClusterSpec[/]")
     console.print_json(json.dumps(plan.cluster_spec))
     for task in plan.tasks:
