@@ -765,6 +765,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
         for notifier in notifiers:
             if notifier is not None:
                 notifier.close()
+        output.close()
     _show_run_report(env, report, as_json=as_json)
 
 

@@ -197,7 +197,8 @@ class Supervisor(JobExecutor):
         elif kind == "progress":
             step = event.get("step") or 0
             info = {"step": step, "epoch": event.get("epoch"), "loss": event.get("loss"),
-                    "examples_per_second": event.get("examples_per_second")}
+                    "examples_per_second": event.get("examples_per_second"),
+                    "rate": (event.get("per_worker") or {}).get(watched.task.name)}     # its own examples/s
             if is_leader:
                 self.last_step = max(self.last_step, step)
                 self.set_job(state="running", step=step, steps_total=event.get("steps_total"),
