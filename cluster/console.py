@@ -351,12 +351,15 @@ class TrainDisplay(Reporter):
         head = Table.grid(padding=(0, 1))
         head.add_row(bar, Text(_plain(liveview.progress_line(frame))))
         table = Table(box=box.SIMPLE, title=Text(_plain(f"training {frame.title}")), title_justify="left")
-        for column in ("", "epoch", "step", "loss", "examples/s"):
-            table.add_column(column, justify="right" if column else "left")
+        cells = {"epoch": lambda w: liveview.fmt_epoch(w.epoch), "step": lambda w: "" if w.step is None else str(w.step),
+                 "loss": lambda w: liveview.fmt_loss(w.loss), "examples/s": lambda w: liveview.fmt_rate(w.rate)}
+        # only what some worker reports (async workers report a rate only)
+        shown = [name for name, cell in cells.items() if any(cell(worker) for worker in frame.workers)]
+        table.add_column("")
+        for name in shown:
+            table.add_column(name, justify="right")
         for worker in frame.workers:
-            table.add_row(Text(_plain(worker.name)), liveview.fmt_epoch(worker.epoch),
-                          "" if worker.step is None else str(worker.step), liveview.fmt_loss(worker.loss),
-                          liveview.fmt_rate(worker.rate))
+            table.add_row(Text(_plain(worker.name)), *(cells[name](worker) for name in shown))
         return Group(table, head)
 
     def close(self) -> None:

@@ -141,11 +141,14 @@ class TrainView:
     steps: StepRate = field(default_factory=StepRate)
     self_reported: set[str] = field(default_factory=set)
     began: float | None = None          # wall time the job started (its record's ``started``)
+    ended: float | None = None
     progressed: bool = False
 
     def update(self, kind: str, data: Mapping[str, Any], *, now: float, wall: float) -> None:
         if kind == "job-state" and data.get("event") == "started":
             self.began = self.began or float(data.get("time") or wall)
+        elif kind == "job-state" and data.get("event") in ("finished", "deadline", "failed", "stopped"):
+            self.ended = float(data.get("time") or wall)       # elapsed stops with the job
         if kind != "job":
             return
         worker_progress = data.get("worker_progress")
@@ -183,7 +186,7 @@ class TrainView:
         title = f"{job.get('job', '')} ({job.get('mode', '')}, {job.get('workers', '?')} worker(s))"
         return Frame(title=title, state=str(job.get("state", "")), step=step, total=total, epoch=job.get("epoch"),
                      loss=job.get("loss"), rate=self.job_rate.value(),
-                     elapsed=None if self.began is None else max(wall - self.began, 0.0),
+                     elapsed=None if self.began is None else max((self.ended or wall) - self.began, 0.0),
                      eta=self.steps.eta(step, total), workers=workers)
 
 

@@ -228,7 +228,8 @@ class Notifier(Reporter):
             channel.thread.start()
 
     def handle(self, kind: str, **data: Any) -> None:
-        self._flush_warnings()
+        if threading.current_thread() is threading.main_thread():    # launches emit from a thread pool
+            self._flush_warnings()
         if kind != "job-state" or not self._channels:
             return
         document = event_document(cluster=data["cluster"], job=data["job"], event=data["event"], time=data["time"],

@@ -1,11 +1,13 @@
-"""Notifications (issue 14) with real TensorFlow processes: ``pscluster_notify`` in the inventory,
-``--notify`` on the command line and ``--notify-cmd``, against HTTP servers this test starts on
-127.0.0.1: one records what is POSTed, the other never answers until the test lets it.
+"""Notifications and the plain live view (issue 14) with real TensorFlow processes:
+``pscluster_notify`` in the inventory, ``--notify`` on the command line and ``--notify-cmd``,
+against HTTP servers this test starts on 127.0.0.1 (one records what is POSTed, the other never
+answers until the test lets it); train's stderr is a pipe, so its progress comes as plain lines.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -68,6 +70,7 @@ def endpoint():
 
 
 def test_notify_events_in_order_and_a_hanging_endpoint_does_not_hold_train(endpoint, tmp_path):
+    """Also: train's plain progress lines (not a terminal) with one-decimal epochs and an eval line."""
     state_dir = tmp_path / "state"
     inventory = yaml.safe_load((REPO / "inventories" / "local.yaml").read_text())
     inventory["all"]["vars"]["pscluster_notify"] = endpoint.url("/ok/inventory")
@@ -81,11 +84,10 @@ def test_notify_events_in_order_and_a_hanging_endpoint_does_not_hold_train(endpo
     try:
         assert up.returncode == 0, up.stderr
         train = subprocess.run(cli_argv(["train", "distributed_mnist", "--name", NAME, "--steps", "64",
-                                         "--notify", hanging, "--notify-cmd", command, "--json"]),
+                                         "--eval-every", "32", "--notify", hanging, "--notify-cmd", command]),
                                cwd=REPO, env=cli_env(state_dir), capture_output=True, text=True, timeout=600)
         ended = time.monotonic()
         assert train.returncode == 0, train.stderr
-        report = json.loads(train.stdout)
         state_text = (state_dir / f"{NAME}.json").read_text()
     finally:
         subprocess.run(cli_argv(["down", "--name", NAME, "--grace", "3"]), cwd=REPO, env=cli_env(state_dir),
@@ -102,7 +104,7 @@ def test_notify_events_in_order_and_a_hanging_endpoint_does_not_hold_train(endpo
         assert (body["cluster"], body["job"]) == (NAME, "distributed_mnist")
         assert body["time"].endswith("Z") and body["time"][:4].isdigit()
     assert bodies[0]["report"]["mode"] == "async" and bodies[0]["report"]["workers"] == 2
-    assert bodies[1]["report"]["global_step"] == report["global_step"] >= 64
+    assert bodies[1]["report"]["global_step"] >= 64 and bodies[1]["report"]["val_accuracy"] > 0.1
 
     # The command got the same documents on stdin.
     documents = [json.loads(line) for line in events_file.read_text().splitlines() if line.strip()]
@@ -117,3 +119,12 @@ def test_notify_events_in_order_and_a_hanging_endpoint_does_not_hold_train(endpo
     # The hanging URL's token is masked wherever it is shown; CLI URLs are not stored in the state.
     assert SECRET not in train.stderr + train.stdout and "/hang/hooks/****" in train.stderr
     assert SECRET not in state_text
+
+    # The live view in a pipe: plain progress lines and one line per evaluation, no escape codes.
+    lines = train.stderr.splitlines()
+    progress = [line for line in lines if re.match(r"step \d+/64 \(\d+%\)", line)]
+    assert progress and all(re.search(r"epoch \d+\.\d  ", line) for line in progress), train.stderr
+    assert progress[-1].startswith("step 64/64 (100%)") and "elapsed " in progress[-1], train.stderr
+    assert any(re.match(r"eval at step \d+ \(epoch \d+\.\d\):  val_loss \d\.\d{4}  val_accuracy", line)
+               for line in lines), train.stderr
+    assert "\x1b" not in train.stderr

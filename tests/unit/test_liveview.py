@@ -162,3 +162,10 @@ def test_run_bar_counts_chief_and_worker_tasks_that_finished():
     with shown.capture() as capture:
         shown.print(grid)
     assert "1/3 chief/worker task(s) finished  elapsed 0:10" in capture.get()
+
+
+def test_elapsed_stops_when_the_job_ends():
+    view = TrainView()
+    view.update("job-state", {"event": "started", "time": 1000.0}, now=0.0, wall=1000.0)
+    view.update("job-state", {"event": "finished", "time": 1075.0}, now=75.0, wall=1075.0)
+    assert view.frame(wall=1090.0).elapsed == 75.0
