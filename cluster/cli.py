@@ -117,9 +117,18 @@ def _check_notify_urls(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
     return values
 
 
+def _check_notify_cmds(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    from .notify import parse_targets
+    try:
+        parse_targets([], values)
+    except UsageError as exc:
+        raise click.BadParameter(exc.message.split(": ", 1)[-1], ctx, param) from None
+    return values
+
+
 def notify_opts(command):
     """``--notify URL`` and ``--notify-cmd CMD`` (train, run): job state changes, see cluster/notify.py."""
-    command = click.option("--notify-cmd", "notify_cmds", multiple=True, metavar="CMD",
+    command = click.option("--notify-cmd", "notify_cmds", multiple=True, metavar="CMD", callback=_check_notify_cmds,
                            help="Run CMD with the event JSON on stdin on each job state change; repeatable.")(command)
     return click.option("--notify", "notify_urls", multiple=True, metavar="URL", callback=_check_notify_urls,
                         help="POST a JSON event to URL when the job starts, restarts a task, fails, finishes or "

@@ -285,3 +285,27 @@ def test_inventory_notify_is_cluster_wide(write_inventory):
                                               "          pscluster_notify: http://127.0.0.1/x")
     with pytest.raises(InventoryError, match="applies to the whole cluster"):
         load_inventory(write_inventory(text))
+
+
+# ----------------------------------------------------------------------------- the command line
+
+@pytest.mark.parametrize("argv, shown", [
+    (["train", "distributed_mnist", "--notify", "ftp://bot:hunter2@example.com/x"],
+     "Invalid value for '--notify': ftp://****@example.com/x is not an http:// or https:// URL"),
+    (["run", "--notify", "hooks.example.com/T0123ABCD?token=hunter2", "--", "true"],
+     "Invalid value for '--notify': ****/****?token=**** is not an http:// or https:// URL"),
+    (["run", "--notify-cmd", "mail 'unclosed", "--", "true"],
+     "Invalid value for '--notify-cmd': cannot split the command: No closing quotation"),
+])
+def test_bad_notify_options_are_usage_errors_with_masked_urls(tmp_path, capsys, argv, shown):
+    import io
+
+    from rich.console import Console
+
+    from cluster.cli import Env, run
+    from cluster.state import StateStore
+    err = io.StringIO()
+    env = Env(out=Console(file=io.StringIO()), err=Console(file=err, width=500), store=StateStore(tmp_path))
+    assert run(argv, env=env) == 2
+    text = capsys.readouterr().err + err.getvalue()
+    assert shown in " ".join(text.split()) and "hunter2" not in text
