@@ -310,7 +310,7 @@ class TrainDisplay(Reporter):
         self.view.update(kind, data, now=self.clock(), wall=self.wall())
         if kind == "job":
             if self.plain:
-                if self.view.progressed and self._throttle.ready(self.clock()):
+                if self.view.job.get("step") is not None and self._throttle.ready(self.clock()):
                     self._progress_line()
             elif self.view.progressed:
                 self._start_live()
@@ -368,7 +368,7 @@ class TrainDisplay(Reporter):
             self._live.stop()
             self._live = None
         elif self.plain and self.view.progressed:
-            self._progress_line()         # where it ended
+            self._progress_line()         # where it ended (or what the workers said, if no step came)
 
 
 def render_summary(console: Console, summary: dict) -> None:

@@ -146,7 +146,9 @@ class TrainView:
 
     def update(self, kind: str, data: Mapping[str, Any], *, now: float, wall: float) -> None:
         if kind == "job-state" and data.get("event") == "started":
-            self.began = self.began or float(data.get("time") or wall)
+            # the job record's start (before code sync and launch), as the final report counts
+            started = (data.get("report") or {}).get("started") or data.get("time") or wall
+            self.began = self.began or float(started)
         elif kind == "job-state" and data.get("event") in ("finished", "deadline", "failed", "stopped"):
             self.ended = float(data.get("time") or wall)       # elapsed stops with the job
         if kind != "job":

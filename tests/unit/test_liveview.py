@@ -118,6 +118,7 @@ def test_train_display_prints_plain_lines_when_not_on_a_terminal():
     now = [0.0]
     display = ui.TrainDisplay(out, clock=lambda: now[0], wall=lambda: 1000.0 + now[0])
     assert display.plain
+    display.handle("job", worker_progress=("worker:0", {"step": 90, "rate": 40.0}))       # no job step yet: no line
     display.handle("job", job="m", mode="async", workers=1, state="running", started=1000.0, step=100,
                    steps_total=1000, epoch=0.1, loss=1.0, examples_per_second=50.0)
     now[0] = 1.5
@@ -129,7 +130,8 @@ def test_train_display_prints_plain_lines_when_not_on_a_terminal():
     lines = buffer.getvalue().splitlines()
     assert lines[0].startswith("step 100/1000 (10%)  epoch 0.1  loss 1.0000  50 examples/s  elapsed 0:00")
     assert lines[1] == "eval at step 200 (epoch 0.2):  val_loss 0.5000  val_accuracy 0.8000  after 0:03"
-    assert lines[2] == "step 900/1000 (90%)  epoch 0.9  loss 0.5000  50 examples/s  elapsed 0:12  ETA 0:02"
+    assert lines[2] == ("step 900/1000 (90%)  epoch 0.9  loss 0.5000  50 examples/s  elapsed 0:12  ETA 0:02  |  "
+                        "workers: worker:0 40/s step 90")
     # (800 steps in 12 s: 100 left at 66.7 steps/s = 1.5 s, shown rounded)
     assert len(lines) == 3                           # close: nothing new since the last line
     assert "\x1b" not in buffer.getvalue()
@@ -166,6 +168,6 @@ def test_run_bar_counts_chief_and_worker_tasks_that_finished():
 
 def test_elapsed_stops_when_the_job_ends():
     view = TrainView()
-    view.update("job-state", {"event": "started", "time": 1000.0}, now=0.0, wall=1000.0)
+    view.update("job-state", {"event": "started", "time": 1003.0, "report": {"started": 1000.0}}, now=0.0, wall=1003.0)
     view.update("job-state", {"event": "finished", "time": 1075.0}, now=75.0, wall=1075.0)
     assert view.frame(wall=1090.0).elapsed == 75.0
