@@ -23,6 +23,7 @@ from .codesync import local_workdir, project_root
 from .errors import PsclusterError, Terminated, UsageError
 from .inventory import MODES, Inventory, load_inventory
 from .names import check_cluster_name
+from .notify import Notifier
 from . import secrets as secrets_rule
 from .plan import ClusterPlan, PlanOptions, plan_cluster
 from .state import RunState, StateStore
@@ -105,6 +106,49 @@ class FiniteFloat(click.FloatRange):
 
 
 SECONDS = FiniteFloat(1, 86400)      # timeouts: a second to a day
+
+
+def _check_notify_urls(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    from .notify import url_problem
+    for value in values:
+        problem = url_problem(value)
+        if problem:
+            raise click.BadParameter(problem, ctx, param)
+    return values
+
+
+def _check_notify_cmds(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    from .notify import parse_targets
+    try:
+        parse_targets([], values)
+    except UsageError as exc:
+        raise click.BadParameter(exc.message.split(": ", 1)[-1], ctx, param) from None
+    return values
+
+
+def notify_opts(command):
+    """``--notify URL`` and ``--notify-cmd CMD`` (train, run): job state changes, see cluster/notify.py."""
+    command = click.option("--notify-cmd", "notify_cmds", multiple=True, metavar="CMD", callback=_check_notify_cmds,
+                           help="Run CMD with the event JSON on stdin on each job state change; repeatable.")(command)
+    return click.option("--notify", "notify_urls", multiple=True, metavar="URL", callback=_check_notify_urls,
+                        help="POST a JSON event to URL when the job starts, restarts a task, fails, finishes or "
+                             "reaches --deadline; repeatable, adds to pscluster_notify.")(command)
+
+
+def _notifier(env: Env, plan: ClusterPlan, urls: tuple[str, ...], commands: tuple[str, ...],
+              display) -> Notifier | None:
+    """The notifier of the inventory's pscluster_notify and the command line's targets (None: no target).
+    Its warnings go to ``display`` as messages."""
+    from .notify import parse_targets
+    targets = parse_targets([*plan.notify, *urls], commands)
+    if not targets:
+        return None
+    return Notifier(targets, warn=lambda text: display.emit("message", level="warning", text=text))
+
+
+def _with_notifier(display, notifier):
+    from .events import TeeReporter
+    return display if notifier is None else TeeReporter(display, notifier)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -380,11 +424,12 @@ class DurationParam(click.ParamType):
               help="async, sync-ps: on Ctrl-C/SIGTERM the leader checkpoints and stops within SECONDS (0: kill at once).")
 @click.option("--deadline", type=DurationParam(), metavar="DURATION",
               help="async, sync-ps: checkpoint and stop this long after the start (90s, 45m, 2h); exit 4.")
+@notify_opts
 @click.option("--json", "as_json", is_flag=True, help="Print only the final report, as JSON.")
 @click.pass_obj
 def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learning_rate, scale_lr, checkpoint_dir,
           checkpoint_every, resume, data, steps_per_execution, eval_every, restart_policy, max_restarts, start_timeout,
-          collective_timeout, host_timeout, stop_grace, deadline, as_json: bool) -> None:
+          collective_timeout, host_timeout, stop_grace, deadline, notify_urls, notify_cmds, as_json: bool) -> None:
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
     from .supervisor import Supervisor
     from .training import TrainOptions, resolve_job
@@ -402,11 +447,15 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
     if deadline is not None and state.plan.mode == "sync":
         raise UsageError("--deadline works in async and sync-ps modes only (sync workers do not checkpoint on stop yet)")
     display = ui.EventLineReporter(env.err) if as_json else ui.TrainDisplay(env.err)
+    notifier = _notifier(env, state.plan, notify_urls, notify_cmds, display)
     try:
         with env.pool_factory() as pool:
-            summary = Supervisor(store=env.store, name=resolved, job=job_ref, options=options, reporter=display,
-                                 pool=pool, root=project_root(), secrets=_secrets(state.plan)).run()
+            summary = Supervisor(store=env.store, name=resolved, job=job_ref, options=options,
+                                 reporter=_with_notifier(display, notifier), pool=pool, root=project_root(),
+                                 secrets=_secrets(state.plan)).run()
     finally:
+        if notifier is not None:
+            notifier.close()
         display.close()
     if as_json:
         env.out.print_json(json.dumps(summary))
@@ -639,11 +688,13 @@ class _ProgramCommand(click.Command):
 @click.option("--json", "as_json", is_flag=True, help="Print only the final report, as JSON (output goes to stderr).")
 @limit_opt
 @allow_busy_opt
+@notify_opts
 @click.pass_context
 def run_program(ctx: click.Context, inventory: str | None, name: str | None, mode: str | None, port_base: int | None,
                 on_text: str | None, sync_paths: tuple[str, ...], restart_policy: str, max_restarts: int,
                 host_timeout: float, grace: float, timeout: float, firewall: bool, as_json: bool,
-                limit: str | None, allow_busy_gpus: bool) -> None:
+                limit: str | None, allow_busy_gpus: bool, notify_urls: tuple[str, ...],
+                notify_cmds: tuple[str, ...]) -> None:
     """Run your own program on every task: pscluster run [INVENTORY] [OPTIONS] -- PROGRAM [ARG...]
 
     With INVENTORY: one shot (preflight, sync, start every task, wait, stop everything). Without:
@@ -672,10 +723,14 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
         raise UsageError("--mode, --port-base, --firewall and --limit apply to a one-shot run (give INVENTORY)",
                          hint="a cluster that is up keeps the mode and ports of its 'up'")
 
-    def supervisor(cluster_name: str, one_shot: bool) -> ProgramSupervisor:
+    notifiers: list = []
+
+    def supervisor(cluster_name: str, one_shot: bool, plan: ClusterPlan) -> ProgramSupervisor:
+        notifier = _notifier(env, plan, notify_urls, notify_cmds, output)
+        notifiers.append(notifier)
         return ProgramSupervisor(store=env.store, name=cluster_name, argv=program, on=on, files=files, space=space,
-                                 reporter=output, pool=pool, rules=rules, host_timeout=host_timeout, grace=grace,
-                                 secrets=secrets, one_shot=one_shot)
+                                 reporter=_with_notifier(output, notifier), pool=pool, rules=rules,
+                                 host_timeout=host_timeout, grace=grace, secrets=secrets, one_shot=one_shot)
 
     current: list[ProgramSupervisor] = []
 
@@ -700,7 +755,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                                           "one-shot run another --name")
                 secrets = _secrets(cluster)
                 bringup = ui.RichReporter(env.err)
-                report = run_one_shot(cluster, lambda: remember(supervisor(cluster.name, True)), store=env.store,
+                report = run_one_shot(cluster, lambda: remember(supervisor(cluster.name, True, cluster)), store=env.store,
                                       pool=pool, bringup_reporter=bringup, secrets=secrets, timeout=timeout,
                                       grace=grace, allow_busy_gpus=allow_busy_gpus)
             else:
@@ -710,11 +765,16 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                     raise UsageError(f"no cluster named {resolved!r}")
                 select_tasks(state.plan, on)          # bad --on: a usage error before anything happens
                 secrets = _secrets(state.plan)
-                report = remember(supervisor(resolved, False)).run()
+                report = remember(supervisor(resolved, False, state.plan)).run()
     except JobFailed:
         if current:
             _show_run_report(env, current[-1].report(exit_code=1), as_json=as_json)
         raise
+    finally:
+        for notifier in notifiers:
+            if notifier is not None:
+                notifier.close()
+        output.close()
     _show_run_report(env, report, as_json=as_json)
 
 

@@ -12,16 +12,19 @@ import time
 from typing import Any, Sequence
 
 from rich import box
-from rich.console import Console, JustifyMethod
+from rich.console import Console, Group, JustifyMethod, RenderableType
 from rich.live import Live
 from rich.status import Status
 from rich.markup import escape as _markup_escape
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from . import liveview
 from .errors import PsclusterError
 from .events import Reporter
+from .notify import mask_url
 from .plan import ClusterPlan
 from .preflight import CheckReport
 from .progress import JobProgress
@@ -85,6 +88,8 @@ def render_plan(console: Console, plan: ClusterPlan, *, secret_names: Sequence[s
     console.print(table)
     for role, reason in plan.unused:
         console.print(Text(_plain(f"{role} tasks in the inventory are not used: {reason}"), "dim"))
+    if plan.notify:
+        console.print(Text(_plain("notify (pscluster_notify): " + ", ".join(mask_url(url) for url in plan.notify))))
     console.print("[bold]ClusterSpec[/]")
     console.print_json(json.dumps(plan.cluster_spec))
     for task in plan.tasks:
@@ -159,6 +164,8 @@ def render_job_line(job: JobProgress) -> str:
     if job.step is not None:
         total = f"/{job.steps_total}" if job.steps_total else ""
         parts.append(f"step {job.step}{total}")
+    if job.epoch is not None:
+        parts.append(f"epoch {liveview.fmt_epoch(job.epoch)}")
     if job.loss is not None:
         parts.append(f"loss {job.loss:.4f}")
     if job.examples_per_second:
@@ -281,75 +288,87 @@ class RichReporter(Reporter):
 
 
 class TrainDisplay(Reporter):
-    """Live training progress: one line per worker plus the job total."""
+    """The live view of ``train`` (and of ``attach``): driven by events only.
 
-    def __init__(self, console: Console):
+    On a terminal, a bar with step, epoch, loss, rate, elapsed time and ETA above a table of
+    the workers, redrawn four times a second; not on a terminal, plain lines: one progress line
+    at most every :data:`cluster.liveview.PLAIN_SECONDS` and a last one at the end. Both print
+    one line per evaluation, and phases, messages, failures and restarts as they come. The
+    numbers come from :class:`cluster.liveview.TrainView` (formats, rate windows, ETA)."""
+
+    def __init__(self, console: Console, *, plain: bool | None = None, clock=time.monotonic, wall=time.time):
         self.console = console
+        self.plain = not console.is_terminal if plain is None else plain
+        self.clock = clock
+        self.wall = wall
+        self.view = liveview.TrainView()
         self._live: Live | None = None
-        self._job: dict = {}
-        self._workers: dict[str, dict] = {}
-        self._notes: list[str] = []
-        self._started = time.monotonic()
+        self._throttle = liveview.Throttle()
+        self._printed: str | None = None      # the last plain progress line
 
     def handle(self, kind: str, **data: Any) -> None:
+        self.view.update(kind, data, now=self.clock(), wall=self.wall())
         if kind == "job":
-            self._job.update(data)
-            if data.get("per_worker"):
-                for worker, eps in data["per_worker"].items():
-                    self._workers.setdefault(worker, {})["examples_per_second"] = eps
-            if data.get("worker_progress"):
-                worker, info = data["worker_progress"]
-                self._workers.setdefault(worker, {}).update(info)
+            if self.plain:
+                if self.view.job.get("step") is not None and self._throttle.ready(self.clock()):
+                    self._progress_line()
+            elif self.view.progressed:
+                self._start_live()
+        elif kind == "eval":
+            self._print(escape(liveview.eval_line(data)))
         elif kind == "message":
             self._print(escape(data["text"]), data.get("level", "info"))
-            return
         elif kind == "phase":
             self._print(f"[bold cyan]▸ {escape(data['name'])}[/] {escape(data.get('detail', ''))}")
-            return
         elif kind in ("task-failed", "task-restarting", "task-restarted", "task-lost"):
             detail = data.get("error", data.get("detail", ""))
             self._print(f"{kind} {escape(str(data.get('task')))}@{escape(str(data.get('host')))}: {escape(str(detail))}",
                         "warning")
-            return
-        else:
-            return
-        self._refresh()
+
+    def _progress_line(self) -> None:
+        frame = self.view.frame(wall=self.wall())
+        workers = liveview.workers_line(frame)
+        line = liveview.progress_line(frame) + (f"  |  {workers}" if workers else "")
+        if line != self._printed:
+            self._printed = line
+            self.console.print(Text(_plain(line)), soft_wrap=True, highlight=False)
 
     def _print(self, text: str, level: str = "info") -> None:
         style = {"warning": "yellow", "error": "red"}.get(level)
-        (self._live.console if self._live else self.console).print(f"[{style}]{text}[/]" if style else text)
+        (self._live.console if self._live else self.console).print(f"[{style}]{text}[/]" if style else text,
+                                                                    soft_wrap=self.plain, highlight=False)
 
-    def _render(self) -> Table:
-        job = self._job
-        table = Table(box=box.SIMPLE, title=escape(f"training {job.get('job', '')} ({job.get('mode', '')}, "
-                                                   f"{job.get('workers', '?')} worker(s))"))
-        for column in ("", "epoch", "step", "loss", "examples/s"):
-            table.add_column(column, justify="right" if column else "left")
-        for worker, info in sorted(self._workers.items()):
-            eps = info.get("examples_per_second")
-            table.add_row(Text(_plain(worker)), str(info.get("epoch", "")), str(info.get("step", "")),
-                          f"{info['loss']:.4f}" if info.get("loss") is not None else "",
-                          f"{eps:,.0f}" if eps else "")
-        step = job.get("step")
-        total = job.get("steps_total")
-        table.add_row(Text("total", "bold"), str(job.get("epoch", "")),
-                      f"{step}/{total}" if step is not None and total else str(step or ""),
-                      f"{job['loss']:.4f}" if job.get("loss") is not None else "",
-                      f"{job['examples_per_second']:,.0f}" if job.get("examples_per_second") else "")
-        return table
-
-    def _refresh(self) -> None:
+    def _start_live(self) -> None:
         if self._live is None:
-            self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+            self._live = Live(get_renderable=self._render, console=self.console, refresh_per_second=4,
+                              transient=False)
             self._live.start()
-        else:
-            self._live.update(self._render())
+
+    def _render(self) -> RenderableType:
+        frame = self.view.frame(wall=self.wall())
+        bar = ProgressBar(total=100.0 if frame.fraction is not None else None,
+                          completed=100.0 * (frame.fraction or 0.0), width=30)
+        head = Table.grid(padding=(0, 1))
+        head.add_row(bar, Text(_plain(liveview.progress_line(frame))))
+        table = Table(box=box.SIMPLE, title=Text(_plain(f"training {frame.title}")), title_justify="left")
+        cells = {"epoch": lambda w: liveview.fmt_epoch(w.epoch), "step": lambda w: "" if w.step is None else str(w.step),
+                 "loss": lambda w: liveview.fmt_loss(w.loss), "examples/s": lambda w: liveview.fmt_rate(w.rate)}
+        # only what some worker reports (async workers report a rate only)
+        shown = [name for name, cell in cells.items() if any(cell(worker) for worker in frame.workers)]
+        table.add_column("")
+        for name in shown:
+            table.add_column(name, justify="right")
+        for worker in frame.workers:
+            table.add_row(Text(_plain(worker.name)), *(cells[name](worker) for name in shown))
+        return Group(table, head)
 
     def close(self) -> None:
         if self._live is not None:
-            self._live.update(self._render())
+            self._live.refresh()
             self._live.stop()
             self._live = None
+        elif self.plain and self.view.progressed:
+            self._progress_line()         # where it ended (or what the workers said, if no step came)
 
 
 def render_summary(console: Console, summary: dict) -> None:
@@ -531,10 +550,19 @@ class ProgramOutput(Reporter):
     task on a terminal, plain when piped), and a line for each event that matters (exits,
     failures, restarts, lost hosts). Program output is data: it is never read as markup."""
 
-    def __init__(self, out: Console, err: Console):
+    def __init__(self, out: Console, err: Console, *, bar: bool | None = None, wall=time.time):
         self.out = out          # the program's lines
         self.err = err          # pscluster's own lines
         self._styles: dict[str, str] = {}
+        # A bar under the output (both streams on a terminal): chief and worker tasks that
+        # exited 0, of those started, and the time since the run started. While it shows, the
+        # program's lines go through its console (the same terminal) so it stays at the bottom.
+        self.bar = out.is_terminal and err.is_terminal if bar is None else bar
+        self.wall = wall
+        self._live: Live | None = None
+        self._began: float | None = None
+        self._tasks: set[str] = set()
+        self._finished: set[str] = set()
 
     def _style(self, task: str) -> str:
         if task not in self._styles:
@@ -542,9 +570,39 @@ class ProgramOutput(Reporter):
         return self._styles[task]
 
     def _line(self, text: Text, console: Console | None = None) -> None:
-        (console or self.err).print(text, soft_wrap=True, highlight=False)
+        (self._live.console if self._live else console or self.err).print(text, soft_wrap=True, highlight=False)
+
+    def _render_bar(self) -> RenderableType:
+        done, total = len(self._finished & self._tasks), len(self._tasks)
+        elapsed = None if self._began is None else self.wall() - self._began
+        grid = Table.grid(padding=(0, 1))
+        grid.add_row(ProgressBar(total=float(total or 1), completed=float(done), width=30),
+                     Text(f"{done}/{total} chief/worker task(s) finished  elapsed {liveview.fmt_duration(elapsed)}"))
+        return grid
+
+    def _follow(self, kind: str, data: dict) -> None:
+        """The bar's bookkeeping: tasks started and finished, the run's start and end."""
+        role = str(data.get("task", "")).split(":")[0]
+        if kind == "task-started" and role in ("chief", "worker"):
+            self._tasks.add(data["task"])
+        elif kind == "task-exited" and data.get("exit_code") == 0 and data.get("signal") is None:
+            self._finished.add(data["task"])
+        elif kind == "job-state" and data["event"] == "started":
+            self._began = data["time"]
+            if self.bar and self._live is None:
+                self._live = Live(get_renderable=self._render_bar, console=self.err, refresh_per_second=4,
+                                  transient=True, redirect_stdout=False, redirect_stderr=False)
+                self._live.start()
+        elif kind == "job-state" and data["event"] in ("finished", "failed", "stopped"):
+            self.close()
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
 
     def handle(self, kind: str, **data: Any) -> None:
+        self._follow(kind, data)
         if kind == "output":
             prefix = Text(_plain(f"[{data['task']}@{data['host']}] "), style=self._style(data["task"]))
             self._line(prefix + Text.from_ansi(data["line"]), self.out)

@@ -126,6 +126,31 @@ class Output:
 
 
 @dataclass(frozen=True)
+class JobStateChange:
+    """The job started, restarted a task, failed, finished, reached ``--deadline`` or was
+    stopped (``event``, one of :data:`cluster.notify.EVENTS`); ``time`` is wall-clock seconds.
+    ``report`` says more: the job record when it starts, the task restarted, the failure, the
+    final report. Notifications (:mod:`cluster.notify`) are built from it."""
+    cluster: str
+    job: str
+    job_id: int
+    entry: str                   # "train" or "run"
+    event: str
+    time: float
+    report: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """The leader evaluated the model (``train --eval-every``); ``seconds`` since train started."""
+    step: int | None
+    val_loss: float | None
+    val_accuracy: float | None
+    seconds: float
+    epoch: float | None = None
+
+
+@dataclass(frozen=True)
 class HostFailed:
     host: str
     error: str
@@ -161,7 +186,7 @@ EVENT_TYPES: Mapping[str, type] = {
     "task-ready": TaskReady, "task-failed": TaskFailed, "task-stopped": TaskStopped, "task-lost": TaskLost,
     "task-restarting": TaskRestarting, "task-restarted": TaskRestarted, "task-exited": TaskExited,
     "output": Output, "host-failed": HostFailed, "message": Message, "bench-config": BenchConfig,
-    "bench-result": BenchResult,
+    "bench-result": BenchResult, "job-state": JobStateChange, "eval": EvalResult,
 }
 
 

@@ -120,6 +120,8 @@ class Inventory:
     warnings: tuple[str, ...] = ()
     # Every group (roles and others, e.g. "gpu") with its hosts, for --limit patterns.
     groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # pscluster_notify: URLs that train and run POST job state changes to (cluster.notify).
+    notify: tuple[str, ...] = ()
 
     def host(self, name: str) -> HostConfig:
         return next(host for host in self.hosts if host.name == name)
@@ -335,6 +337,22 @@ def _role_list(raw: _Raw, path: KeyPath, value: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(value))
 
 
+def _url_list(raw: _Raw, path: KeyPath, value: Any) -> tuple[str, ...]:
+    """pscluster_notify: one http(s) URL or a list of them (shown masked in every message)."""
+    from .notify import url_problem
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(isinstance(item, str) for item in items):
+        raise _err(raw, path, f"expected a URL or a list of URLs, got {_describe(value)}",
+                   hint="e.g. pscluster_notify: https://hooks.example.com/T/B/KEY")
+    for index, item in enumerate(items):
+        problem = url_problem(item)
+        if problem:
+            raise _err(raw, path + (index,) if isinstance(value, list) else path, problem,
+                       hint="notifications are POSTed to http:// or https:// URLs; for mail or a chat CLI use "
+                            "train --notify-cmd")
+    return tuple(dict.fromkeys(items))
+
+
 def _choice(options: tuple[str, ...]) -> Validator:
     def check(raw: _Raw, path: KeyPath, value: Any) -> str:
         if value not in options:
@@ -364,9 +382,10 @@ PSCLUSTER_KEYS: dict[str, Validator] = {
     "pscluster_inter_op_threads": lambda raw, path, value: _as_int(raw, path, value, 0, 1024, "a thread count"),
     "pscluster_connect_timeout": lambda raw, path, value: _as_int(raw, path, value, 1, 600, "seconds"),
     "pscluster_gpu_busy_mib": lambda raw, path, value: _as_int(raw, path, value, 0, 10_000_000, "MiB"),
+    "pscluster_notify": _url_list,
 }
 # Settings of the whole cluster: only `all.vars` may set them.
-CLUSTER_WIDE_KEYS = ("pscluster_mode", "pscluster_firewall")
+CLUSTER_WIDE_KEYS = ("pscluster_mode", "pscluster_firewall", "pscluster_notify")
 
 CONNECTION_KEYS: dict[str, Validator] = {
     "ansible_host": lambda raw, path, value: _address(raw, path, value),
@@ -624,9 +643,11 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
     mode = PSCLUSTER_KEYS["pscluster_mode"](raw, mode_item[1], mode_item[0]) if mode_item else None
     mode_origin = _origin(raw, mode_item[1]) if mode_item else None
     firewall = _boolean(raw, firewall_item[1], firewall_item[0]) if firewall_item else False
+    notify_item = cluster_vars.get("pscluster_notify")
+    notify = _url_list(raw, notify_item[1], notify_item[0]) if notify_item and notify_item[0] is not None else ()
     return Inventory(path=display_name or path, name=inventory_source.name, hosts=tuple(hosts), role_hosts=role_hosts,
                      mode=mode, mode_origin=mode_origin, firewall=firewall, warnings=tuple(raw.warnings),
-                     groups=tuple((name, tuple(members)) for name, members in membership.items()))
+                     groups=tuple((name, tuple(members)) for name, members in membership.items()), notify=notify)
 
 
 def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], roles: list[str]) -> HostConfig:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from .errors import PlanError
 from .inventory import MODES, ROLES, HostConfig, Inventory, RoleSlots
 from .names import check_cluster_name
+from .notify import mask_url
 
 # Which roles take part in the cluster spec, and which of them stand (started by `up`).
 MODE_ROLES = {
@@ -120,6 +121,7 @@ class ClusterPlan:
     hosts: tuple[HostSpec, ...]
     unused: tuple[tuple[str, str], ...] = ()
     firewall: bool = False
+    notify: tuple[str, ...] = ()      # pscluster_notify URLs (secrets inside: shown masked)
 
     @property
     def auto_gpu_hosts(self) -> tuple[str, ...]:
@@ -167,6 +169,7 @@ class ClusterPlan:
                 "log_path": task.log_path,
             } for task in self.tasks],
             "unused": [{"role": role, "reason": reason} for role, reason in self.unused],
+            "notify": [mask_url(url) for url in self.notify],
         }
 
 
@@ -258,7 +261,7 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
     return ClusterPlan(
         name=name, mode=mode, inventory_path=inventory.path, cluster=cluster, tasks=tuple(tasks),
         hosts=tuple(spec for host_name, spec in host_specs.items() if host_name in used_hosts),
-        unused=unused, firewall=inventory.firewall)
+        unused=unused, firewall=inventory.firewall, notify=inventory.notify)
 
 
 def _host_spec(host: HostConfig, options: PlanOptions) -> HostSpec:

@@ -132,7 +132,7 @@ def plan_from_json(data: dict) -> ClusterPlan:
     unused = tuple((role, reason) for role, reason in data.get("unused", ()))
     return ClusterPlan(name=data["name"], mode=data["mode"], inventory_path=data["inventory_path"],
                        cluster=cluster, tasks=tasks, hosts=hosts, unused=unused,
-                       firewall=data.get("firewall", False))
+                       firewall=data.get("firewall", False), notify=tuple(data.get("notify", ())))
 
 
 def default_state_dir() -> Path:
@@ -172,7 +172,8 @@ class StateStore:
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.path(state.name)
         tmp = path.with_suffix(f".json.tmp{os.getpid()}")
-        with open(tmp, "w", encoding="utf-8") as handle:
+        # 0600: the plan may hold notification URLs with tokens in them (pscluster_notify)
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as handle:
             json.dump(state.to_json(), handle, indent=1)
             handle.flush()
             os.fsync(handle.fileno())

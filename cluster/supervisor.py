@@ -203,16 +203,15 @@ class Supervisor(JobExecutor):
         elif kind == "progress":
             step = event.get("step") or 0
             info = {"step": step, "epoch": event.get("epoch"), "loss": event.get("loss"),
-                    "examples_per_second": event.get("examples_per_second")}
+                    "examples_per_second": event.get("examples_per_second"),
+                    "rate": (event.get("per_worker") or {}).get(watched.task.name)}     # its own examples/s
             if is_leader:
                 self.last_step = max(self.last_step, step)
                 self.set_job(state="running", step=step, steps_total=event.get("steps_total"),
                              epoch=event.get("epoch"), loss=event.get("loss"),
                              examples_per_second=event.get("examples_per_second"),
                              per_worker=event.get("per_worker") or None)
-                job = self.progress.to_json()
-                job.pop("orchestrator", None)
-                self.reporter.emit("job", **job)
+                self.reporter.emit("job", **self.job_record())
             if self.plan.mode != Mode.ASYNC:
                 self.reporter.emit("job", worker_progress=(watched.task.name, info))
         elif kind == "eval" and is_leader:
@@ -220,6 +219,10 @@ class Supervisor(JobExecutor):
             self.evals.append({"step": event.get("step"), "val_loss": event.get("val_loss"),
                                "val_accuracy": event.get("val_accuracy"), "seconds": round(now - self.began, 2)})
             self.set_job(val_accuracy=event.get("val_accuracy"), val_step=event.get("step"))
+            job, step = self.progress, event.get("step")
+            # epochs are linear in steps (roles.plan.TrainPlan.epoch_at): scale the last progress's
+            epoch = round(job.epoch * step / job.step, 4) if job.epoch and job.step and step is not None else None
+            self.reporter.emit("eval", **self.evals[-1], epoch=epoch)
         elif kind == "checkpoint" and is_leader:
             self.set_job(checkpoint=event.get("path"), checkpoint_step=event.get("step"))
         elif kind == "done":

@@ -205,19 +205,24 @@ class JobExecutor:
             self.launch_group()
             self.retarget()
             self.set_job(state=JobState.RUNNING)
+            self.announce("started", self.job_record())
             self.loop()
             report = self.summary()
             self.finish(JobState.DONE, result=report)
+            self.announce("deadline" if report.get("deadline_reached") else "finished", report)
             return report
         except KeyboardInterrupt:
             self.interrupt()
+            self.announce("stopped", {"message": self.interrupted_message()})
             raise JobInterrupted(self.interrupted_message(), hint=self.interrupted_hint()) from None
         except JobFailed as exc:
             self.finish(JobState.FAILED, message=str(exc.cause))
+            self.announce("failed", {"message": exc.message})
             raise
         except Exception as exc:      # PsclusterError, or a bug: never leave the job running
             self.stop_job_processes(grace=3.0)
             self.finish(JobState.FAILED, message=str(exc) or type(exc).__name__)
+            self.announce("failed", {"message": getattr(exc, "message", str(exc)) or type(exc).__name__})
             raise
         finally:
             for link in self.links.values():
@@ -228,6 +233,17 @@ class JobExecutor:
                            state=JobState.STARTING, started=self.wall(),
                            orchestrator=Orchestrator(os.getpid(), socket.gethostname()),
                            workers=len(self.plan.tasks_of("worker")))
+
+    def job_record(self) -> dict:
+        """The job record as reports and notifications show it (no orchestrator pid)."""
+        record = self.progress.to_json()
+        record.pop("orchestrator", None)
+        return record
+
+    def announce(self, event: str, report: dict) -> None:
+        """A change of the job's state (``job-state`` event; see :mod:`cluster.notify`)."""
+        self.reporter.emit("job-state", cluster=self.name, job=self.job_name(), job_id=self.job_id,
+                           entry=self.job_kind, event=event, time=self.wall(), report=report)
 
     def interrupted_message(self) -> str:
         return f"job {self.job_id} stopped: its processes were stopped; the standing servers are still up"
@@ -336,6 +352,8 @@ class JobExecutor:
                 continue
             break
         self.reporter.emit("task-restarted", task=proc.task, host=proc.host, detail=f"restart {used + 1}")
+        self.announce("restarted", {"task": proc.task, "host": proc.host, "reason": reason, "restart": used + 1,
+                                    "max_restarts": self.rules.max_restarts})
 
     def count_restart(self, task: str, *, message: str | None = None) -> None:
         """One more restart of ``task``: in this job's budget and in the cluster's lifetime count."""
@@ -438,6 +456,8 @@ class JobExecutor:
                     self.forget_and_stop([current])
                 self.launch_server(task)
                 self.reporter.emit("task-restarted", task=task.name, host=task.host, detail=f"restart {used + 1}")
+                self.announce("restarted", {"task": task.name, "host": task.host, "reason": "does not answer",
+                                            "restart": used + 1, "max_restarts": self.rules.max_restarts})
 
     def current(self, task_name: str) -> Watched | None:
         found = [w for w in self.watched.values() if w.task.name == task_name]

@@ -96,3 +96,13 @@ def test_policy_never_fails_at_once(job):
         executor.handle(incident_of(executor))
     assert str(caught.value).startswith("training failed (restart policy 'never'): worker:0@localhost")
     assert sleeps == [] and not executor.recoveries
+
+
+def test_a_restart_is_announced_as_a_job_state_change(job):
+    executor, _, _ = job
+    executor.handle(incident_of(executor))
+    [change] = executor.reporter.of("job-state")
+    assert change.data == {"cluster": "budget", "job": "new", "job_id": 2, "entry": "train", "event": "restarted",
+                           "time": 1700000000.0,
+                           "report": {"task": "worker:0", "host": "localhost", "reason": "exited with code 1",
+                                      "restart": 1, "max_restarts": 2}}
