@@ -93,6 +93,8 @@ FLOAT_OPTIONS = [
     (["run", LOCAL], "--host-timeout"),
     (["run", LOCAL], "--grace"),
     (["run", LOCAL], "--timeout"),
+    (["stop-job"], "--timeout"),
+    (["stop-job"], "--grace"),
 ]
 
 
