@@ -188,6 +188,13 @@ def log_path(root: Path, name: str) -> Path:
     return root / f"{name}.supervisor.log"
 
 
+def remove_event_files(root: Path, name: str) -> None:
+    """Once the cluster is down (its state gone), nobody can attach: its events files go. The
+    text log stays, for the post-mortem."""
+    for path in root.glob(f"{name}.supervisor-*.events"):
+        path.unlink(missing_ok=True)
+
+
 class EventLog(Reporter):
     """Writes every event as one JSON line (``{"kind", "data"}``) for ``attach`` to replay.
 

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 from . import hostops
 from .codesync import sync_code
-from .detach import live_daemon, signal_supervisor, wait_gone
+from .detach import live_daemon, remove_event_files, signal_supervisor, wait_gone
 from .errors import Aborted, Failure, HostError, MultiHostError, PsclusterError, StateError, TaskError, Terminated, UsageError
 from .events import Reporter
 from .firewall import install_rules, remove_rules
@@ -420,6 +420,7 @@ def bring_down(name: str, *, store: StateStore, reporter: Reporter, grace: float
                 state.replace_record(record)
             if not errors and not state.live_records() and not state.firewall:
                 store.delete(name)
+                remove_event_files(store.root, name)
             else:
                 state.message = "down incomplete: " + "; ".join(f"{host}: {err.message.splitlines()[0]}"
                                                                 for host, err in sorted(errors.items()))
