@@ -167,6 +167,8 @@ def render_job_line(job: JobProgress) -> str:
         parts.append(f"val_accuracy {job.val_accuracy:.4f}")
     if job.exit_code is not None:
         parts.append(f"exit code {job.exit_code}")
+    if job.restarts:
+        parts.append("restarts " + ", ".join(f"{task} x{count}" for task, count in sorted(job.restarts.items())))
     return "  ".join(parts)
 
 

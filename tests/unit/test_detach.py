@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from cluster import detach
-from cluster.contracts import JobState
+from cluster.contracts import JobState, RestartPolicy
 from cluster.errors import PsclusterError
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
@@ -242,3 +242,32 @@ def test_attach_to_an_ended_job_prints_its_report_and_exit_code(cluster_state):
     cli = Captured(store.root)
     assert cli.run("attach", "--name", "c") == 1
     assert "job 3 (distributed_mnist) failed: worker:1@localhost" in cli.stderr.getvalue()
+
+
+# ----------------------------------------------------------------------------- the executor's claim
+
+def test_claim_refuses_an_orphaned_job_whose_processes_run_unless_replace(cluster_state, monkeypatch):
+    from cluster.errors import UsageError
+    from cluster.events import RecordingReporter
+    from cluster.state import ProcessRecord
+    from cluster.supervision import core
+    from cluster.supervision.executor import JobExecutor
+    from cluster.transport import TransportPool
+    store, state = cluster_state
+    state.job = job(host="gone-host")             # its supervisor cannot be alive here
+    state.processes = [ProcessRecord(key="chief:0#j3.1", task="chief:0", host="localhost", kind="train", attempt=1,
+                                     log="/x.log", exit_file="/x.log.exit", pid=5)]
+    store.save(state)
+    running = {"count": 1}
+    monkeypatch.setattr(JobExecutor, "count_running", lambda self, state, records: running["count"])
+
+    def executor(replace: bool) -> JobExecutor:
+        return JobExecutor(store=store, name="c", reporter=RecordingReporter(), pool=TransportPool(), root=store.root,
+                           rules=core.RestartRules(RestartPolicy.ON_FAILURE, 1), replace=replace)
+
+    with pytest.raises(UsageError) as caught:
+        executor(False).claim()
+    assert "still has 1 process(es) running" in caught.value.message and "--replace" in (caught.value.hint or "")
+    assert executor(True).claim().job == state.job            # --replace: run() then stops them
+    running["count"] = 0                                       # processes gone: today's clean-up, no refusal
+    assert executor(False).claim().name == "c"
