@@ -14,6 +14,7 @@ import sys
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -41,6 +42,7 @@ class Env:
     traceback: bool = False
     pool_factory: type = TransportPool
     extra: dict = field(default_factory=dict)
+    detached: Any = None        # cluster.detach.DaemonFiles when this process is a --detach supervisor
 
 
 def _plan(inventory: str, *, name: str | None, mode: str | None, port_base: int | None,
@@ -59,6 +61,11 @@ def _planned(inventory: Inventory, options: PlanOptions, pool: TransportPool | N
     return plan
 
 
+detach_opt = click.option("--detach", is_flag=True,
+                          help="Return once the job's processes have started; a supervisor daemon on this machine keeps "
+                               "supervising it (pscluster attach / status / stop-job).")
+replace_opt = click.option("--replace", is_flag=True,
+                           help="If a job is still running on the cluster, stop it first (instead of refusing).")
 allow_busy_opt = click.option("--allow-busy-gpus", is_flag=True,
                               help="Start on GPUs that other processes already use (lab GPUs are shared).")
 
@@ -309,16 +316,25 @@ def _print_status(env: Env, name: str, *, as_json: bool, pool: TransportPool) ->
 
 
 def _show_status(env: Env, state, rows, *, as_json: bool) -> None:
+    import socket
+    import time
+    from . import detach
+    job = state.job
+    health = detach.supervisor_health(job, alive=detach.orchestrator_alive(job.orchestrator if job else None),
+                                      here=socket.gethostname(), now=time.time())
     if as_json:
         env.out.print_json(json.dumps({
             "name": state.name, "mode": state.mode, "phase": state.phase, "message": state.message,
             "job": state.job.to_json() if state.job is not None else None,
+            "supervisor": health.to_json() if health is not None else None,
             "tasks": [{"role": r.role, "index": r.index, "host": r.host, "address": r.address, "port": r.port,
                        "kind": r.kind, "pid": r.pid, "state": r.state, "devices": list(r.devices),
                        "uptime": r.uptime, "exit_code": r.exit_code, "restarts": r.restarts, "detail": r.detail}
                       for r in rows]}))
     else:
         ui.render_status(env.out, state.name, state.mode, state.phase, rows, job=state.job, message=state.message)
+        if health is not None:
+            ui.render_supervisor(env.out, health, cluster=state.name)
 
 
 @cli.command()
@@ -426,10 +442,13 @@ class DurationParam(click.ParamType):
               help="async, sync-ps: checkpoint and stop this long after the start (90s, 45m, 2h); exit 4.")
 @notify_opts
 @click.option("--json", "as_json", is_flag=True, help="Print only the final report, as JSON.")
+@detach_opt
+@replace_opt
 @click.pass_obj
 def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learning_rate, scale_lr, checkpoint_dir,
           checkpoint_every, resume, data, steps_per_execution, eval_every, restart_policy, max_restarts, start_timeout,
-          collective_timeout, host_timeout, stop_grace, deadline, notify_urls, notify_cmds, as_json: bool) -> None:
+          collective_timeout, host_timeout, stop_grace, deadline, notify_urls, notify_cmds, as_json: bool, detach: bool,
+          replace: bool) -> None:
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
     from .supervisor import Supervisor
     from .training import TrainOptions, resolve_job
@@ -446,13 +465,16 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
     state = _existing(env, resolved)
     if deadline is not None and state.plan.mode == "sync":
         raise UsageError("--deadline works in async and sync-ps modes only (sync workers do not checkpoint on stop yet)")
-    display = ui.EventLineReporter(env.err) if as_json else ui.TrainDisplay(env.err)
+    if detach:
+        _detach(env, resolved, state, replace=replace, as_json=as_json)
+        return
+    display = _job_display(env, ui.EventLineReporter(env.err) if as_json or env.detached else ui.TrainDisplay(env.err))
     notifier = _notifier(env, state.plan, notify_urls, notify_cmds, display)
     try:
         with env.pool_factory() as pool:
             summary = Supervisor(store=env.store, name=resolved, job=job_ref, options=options,
                                  reporter=_with_notifier(display, notifier), pool=pool, root=project_root(),
-                                 secrets=_secrets(state.plan)).run()
+                                 secrets=_secrets(state.plan), detached=env.detached, replace=replace).run()
     finally:
         if notifier is not None:
             notifier.close()
@@ -689,12 +711,14 @@ class _ProgramCommand(click.Command):
 @limit_opt
 @allow_busy_opt
 @notify_opts
+@detach_opt
+@replace_opt
 @click.pass_context
 def run_program(ctx: click.Context, inventory: str | None, name: str | None, mode: str | None, port_base: int | None,
                 on_text: str | None, sync_paths: tuple[str, ...], restart_policy: str, max_restarts: int,
                 host_timeout: float, grace: float, timeout: float, firewall: bool, as_json: bool,
                 limit: str | None, allow_busy_gpus: bool, notify_urls: tuple[str, ...],
-                notify_cmds: tuple[str, ...]) -> None:
+                notify_cmds: tuple[str, ...], detach: bool, replace: bool) -> None:
     """Run your own program on every task: pscluster run [INVENTORY] [OPTIONS] -- PROGRAM [ARG...]
 
     With INVENTORY: one shot (preflight, sync, start every task, wait, stop everything). Without:
@@ -718,10 +742,14 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
     space = Workspace(cwd=Path.cwd(), root=project_root())
     files = local_files(program, sync_paths, space)
     rules = restart_rules(restart_policy, max_restarts)
-    output = ui.ProgramOutput(env.err if as_json else env.out, env.err)
+    output = _job_display(env, ui.ProgramOutput(env.err if as_json else env.out, env.err))
     if inventory is None and (mode or port_base or firewall or limit):
         raise UsageError("--mode, --port-base, --firewall and --limit apply to a one-shot run (give INVENTORY)",
                          hint="a cluster that is up keeps the mode and ports of its 'up'")
+    if inventory is not None and (detach or replace):
+        raise UsageError("--detach and --replace apply to a run on a cluster that is up, not to a one-shot run",
+                         hint=f"'pscluster up {inventory}', then 'pscluster run --detach -- PROGRAM ...'; "
+                              "'pscluster down' when it is done")
 
     notifiers: list = []
 
@@ -730,7 +758,8 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
         notifiers.append(notifier)
         return ProgramSupervisor(store=env.store, name=cluster_name, argv=program, on=on, files=files, space=space,
                                  reporter=_with_notifier(output, notifier), pool=pool, rules=rules,
-                                 host_timeout=host_timeout, grace=grace, secrets=secrets, one_shot=one_shot)
+                                 host_timeout=host_timeout, grace=grace, secrets=secrets, one_shot=one_shot,
+                                 detached=env.detached, replace=replace)
 
     current: list[ProgramSupervisor] = []
 
@@ -764,6 +793,9 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 if state is None:
                     raise UsageError(f"no cluster named {resolved!r}")
                 select_tasks(state.plan, on)          # bad --on: a usage error before anything happens
+                if detach:
+                    _detach(env, resolved, state, replace=replace, as_json=as_json)
+                    return
                 secrets = _secrets(state.plan)
                 report = remember(supervisor(resolved, False, state.plan)).run()
     except JobFailed:
@@ -776,6 +808,183 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 notifier.close()
         output.close()
     _show_run_report(env, report, as_json=as_json)
+
+# ----------------------------------------------------------------------------- detached jobs (cluster/detach.py)
+
+def _job_display(env: Env, display):
+    """The job's reporter; in a --detach supervisor, every event also goes to its events file
+    (what ``attach`` replays)."""
+    if env.detached is None:
+        return display
+    from .detach import EventLog
+    from .events import TeeReporter
+    return TeeReporter(display, EventLog(env.detached.events))
+
+
+def _detach(env: Env, name: str, state: RunState, *, replace: bool, as_json: bool) -> None:
+    """``--detach``: start this very command in a supervisor daemon and return once the job's
+    processes run (job state ``running``); the daemon's log lines are shown meanwhile."""
+    from . import detach
+    ctx = click.get_current_context()
+    job = state.job
+    alive = job is not None and job.live and detach.orchestrator_alive(job.orchestrator)
+    conflict = detach.job_conflict(name, job, supervisor_alive=alive, running=0)
+    if conflict is not None and not replace:
+        raise UsageError(conflict.message, hint=conflict.hint)
+    program = ctx.meta.get("pscluster.program")
+    request = {"command": ctx.command.name, "params": dict(ctx.params, name=name, detach=False),
+               "program": list(program) if program else None}
+    spawned = detach.spawn_supervisor(env.store.root, name, request)
+    env.err.print(f"▸ detached: supervisor pid {spawned.pid}, log {spawned.log}", markup=False, highlight=False)
+    try:
+        started = detach.wait_started(env.store, name, spawned,
+                                      on_log=lambda line: env.err.print(line, markup=False, highlight=False))
+    except KeyboardInterrupt:
+        env.err.print(f"stopped waiting: the job goes on under its supervisor (pid {spawned.pid}); "
+                      f"'pscluster attach --name {name}' follows it, 'pscluster stop-job --name {name}' ends it",
+                      markup=False, highlight=False)
+        raise SystemExit(130) from None
+    if started.job is None:        # refused or bad input: its log said why, above
+        raise SystemExit(started.exit_code or 1)
+    job = started.job
+    if as_json:
+        env.out.print_json(json.dumps(job.to_json()))
+    if not job.live:
+        env.err.print(f"job {job.id} ({job.job}) already {job.state}" + (f": {job.message}" if job.message else "")
+                      + f"; 'pscluster attach --name {name}' shows its report", markup=False, highlight=False)
+        code = detach.exit_status(job)
+        if code:
+            raise SystemExit(code)
+        return
+    env.err.print(f"[green]job {job.id} ({ui.escape(job.job)}) is running on {name!r}[/] under a detached supervisor "
+                  f"(pid {spawned.pid}); this terminal can go.\n"
+                  f"  follow it: pscluster attach --name {name}   progress: pscluster status --name {name}   "
+                  f"end it: pscluster stop-job --name {name}\n  supervisor log: {ui.escape(str(spawned.log))}")
+
+
+@cli.command("supervise", hidden=True)
+@click.option("--name", required=True, callback=lambda ctx, param, value: check_cluster_name(value))
+@click.pass_context
+def supervise(ctx: click.Context, name: str) -> None:
+    """Internal: the supervisor daemon of `train --detach` / `run --detach` (its request on stdin)."""
+    from .detach import DaemonFiles
+    env: Env = ctx.obj
+    try:
+        request = json.loads(sys.stdin.read())
+        command = cli.commands[request["command"]]
+        params = dict(request["params"], detach=False)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"supervise: bad request on stdin ({exc})", hint="an internal command of --detach") from None
+    devnull = os.open(os.devnull, os.O_RDONLY)       # nothing more to read: stdin is /dev/null from here on
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    env.detached = DaemonFiles.of(env.store.root, name, os.getpid())
+    if request.get("program"):
+        ctx.meta["pscluster.program"] = tuple(request["program"])
+    ctx.invoke(command, **params)
+
+
+def _final_report(env: Env, job, *, as_json: bool) -> None:
+    """An ended job's report, as its own ``train`` / ``run`` would have printed it."""
+    result = dict(job.result or {})
+    if job.state == "done" and result:
+        if job.entry == "run":
+            _show_run_report(env, result, as_json=as_json)
+        elif as_json:
+            env.out.print_json(json.dumps(result))
+        else:
+            ui.render_summary(env.out, result)
+            if result.get("deadline_reached"):
+                env.err.print(f"[yellow]--deadline reached at step {result.get('global_step')}[/]: checkpoint "
+                              f"{ui.escape(str(result.get('checkpoint')))}; continue with 'train --resume'")
+        return
+    if as_json:
+        env.out.print_json(json.dumps(job.to_json()))
+    text = f"job {job.id} ({job.job}) {job.state}" + (f": {job.message}" if job.message else "")
+    if job.checkpoint_step is not None:
+        text += f"; last checkpoint at step {job.checkpoint_step}: {job.checkpoint}"
+    env.err.print(text, style="red" if job.state == "failed" else "yellow", markup=False, highlight=False)
+
+
+@cli.command()
+@name_opt
+@click.option("--json", "as_json", is_flag=True, help="Print only the final report, as JSON.")
+@click.pass_obj
+def attach(env: Env, name: str | None, as_json: bool) -> None:
+    """Follow the cluster's job (started with --detach, or by a train in another terminal): the
+    same live view as train, then its final report; exits with the job's exit code (0 done,
+    1 failed, 4 --deadline, 130 stopped). Ctrl-C only detaches: the job goes on."""
+    from . import detach
+    from .events import Reporter
+    resolved = env.store.resolve_name(name)
+    job = _existing(env, resolved).job
+    if job is None:
+        raise UsageError(f"cluster {resolved!r} has not run a job yet",
+                         hint=f"'pscluster train JOB --name {resolved} --detach' starts one")
+    display: Reporter
+    if job.entry == "run":
+        display = ui.ProgramOutput(env.err if as_json else env.out, env.err)
+    else:
+        display = ui.EventLineReporter(env.err) if as_json else ui.TrainDisplay(env.err)
+    if job.live:
+        env.err.print(f"attached to job {job.id} ({job.job}) on {resolved!r}: Ctrl-C detaches, the job goes on",
+                      markup=False, highlight=False)
+    try:
+        final = detach.follow(env.store, resolved, job.id, lambda kind, data: display.handle(kind, **data))
+    except KeyboardInterrupt:
+        display.close()
+        env.err.print(f"detached: job {job.id} goes on. 'pscluster attach --name {resolved}' follows it again, "
+                      f"'pscluster stop-job --name {resolved}' ends it", markup=False, highlight=False)
+        return
+    finally:
+        display.close()
+    _final_report(env, final, as_json=as_json)
+    code = detach.exit_status(final)
+    if code:
+        raise SystemExit(code)
+
+
+@cli.command("stop-job")
+@name_opt
+@click.option("--timeout", type=SECONDS, default=300.0, show_default=True,
+              help="Seconds to wait for the supervisor to stop the job.")
+@click.option("--grace", type=FiniteFloat(0, 3600), default=10.0, show_default=True,
+              help="Without a supervisor: seconds between SIGTERM and SIGKILL.")
+@click.pass_obj
+def stop_job(env: Env, name: str | None, timeout: float, grace: float) -> None:
+    """Stop the cluster's running job, as Ctrl-C in its train would: the leader checkpoints
+    first (async, sync-ps), its processes stop, the standing servers stay up."""
+    import socket
+    from . import detach
+    from .launcher import stop_orphaned_job
+    resolved = env.store.resolve_name(name)
+    job = _existing(env, resolved).job
+    if job is None or not job.live:
+        env.err.print(f"no job is running on {resolved!r}" + (f" (job {job.id} is {job.state})" if job else ""),
+                      markup=False, highlight=False)
+        return
+    info = job.orchestrator
+    if info is not None and info.host != socket.gethostname():
+        raise UsageError(f"job {job.id} is supervised from {info.host}, not this machine",
+                         hint=f"run 'pscluster stop-job' on {info.host}, or 'pscluster down' to stop everything")
+    if info is not None and detach.orchestrator_alive(info):
+        env.err.print(f"asking job {job.id}'s supervisor (pid {info.pid}) to stop it; the leader checkpoints first "
+                      "(up to the job's --stop-grace)", markup=False, highlight=False)
+        if not detach.stop_supervisor(info, timeout=timeout):
+            raise PsclusterError(f"job {job.id}'s supervisor (pid {info.pid}) is still stopping it after {timeout:.0f} s",
+                                 hint=f"'pscluster down --name {resolved}' stops everything at once")
+    else:
+        reporter = ui.RichReporter(env.err)
+        try:
+            stop_orphaned_job(resolved, store=env.store, reporter=reporter, grace=grace)
+        finally:
+            reporter.close()
+    final = _existing(env, resolved).job
+    if final is not None:
+        env.err.print(ui.render_job_line(final) + (f"; checkpoint at step {final.checkpoint_step}: {final.checkpoint}"
+                                                   if final.checkpoint_step is not None else ""),
+                      markup=False, highlight=False)
+
 
 
 def _show_run_report(env: Env, report: dict, *, as_json: bool) -> None:

@@ -174,6 +174,8 @@ def render_job_line(job: JobProgress) -> str:
         parts.append(f"val_accuracy {job.val_accuracy:.4f}")
     if job.exit_code is not None:
         parts.append(f"exit code {job.exit_code}")
+    if job.restarts:
+        parts.append("restarts " + ", ".join(f"{task} x{count}" for task, count in sorted(job.restarts.items())))
     return "  ".join(parts)
 
 
@@ -643,3 +645,23 @@ def render_run_report(console: Console, report: dict) -> None:
     verdict = "every chief and worker exited 0" if report["exit_code"] == 0 else "failed"
     console.print(Text(f"run {verdict} in {report['wall_seconds']:.1f} s",
                        "green" if report["exit_code"] == 0 else "red"))
+
+
+# ----------------------------------------------------------------------------- detached jobs
+
+def render_supervisor(console: Console, health: Any, *, cluster: str) -> None:
+    """``status``: the supervisor of the cluster's last job (a cluster.detach.SupervisorHealth)."""
+    how = "detached supervisor" if health.detached else "supervisor (a train/run in a terminal)"
+    where = f"{how} pid {health.pid} on {health.host}"
+    beat = f", last heartbeat {health.heartbeat_age:.1f} s ago" if health.heartbeat_age is not None else ""
+    if health.state == "alive":
+        console.print(Text(_plain(f"{where}: alive{beat}"), "green"))
+    elif health.state == "dead":
+        console.print(Text(_plain(f"{where}: GONE{beat}, while job {health.job_id} is recorded as running: its "
+                                  "processes may run on unsupervised (nothing restarts them). 'pscluster stop-job "
+                                  f"--name {cluster}' stops them; 'pscluster down --name {cluster}' stops everything"),
+                           "bold red"))
+    elif health.state == "elsewhere":
+        console.print(Text(_plain(f"{where}: on another machine, not checked from here{beat}"), "yellow"))
+    if health.log and health.state != "ended":
+        console.print(Text(_plain(f"supervisor log: {health.log}"), "dim"))

@@ -71,4 +71,5 @@ class ExitStatus(int, Enum):
     OK = 0
     FAILURE = 1
     BAD_INPUT = 2
+    DEADLINE = 4            # train --deadline reached (checkpoint saved)
     INTERRUPTED = 130

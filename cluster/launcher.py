@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,7 @@ from typing import Callable, Sequence
 
 from . import hostops
 from .codesync import sync_code
+from .detach import live_daemon, remove_event_files, signal_supervisor, wait_gone
 from .errors import Aborted, Failure, HostError, MultiHostError, PsclusterError, StateError, TaskError, Terminated, UsageError
 from .events import Reporter
 from .firewall import install_rules, remove_rules
@@ -33,6 +35,7 @@ from .transport import TransportPool
 
 DEFAULT_READY_TIMEOUT = 120.0
 DEFAULT_GRACE = 10.0
+DAEMON_EXIT_SECONDS = 5.0   # down: a detached supervisor's own clean-up, once everything is stopped
 
 
 class StateWriter:
@@ -397,17 +400,27 @@ def bring_down(name: str, *, store: StateStore, reporter: Reporter, grace: float
                 raise StateError(f"no state for cluster {name!r}")
             state.phase = "stopping"
             store.save(state)
+        # A detached supervisor (train/run --detach) ends too: from now on it can record nothing
+        # (the phase changed), and SIGTERM makes it stop acting; it is killed if still there after.
+        daemon = live_daemon(state.job)
+        if daemon is not None:
+            reporter.emit("message", text=f"stopping the detached supervisor of job {state.job.id if state.job else '?'} "
+                                          f"(pid {daemon.pid})")
+            signal_supervisor(daemon, signal.SIGTERM)
         live = state.live_records()
         reporter.emit("phase", name="stop", detail=f"{len(live)} process(es) on "
                                                    f"{len(records_by_host(live))} host(s)")
         stopped, errors = stop_records(state.plan, live, pool, reporter, grace=grace)
         if state.firewall:
             errors.update(remove_rules(state, pool, reporter))
+        if daemon is not None and not wait_gone(daemon, timeout=DAEMON_EXIT_SECONDS):
+            signal_supervisor(daemon, signal.SIGKILL)
         with store.lock(name):
             for record in stopped:
                 state.replace_record(record)
             if not errors and not state.live_records() and not state.firewall:
                 store.delete(name)
+                remove_event_files(store.root, name)
             else:
                 state.message = "down incomplete: " + "; ".join(f"{host}: {err.message.splitlines()[0]}"
                                                                 for host, err in sorted(errors.items()))
@@ -512,3 +525,35 @@ def rows_after_up(state: RunState, devices: dict[str, tuple[str, ...]]) -> list[
             rows.append(row(pid=record.pid, state="ready", devices=devices.get(task.name, ()),
                                 uptime=max(0.0, time.time() - (record.started or time.time()))))
     return rows
+
+
+def stop_orphaned_job(name: str, *, store: StateStore, reporter: Reporter, grace: float = DEFAULT_GRACE,
+                      pool: TransportPool | None = None) -> list[ProcessRecord]:
+    """``stop-job`` when the job's supervisor is gone: stop its recorded processes directly (no
+    checkpoint: nobody asks the leader) and record the job ``stopped``. The standing servers
+    stay up. Returns the records stopped."""
+    from .contracts import JobState, ProcessKind
+    own_pool = pool is None
+    pool = pool or TransportPool()
+    try:
+        state = store.load(name)
+        if state is None:
+            raise StateError(f"no state for cluster {name!r}")
+        writer = StateWriter(store, state, expect_phase="up")
+        records = [r for r in state.live_records() if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM)]
+        stopped, errors = stop_records(state.plan, records, pool, reporter, grace=grace)
+
+        def record(s: RunState) -> None:
+            s.replace_records(stopped)
+            if s.job is not None and s.job.live and not errors:
+                s.job = s.job.updated(state=JobState.STOPPED, ended=time.time(),
+                                      message="stopped by stop-job (its supervisor was gone)")
+        writer.change(record)
+        if errors:
+            raise MultiHostError(f"stop-job could not reach {len(errors)} host(s): {', '.join(sorted(errors))}",
+                                 [Failure(host, err) for host, err in errors.items()],
+                                 hint=f"when the host is back, 'pscluster down --name {name}' stops what is left")
+        return stopped
+    finally:
+        if own_pool:
+            pool.close()

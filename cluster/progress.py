@@ -15,10 +15,20 @@ from .contracts import JobState
 
 @dataclass(frozen=True)
 class Orchestrator:
-    """The ``pscluster`` process supervising a job (to tell a live job from an orphan)."""
+    """The ``pscluster`` process supervising a job (to tell a live job from an orphan).
+
+    ``starttime`` (the kernel's, from ``/proc/PID/stat``) guards against a reused PID;
+    ``detached`` marks the daemon of ``train --detach`` / ``run --detach``, whose own ``log``
+    (text) and ``events`` (one JSON event a line, what ``attach`` replays) live in the state
+    directory (see :mod:`cluster.detach`).
+    """
 
     pid: int
     host: str
+    starttime: str | None = None
+    detached: bool = False
+    log: str | None = None
+    events: str | None = None
 
 
 @dataclass(frozen=True)
@@ -33,6 +43,7 @@ class JobProgress:
     started: float | None = None
     ended: float | None = None
     orchestrator: Orchestrator | None = None
+    heartbeat: float | None = None            # wall time of the supervisor's last loop turn (about 1 s apart)
     checkpoint_dir: str | None = None
     workers: int | None = None
     restarts: Mapping[str, int] = field(default_factory=dict)     # this job's restarts per task

@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 from .. import hostops
 from ..contracts import JobState, ProcessKind, ProcState, RestartPolicy, Role
 from ..errors import HostError, PsclusterError, TaskError, UsageError
+from ..detach import DaemonFiles, job_conflict, orchestrator_alive, process_starttime, stop_supervisor
 from ..events import Reporter
 from ..launcher import StateWriter, start_task, stop_records, task_env, wait_ready
 from ..plan import ClusterPlan, TaskSpec
@@ -39,6 +40,7 @@ from .links import HostLink
 LOOP_SECONDS = 0.1          # bounds how late an exit or event is acted on; cheap when idle
 PUBLISH_SECONDS = 1.0       # how often the job record is written while nothing else changes
 SERVER_READY_TIMEOUT = 120.0
+REPLACE_TIMEOUT = 300.0     # --replace: the old job's leader may take --stop-grace to checkpoint, then its grace
 
 
 class JobFailed(PsclusterError):
@@ -89,7 +91,8 @@ class JobExecutor:
     def __init__(self, *, store: StateStore, name: str, reporter: Reporter, pool: TransportPool, root: Path,
                  rules: core.RestartRules, host_timeout: float = 60.0, grace: float = 10.0,
                  secrets: Secrets | None = None, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep, wall: Callable[[], float] = time.time):
+                 sleep: Callable[[float], None] = time.sleep, wall: Callable[[], float] = time.time,
+                 detached: DaemonFiles | None = None, replace: bool = False):
         self.store = store
         self.name = name
         self.reporter = reporter
@@ -102,6 +105,8 @@ class JobExecutor:
         self.clock = clock
         self.sleep = sleep
         self.wall = wall
+        self.detached = detached          # this process is the daemon of --detach (its files)
+        self.replace = replace            # --replace: stop a live job first instead of refusing
         self.watched: dict[str, Watched] = {}
         self.links: dict[str, HostLink] = {}
         self.offsets: dict[str, int] = {}       # watched file -> bytes consumed so far
@@ -151,11 +156,49 @@ class JobExecutor:
             if state.phase != "up":
                 raise UsageError(f"cluster {self.name!r} is {state.phase}, not up",
                                  hint="bring it up with 'pscluster up INVENTORY'")
-            job = state.job
-            if job is not None and job.live and orchestrator_alive(job.orchestrator):
-                raise UsageError(f"job {job.id} ({job.job}) is still running on {self.name!r}",
-                                 hint="wait for it, or stop it with Ctrl-C in its terminal")
         return state
+
+    def claim(self) -> RunState:
+        """The cluster's state once no other job runs on it: a live job (its supervisor runs,
+        or its processes still run without one) is refused, or stopped first with ``replace``.
+        Processes of an earlier job that are recorded but gone are cleaned up by :meth:`run`."""
+        while True:
+            state = self._load()
+            job = state.job
+            alive = job is not None and job.live and orchestrator_alive(job.orchestrator)
+            stale = [r for r in state.live_records() if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM)]
+            running = 0 if alive or not stale else self.count_running(state, stale)
+            conflict = job_conflict(self.name, job, supervisor_alive=alive, running=running)
+            if conflict is None or (not alive and self.replace):
+                return state
+            if not self.replace:
+                raise UsageError(conflict.message, hint=conflict.hint)
+            info = job.orchestrator if job is not None else None
+            if job is None or info is None:       # cannot be: a live supervisor is a recorded one
+                raise UsageError(conflict.message, hint=conflict.hint)
+            self.reporter.emit("message", level="warning",
+                               text=f"--replace: stopping job {job.id} ({job.job}) first (its supervisor, "
+                                    f"pid {info.pid}, checkpoints and stops it)")
+            if not stop_supervisor(info, timeout=REPLACE_TIMEOUT, sleep=self.sleep):
+                raise PsclusterError(f"job {job.id}'s supervisor (pid {info.pid}) did not stop within "
+                                     f"{REPLACE_TIMEOUT:.0f} s", hint=f"'pscluster stop-job --name {self.name}' again")
+
+    def count_running(self, state: RunState, records: list[ProcessRecord]) -> int:
+        """How many of ``records`` still run on their hosts (a host that does not answer counts
+        its records as running: better refuse than start beside them)."""
+        by_host: dict[str, list[ProcessRecord]] = {}
+        for record in records:
+            by_host.setdefault(record.host, []).append(record)
+        running = 0
+        for host, items in by_host.items():
+            try:
+                found = hostops.status(self.pool.get(state.plan.host(host)), items)
+            except PsclusterError:
+                running += len(items)
+                continue
+            running += sum(1 for item in items if found.get(item.key) is not None
+                           and found[item.key].state in (ProcState.RUNNING, ProcState.FROZEN))
+        return running
 
     @property
     def progress(self) -> JobProgress:
@@ -170,6 +213,7 @@ class JobExecutor:
     def publish(self, now: float, force: bool = False) -> None:
         if force or now - self._published > PUBLISH_SECONDS:
             self._published = now
+            self.set_job(heartbeat=self.wall())     # `status` shows its age: the supervisor's pulse
             self.writer.change(lambda s: None)
 
     def finish(self, final: JobState, **fields) -> None:
@@ -191,7 +235,7 @@ class JobExecutor:
             JobInterrupted: Ctrl-C (or SIGTERM/SIGHUP); the job's processes were stopped.
         """
         self.began = self.clock()
-        self.state = self._load()
+        self.state = self.claim()
         self.plan: ClusterPlan = self.state.plan
         self.writer = StateWriter(self.store, self.state, expect_phase="up")
         stale = [r for r in self.state.live_records() if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM)]
@@ -230,8 +274,8 @@ class JobExecutor:
 
     def new_job(self) -> JobProgress:
         return JobProgress(id=self.job_id, job=self.job_name(), mode=self.plan.mode, entry=self.job_kind,
-                           state=JobState.STARTING, started=self.wall(),
-                           orchestrator=Orchestrator(os.getpid(), socket.gethostname()),
+                           state=JobState.STARTING, started=self.wall(), heartbeat=self.wall(),
+                           orchestrator=self.orchestrator(),
                            workers=len(self.plan.tasks_of("worker")))
 
     def job_record(self) -> dict:
@@ -244,6 +288,13 @@ class JobExecutor:
         """A change of the job's state (``job-state`` event; see :mod:`cluster.notify`)."""
         self.reporter.emit("job-state", cluster=self.name, job=self.job_name(), job_id=self.job_id,
                            entry=self.job_kind, event=event, time=self.wall(), report=report)
+
+    def orchestrator(self) -> Orchestrator:
+        """This process, as the job's supervisor (a detached daemon records its files too)."""
+        pid, host = os.getpid(), socket.gethostname()
+        if self.detached is not None:
+            return self.detached.orchestrator(pid, host)
+        return Orchestrator(pid, host, starttime=process_starttime(pid))
 
     def interrupted_message(self) -> str:
         return f"job {self.job_id} stopped: its processes were stopped; the standing servers are still up"
@@ -520,19 +571,6 @@ def exhausted(error: PsclusterError, task: TaskSpec, budget: int) -> PsclusterEr
                          hint="the log lines above are from its last attempt; "
                               f"'pscluster logs {task.name}' shows all")
     return TaskError(task.name, task.host, f"{error.message}; restart budget exhausted ({budget} restart(s) used)")
-
-
-def orchestrator_alive(info: Orchestrator | None) -> bool:
-    """Whether the pscluster process supervising a job still runs (on this machine)."""
-    if info is None or info.host != socket.gethostname() or not info.pid:
-        return False
-    try:
-        os.kill(info.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def restart_rules(policy: str, max_restarts: int, backoff: float = 1.0) -> core.RestartRules:

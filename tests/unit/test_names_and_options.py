@@ -38,7 +38,7 @@ def test_bad_names(name):
 NAME_COMMANDS = {
     "plan": ["plan", LOCAL], "check": ["check", LOCAL], "up": ["up", LOCAL], "status": ["status"],
     "logs": ["logs"], "down": ["down"], "train": ["train", "mnist"], "export": ["export", LOCAL],
-    "run": ["run", LOCAL],
+    "run": ["run", LOCAL], "attach": ["attach"], "stop-job": ["stop-job"],
 }
 
 
@@ -93,6 +93,8 @@ FLOAT_OPTIONS = [
     (["run", LOCAL], "--host-timeout"),
     (["run", LOCAL], "--grace"),
     (["run", LOCAL], "--timeout"),
+    (["stop-job"], "--timeout"),
+    (["stop-job"], "--grace"),
 ]
 
 
