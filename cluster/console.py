@@ -311,6 +311,9 @@ class TrainDisplay(Reporter):
             self._print(f"{kind} {escape(str(data.get('task')))}@{escape(str(data.get('host')))}: {escape(str(detail))}",
                         "warning")
             return
+        elif kind == "eval":
+            self._print(escape(eval_line(data)))
+            return
         else:
             return
         self._refresh()
@@ -350,6 +353,13 @@ class TrainDisplay(Reporter):
             self._live.update(self._render())
             self._live.stop()
             self._live = None
+
+
+def eval_line(data: dict) -> str:
+    """One evaluation, as ``train`` prints it: ``eval step 320  val_loss 0.1234  val_accuracy 0.9650  (evaluator:0)``."""
+    loss, accuracy = data.get("val_loss"), data.get("val_accuracy")
+    return (f"eval step {data.get('step')}  val_loss {_num(loss, '.4f')}  val_accuracy {_num(accuracy, '.4f')}  "
+            f"({data.get('task')})")
 
 
 def render_summary(console: Console, summary: dict) -> None:
@@ -392,6 +402,8 @@ class EventLineReporter(Reporter):
             detail = data.get("error") or data.get("detail") or ""
             where = f"{data.get('task')}@{data.get('host')}" if data.get("task") else data.get("host")
             text = f"{kind}: {where}: {detail}"
+        elif kind == "eval":
+            text = eval_line(data)
         else:
             return
         self.console.print(_plain(text), markup=False, highlight=False, soft_wrap=True)

@@ -138,6 +138,16 @@ class Message:
 
 
 @dataclass(frozen=True)
+class Eval:
+    """A test-set evaluation at ``step``: the side-car evaluator's (one per checkpoint) or the
+    leader's own (``--eval-every``, and the final one)."""
+    task: str
+    step: int | None
+    val_loss: float | None
+    val_accuracy: float | None
+
+
+@dataclass(frozen=True)
 class BenchConfig:
     index: int
     total: int
@@ -160,7 +170,7 @@ EVENT_TYPES: Mapping[str, type] = {
     "phase": Phase, "check": Check, "sync": Sync, "task-starting": TaskStarting, "task-started": TaskStarted,
     "task-ready": TaskReady, "task-failed": TaskFailed, "task-stopped": TaskStopped, "task-lost": TaskLost,
     "task-restarting": TaskRestarting, "task-restarted": TaskRestarted, "task-exited": TaskExited,
-    "output": Output, "host-failed": HostFailed, "message": Message, "bench-config": BenchConfig,
+    "output": Output, "host-failed": HostFailed, "message": Message, "eval": Eval, "bench-config": BenchConfig,
     "bench-result": BenchResult,
 }
 

@@ -9,7 +9,7 @@ machine's checkout. Training processes are ``python -m roles.train --mode MODE -
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from roles.plan import TrainerSettings
@@ -114,6 +114,14 @@ def _flag(field_name: str) -> str:
 
 def _value(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def with_evaluator(options: TrainOptions) -> TrainOptions:
+    """The trainers' options when a side-car evaluator evaluates each checkpoint: they never
+    evaluate periodically (the workers never pause for it), and ``--eval-every N`` asks for a
+    checkpoint every N steps instead, unless ``--checkpoint-every`` is given. The trainers' final
+    evaluation stays (the report's ``val_accuracy``, whatever becomes of the evaluator)."""
+    return replace(options, eval_every=None, checkpoint_every=options.checkpoint_every or options.eval_every)
 
 
 def leader_task(plan: ClusterPlan) -> TaskSpec:

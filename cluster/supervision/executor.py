@@ -317,6 +317,9 @@ class JobExecutor:
             if verdict.action is core.Action.ACCEPT:
                 watched.finished = True
                 return
+            if verdict.action is core.Action.GIVE_UP:
+                self.give_up(watched, f"{reason}; {verdict.why}")
+                return
             if verdict.action is core.Action.FAIL:
                 if verdict.why and verdict.why.startswith("restart budget"):
                     raise self.fail(exhausted(error, watched.task, self.rules.max_restarts))
@@ -336,6 +339,13 @@ class JobExecutor:
                 continue
             break
         self.reporter.emit("task-restarted", task=proc.task, host=proc.host, detail=f"restart {used + 1}")
+
+    def give_up(self, watched: Watched, why: str) -> None:
+        """Leave a task out of the rest of the job (the evaluator: training does not need it)."""
+        self.forget_and_stop([watched])
+        text = f"{watched.task.name} given up ({why}); training goes on without it"
+        self.reporter.emit("message", level="warning", text=text)
+        self.set_job(message=text)
 
     def count_restart(self, task: str, *, message: str | None = None) -> None:
         """One more restart of ``task``: in this job's budget and in the cluster's lifetime count."""
