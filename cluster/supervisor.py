@@ -25,7 +25,7 @@ from pathlib import Path
 from . import hostops
 from .codesync import needs_sync, sync_code, sync_files
 from .contracts import Mode, ProcessKind
-from .errors import HostError
+from .errors import HostError, UsageError
 from .events import Reporter
 from .launcher import task_env
 from .secrets import Secrets
@@ -34,7 +34,7 @@ from .state import ProcessRecord, StateStore
 from .supervision import core
 from .supervision.executor import JobExecutor, JobFailed, JobInterrupted, Watched, restart_rules
 from .training import (EventTail, JobRef, TrainOptions, default_checkpoint_dir, job_files, job_path_on, job_paths,
-                       leader_task, summarize, train_argv, with_evaluator)
+                       leader_task, path_on, summarize, train_argv, with_evaluator)
 from .transport import TransportPool
 
 __all__ = ["Supervisor", "JobFailed", "JobInterrupted"]
@@ -116,6 +116,7 @@ class Supervisor(JobExecutor):
             self.reporter.emit("phase", name="sync", detail=f"job {self.job.name}")
             sync_files(self.plan, self.pool, self.reporter, job_files(self.job, self.plan), self.root)
         check_ports_free(self.plan.training_tasks, self.pool, self.plan)
+        check_checkpoints_shared(self.plan, self.pool, self.checkpoint_dir, self.leader, self.plan.evaluator_tasks)
 
     def launch_group(self) -> None:
         self.watch_servers()
@@ -249,6 +250,30 @@ class Supervisor(JobExecutor):
             self.set_job(val_accuracy=event.get("val_accuracy"), val_step=step)
         self.reporter.emit("eval", task=task, step=step, val_loss=event.get("val_loss"),
                            val_accuracy=event.get("val_accuracy"))
+
+
+def check_checkpoints_shared(plan, pool: TransportPool, checkpoint_dir: str, leader: TaskSpec,
+                             evaluators: tuple[TaskSpec, ...]) -> None:
+    """Before the job starts: an evaluator on another host than the leader must see the very folder
+    the leader writes its checkpoints to (a shared filesystem: an NFS home, a cluster filesystem).
+    Each host marks or reads the folder's id (hostctl ``fsid``, as code sync does for workdirs).
+
+    Raises:
+        UsageError: the evaluator's host sees another folder, or none (exit 2, naming both).
+    """
+    for evaluator in evaluators:
+        if evaluator.host == leader.host:
+            continue      # one host, one filesystem
+        seen = {}
+        for task in (leader, evaluator):
+            host = plan.host(task.host)
+            seen[task.host] = hostops.fsid(pool.get(host), path_on(host, checkpoint_dir))
+        if seen[leader.host] != seen[evaluator.host]:
+            raise UsageError(f"{evaluator.name} on {evaluator.host} cannot read the checkpoints {leader.name} writes "
+                             f"on {leader.host}: {checkpoint_dir} is not one shared folder ({leader.host}: "
+                             f"{seen[leader.host][0]}, {evaluator.host}: {seen[evaluator.host][0]})",
+                             hint=f"give --checkpoint-dir a folder on a filesystem both hosts share (an NFS home), "
+                                  f"or put the evaluator on {leader.host}")
 
 
 def check_ports_free(tasks, pool: TransportPool, plan) -> None:

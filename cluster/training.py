@@ -129,6 +129,14 @@ def leader_task(plan: ClusterPlan) -> TaskSpec:
     return plan.task("chief:0") if plan.mode == "async" else plan.task("worker:0")
 
 
+def path_on(host: HostSpec, path: str) -> str:
+    """``path`` as a job process on ``host`` reads it: relative paths start at the host's workdir
+    (the processes' working directory); ``~`` is the host's home."""
+    if path.startswith(("/", "~")):
+        return path
+    return f"{host.workdir.rstrip('/')}/{path}"
+
+
 def default_checkpoint_dir(plan: ClusterPlan, job: JobRef) -> str:
     leader = leader_task(plan)
     return f"{leader.workdir.rstrip('/')}/.pscluster/{plan.name}/checkpoints/{job.name}"

@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 
 from cluster.console import eval_line
-from cluster.errors import InventoryError
+from cluster.errors import InventoryError, UsageError
 from cluster.export import tfjob_manifest
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.training import TrainOptions, train_argv, with_evaluator
+from cluster.supervisor import check_checkpoints_shared
+from cluster.training import TrainOptions, path_on, train_argv, with_evaluator
+from cluster.transport import TransportPool
 from roles.evaluate import CheckpointWatch, checkpoint_step
 from roles.tfconfig import ConfigError, parse_tf_config
 from roles.train import parse_options
+from tests.helpers import REPO
 
 OPTIONS = PlanOptions(local_python="/venv/bin/python", local_workdir="/checkout")
 INVENTORY = """\
@@ -144,3 +148,36 @@ def test_train_prints_an_evaluation_as_one_line():
     line = eval_line({"task": "evaluator:0", "step": 320, "val_loss": 0.12345, "val_accuracy": 0.96})
     assert line == "eval step 320  val_loss 0.1235  val_accuracy 0.9600  (evaluator:0)"
     assert "val_loss n/a" in eval_line({"task": "worker:0", "step": 1, "val_loss": None, "val_accuracy": None})
+
+
+# ----------------------------------------------------------------------------- where the checkpoints are
+
+def two_host_plan(tmp_path):
+    """Leader on host a, evaluator on host b: two local "hosts" with their own workdirs (real hostctl)."""
+    inventory = tmp_path / "two.yaml"
+    inventory.write_text(f"""\
+all:
+  vars: {{ansible_connection: local, pscluster_python: {sys.executable}}}
+  children:
+    worker: {{hosts: {{a: {{pscluster_workdir: {tmp_path / 'a'}}}}}}}
+    evaluator: {{hosts: {{b: {{pscluster_workdir: {tmp_path / 'b'}}}}}}}
+""")
+    return plan_cluster(load_inventory(str(inventory)), PlanOptions(**{**OPTIONS.__dict__, "mode": "sync"}))
+
+
+def test_an_evaluator_on_another_host_must_see_the_leaders_checkpoint_folder(tmp_path):
+    planned = two_host_plan(tmp_path)
+    leader, evaluators = planned.task("worker:0"), planned.evaluator_tasks
+    with TransportPool() as pool:
+        check_checkpoints_shared(planned, pool, str(tmp_path / "shared"), leader, evaluators)     # one folder: fine
+        with pytest.raises(UsageError) as caught:     # relative: a/ckpt on a, b/ckpt on b
+            check_checkpoints_shared(planned, pool, "ckpt", leader, evaluators)
+    assert "evaluator:0 on b cannot read the checkpoints worker:0 writes on a" in caught.value.message
+    assert "ckpt is not one shared folder" in caught.value.message and caught.value.message.endswith("/b/ckpt)")
+    assert "both hosts share" in caught.value.hint
+
+
+def test_path_on_a_host():
+    host = plan_cluster(load_inventory(str(REPO / "inventories" / "local.yaml")), OPTIONS).host("localhost")
+    assert [path_on(host, p) for p in ("/abs/ckpt", "~/ckpt", "rel/ckpt")] == \
+        ["/abs/ckpt", "~/ckpt", "/checkout/rel/ckpt"]
