@@ -16,6 +16,11 @@ sync-ps   any worker or ps died or froze: stop workers and ps, restart the ps, r
           workers, resume (the ps keep queues and accumulators of the old graph otherwise).
 ========  ==================================================================================
 
+An ``evaluator`` task, when the inventory has one, runs ``python -m roles.evaluate`` beside the
+trainers in every mode (side-car evaluation: the trainers then never evaluate periodically); it is
+restarted alone, given up rather than fail the job, and stopped once it evaluated the final
+checkpoint (docs/supervision.md).
+
 Job states (``state.job.state``): starting, running, restarting, done, failed, stopped.
 """
 from __future__ import annotations
