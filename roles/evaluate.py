@@ -5,8 +5,9 @@ Started by ``pscluster train`` on the inventory's ``evaluator`` task, beside the
 every mode. It joins no cluster and starts no server (TF_CONFIG names it ``evaluator``, outside
 the cluster spec, as TensorFlow expects): it waits for each new checkpoint the leader writes in
 ``--checkpoint-dir``, restores the model's weights from it, evaluates the job on its test split
-and reports an ``eval`` event whose ``step`` is the checkpoint's step. So the trainers never
-pause to evaluate. It takes roles.train's command line (one argv builder, one parser) and
+and reports an ``eval`` event whose ``step`` is the checkpoint's step, and the same numbers as
+TensorBoard scalars (``val_loss``, ``val_accuracy``) in ``<checkpoint dir>/eval``, where
+Estimator kept them. So the trainers never pause to evaluate. It takes roles.train's command line (one argv builder, one parser) and
 derives the budget from it: once it has evaluated a checkpoint at or past the last step it
 writes ``done`` and exits 0; after a shorter run (``--deadline``) the orchestrator stops it
 once it has reported the leader's final step.
@@ -46,6 +47,7 @@ from roles.train import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, error_mess
 log = logging.getLogger("pscluster.evaluate")
 
 POLL_SECONDS = 1.0
+SUMMARY_FOLDER = "eval"
 _STEP = re.compile(r"-(\d+)$")
 
 
@@ -125,6 +127,7 @@ def _evaluate_until_done(options: Any, task: TaskInfo, writer: EventWriter, star
     reporter = Reporter(writer, plan, is_chief=True)
     evaluation = GraphEvaluation(job, plan) if options.mode == "sync-ps" else EagerEvaluation(job, plan)
     watch = CheckpointWatch(options.checkpoint_dir, tf.train.latest_checkpoint, include_existing=options.resume)
+    summaries = EvalSummaries(tf, os.path.join(options.checkpoint_dir, SUMMARY_FOLDER))
     reporter.start(None)
     log.info("%s: evaluating each new checkpoint in %s until step %d", task.name, options.checkpoint_dir,
              plan.steps_total)
@@ -144,6 +147,7 @@ def _evaluate_until_done(options: Any, task: TaskInfo, writer: EventWriter, star
         if step is None:
             step = evaluation.restored_step
         reporter.eval(step, val_loss, val_accuracy)
+        summaries.write(step, val_loss=val_loss, val_accuracy=val_accuracy)
         log.info("step %d: val_loss %s, val_accuracy %s (%s)", step, val_loss, val_accuracy, path)
         last = (step, path, val_loss, val_accuracy)
     writer.emit("done", mode=options.mode, workers=task.num_workers, global_step=last[0], val_loss=last[2],
@@ -151,6 +155,43 @@ def _evaluate_until_done(options: Any, task: TaskInfo, writer: EventWriter, star
                 checkpoint=last[1], restored_step=None)
     writer.close()
     return EXIT_OK
+
+
+class EvalSummaries:
+    """TensorBoard scalars in ``folder`` (``<checkpoint dir>/eval``, where Estimator kept them).
+
+    Written with TensorFlow's own summary op and the scalars plugin's metadata, as
+    ``tf.summary.scalar`` does: that function lives in the ``tensorboard`` package, which
+    ``tensorflow-cpu`` does not install. A failure to write (a read-only folder) is logged once
+    and ends the summaries, never the evaluation.
+    """
+
+    def __init__(self, tf: Any, folder: str) -> None:
+        from tensorflow.core.framework import summary_pb2
+
+        self.tf = tf
+        self.folder = folder
+        self.metadata = summary_pb2.SummaryMetadata(
+            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+            data_class=summary_pb2.DATA_CLASS_SCALAR)
+        self.writer: Any = None
+        self.failed = False
+
+    def write(self, step: int, **values: float | None) -> None:
+        if self.failed:
+            return
+        tf = self.tf
+        try:
+            if self.writer is None:
+                self.writer = tf.summary.create_file_writer(self.folder)
+            with self.writer.as_default():
+                for tag, value in values.items():
+                    if value is not None:
+                        tf.summary.write(tag, tf.constant(value, tf.float32), step=step, metadata=self.metadata)
+            self.writer.flush()
+        except Exception as e:  # noqa: BLE001 - summaries are a side show: never end the evaluation
+            self.failed = True
+            log.warning("no TensorBoard summaries in %s: %s", self.folder, error_message(e))
 
 
 class EagerEvaluation:

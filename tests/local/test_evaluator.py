@@ -62,6 +62,10 @@ def test_an_evaluator_task_evaluates_each_checkpoint(tmp_path, mode):
         # The final checkpoint holds the weights the leader evaluated last: the same accuracy.
         assert side_car[-1]["val_accuracy"] == pytest.approx(report["val_accuracy"], abs=1e-6)
 
+        # TensorBoard's scalars (serialized Event protos: the tags and the plugin's name are plain bytes in them)
+        summaries = b"".join(path.read_bytes() for path in (tmp_path / "ckpt" / "eval").glob("events.out.tfevents.*"))
+        assert all(tag in summaries for tag in (b"val_accuracy", b"val_loss", b"scalars")), summaries[:200]
+
         # The trainers did not evaluate periodically: only the leader's final evaluation.
         trainer_evals = [e["step"] for task in {leader, "worker:0", "worker:1"}
                          for e in _events_of(state_dir, name, task) if e["event"] == "eval"]

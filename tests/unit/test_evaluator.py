@@ -181,3 +181,21 @@ def test_path_on_a_host():
     host = plan_cluster(load_inventory(str(REPO / "inventories" / "local.yaml")), OPTIONS).host("localhost")
     assert [path_on(host, p) for p in ("/abs/ckpt", "~/ckpt", "rel/ckpt")] == \
         ["/abs/ckpt", "~/ckpt", "/checkout/rel/ckpt"]
+
+
+@pytest.mark.parametrize("reporter", ["TrainDisplay", "EventLineReporter"])
+def test_train_shows_each_evaluation_as_a_row(reporter):
+    import io
+
+    from rich.console import Console
+
+    from cluster import console as ui
+    from cluster.events import validated
+
+    buffer = io.StringIO()
+    display = getattr(ui, reporter)(Console(file=buffer, width=200, color_system=None))
+    data = validated("eval", {"task": "evaluator:0", "step": 64, "val_loss": 0.5, "val_accuracy": 0.875})
+    display.handle("eval", **data)
+    if hasattr(display, "close"):
+        display.close()
+    assert "eval step 64  val_loss 0.5000  val_accuracy 0.8750  (evaluator:0)" in buffer.getvalue()
