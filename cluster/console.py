@@ -413,6 +413,8 @@ class EventLineReporter(Reporter):
             detail = data.get("error") or data.get("detail") or ""
             where = f"{data.get('task')}@{data.get('host')}" if data.get("task") else data.get("host")
             text = f"{kind}: {where}: {detail}"
+        elif kind == "eval":
+            text = liveview.eval_line(data)
         else:
             return
         self.console.print(_plain(text), markup=False, highlight=False, soft_wrap=True)

@@ -142,12 +142,14 @@ class JobStateChange:
 
 @dataclass(frozen=True)
 class EvalResult:
-    """The leader evaluated the model (``train --eval-every``); ``seconds`` since train started."""
+    """A test-set evaluation at ``step``: the side-car evaluator's (one per checkpoint) or the
+    leader's own (``--eval-every``, and the final one); ``seconds`` since train started."""
     step: int | None
     val_loss: float | None
     val_accuracy: float | None
-    seconds: float
+    seconds: float | None = None
     epoch: float | None = None
+    task: str | None = None
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ training operator does itself:
 
 * one replica spec per role of the plan (``Chief``, ``PS``, ``Worker``, ``Evaluator``) with the
   plan's task count; roles the mode does not use are left out, as in the plan (sync mode: only
-  workers; sync-ps: ps and workers);
+  workers; sync-ps: ps and workers); an evaluator is left out too (said in an annotation): it
+  reads the leader's checkpoints, which the exported job keeps on no shared volume;
 * standing servers run ``python -m roles.server``, training tasks ``python -m roles.train
   --mode MODE --job ...`` in the image (its WORKDIR holds ``roles/`` and ``examples/``, see
   docker/Dockerfile);
@@ -44,6 +45,10 @@ SERVER_COMMAND = ("python", "-m", "roles.server")
 # Where a training task writes its events (roles/events.py); any user can write there.
 EVENTS_PATH = "/tmp/pscluster/events.jsonl"
 POD_START_TIMEOUT, POD_COLLECTIVE_TIMEOUT = 300, 60
+# `train`'s side-car evaluator reads the checkpoints the leader writes; the exported training
+# command keeps none (a pod's disk goes with it), so the manifest leaves the evaluator out.
+EVALUATOR_NOT_EXPORTED = ("not exported: it evaluates the checkpoints the leader writes, which an exported job "
+                          "does not keep on a volume both pods share")
 ANNOTATION = "pscluster"                            # prefix of our annotations
 # Set per task by pscluster; in a TFJob the operator (TF_CONFIG) or the device plugin
 # (GPUs) does that, and a per-task name has no place in a per-role template.
@@ -96,12 +101,15 @@ def tfjob_manifest(plan: ClusterPlan, *, image: str, job_command: list[str] | No
     replica_specs = {}
     for role, replica_type in REPLICA_TYPES:
         tasks = plan.tasks_of(role)
-        if tasks:
+        if tasks and role != "evaluator":
             replica_specs[replica_type] = _replica_spec(plan, tasks, image=image, train=command,
                                                         restart_policy=restart_policy, secret_name=secrets)
     annotations = {f"{ANNOTATION}/mode": plan.mode, f"{ANNOTATION}/inventory": plan.inventory_path}
-    if plan.unused:
-        annotations[f"{ANNOTATION}/unused-roles"] = "; ".join(f"{role}: {reason}" for role, reason in plan.unused)
+    unused = list(plan.unused)
+    if plan.evaluator_tasks:
+        unused.append(("evaluator", EVALUATOR_NOT_EXPORTED))
+    if unused:
+        annotations[f"{ANNOTATION}/unused-roles"] = "; ".join(f"{role}: {reason}" for role, reason in unused)
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,

@@ -232,6 +232,9 @@ def eval_line(data: Mapping[str, Any]) -> str:
         parts.append(f"val_accuracy {data['val_accuracy']:.4f}")
     if data.get("seconds") is not None:
         parts.append(f"after {fmt_duration(data['seconds'])}")
+    task = data.get("task")
+    if task and str(task).startswith("evaluator"):
+        parts.append(f"({task})")       # the side-car evaluator's, not the leader's own
     return "  ".join(parts)
 
 

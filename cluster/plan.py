@@ -10,6 +10,11 @@ async     every ps and worker task                 the chief (ClusterCoordinator
 sync      none                                     one per worker (worker 0 acts as chief)
 sync-ps   every ps task                            one per worker (worker 0 acts as chief)
 ========  =======================================  ==========================================
+
+In every mode an ``evaluator`` task, when the inventory has one (at most one), is a job process
+too: ``python -m roles.evaluate`` evaluates each checkpoint the leader writes (side-car
+evaluation). As TensorFlow expects, it is not part of the cluster spec; its TF_CONFIG names the
+cluster and ``{"type": "evaluator", "index": 0}``.
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ UNUSED_REASONS = {
     ("sync", "ps"): "sync mode (MultiWorkerMirroredStrategy) uses no parameter servers",
     ("sync-ps", "chief"): "sync-ps mode: worker 0 acts as chief",
 }
+EVALUATOR = "evaluator"     # a job process in every mode, outside the cluster spec
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
 DEFAULT_REMOTE_WORKDIR = "~/pscluster"
 AUTO_GPUS = "auto"          # a task's mask until preflight counts the host's GPUs (plan shows it)
@@ -147,7 +153,13 @@ class ClusterPlan:
 
     @property
     def training_tasks(self) -> tuple[TaskSpec, ...]:
-        return tuple(task for task in self.tasks if not task.standing)
+        """The tasks ``train`` starts ``roles.train`` on (not the evaluator)."""
+        return tuple(task for task in self.tasks if not task.standing and task.role != EVALUATOR)
+
+    @property
+    def evaluator_tasks(self) -> tuple[TaskSpec, ...]:
+        """The side-car evaluator ``train`` starts beside the trainers (none or one)."""
+        return self.tasks_of(EVALUATOR)
 
     @property
     def is_multi_host(self) -> bool:
@@ -218,14 +230,14 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
     ports = _assign_ports(slots, options.port_base)
     host_specs = {host.name: _host_spec(host, options) for host in inventory.hosts}
 
-    role_table = MODE_ROLES[mode] if options.roles is None else \
+    role_table = MODE_ROLES[mode] + ((EVALUATOR, False),) if options.roles is None else \
         tuple((role, False) for role in ROLES if role in options.roles)
     used_roles = dict(role_table)
     _check_counts(inventory, slots, mode, program_roles=options.roles)
     cluster = tuple(
         (role, tuple(host_port(slot.host.address, ports[(slot.role, slot.index)])
                      for slot in slots if slot.role == role))
-        for role, _ in role_table if role != "evaluator"
+        for role, _ in role_table if role != EVALUATOR
     )
     cluster_json = {job: list(addresses) for job, addresses in cluster}
     tasks = []
@@ -243,6 +255,8 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
             argv: tuple[str, ...] = ()        # the user's program, given to `run`
         elif standing:
             argv = (host.python, "-m", "roles.server")
+        elif slot.role == EVALUATOR:
+            argv = (host.python, "-m", "roles.evaluate", "--mode", mode)
         else:
             argv = (host.python, "-m", "roles.train", "--mode", mode)
         tasks.append(TaskSpec(
@@ -342,6 +356,11 @@ def _check_counts(inventory: Inventory, slots: list[_Slot], mode: str,
         chief = next(slot for slot in slots if slot.role == "chief")
         raise chief.slots.origin.error(f"the chief group holds {counts['chief']} tasks; a cluster has at most one",
                                        hint="put one host in 'chief' with chief_tasks: 1")
+    if program_roles is None and counts[EVALUATOR] > 1:
+        evaluator = next(slot for slot in slots if slot.role == EVALUATOR)
+        raise evaluator.slots.origin.error(
+            f"the evaluator group holds {counts[EVALUATOR]} tasks; 'train' runs at most one (it evaluates every "
+            "checkpoint the leader writes)", hint="put one host in 'evaluator' with evaluator_tasks: 1")
     if program_roles is not None:
         unknown = [role for role in program_roles if role not in ROLES]
         if unknown:

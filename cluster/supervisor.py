@@ -16,6 +16,11 @@ sync-ps   any worker or ps died or froze: stop workers and ps, restart the ps, r
           workers, resume (the ps keep queues and accumulators of the old graph otherwise).
 ========  ==================================================================================
 
+An ``evaluator`` task, when the inventory has one, runs ``python -m roles.evaluate`` beside the
+trainers in every mode (side-car evaluation: the trainers then never evaluate periodically); it is
+restarted alone, given up rather than fail the job, and stopped once it evaluated the final
+checkpoint (docs/supervision.md).
+
 Job states (``state.job.state``): starting, running, restarting, done, failed, stopped.
 """
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 from . import hostops
 from .codesync import needs_sync, sync_code, sync_files
 from .contracts import Mode, ProcessKind
-from .errors import HostError
+from .errors import HostError, UsageError
 from .events import Reporter
 from .launcher import task_env
 from .secrets import Secrets
@@ -34,7 +39,7 @@ from .state import ProcessRecord, StateStore
 from .supervision import core
 from .supervision.executor import JobExecutor, JobFailed, JobInterrupted, Watched, restart_rules
 from .training import (EventTail, JobRef, TrainOptions, default_checkpoint_dir, job_files, job_path_on, job_paths,
-                       leader_task, summarize, train_argv)
+                       leader_task, path_on, summarize, train_argv, with_evaluator)
 from .transport import TransportPool
 
 __all__ = ["Supervisor", "JobFailed", "JobInterrupted"]
@@ -57,8 +62,10 @@ class Supervisor(JobExecutor):
         self.last_step = 0
         self.steps_redone = 0
         self.placement_shown = False
-        self.evals: list[dict] = []       # {"step", "val_loss", "val_accuracy", "seconds"} from "eval" events
+        self.evals: list[dict] = []       # {"step", "val_loss", "val_accuracy", "seconds", "task"} from "eval" events
         self.leader_done_at: float | None = None
+        self.trainer_options = options    # what the trainers are told (with_evaluator when there is one)
+        self.evaluated_step: int | None = None    # the evaluator's newest evaluated checkpoint step
 
     def interrupt(self) -> None:
         """Checkpoint on stop: the leader (async chief, sync-ps worker 0) gets SIGTERM first and
@@ -103,6 +110,8 @@ class Supervisor(JobExecutor):
     def new_job(self):
         self.leader = leader_task(self.plan)
         self.checkpoint_dir = self.options.checkpoint_dir or default_checkpoint_dir(self.plan, self.job)
+        if self.plan.evaluator_tasks:
+            self.trainer_options = with_evaluator(self.options)
         return super().new_job().updated(checkpoint_dir=self.checkpoint_dir)
 
     def watchdog(self) -> core.Watchdog:
@@ -118,12 +127,19 @@ class Supervisor(JobExecutor):
             self.reporter.emit("phase", name="sync", detail=f"job {self.job.name}")
             sync_files(self.plan, self.pool, self.reporter, job_files(self.job, self.plan), self.root)
         check_ports_free(self.plan.training_tasks, self.pool, self.plan)
+        check_checkpoints_shared(self.plan, self.pool, self.checkpoint_dir, self.leader, self.plan.evaluator_tasks)
 
     def launch_group(self) -> None:
         self.watch_servers()
         self.reporter.emit("phase", name="train", detail=f"{self.job.name} on {self.name!r} ({self.plan.mode}, "
                                                           f"{len(self.plan.tasks_of('worker'))} worker(s))")
-        self.launch_many(self.plan.training_tasks, lambda task: self.launch_train(task, resume=self.options.resume))
+        tasks = self.plan.training_tasks + self.plan.evaluator_tasks
+        self.launch_many(tasks, lambda task: self.launch_train(task, resume=self.options.resume))
+        for evaluator in self.plan.evaluator_tasks:
+            cadence = self.trainer_options.checkpoint_every
+            self.reporter.emit("message", text=f"{evaluator.name} evaluates each checkpoint in {self.checkpoint_dir} "
+                                               + (f"(every {cadence} steps)" if cadence else
+                                                  "(only the final one: give --checkpoint-every or --eval-every)"))
 
     def relaunch(self, task: TaskSpec) -> Watched:
         return self.launch_train(task, resume=True)
@@ -134,7 +150,7 @@ class Supervisor(JobExecutor):
         record = ProcessRecord(key=f"{task.name}#j{self.job_id}.{attempt}", task=task.name, host=task.host,
                                kind="train", attempt=attempt, log=log, exit_file=log + ".exit", events=events)
         argv = train_argv(task, job_path=job_path_on(self.plan.host(task.host), self.job, self.plan, self.root),
-                          events_path=events, checkpoint_dir=self.checkpoint_dir, options=self.options,
+                          events_path=events, checkpoint_dir=self.checkpoint_dir, options=self.trainer_options,
                           resume=resume)
         self.tails[record.key] = EventTail(events)
         return self.launch(task, record, argv=argv, env=task_env(task, self.secrets, standing=False), kind=ProcessKind.TRAIN,
@@ -147,7 +163,11 @@ class Supervisor(JobExecutor):
                                    trainers=[t.name for t in self.plan.training_tasks])
 
     def complete(self, now: float) -> bool:
+        final_step = self.result.get("global_step") if self.result else None
         for watched in self.watched.values():
+            if (watched.task.role == "evaluator" and final_step is not None and self.evaluated_step is not None
+                    and self.evaluated_step >= final_step):
+                watched.finished = True   # it evaluated the final checkpoint: stopped below if still up
             if watched.kind is ProcessKind.TRAIN and watched.done and watched.view().clean_exit:
                 if watched.task.name == self.leader.name:
                     self.leader_done_at = self.leader_done_at or now
@@ -214,15 +234,8 @@ class Supervisor(JobExecutor):
                 self.reporter.emit("job", **self.job_record())
             if self.plan.mode != Mode.ASYNC:
                 self.reporter.emit("job", worker_progress=(watched.task.name, info))
-        elif kind == "eval" and is_leader:
-            # Seconds since `train` started, on this machine's clock: what time-to-accuracy means.
-            self.evals.append({"step": event.get("step"), "val_loss": event.get("val_loss"),
-                               "val_accuracy": event.get("val_accuracy"), "seconds": round(now - self.began, 2)})
-            self.set_job(val_accuracy=event.get("val_accuracy"), val_step=event.get("step"))
-            job, step = self.progress, event.get("step")
-            # epochs are linear in steps (roles.plan.TrainPlan.epoch_at): scale the last progress's
-            epoch = round(job.epoch * step / job.step, 4) if job.epoch and job.step and step is not None else None
-            self.reporter.emit("eval", **self.evals[-1], epoch=epoch)
+        elif kind == "eval" and (is_leader or watched.task.role == "evaluator"):
+            self.on_eval(watched.task.name, event, now)
         elif kind == "checkpoint" and is_leader:
             self.set_job(checkpoint=event.get("path"), checkpoint_step=event.get("step"))
         elif kind == "done":
@@ -231,6 +244,49 @@ class Supervisor(JobExecutor):
                 self.result = event
         elif kind == "error":
             watched.error = event.get("message")
+
+
+    def on_eval(self, task: str, event: dict, now: float) -> None:
+        step = event.get("step")
+        if task != self.leader.name:
+            if any(e["task"] == task and e["step"] == step for e in self.evals):
+                return        # a restarted evaluator evaluates the latest checkpoint again
+            self.evaluated_step = max(self.evaluated_step or 0, step or 0)
+        # Seconds since `train` started, on this machine's clock: what time-to-accuracy means.
+        self.evals.append({"step": step, "val_loss": event.get("val_loss"), "val_accuracy": event.get("val_accuracy"),
+                           "seconds": round(now - self.began, 2), "task": task})
+        shown = self.progress.val_step
+        if shown is None or (step is not None and step >= shown):     # an older checkpoint's result comes late
+            self.set_job(val_accuracy=event.get("val_accuracy"), val_step=step)
+        job = self.progress
+        # epochs are linear in steps (roles.plan.TrainPlan.epoch_at): scale the last progress's
+        epoch = round(job.epoch * step / job.step, 4) if job.epoch and job.step and step is not None else None
+        self.reporter.emit("eval", task=task, step=step, val_loss=event.get("val_loss"),
+                           val_accuracy=event.get("val_accuracy"), seconds=self.evals[-1]["seconds"], epoch=epoch)
+
+
+def check_checkpoints_shared(plan, pool: TransportPool, checkpoint_dir: str, leader: TaskSpec,
+                             evaluators: tuple[TaskSpec, ...]) -> None:
+    """Before the job starts: an evaluator on another host than the leader must see the very folder
+    the leader writes its checkpoints to (a shared filesystem: an NFS home, a cluster filesystem).
+    Each host marks or reads the folder's id (hostctl ``fsid``, as code sync does for workdirs).
+
+    Raises:
+        UsageError: the evaluator's host sees another folder, or none (exit 2, naming both).
+    """
+    for evaluator in evaluators:
+        if evaluator.host == leader.host:
+            continue      # one host, one filesystem
+        seen = {}
+        for task in (leader, evaluator):
+            host = plan.host(task.host)
+            seen[task.host] = hostops.fsid(pool.get(host), path_on(host, checkpoint_dir))
+        if seen[leader.host] != seen[evaluator.host]:
+            raise UsageError(f"{evaluator.name} on {evaluator.host} cannot read the checkpoints {leader.name} writes "
+                             f"on {leader.host}: {checkpoint_dir} is not one shared folder ({leader.host}: "
+                             f"{seen[leader.host][0]}, {evaluator.host}: {seen[evaluator.host][0]})",
+                             hint=f"give --checkpoint-dir a folder on a filesystem both hosts share (an NFS home), "
+                                  f"or put the evaluator on {leader.host}")
 
 
 def check_ports_free(tasks, pool: TransportPool, plan) -> None:

@@ -9,7 +9,7 @@ machine's checkout. Training processes are ``python -m roles.train --mode MODE -
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from roles.plan import TrainerSettings
@@ -116,9 +116,25 @@ def _value(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def with_evaluator(options: TrainOptions) -> TrainOptions:
+    """The trainers' options when a side-car evaluator evaluates each checkpoint: they never
+    evaluate periodically (the workers never pause for it), and ``--eval-every N`` asks for a
+    checkpoint every N steps instead, unless ``--checkpoint-every`` is given. The trainers' final
+    evaluation stays (the report's ``val_accuracy``, whatever becomes of the evaluator)."""
+    return replace(options, eval_every=None, checkpoint_every=options.checkpoint_every or options.eval_every)
+
+
 def leader_task(plan: ClusterPlan) -> TaskSpec:
     """The task that drives the job and keeps checkpoints: the chief in async mode, else worker 0."""
     return plan.task("chief:0") if plan.mode == "async" else plan.task("worker:0")
+
+
+def path_on(host: HostSpec, path: str) -> str:
+    """``path`` as a job process on ``host`` reads it: relative paths start at the host's workdir
+    (the processes' working directory); ``~`` is the host's home."""
+    if path.startswith(("/", "~")):
+        return path
+    return f"{host.workdir.rstrip('/')}/{path}"
 
 
 def default_checkpoint_dir(plan: ClusterPlan, job: JobRef) -> str:

@@ -30,7 +30,10 @@ Field meanings:
   worker ran each closure; sync: this worker only).
 * ``eval``: the chief's test-set evaluation at ``step``: every ``--eval-every`` steps
   and once at the end (the same numbers as ``done``). In async mode training goes on
-  while the chief evaluates, so ``step`` is the step when evaluation began.
+  while the chief evaluates, so ``step`` is the step when evaluation began. The side-car
+  evaluator (``evaluator:0``, roles/evaluate.py) writes ``start``, one ``eval`` per
+  checkpoint it evaluated (``step`` = the checkpoint's step), ``done`` (its last
+  evaluation; ``examples_per_second`` null) and ``error``.
 * ``checkpoint.path``: the checkpoint prefix as the chief sees it (relative paths
   stay relative to the chief's working directory).
 * ``done``: ``wall_seconds`` from process start (including TensorFlow's import) to

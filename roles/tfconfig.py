@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from typing import Mapping
 
 
+EVALUATOR = "evaluator"
+
+
 class ConfigError(ValueError):
     """The environment or command line does not describe a runnable task."""
 
@@ -47,6 +50,11 @@ class TaskInfo:
     def address(self) -> str:
         return self.cluster[self.task_type][self.task_index]
 
+    @property
+    def is_evaluator(self) -> bool:
+        """The side-car evaluator: outside the cluster (TF_CONFIG names it, the cluster does not)."""
+        return self.task_type == EVALUATOR
+
     def cluster_dict(self) -> dict[str, list[str]]:
         """A plain dict, the form ``tf.train.ClusterSpec`` accepts."""
         return {job: list(addrs) for job, addrs in self.cluster.items()}
@@ -79,6 +87,11 @@ def parse_tf_config(raw: str | None) -> TaskInfo:
         parsed[job] = tuple(addrs)
     task_type = task.get("type")
     task_index = task.get("index", 0)
+    if task_type == EVALUATOR:
+        # TensorFlow's convention: the evaluator is not part of the cluster it evaluates.
+        if not isinstance(task_index, int) or task_index < 0:
+            raise ConfigError(f"TF_CONFIG.task.index {task_index!r} must be an integer >= 0")
+        return TaskInfo(cluster=parsed, task_type=task_type, task_index=task_index)
     if not isinstance(task_type, str) or task_type not in parsed:
         raise ConfigError(
             f"TF_CONFIG.task.type {task_type!r} is not a job of the cluster {sorted(parsed)}")

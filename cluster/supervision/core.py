@@ -24,6 +24,9 @@ from ..contracts import Mode, ProcessKind, ProcState, RestartPolicy, Role
 
 FROZEN_AFTER = 5.0          # a process stopped (SIGSTOP) this long counts as failed
 LEADER_LINGER = 30.0        # after the leader finished, others get this long to end by themselves
+# After the leader finished, the side-car evaluator gets this long to evaluate the final
+# checkpoint (it may be busy with an older one; a CNN pass over MNIST's test split takes seconds).
+EVALUATOR_LINGER = 120.0
 MAX_BACKOFF = 30.0
 
 
@@ -49,6 +52,11 @@ class Proc:
     @property
     def ended(self) -> bool:
         return self.state in (ProcState.EXITED, ProcState.GONE)
+
+    @property
+    def is_evaluator(self) -> bool:
+        """``train``'s side-car evaluator: a job process outside the training group."""
+        return self.role is Role.EVALUATOR and self.kind is ProcessKind.TRAIN
 
     @property
     def clean_exit(self) -> bool:
@@ -146,7 +154,8 @@ def _stall(procs: Sequence[Proc], *, now: float, watch: Watchdog) -> Incident | 
     leader = next((p for p in reversed(procs) if p.task == watch.leader and p.kind is ProcessKind.TRAIN), None)
     if leader is None or not leader.started or leader.done or now - leader.last_event <= watch.stall_after:
         return None
-    training = [p for p in procs if p.kind is ProcessKind.TRAIN]
+    # The evaluator is silent between checkpoints by design, and blocks no collective.
+    training = [p for p in procs if p.kind is ProcessKind.TRAIN and not p.is_evaluator]
     culprit = min(training, key=lambda p: p.last_event)
     return Incident(IncidentKind.STALLED, culprit,
                     f"stopped making progress ({now - culprit.last_event:.0f} s without an event)")
@@ -172,6 +181,7 @@ class Action(str, Enum):
     RESTART = "restart"
     FAIL = "fail"          # the job fails with the incident as its root cause
     ACCEPT = "accept"      # a clean exit that may no longer be restarted stands (run --restart-policy always)
+    GIVE_UP = "give-up"    # the evaluator is stopped and left out; training goes on without it
 
 
 @dataclass(frozen=True)
@@ -187,8 +197,16 @@ def verdict(rules: RestartRules, incident: Incident, used: int) -> Verdict:
     ``never`` fails at the first incident; ``on-failure`` restarts anything but a clean exit
     (a standing server or a training process that exits 0 without finishing fails the job);
     ``always`` restarts clean exits too. A task whose budget is used fails the job, except that
-    a program's clean exit then simply stands.
+    a program's clean exit then simply stands. The side-car evaluator never fails the job:
+    where any other task would, it is given up (training does not depend on it).
     """
+    decided = _verdict(rules, incident, used)
+    if decided.action is Action.FAIL and incident.proc.is_evaluator:
+        return Verdict(Action.GIVE_UP, why=decided.why or "it exited 0 before the job ended")
+    return decided
+
+
+def _verdict(rules: RestartRules, incident: Incident, used: int) -> Verdict:
     if rules.policy is RestartPolicy.NEVER:
         return Verdict(Action.FAIL, why="restart policy 'never'")
     if rules.policy is RestartPolicy.ON_FAILURE and incident.clean_exit:
@@ -232,6 +250,9 @@ def train_recovery(mode: Mode, failed: Proc, procs: Iterable[Proc], *, hosts: Se
     """
     procs = list(procs)
     mode = Mode(mode)
+    if failed.is_evaluator:
+        # It only reads checkpoints: restarted alone, in every mode; training never waits for it.
+        return Recovery(wait_hosts=(failed.host,), stop=(failed.key,), relaunch=(failed.task,))
     if mode is Mode.ASYNC and failed.kind is ProcessKind.SERVER:
         # A worker's server rejoins the coordinator by itself; a ps restarts empty and the
         # coordinator then fails on its own (its variables are gone) and is restarted below.
@@ -239,7 +260,7 @@ def train_recovery(mode: Mode, failed: Proc, procs: Iterable[Proc], *, hosts: Se
     if mode is Mode.ASYNC:
         return Recovery(wait_hosts=tuple(hosts), stop=(failed.key,), ensure_servers=True,
                         relaunch=(failed.task,))
-    group = [p.key for p in procs if p.kind is ProcessKind.TRAIN]
+    group = [p.key for p in procs if p.kind is ProcessKind.TRAIN and not p.is_evaluator]
     if mode is Mode.SYNC:
         # MultiWorkerMirroredStrategy has no elasticity: the whole group restarts.
         return Recovery(wait_hosts=tuple(hosts), stop=tuple(group), relaunch=tuple(trainers))
@@ -279,15 +300,18 @@ class TrainOutcome:
 
 
 def train_outcome(procs: Sequence[Proc], *, leader: str, leader_done_at: float | None, now: float,
-                  linger: float = LEADER_LINGER) -> TrainOutcome:
+                  linger: float = LEADER_LINGER, evaluator_linger: float = EVALUATOR_LINGER) -> TrainOutcome:
     """A training job is complete once its leader finished and every other training process
-    ended too, or ``linger`` seconds after the leader finished (the stragglers are stopped)."""
+    ended too, or ``linger`` seconds after the leader finished (the stragglers are stopped).
+    The evaluator is waited for until it finished (it evaluated the final checkpoint) or for
+    ``evaluator_linger`` seconds, then stopped."""
     if leader_done_at is None:
         return TrainOutcome(False)
     others = [p for p in procs if p.kind is ProcessKind.TRAIN and p.task != leader and not p.finished and not p.ended]
     if not others:
         return TrainOutcome(True)
-    if now - leader_done_at > linger:
+    waited = now - leader_done_at
+    if all(waited > (evaluator_linger if p.is_evaluator else linger) for p in others):
         return TrainOutcome(True, stop=tuple(p.key for p in others))
     return TrainOutcome(False)
 

@@ -384,6 +384,9 @@ class JobExecutor:
             if verdict.action is core.Action.ACCEPT:
                 watched.finished = True
                 return
+            if verdict.action is core.Action.GIVE_UP:
+                self.give_up(watched, f"{reason}; {verdict.why}")
+                return
             if verdict.action is core.Action.FAIL:
                 if verdict.why and verdict.why.startswith("restart budget"):
                     raise self.fail(exhausted(error, watched.task, self.rules.max_restarts))
@@ -405,6 +408,13 @@ class JobExecutor:
         self.reporter.emit("task-restarted", task=proc.task, host=proc.host, detail=f"restart {used + 1}")
         self.announce("restarted", {"task": proc.task, "host": proc.host, "reason": reason, "restart": used + 1,
                                     "max_restarts": self.rules.max_restarts})
+
+    def give_up(self, watched: Watched, why: str) -> None:
+        """Leave a task out of the rest of the job (the evaluator: training does not need it)."""
+        self.forget_and_stop([watched])
+        text = f"{watched.task.name} given up ({why}); training goes on without it"
+        self.reporter.emit("message", level="warning", text=text)
+        self.set_job(message=text)
 
     def count_restart(self, task: str, *, message: str | None = None) -> None:
         """One more restart of ``task``: in this job's budget and in the cluster's lifetime count."""

@@ -99,6 +99,16 @@ def test_sync_stall_blames_the_least_recent_reporter():
     assert find_incident([finished, quiet], now=500.0, watch=watch) is None      # leader done: no stall
 
 
+def test_a_quiet_evaluator_is_not_blamed_for_a_stall():
+    watch = Watchdog(stall_after=90.0, leader="worker:0")
+    leader = proc("worker:0", started=True, last_event=100.0)
+    peer = proc("worker:1", started=True, last_event=95.0)
+    evaluator = proc("evaluator:0", started=True, last_event=10.0)       # waits for checkpoints
+    assert find_incident([leader, peer, evaluator], now=150.0, watch=watch) is None
+    incident = find_incident([leader, peer, evaluator], now=191.0, watch=watch)
+    assert incident.kind is IncidentKind.STALLED and incident.proc == peer
+
+
 # ----------------------------------------------------------------------------- restart policy and budget
 
 def incident(failed: Proc) -> Incident:
@@ -116,6 +126,13 @@ def incident(failed: Proc) -> Incident:
     ("always", exited("chief:0", code=0), 3, Action.FAIL, 0.0, "restart budget exhausted (3 restart(s) used)"),
     ("always", exited("worker:0", PROGRAM, code=0), 3, Action.ACCEPT, 0.0, None),  # run: the clean exit stands
     ("always", exited("worker:0", PROGRAM, code=1), 3, Action.FAIL, 0.0, "restart budget exhausted (3 restart(s) used)"),
+    # the evaluator is restarted like any task, but where another task would fail the job it is given up
+    ("on-failure", exited("evaluator:0"), 0, Action.RESTART, 1.0, None),
+    ("never", exited("evaluator:0"), 0, Action.GIVE_UP, 0.0, "restart policy 'never'"),
+    ("on-failure", exited("evaluator:0"), 3, Action.GIVE_UP, 0.0, "restart budget exhausted (3 restart(s) used)"),
+    ("on-failure", exited("evaluator:0", code=0), 0, Action.GIVE_UP, 0.0, "it exited 0 before the job ended"),
+    ("on-failure", exited("evaluator:0", PROGRAM), 0, Action.RESTART, 1.0, None),     # run: a program like any
+    ("never", exited("evaluator:0", PROGRAM), 0, Action.FAIL, 0.0, "restart policy 'never'"),
 ])
 def test_verdict(policy, failed, used, action, delay, why):
     result = verdict(RestartRules(RestartPolicy(policy), max_restarts=3), incident(failed), used)
@@ -130,6 +147,7 @@ def test_backoff_doubles_and_is_capped():
 # ----------------------------------------------------------------------------- the recovery table
 
 HOSTS = ("h1", "h2", "h3")
+EVALUATOR = proc("evaluator:0", TRAIN, "h3")
 ASYNC_SERVERS = ("ps:0", "ps:1", "worker:0", "worker:1")
 
 
@@ -168,11 +186,26 @@ def syncps_procs():
     ("sync-ps", syncps_procs(), "ps:1",
      Recovery(wait_hosts=HOSTS, stop=("worker:0#1", "worker:1#1", "worker:2#1", "ps:0#1", "ps:1#1"),
               restart_servers=("ps:0", "ps:1"), relaunch=("worker:0", "worker:1", "worker:2"))),
+    # any | the evaluator: restarted alone on its host; training goes on
+    ("async", async_procs() + [EVALUATOR], "evaluator:0",
+     Recovery(wait_hosts=("h3",), stop=("evaluator:0#1",), relaunch=("evaluator:0",))),
+    ("sync", sync_procs() + [EVALUATOR], "evaluator:0",
+     Recovery(wait_hosts=("h3",), stop=("evaluator:0#1",), relaunch=("evaluator:0",))),
+    ("sync-ps", syncps_procs() + [EVALUATOR], "evaluator:0",
+     Recovery(wait_hosts=("h3",), stop=("evaluator:0#1",), relaunch=("evaluator:0",))),
+    # sync | a worker, with an evaluator: the group restarts, the evaluator is left running
+    ("sync", sync_procs() + [EVALUATOR], "worker:1",
+     Recovery(wait_hosts=HOSTS, stop=("worker:0#1", "worker:1#1", "worker:2#1"),
+              relaunch=("worker:0", "worker:1", "worker:2"))),
+    # sync-ps | a ps, with an evaluator: the same
+    ("sync-ps", syncps_procs() + [EVALUATOR], "ps:0",
+     Recovery(wait_hosts=HOSTS, stop=("worker:0#1", "worker:1#1", "worker:2#1", "ps:0#1", "ps:1#1"),
+              restart_servers=("ps:0", "ps:1"), relaunch=("worker:0", "worker:1", "worker:2"))),
 ])
 def test_train_recovery_table(mode, procs, failed, expected):
     victim = next(p for p in procs if p.task == failed)
     servers = [p.task for p in procs if p.kind is SERVER]
-    trainers = [p.task for p in procs if p.kind is TRAIN]
+    trainers = [p.task for p in procs if p.kind is TRAIN and not p.is_evaluator]   # plan.training_tasks
     assert train_recovery(Mode(mode), victim, procs, hosts=HOSTS, servers=servers, trainers=trainers) == expected
 
 
@@ -206,6 +239,18 @@ def test_training_completes_when_the_leader_finished_and_the_others_ended():
     assert train_outcome([leader, finished], leader="worker:0", leader_done_at=10.0, now=11.0).complete
     servers = [leader, proc("ps:0", SERVER)]                      # standing servers do not hold it up
     assert train_outcome(servers, leader="worker:0", leader_done_at=10.0, now=11.0).complete
+
+
+@pytest.mark.parametrize("evaluator, now, complete, stop", [
+    (proc("evaluator:0"), 41.0, False, ()),                          # past the trainers' linger: still waited for
+    (proc("evaluator:0"), 131.0, True, ("evaluator:0#1",)),          # past its own: stopped
+    (proc("evaluator:0", finished=True), 11.0, True, ()),            # evaluated the final checkpoint
+    (exited("evaluator:0", code=0, done=True), 11.0, True, ()),      # ... and exited by itself
+])
+def test_training_waits_for_the_evaluator_to_evaluate_the_final_checkpoint(evaluator, now, complete, stop):
+    leader = exited("chief:0", code=0, done=True)
+    outcome = train_outcome([leader, evaluator], leader="chief:0", leader_done_at=10.0, now=now)
+    assert (outcome.complete, outcome.stop) == (complete, stop)
 
 
 @pytest.mark.parametrize("procs, finished", [

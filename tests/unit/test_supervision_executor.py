@@ -106,3 +106,19 @@ def test_a_restart_is_announced_as_a_job_state_change(job):
                            "time": 1700000000.0,
                            "report": {"task": "worker:0", "host": "localhost", "reason": "exited with code 1",
                                       "restart": 1, "max_restarts": 2}}
+
+
+@pytest.mark.parametrize("policy", [RestartPolicy.NEVER, RestartPolicy.ON_FAILURE])
+def test_a_failed_evaluator_is_given_up_and_the_job_goes_on(job, policy):
+    executor, _, sleeps = job
+    executor.rules = replace(executor.rules, policy=policy)
+    executor.state.job = executor.progress.updated(restarts={"evaluator:0": 2})    # on-failure: budget spent
+    trainer = executor.watched.pop("worker:0#j2.1")
+    evaluator = replace(trainer.task, role="evaluator", index=0)
+    record = replace(trainer.record, key="evaluator:0#j2.1", task="evaluator:0", kind="train")
+    executor.watched[record.key] = Watched(evaluator, record, ProcessKind.TRAIN, launched=90.0,
+                                           state=ProcState.EXITED, exit_code=1)
+    executor.handle(incident_of(executor))               # no JobFailed
+    assert executor.watched == {} and sleeps == [] and not executor.recoveries
+    given_up = [e for e in executor.reporter.events if e.kind == "message" and "given up" in e.data["text"]]
+    assert given_up and "training goes on without it" in executor.state.job.message
