@@ -10,6 +10,7 @@ Unreachable hosts are reported and keep their records, so a later ``down`` finis
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -371,6 +372,22 @@ def _roll_back(plan: ClusterPlan, store: StateStore, state: RunState, pool: Tran
         store.save(state)
 
 
+def _forget_pid_files(plan: ClusterPlan, records: Sequence[ProcessRecord], pool: TransportPool) -> None:
+    """Remove the pid files of stopped processes, as ``down`` leaves a host: nothing of the
+    cluster running, no file naming its processes. Best effort: a pid file left behind (a
+    host that failed just now) is harmless, every reader checks the process's start time and
+    the next start of that task replaces it. ``.cancel`` markers stay: they must outlive a
+    start that is still on its way."""
+    grouped = records_by_host(records)
+
+    def one(host: str) -> None:
+        with contextlib.suppress(PsclusterError):
+            hostops.remove(pool.get(plan.host(host)), sorted({record.log + ".pid" for record in grouped[host]}))
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(grouped)))) as executor:
+        list(executor.map(one, grouped))
+
+
 @dataclass
 class DownResult:
     name: str
@@ -403,6 +420,9 @@ def bring_down(name: str, *, store: StateStore, reporter: Reporter, grace: float
         stopped, errors = stop_records(state.plan, live, pool, reporter, grace=grace)
         if state.firewall:
             errors.update(remove_rules(state, pool, reporter))
+        if not errors:
+            _forget_pid_files(state.plan, [record for record in state.processes if record.stopped or
+                                           record.key in {done.key for done in stopped}], pool)
         with store.lock(name):
             for record in stopped:
                 state.replace_record(record)
