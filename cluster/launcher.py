@@ -363,6 +363,9 @@ def _roll_back(plan: ClusterPlan, store: StateStore, state: RunState, pool: Tran
     if state.firewall:
         errors.update(remove_rules(state, pool, reporter))
     with store.lock(plan.name):
+        if not state.processes and not state.firewall and not errors:
+            store.delete(plan.name)   # failed before any start (code sync): nothing to show or stop
+            return
         for record in stopped:
             state.replace_record(record)
         state.phase = "failed"

@@ -747,6 +747,15 @@ class Lab:
         _run([IP, "link", "set", h.veth_root, "up"])
         self._cut.discard(h.name)
 
+    def throttle(self, name: str, rate: str = "4mbit") -> None:
+        """Slow link to the host (tbf on its root-side veth: traffic towards the host)."""
+        h = self.host(name)
+        _run(["tc", "qdisc", "replace", "dev", h.veth_root, "root", "tbf", "rate", rate,
+              "burst", "32kbit", "latency", "400ms"])
+
+    def unthrottle(self, name: str) -> None:
+        _run(["tc", "qdisc", "del", "dev", self.host(name).veth_root, "root"], check=False)
+
     def heal_all(self) -> None:
         for name in list(self._cut):
             self.heal(name)
