@@ -428,24 +428,88 @@ def _ansible_bool(raw: _Raw, path: KeyPath, value: Any) -> bool:
     raise _err(raw, path, f"expected true or false, got {_describe(value)}")
 
 
-def _ssh_jumps(raw: _Raw, path: KeyPath, value: Any) -> tuple[str, ...]:
-    """The ProxyJump hops in an ssh argument string (-J HOPS, -o ProxyJump=HOPS)."""
+# ssh's own option letters that take an argument (its getopt string), so "-i key" is one option.
+_SSH_ARG_LETTERS = frozenset("bcDeEFiIJlLmOopPQRSwWB")
+
+
+def _ssh_options(raw: _Raw, path: KeyPath, value: Any) -> list[tuple[str, str, str]]:
+    """Split an ssh argument string into options: (as written, lower-case name, value).
+
+    ``-o Key=Value``, ``-oKey=Value`` and ``-o "Key Value"`` give the option's name; a flag
+    (``-C``, ``-vv``) or a letter with an argument (``-i FILE``, ``-J HOPS``) gives ``-X``.
+    """
     text = _as_str(raw, path, value, "ssh arguments")
     try:
         words = shlex.split(text)
     except ValueError as exc:
         raise _err(raw, path, f"cannot split the ssh arguments: {exc}") from None
+    options: list[tuple[str, str, str]] = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        index += 1
+        if not word.startswith("-") or len(word) < 2:
+            options.append((word, word.lower(), ""))        # a stray word: reported as it is
+            continue
+        letters = word[1:]
+        while letters:
+            letter, letters = letters[0], letters[1:]
+            if letter not in _SSH_ARG_LETTERS:
+                options.append((f"-{letter}", f"-{letter}", ""))
+                continue
+            argument = letters
+            if not argument and index < len(words):
+                argument = words[index]
+                index += 1
+            letters = ""
+            if letter == "o":
+                name, _, setting = argument.replace("=", " ", 1).partition(" ")
+                options.append((f"-o {argument}", name.strip().lower(), setting.strip()))
+            else:
+                options.append((f"-{letter} {argument}", f"-{letter}", argument))
+    return options
+
+
+def _jump_hops(name: str, setting: str) -> tuple[str, ...] | None:
+    """The hops of a ProxyJump option (None if the option is something else)."""
+    if name not in ("proxyjump", "-J"):
+        return None
+    if setting.lower() == "none":
+        return ()
+    return tuple(hop.strip() for hop in setting.split(",") if hop.strip())
+
+
+def _ssh_jumps(raw: _Raw, path: KeyPath, value: Any) -> tuple[str, ...]:
+    """The ProxyJump hops in an ssh argument string (-J HOPS, -o ProxyJump=HOPS)."""
     hops: list[str] = []
-    for index, word in enumerate(words):
-        following = words[index + 1] if index + 1 < len(words) else ""
-        option = following if word == "-o" else word[2:] if word.startswith("-o") else ""
-        key, _, setting = option.partition("=")
-        if word == "-J" or word.startswith("-J") and len(word) > 2:
-            setting = following if word == "-J" else word[2:]
-            key = "proxyjump"
-        if key.strip().lower() == "proxyjump" and setting.strip().lower() != "none":
-            hops.extend(hop.strip() for hop in setting.split(",") if hop.strip())
+    for _, name, setting in _ssh_options(raw, path, value):
+        hops.extend(_jump_hops(name, setting) or ())
     return tuple(hops)
+
+
+# ssh options that turn host-key checking off: pscluster keeps it on whatever they say.
+_HOST_KEY_OFF = {"stricthostkeychecking": ("no", "off", "false"),
+                 "userknownhostsfile": ("/dev/null",)}
+
+
+def _warn_ssh_options(raw: _Raw, path: KeyPath, value: Any) -> None:
+    """Warn about every option of ansible_ssh_*_args that pscluster does not honour (all but ProxyJump)."""
+    if not isinstance(value, str):
+        return                                   # the validator names the wrong type
+    try:
+        options = _ssh_options(raw, path, value)
+    except InventoryError:
+        return                                   # the validator reports it as an error
+    for written, name, setting in options:
+        if _jump_hops(name, setting) is not None:
+            continue
+        if setting.lower() in _HOST_KEY_OFF.get(name, ()):
+            _warn(raw, path, f"ssh option {written!r} ignored: pscluster keeps host-key checking on",
+                  "set pscluster_host_key_policy: accept-new to trust a new host's key on first use")
+        else:
+            _warn(raw, path, f"ssh option {written!r} ignored: pscluster honours only ProxyJump (-J) here",
+                  "pscluster connects with paramiko, not the ssh command; of ~/.ssh/config it reads "
+                  "HostName, User, Port, IdentityFile and ProxyJump")
 
 
 def _check_key(raw: _Raw, key: str, path: KeyPath, value: Any = None) -> None:
@@ -455,6 +519,8 @@ def _check_key(raw: _Raw, key: str, path: KeyPath, value: Any = None) -> None:
     if key == "ansible_host_key_checking" and not _ansible_bool(raw, path, value):
         _warn(raw, path, "ignored: pscluster still checks host keys",
               "set pscluster_host_key_policy: accept-new to trust a new host's key on first use")
+    if key in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+        _warn_ssh_options(raw, path, value)
     if key in PASSWORD_KEYS:
         raise _err(raw, path, "passwords are not accepted in inventories",
                    hint="use key authentication (ansible_ssh_private_key_file) or an SSH agent")

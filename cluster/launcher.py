@@ -10,6 +10,7 @@ Unreachable hosts are reported and keep their records, so a later ``down`` finis
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -365,6 +366,9 @@ def _roll_back(plan: ClusterPlan, store: StateStore, state: RunState, pool: Tran
     if state.firewall:
         errors.update(remove_rules(state, pool, reporter))
     with store.lock(plan.name):
+        if not state.processes and not state.firewall and not errors:
+            store.delete(plan.name)   # failed before any start (code sync): nothing to show or stop
+            return
         for record in stopped:
             state.replace_record(record)
         state.phase = "failed"
@@ -372,6 +376,22 @@ def _roll_back(plan: ClusterPlan, store: StateStore, state: RunState, pool: Tran
         if errors:
             state.message += "\nrollback could not reach: " + ", ".join(sorted(errors))
         store.save(state)
+
+
+def _forget_pid_files(plan: ClusterPlan, records: Sequence[ProcessRecord], pool: TransportPool) -> None:
+    """Remove the pid files of stopped processes, as ``down`` leaves a host: nothing of the
+    cluster running, no file naming its processes. Best effort: a pid file left behind (a
+    host that failed just now) is harmless, every reader checks the process's start time and
+    the next start of that task replaces it. ``.cancel`` markers stay: they must outlive a
+    start that is still on its way."""
+    grouped = records_by_host(records)
+
+    def one(host: str) -> None:
+        with contextlib.suppress(PsclusterError):
+            hostops.remove(pool.get(plan.host(host)), sorted({record.log + ".pid" for record in grouped[host]}))
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(grouped)))) as executor:
+        list(executor.map(one, grouped))
 
 
 @dataclass
@@ -415,6 +435,9 @@ def bring_down(name: str, *, store: StateStore, reporter: Reporter, grace: float
             errors.update(remove_rules(state, pool, reporter))
         if daemon is not None and not wait_gone(daemon, timeout=DAEMON_EXIT_SECONDS):
             signal_supervisor(daemon, signal.SIGKILL)
+        if not errors:
+            _forget_pid_files(state.plan, [record for record in state.processes if record.stopped or
+                                           record.key in {done.key for done in stopped}], pool)
         with store.lock(name):
             for record in stopped:
                 state.replace_record(record)

@@ -156,11 +156,34 @@ def _pump(source, sink, client: socket.socket, channel) -> None:
     channel.close()
 
 
+def config_jumps(address: str, config_path: str | None = None) -> tuple[str, ...]:
+    """The ProxyJump hops an ssh config gives ``address`` (first hop first; ``none`` is none).
+
+    ``config_path`` None reads the config Fabric loaded (``~/.ssh/config``)."""
+    config = _fabric_config().base_ssh_config if config_path is None else paramiko.SSHConfig.from_path(config_path)
+    found = config.lookup(address).get("proxyjump", "")
+    return tuple(hop.strip() for hop in found.split(",") if hop.strip() and hop.strip().lower() != "none")
+
+
+def parse_hop(hop: str, default_user: str | None) -> tuple[str, int | None, str | None]:
+    """``[user@]host[:port]`` (``[v6]:port`` too) -> (address, port or None, user or the default)."""
+    user, _, rest = hop.rpartition("@")
+    if rest.startswith("["):
+        address, _, tail = rest[1:].partition("]")
+        port = tail[1:] if tail.startswith(":") else ""
+    elif rest.count(":") == 1:
+        address, _, port = rest.partition(":")
+    else:
+        address, port = rest, ""
+    return address, int(port) if port.isdigit() else None, user or default_user
+
+
 class SSHTransport(Transport):
     """Runs commands on a host over one persistent SSH connection."""
 
-    def __init__(self, host):
+    def __init__(self, host, *, ssh_config: str | None = None):
         super().__init__(host)
+        self.ssh_config = ssh_config      # an ssh config file instead of the one Fabric loads (tests)
         self._conn: fabric.Connection | None = None
         self._tunnels: dict[tuple[str, int], _Tunnel] = {}
         self._lock = threading.Lock()
@@ -210,22 +233,19 @@ class SSHTransport(Transport):
         return conn
 
     def jumps(self) -> tuple[str, ...]:
-        """ProxyJump hops: the inventory's, else ~/.ssh/config's for this host (Fabric would
-        follow the latter itself, but with AutoAddPolicy on the hop)."""
+        """ProxyJump hops: the inventory's, else the ssh config's for this host (~/.ssh/config;
+        Fabric would follow the latter itself, but with AutoAddPolicy on the hop)."""
         if self.host.jump:
             return self.host.jump
-        found = _fabric_config().base_ssh_config.lookup(self.host.address).get("proxyjump", "")
-        return tuple(hop.strip() for hop in found.split(",") if hop.strip() and hop.strip().lower() != "none")
+        return config_jumps(self.host.address, self.ssh_config)
 
     def _open(self) -> fabric.Connection:
         timeout = self.host.connect_timeout
         known_hosts = self.known_hosts_path()
         gateway = None
         for hop in self.jumps():
-            user, _, rest = hop.rpartition("@")
-            address, _, port = rest.partition(":") if rest.count(":") == 1 else (rest, "", "")
-            gateway = self._connection(address.strip("[]"), int(port) if port else None, user or self.host.user,
-                                       gateway)
+            address, port, user = parse_hop(hop, self.host.user)
+            gateway = self._connection(address, port, user, gateway)
         conn = self._connection(self.host.address, self.host.ssh_port, self.host.user, gateway)
         try:
             conn.open()

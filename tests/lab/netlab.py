@@ -355,7 +355,8 @@ class Lab:
 
     def __init__(self, n_hosts: int, root_dir: pathlib.Path, *, tag: str | None = None,
                  subnet: str = "127.77.0", first_host: int = 2,
-                 host_prefix: str = "node-", start_timeout: float = 60.0):
+                 host_prefix: str = "node-", start_timeout: float = 60.0,
+                 session_env: Mapping[str, str] | None = None):
         if n_hosts < 1:
             raise ValueError("n_hosts must be >= 1")
         if tag is not None and not _TAG_RE.match(tag):
@@ -375,6 +376,11 @@ class Lab:
         self.first_host = first_host
         self.host_prefix = host_prefix
         self.start_timeout = start_timeout
+        # Extra variables every SSH session gets (sshd SetEnv; HOME too, e.g. one shared home).
+        self.session_env = dict(session_env or {})
+        for key, value in self.session_env.items():
+            if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key) or any(c in value for c in " \t\n\"'\\"):
+                raise ValueError(f"session_env {key}={value!r}: a plain name and a value without blanks or quotes")
         self.hosts: list[LabHost] = []
         self.key_path = self.root_dir / "id_ed25519"
         self.known_hosts = self.root_dir / "known_hosts"
@@ -585,7 +591,7 @@ class Lab:
             "ClientAliveCountMax 3",
             # Debian's bash sources root's slow .bashrc for every ssh command
             # unless SHLVL is set (LAB.md).
-            "SetEnv SHLVL=1",
+            "SetEnv " + " ".join(f"{key}={value}" for key, value in {"SHLVL": "1", **self.session_env}.items()),
             "PrintMotd no",
             "PrintLastLog no",
             "X11Forwarding no",
@@ -740,6 +746,15 @@ class Lab:
         h = self.host(name)
         _run([IP, "link", "set", h.veth_root, "up"])
         self._cut.discard(h.name)
+
+    def throttle(self, name: str, rate: str = "4mbit") -> None:
+        """Slow link to the host (tbf on its root-side veth: traffic towards the host)."""
+        h = self.host(name)
+        _run(["tc", "qdisc", "replace", "dev", h.veth_root, "root", "tbf", "rate", rate,
+              "burst", "32kbit", "latency", "400ms"])
+
+    def unthrottle(self, name: str) -> None:
+        _run(["tc", "qdisc", "del", "dev", self.host(name).veth_root, "root"], check=False)
 
     def heal_all(self) -> None:
         for name in list(self._cut):

@@ -214,6 +214,48 @@ def test_ctrl_c_stops_every_process_of_a_one_shot_run(tmp_path, cleanup):
     assert_no_survivors(name)
 
 
+@pytest.mark.tf
+def test_ctrl_c_during_a_run_on_an_up_cluster_keeps_the_standing_servers(tmp_path, cleanup):
+    name, state_dir = "run-int-up", tmp_path / "state"
+    cleanup(name, state_dir)
+    up = run_cli(["up", LOCAL, "--name", name, "--port-base", port_base()], state_dir=state_dir)
+    assert up.returncode == 0, up.stderr
+    servers = {r["key"]: r["pid"] for r in state_of(state_dir, name)["processes"] if r["kind"] == "server"}
+    assert len(servers) == 4                                        # ps:0, ps:1, worker:0, worker:1 (async)
+    proc = subprocess.Popen(cli_argv(["run", "--name", name, "--", "python", "prog.py"]), cwd=program_dir(tmp_path),
+                            env=cli_env(state_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def running_programs():
+            records = [r for r in state_of(state_dir, name).get("processes", []) if r["kind"] == "run" and r["pid"]]
+            return records if records and all(os.path.exists(r["log"]) and "started" in open(r["log"]).read()
+                                               for r in records) else None
+
+        programs = wait_for(running_programs, 120, "the program to start")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert [r["task"] for r in programs] == ["chief:0"]             # async: the task without a server
+    for record in programs:                                         # the program is gone ...
+        assert not os.path.exists(f"/proc/{record['pid']}") or \
+            open(f"/proc/{record['pid']}/stat").read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    state = state_of(state_dir, name)
+    assert state["phase"] == "up"
+    assert all(r["stopped"] for r in state["processes"] if r["kind"] == "run")
+    status = run_json(["status", "--name", name], state_dir=state_dir)
+    rows = {f"{t['role']}:{t['index']}": t for t in status["tasks"] if t["kind"] == "server"}
+    assert {task: row["state"] for task, row in rows.items()} == \
+        {"ps:0": "ready", "ps:1": "ready", "worker:0": "ready", "worker:1": "ready"}   # ... the servers stay up
+    assert sorted(row["pid"] for row in rows.values()) == sorted(servers.values())     # the same processes
+    down = run_cli(["down", "--name", name], state_dir=state_dir)
+    assert down.returncode == 0, down.stderr
+    assert not (state_dir / f"{name}.json").exists()
+    assert_no_survivors(name)
+
+
 def test_down_stops_a_run_whose_orchestrator_was_killed(tmp_path, cleanup):
     name, state_dir = "run-orphan", tmp_path / "state"
     cleanup(name, state_dir)

@@ -153,6 +153,30 @@ def test_unused_ansible_keys_are_warned_with_file_line_key(tmp_path):
     assert len(inventory.warnings) == 3          # once per place, not per host; other tools' keys are fine
 
 
+def test_ssh_args_other_than_proxyjump_are_warned_one_by_one(tmp_path):
+    inventory = load(tmp_path, WORKER + "        a:\n          ansible_ssh_common_args: "
+                     "'-o StrictHostKeyChecking=no -C -o ServerAliveInterval=5 -J hop1'\n"
+                     "        b:\n          ansible_ssh_extra_args: '-oUserKnownHostsFile=/dev/null -i k.pem "
+                     "-o \"ProxyJump hop2\"'\n")
+    where_a = "inv.yaml:6: worker.hosts.a.ansible_ssh_common_args: ssh option "
+    where_b = "inv.yaml:8: worker.hosts.b.ansible_ssh_extra_args: ssh option "
+    assert [line.partition(" ignored: ")[0] for line in inventory.warnings] == [
+        where_a + "'-o StrictHostKeyChecking=no'", where_a + "'-C'", where_a + "'-o ServerAliveInterval=5'",
+        where_b + "'-o UserKnownHostsFile=/dev/null'", where_b + "'-i k.pem'"]
+    host_key_off = [0, 3]
+    for index, line in enumerate(inventory.warnings):
+        assert ("pscluster keeps host-key checking on" in line) == (index in host_key_off), line
+    assert [host.jump for host in inventory.hosts] == [("hop1",), ("hop2",)]    # ProxyJump is honoured
+
+
+def test_ssh_args_with_only_proxyjump_are_silent(tmp_path):
+    inventory = load(tmp_path, WORKER + "        a:\n          ansible_ssh_common_args: '-o ProxyJump=h1,h2'\n"
+                     "        b:\n          ansible_ssh_extra_args: '-Jh3 -o StrictHostKeyChecking=yes'\n")
+    assert [host.jump for host in inventory.hosts] == [("h1", "h2"), ("h3",)]
+    assert [line.partition(" ignored")[0] for line in inventory.warnings] == [
+        "inv.yaml:8: worker.hosts.b.ansible_ssh_extra_args: ssh option '-o StrictHostKeyChecking=yes'"]
+
+
 def test_host_key_checking_true_is_silent(tmp_path):
     assert load(tmp_path, WORKER + "        a:\n          ansible_host_key_checking: true\n").warnings == ()
 

@@ -1,0 +1,85 @@
+"""The command line `ansible_become` produces and where ProxyJump hops come from (issue 12 item 2)."""
+from __future__ import annotations
+
+import json
+
+from cluster import hostops
+from cluster.plan import HostSpec
+from cluster.transport.base import CommandResult, Transport
+from cluster.transport.ssh import SSHTransport, config_jumps, parse_hop
+
+
+def host(**changes) -> HostSpec:
+    values = dict(name="gpu-1", address="198.51.100.20", connection="ssh", ssh_port=None, user="bob",
+                  key_file=None, python="/opt/py/bin/python3", workdir="~/pscluster", host_key_policy="reject",
+                  known_hosts=None, connect_timeout=10.0)
+    values.update(changes)
+    return HostSpec(**values)
+
+
+class Recorder(Transport):
+    """Records the argv of each call and answers like hostctl would."""
+
+    def __init__(self, spec: HostSpec):
+        super().__init__(spec)
+        self.calls: list[tuple[tuple[str, ...], bytes]] = []
+
+    def run(self, argv, *, stdin=None, timeout=60.0) -> CommandResult:
+        self.calls.append((tuple(argv), stdin or b""))
+        return CommandResult(self.host.name, tuple(argv), 0, json.dumps({"ok": True}), "")
+
+    def stream(self, argv, *, stdin=None):
+        raise AssertionError("no streams here")
+
+    def put_files(self, files, *, mode=None):
+        raise AssertionError("no files here")
+
+
+def test_become_runs_every_host_operation_through_sudo_without_a_password():
+    transport = Recorder(host(become_user="alice"))
+    hostops.call(transport, "status", {"records": []})
+    (argv, stdin), = transport.calls
+    program = hostops.packed_source()
+    assert argv == ("sudo", "-n", "-H", "-u", "alice", "/opt/py/bin/python3", "-I", "-S", "-c",
+                    hostops.BOOTSTRAP, str(len(program)), "status")
+    assert stdin == program + b'{"records": []}'      # the request (and any secret) on stdin, never argv
+
+
+def test_without_become_the_interpreter_is_the_command():
+    transport = Recorder(host())
+    hostops.call(transport, "status", {})
+    assert transport.calls[0][0][:2] == ("/opt/py/bin/python3", "-I")
+    assert "sudo" not in transport.calls[0][0]
+
+
+SSH_CONFIG = """\
+Host gpu-*.lab 198.51.100.*
+    ProxyJump alice@login.example.org:2202,hop2
+Host direct.lab
+    ProxyJump none
+Host *
+    User someone
+"""
+
+
+def test_proxyjump_from_the_ssh_config_when_the_inventory_names_none(tmp_path):
+    config = tmp_path / "ssh_config"
+    config.write_text(SSH_CONFIG)
+    assert config_jumps("gpu-7.lab", str(config)) == ("alice@login.example.org:2202", "hop2")
+    assert config_jumps("direct.lab", str(config)) == ()
+    assert config_jumps("other.lab", str(config)) == ()
+    assert SSHTransport(host(), ssh_config=str(config)).jumps() == ("alice@login.example.org:2202", "hop2")
+
+
+def test_the_inventory_jump_wins_over_the_ssh_config(tmp_path):
+    config = tmp_path / "ssh_config"
+    config.write_text(SSH_CONFIG)
+    assert SSHTransport(host(jump=("root@bastion",)), ssh_config=str(config)).jumps() == ("root@bastion",)
+
+
+def test_hops_give_address_port_and_user():
+    assert parse_hop("alice@login.example.org:2202", "bob") == ("login.example.org", 2202, "alice")
+    assert parse_hop("login", "bob") == ("login", None, "bob")
+    assert parse_hop("[2001:db8::1]:2222", None) == ("2001:db8::1", 2222, None)
+    assert parse_hop("carol@[2001:db8::1]", "bob") == ("2001:db8::1", None, "carol")
+    assert parse_hop("2001:db8::1", None) == ("2001:db8::1", None, None)
