@@ -18,7 +18,7 @@ from cluster.detach import orchestrator_alive
 from cluster.progress import Orchestrator
 from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, cluster_pids, port_base, run_cli, run_json
 
-NAME = "detach-local"
+NAME = f"detach-local-{os.getpid()}"
 STEPS = 4000           # MLP, async, 2 workers: long enough to kill a worker mid-run and see it come back
 
 pytestmark = pytest.mark.tf

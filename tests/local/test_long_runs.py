@@ -15,7 +15,7 @@ import pytest
 from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, cluster_pids, port_base
 
 LOCAL = REPO / "inventories" / "local.yaml"
-NAME = "long-runs"
+NAME = f"long-runs-{os.getpid()}"  # concurrent runs of the suite never share (or kill) a cluster
 CHECKPOINT_EVERY = 320          # ten async closures of 32 steps
 
 pytestmark = pytest.mark.tf

@@ -21,7 +21,7 @@ import yaml
 
 from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, cluster_pids, port_base
 
-NAME = "notify-e2e"
+NAME = f"notify-e2e-{os.getpid()}"
 SECRET = "s3cretT0kenAbcdefgh"       # a token-like path segment: masked wherever the URL is shown
 
 pytestmark = pytest.mark.tf
