@@ -34,7 +34,7 @@ from .state import ProcessRecord, StateStore
 from .supervision import core
 from .supervision.executor import JobExecutor, JobFailed, JobInterrupted, Watched, restart_rules
 from .training import (EventTail, JobRef, TrainOptions, default_checkpoint_dir, job_files, job_path_on, job_paths,
-                       leader_task, summarize, train_argv)
+                       leader_task, summarize, summary_dir, train_argv)
 from .transport import TransportPool
 
 __all__ = ["Supervisor", "JobFailed", "JobInterrupted"]
@@ -127,9 +127,11 @@ class Supervisor(JobExecutor):
         log, events = job_paths(task, self.plan, self.job_id, attempt)
         record = ProcessRecord(key=f"{task.name}#j{self.job_id}.{attempt}", task=task.name, host=task.host,
                                kind="train", attempt=attempt, log=log, exit_file=log + ".exit", events=events)
+        # The leader writes TensorBoard summaries; the restarts before this launch are one of them.
+        summaries = summary_dir(self.plan, self.job) if task.name == self.leader.name else None
         argv = train_argv(task, job_path=job_path_on(self.plan.host(task.host), self.job, self.plan, self.root),
                           events_path=events, checkpoint_dir=self.checkpoint_dir, options=self.options,
-                          resume=resume)
+                          resume=resume, summaries=summaries, restarts=sum(self.job_restarts().values()))
         self.tails[record.key] = EventTail(events)
         return self.launch(task, record, argv=argv, env=task_env(task, self.secrets, standing=False), kind=ProcessKind.TRAIN,
                            files=(events,))

@@ -93,6 +93,7 @@ FLOAT_OPTIONS = [
     (["run", LOCAL], "--host-timeout"),
     (["run", LOCAL], "--grace"),
     (["run", LOCAL], "--timeout"),
+    (["tensorboard"], "--timeout"),
 ]
 
 
