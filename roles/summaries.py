@@ -5,7 +5,7 @@
 Scalars, one point every ``--summary-every`` global steps (the step schedule cuts chunks
 there, so points land on multiples): ``loss`` (mean over the interval), ``steps_per_second``
 and ``examples_per_second`` (over the interval; the first unit of work, which holds tracing
-and start-up, is left out of the rates), ``learning_rate`` (the run's, after --scale-lr) and
+and start-up, is left out of the rates: an interval it fills has none), ``learning_rate`` (the run's, after --scale-lr) and
 ``restarts`` (of the job before this process, from the orchestrator); at each evaluation
 ``val_loss`` and ``val_accuracy``. A last point closes a partial interval at the end or on
 stop.
