@@ -165,3 +165,40 @@ def test_hostctl_finds_event_files_a_few_folders_down(tmp_path):
     found = hostctl.op_find({"root": str(tmp_path), "contains": "tfevents", "depth": 1})
     assert found == {"root": str(tmp_path), "exists": True, "files": ["a/y.tfevents.2", "x.tfevents.1"]}
     assert hostctl.op_find({"root": str(tmp_path / "none"), "contains": "tfevents"})["exists"] is False
+
+
+def test_the_supervisor_tells_the_leader_where_to_write_and_how_many_restarts_came_before(tmp_path):
+    """Only the leader gets --summary-dir; a relaunch after a restart carries the job's count."""
+    from cluster.events import RecordingReporter
+    from cluster.inventory import load_inventory
+    from cluster.launcher import StateWriter
+    from cluster.plan import PlanOptions, plan_cluster
+    from cluster.state import RunState, StateStore
+    from cluster.supervisor import Supervisor
+    from cluster.training import TrainOptions
+    from cluster.transport import TransportPool
+    from roles.train import parse_options
+
+    from .conftest import INVENTORIES
+    plan = plan_cluster(load_inventory(str(INVENTORIES / "local.yaml")),
+                        PlanOptions(local_python="/venv/bin/python", local_workdir="/checkout", name="tb", mode="sync"))
+    store = StateStore(tmp_path / "state")
+    store.save(RunState(name="tb", plan=plan, phase="up"))
+    job = JobRef("distributed_mnist", "distributed_mnist", Path("/checkout/examples/distributed_mnist"), True)
+    supervisor = Supervisor(store=store, name="tb", job=job, options=TrainOptions(summary_every=7),
+                            reporter=RecordingReporter(), pool=TransportPool(), root=Path("/checkout"),
+                            clock=lambda: 100.0, sleep=lambda _: None, wall=lambda: 1700000000.0)
+    supervisor.state, supervisor.plan, supervisor.job_id = store.load("tb"), plan, 1
+    supervisor.writer = StateWriter(store, supervisor.state, expect_phase="up")
+    supervisor.state.job = supervisor.new_job()
+    launched = {}
+    supervisor.launch = lambda task, record, *, argv, **_: launched.setdefault(task.name, []).append(argv)
+    for task in plan.training_tasks:
+        supervisor.launch_train(task, resume=False)
+    supervisor.count_restart("worker:1")
+    supervisor.launch_train(plan.task("worker:0"), resume=True)
+    first, again = (parse_options(argv[3:]) for argv in launched["worker:0"])
+    (other,) = (parse_options(argv[3:]) for argv in launched["worker:1"])
+    assert first.summary_dir == again.summary_dir == "/checkout/.pscluster/tb/tensorboard/distributed_mnist"
+    assert (first.restarts, again.restarts) == (0, 1)
+    assert other.summary_dir is None and first.summary_every == other.summary_every == 7
