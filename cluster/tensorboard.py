@@ -103,6 +103,9 @@ class TensorBoardRun:
                              hint="train a job first ('pscluster train JOB'): its leader writes them every "
                                   "--summary-every steps")
         port = self._free_port(host.is_local)
+        # The local end first: a taken --port fails before anything starts on the host.
+        address = self.transport.forward("127.0.0.1", port, local_port=self.port) or f"127.0.0.1:{port}"
+        self.url = f"http://{address}/"
         self.writer = StateWriter(self.store, state, expect_phase="up")
         self.writer.change(lambda s: s.processes.append(self.spec.record))
         self.record = self.spec.record
@@ -111,8 +114,6 @@ class TensorBoardRun:
                                         argv=self.spec.argv(host.python, port), env=self.spec.env(self.name))
             started = self.record
             self.writer.change(lambda s: s.replace_record(started))
-            address = self.transport.forward("127.0.0.1", port, local_port=self.port) or f"127.0.0.1:{port}"
-            self.url = f"http://{address}/"
             self._wait_ready(self.url)
         except BaseException:
             self.stop()

@@ -4,6 +4,7 @@ the step schedule cutting chunks at summary boundaries, and what `pscluster tens
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,41 @@ def test_the_supervisor_tells_the_leader_where_to_write_and_how_many_restarts_ca
     assert first.summary_dir == again.summary_dir == "/checkout/.pscluster/tb/tensorboard/distributed_mnist"
     assert (first.restarts, again.restarts) == (0, 1)
     assert other.summary_dir is None and first.summary_every == other.summary_every == 7
+
+
+def test_a_tensorboard_that_exits_is_reported_with_the_install_hint_and_its_record_stopped(tmp_path, monkeypatch):
+    """TensorBoard missing on the leader's host: the module error from its log, a hint, nothing left recorded live."""
+    from cluster import hostops, tensorboard
+    from cluster.errors import HostError
+    from cluster.state import StateStore
+    from cluster.transport import TransportPool
+
+    store = StateStore(tmp_path / "state")
+    store.save(lab_state(name="tb", mode="sync"))
+    calls = []
+    monkeypatch.setattr(hostops, "find", lambda t, root, **kw: hostops.Found(root, True, ("mnist/events.out.tfevents.1",)))
+    monkeypatch.setattr(hostops, "facts", lambda t, **kw: type("F", (), {"busy_ports": ((6006, "in use"),)})())
+    monkeypatch.setattr(hostops, "start", lambda t, task, record, **kw: calls.append(("start", kw["argv"])) or
+                        replace(record, pid=11, pgid=11))
+    monkeypatch.setattr(hostops, "status", lambda t, records: {
+        records[0].key: hostops.TaskStatus(records[0].key, "exited", exit_code=1)})
+    monkeypatch.setattr(hostops, "log_tail", lambda t, path, **kw: "ModuleNotFoundError: No module named 'tensorboard'")
+    monkeypatch.setattr(hostops, "stop", lambda t, records, **kw: calls.append(("stop", [r.key for r in records])))
+    monkeypatch.setattr(tensorboard, "answers", lambda url: False)
+
+    class Forwarding:
+        def forward(self, address, port, *, local_port=0):
+            calls.append(("forward", address, port, local_port))
+            return f"127.0.0.1:{local_port}"
+
+    pool = TransportPool(factory=lambda host: Forwarding())
+    run = tensorboard.TensorBoardRun(store=store, name="tb", pool=pool, port=6006, sleep=lambda _: None)
+    with pytest.raises(HostError) as caught:
+        run.start()
+    assert "pip install 'pscluster[tensorboard]'" in (caught.value.hint or "")
+    # 6006 is taken on the SSH host: TensorBoard listens on 6007 there, the forward on 6006 here
+    assert calls[0] == ("forward", "127.0.0.1", 6007, 6006)
+    assert calls[1][0] == "start" and calls[1][1][-2:] == ["--port", "6007"]
+    assert calls[2] == ("stop", ["tensorboard#1"])
+    (record,) = [r for r in store.load("tb").processes if r.kind == "tensorboard"]
+    assert record.stopped and record.pid == 11
