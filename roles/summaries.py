@@ -11,16 +11,17 @@ and start-up, is left out of the rates: an interval it fills has none), ``learni
 stop.
 
 Why not ``tf.summary``: sync-ps trains inside a TF1 graph, where a summary op is a graph node
-that needs a session run, and TensorFlow 2.21 no longer pulls in the tensorboard package that
-provides ``tf.summary.scalar``. So the file is written with TensorFlow's own record writer
-and protos: the same event-file format (a TFRecord of ``Event`` protos, scalars as
-``simple_value``), the same in every mode, and TensorBoard is needed only on the host where
-``pscluster tensorboard`` runs it. A point costs ~12 us (measured) and is flushed at once, so
-a trainer killed without warning loses nothing written.
+that needs a session run, and tensorflow-cpu 2.21 does not pull in the tensorboard package,
+without which ``tf.summary.scalar`` raises ``TBNotInstalledError`` (checked). So the file is
+written with TensorFlow's own record writer and protos: the same event-file format (a TFRecord
+of ``Event`` protos, scalars as ``simple_value``), the same in every mode, and TensorBoard is
+needed only on the host where ``pscluster tensorboard`` runs it. A point costs ~12 us
+(measured) and is flushed at once, so a trainer killed without warning loses nothing written.
 
 Each process writes its own file; the first event after the version marks a session start at
-the step the process starts from, so TensorBoard drops the points an earlier attempt wrote
-past it (a restart resumes from the last checkpoint and redoes those steps).
+the step the process starts from, so TensorBoard's event reader drops the points an earlier
+attempt wrote past it (a restart resumes from the last checkpoint and redoes those steps; the
+TensorBoard server's fast loader instead keeps, per step, the latest point).
 """
 
 from __future__ import annotations
