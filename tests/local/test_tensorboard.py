@@ -80,7 +80,10 @@ def test_summaries_and_tensorboard_on_a_local_cluster(tmp_path):
         assert sum(losses[-3:]) < 0.6 * sum(losses[:3])
         assert {value for _, value in scalars["restarts"]} == {0.0}
         assert all(value > 0 for _, value in scalars["examples_per_second"])
-        assert [step for step, _ in scalars["val_accuracy"]] == [100, 200] and scalars["val_accuracy"][-1][1] > 0.8
+        # async evaluates when step 100 is scheduled, at the step the variables have reached by then (<= 100)
+        evaluated = [step for step, _ in scalars["val_accuracy"]]
+        assert len(evaluated) == 2 and 0 < evaluated[0] <= 100 and evaluated[1] == STEPS
+        assert scalars["val_accuracy"][-1][1] > 0.8
 
         # Served on this machine's loopback until Ctrl-C, which leaves nothing running.
         served = Served(state_dir, port)
