@@ -390,6 +390,41 @@ def down(env: Env, name: str | None, grace: float) -> None:
                   f"{hosts} host(s) in {result.seconds:.1f} s; nothing left running")
 
 
+@cli.command()
+@name_opt
+@click.option("--port", type=click.IntRange(1024, 65535), default=6006, show_default=True,
+              help="Port of the URL on this machine (TensorBoard's own on a local host).")
+@click.option("--timeout", type=SECONDS, default=120.0, show_default=True,
+              help="Seconds TensorBoard may take to answer.")
+@click.pass_obj
+def tensorboard(env: Env, name: str | None, port: int, timeout: float) -> None:
+    """Serve the jobs' TensorBoard summaries until Ctrl-C.
+
+    TensorBoard runs on the host of the job's leader (async: the chief; sync, sync-ps: worker 0),
+    bound to its loopback, on <workdir>/.pscluster/<name>/tensorboard/ (one run per job); an SSH
+    host is reached through a port forwarded over its connection. Prints the URL on stdout.
+    Ctrl-C or SIGTERM stops TensorBoard on the host (exit 130 / 143); so does 'down'.
+    """
+    import time
+    from .tensorboard import TensorBoardRun
+    resolved = env.store.resolve_name(name)
+    _existing(env, resolved)
+    with env.pool_factory() as pool:
+        board = TensorBoardRun(store=env.store, name=resolved, pool=pool, port=port, timeout=timeout)
+        env.err.print(f"starting TensorBoard for cluster {resolved!r} ...", markup=False, highlight=False)
+        try:
+            url = board.start()
+            env.out.file.write(url + "\n")
+            env.out.file.flush()
+            env.err.print(f"TensorBoard on {board.host} serves {board.spec.logdir} at {url} (Ctrl-C stops it)",
+                          markup=False, highlight=False)
+            while True:          # a host call per check: every few seconds, not more
+                time.sleep(5.0)
+                board.check()
+        finally:
+            board.stop()
+
+
 EXIT_DEADLINE = 4
 
 
@@ -426,6 +461,8 @@ class DurationParam(click.ParamType):
 @click.option("--data", help="Data file for the job, as a path on the hosts.")
 @click.option("--steps-per-execution", type=int, metavar="K", help="Steps per scheduled function / traced call.")
 @click.option("--eval-every", type=int, metavar="STEPS", help="Also evaluate on the test set every STEPS steps.")
+@click.option("--summary-every", type=click.IntRange(0), default=100, show_default=True,
+              metavar="STEPS", help="TensorBoard scalars every STEPS steps (0: none); see 'pscluster tensorboard'.")
 @click.option("--restart-policy", type=click.Choice(["never", "on-failure", "always"]), default="on-failure",
               show_default=True, help="What to do when a task fails.")
 @click.option("--max-restarts", type=click.IntRange(0, 100), default=3, show_default=True,
@@ -446,9 +483,9 @@ class DurationParam(click.ParamType):
 @replace_opt
 @click.pass_obj
 def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learning_rate, scale_lr, checkpoint_dir,
-          checkpoint_every, resume, data, steps_per_execution, eval_every, restart_policy, max_restarts, start_timeout,
-          collective_timeout, host_timeout, stop_grace, deadline, notify_urls, notify_cmds, as_json: bool, detach: bool,
-          replace: bool) -> None:
+          checkpoint_every, resume, data, steps_per_execution, eval_every, summary_every, restart_policy, max_restarts,
+          start_timeout, collective_timeout, host_timeout, stop_grace, deadline, notify_urls, notify_cmds, as_json: bool,
+          detach: bool, replace: bool) -> None:
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
     from .supervisor import Supervisor
     from .training import TrainOptions, resolve_job
@@ -459,7 +496,8 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
     options = TrainOptions(epochs=epochs, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
                            scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                            resume=resume, data=data, steps_per_execution=steps_per_execution,
-                           eval_every=eval_every, restart_policy=restart_policy, max_restarts=max_restarts, start_timeout=start_timeout,
+                           eval_every=eval_every, summary_every=summary_every, restart_policy=restart_policy,
+                           max_restarts=max_restarts, start_timeout=start_timeout,
                            collective_timeout=collective_timeout, host_timeout=host_timeout,
                            stop_grace=stop_grace, deadline=deadline)
     state = _existing(env, resolved)

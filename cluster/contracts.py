@@ -30,11 +30,12 @@ class Role(StrEnum):
 
 
 class ProcessKind(StrEnum):
-    """Who started a process: ``up`` (a standing server), ``train`` or ``run``."""
+    """Who started a process: ``up`` (a standing server), ``train``, ``run`` or ``tensorboard``."""
 
     SERVER = "server"
     TRAIN = "train"
     PROGRAM = "run"
+    TENSORBOARD = "tensorboard"
 
 
 class ProcState(StrEnum):

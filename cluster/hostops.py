@@ -244,6 +244,21 @@ def log_tail(transport: Transport, path: str, *, limit: int = 4000) -> str:
         return ""
 
 
+@dataclass(frozen=True)
+class Found:
+    """Files found under a folder on a host (paths relative to ``root``, which the host expanded)."""
+
+    root: str
+    exists: bool
+    files: tuple[str, ...]
+
+
+def find(transport: Transport, root: str, *, contains: str, depth: int = 2) -> Found:
+    """Files under ``root`` on the host whose name contains ``contains``."""
+    answer = call(transport, "find", {"root": root, "contains": contains, "depth": depth})
+    return Found(answer["root"], answer["exists"], tuple(answer["files"]))
+
+
 def hashes(transport: Transport, root: str, files: Sequence[str]) -> dict[str, str | None]:
     answer = call(transport, "hashes", {"root": root, "files": list(files)})
     return answer["hashes"]

@@ -39,7 +39,7 @@ from .state import ProcessRecord, StateStore
 from .supervision import core
 from .supervision.executor import JobExecutor, JobFailed, JobInterrupted, Watched, restart_rules
 from .training import (EventTail, JobRef, TrainOptions, default_checkpoint_dir, job_files, job_path_on, job_paths,
-                       leader_task, path_on, summarize, train_argv, with_evaluator)
+                       leader_task, path_on, summarize, summary_dir, train_argv, with_evaluator)
 from .transport import TransportPool
 
 __all__ = ["Supervisor", "JobFailed", "JobInterrupted"]
@@ -149,9 +149,14 @@ class Supervisor(JobExecutor):
         log, events = job_paths(task, self.plan, self.job_id, attempt)
         record = ProcessRecord(key=f"{task.name}#j{self.job_id}.{attempt}", task=task.name, host=task.host,
                                kind="train", attempt=attempt, log=log, exit_file=log + ".exit", events=events)
+        # The leader writes TensorBoard summaries; the restarts before this launch are one of them.
+        # A side-car evaluator that shares the leader's workdir path writes its scalars beside them
+        # (`<job>/eval`, one more run in `pscluster tensorboard`); elsewhere in <checkpoint dir>/eval.
+        shares = task.role == "evaluator" and task.workdir == self.leader.workdir
+        summaries = summary_dir(self.plan, self.job) if task.name == self.leader.name or shares else None
         argv = train_argv(task, job_path=job_path_on(self.plan.host(task.host), self.job, self.plan, self.root),
                           events_path=events, checkpoint_dir=self.checkpoint_dir, options=self.trainer_options,
-                          resume=resume)
+                          resume=resume, summaries=summaries, restarts=sum(self.job_restarts().values()))
         self.tails[record.key] = EventTail(events)
         return self.launch(task, record, argv=argv, env=task_env(task, self.secrets, standing=False), kind=ProcessKind.TRAIN,
                            files=(events,))

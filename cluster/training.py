@@ -103,7 +103,7 @@ class TrainOptions(TrainerSettings):
 
 # Trainer settings given on every command line, and those given only when set. The seed is
 # left to the trainer's default (tests/unit/test_train_contract.py checks the whole mapping).
-_ALWAYS = ("start_timeout", "stop_grace")
+_ALWAYS = ("start_timeout", "stop_grace", "summary_every")
 _IF_SET = ("epochs", "steps", "batch_size", "learning_rate", "checkpoint_every", "data",
            "steps_per_execution", "eval_every", "deadline")
 
@@ -138,14 +138,29 @@ def path_on(host: HostSpec, path: str) -> str:
 
 
 def default_checkpoint_dir(plan: ClusterPlan, job: JobRef) -> str:
-    leader = leader_task(plan)
-    return f"{leader.workdir.rstrip('/')}/.pscluster/{plan.name}/checkpoints/{job.name}"
+    return f"{run_dir(leader_task(plan), plan)}/checkpoints/{job.name}"
+
+
+def tensorboard_root(plan: ClusterPlan) -> str:
+    """The folder on the leader's host holding every job's TensorBoard summaries (one run per
+    job, as TensorBoard shows them): what ``pscluster tensorboard`` serves."""
+    return f"{run_dir(leader_task(plan), plan)}/tensorboard"
+
+
+def summary_dir(plan: ClusterPlan, job: JobRef) -> str:
+    """Where the job's leader writes its TensorBoard summaries."""
+    return f"{tensorboard_root(plan)}/{job.name}"
 
 
 def train_argv(task: TaskSpec, *, job_path: str, events_path: str, checkpoint_dir: str,
-               options: TrainOptions, resume: bool) -> list[str]:
-    """The command line of one training process."""
+               options: TrainOptions, resume: bool, summaries: str | None = None, restarts: int = 0) -> list[str]:
+    """The command line of one training process (``summaries``: the summary folder, written
+    only by the leader; ``restarts``: the job's restarts so far, a TensorBoard scalar)."""
     argv = list(task.argv) + ["--job", job_path, "--events", events_path, "--checkpoint-dir", checkpoint_dir]
+    if summaries:
+        argv += ["--summary-dir", summaries]
+    if restarts:
+        argv += ["--restarts", str(restarts)]
     for name in _ALWAYS:
         argv += [_flag(name), _value(getattr(options, name))]
     if task.role == "worker" and task.argv[-1] == "sync":
@@ -198,6 +213,8 @@ class EventTail:
 
 
 def run_dir(task: TaskSpec, plan: ClusterPlan) -> str:
+    """The cluster's run folder on ``task``'s host (``<workdir>/.pscluster/<name>``): job logs
+    and events, checkpoints and TensorBoard summaries live under it."""
     return f"{task.workdir.rstrip('/')}/.pscluster/{plan.name}"
 
 

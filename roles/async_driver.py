@@ -115,13 +115,20 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     last_checkpoint = keeper.latest() if keeper else None
     last_saved_step = -1
     first = FirstStep(deadline, meter)
+    # Steps of the closures collected so far: closures are collected in the order they were
+    # scheduled, so this is the step each one brought the job to (for TensorBoard's points).
+    finished = start_step
 
     def collect_one() -> None:
+        nonlocal finished
         remote, n = in_flight.popleft()
         loss, worker = remote.fetch()
-        if not first.counts():
-            return
+        finished += n
+        counted = first.counts()
         examples = n * plan.worker_batch_size
+        reporter.trained(finished, n, examples, float(loss), timed=counted)
+        if not counted:
+            return
         meter.add(n, examples, float(loss), [(f"worker:{int(worker)}", examples)])
         if meter.due():
             meter.maybe_emit(int(step_var.numpy()))

@@ -6,9 +6,11 @@ every mode. It joins no cluster and starts no server (TF_CONFIG names it ``evalu
 the cluster spec, as TensorFlow expects): it waits for each new checkpoint the leader writes in
 ``--checkpoint-dir``, restores the model's weights from it, evaluates the job on its test split
 and reports an ``eval`` event whose ``step`` is the checkpoint's step, and the same numbers as
-TensorBoard scalars (``val_loss``, ``val_accuracy``) in ``<checkpoint dir>/eval``, where
-Estimator kept them. So the trainers never pause to evaluate. It takes roles.train's command line (one argv builder, one parser) and
-derives the budget from it: once it has evaluated a checkpoint at or past the last step it
+TensorBoard scalars (``val_loss``, ``val_accuracy``) in ``<summary dir>/eval`` (beside the
+leader's, given when the evaluator shares the leader's workdir path) or else
+``<checkpoint dir>/eval``, where Estimator kept them. So the trainers never pause to evaluate.
+It takes roles.train's command line (one argv builder, one parser) and derives the budget
+from it: once it has evaluated a checkpoint at or past the last step it
 writes ``done`` and exits 0; after a shorter run (``--deadline``) the orchestrator stops it
 once it has reported the leader's final step.
 
@@ -127,7 +129,7 @@ def _evaluate_until_done(options: Any, task: TaskInfo, writer: EventWriter, star
     reporter = Reporter(writer, plan, is_chief=True)
     evaluation = GraphEvaluation(job, plan) if options.mode == "sync-ps" else EagerEvaluation(job, plan)
     watch = CheckpointWatch(options.checkpoint_dir, tf.train.latest_checkpoint, include_existing=options.resume)
-    summaries = EvalSummaries(tf, os.path.join(options.checkpoint_dir, SUMMARY_FOLDER))
+    summaries = EvalSummaries(tf, os.path.join(options.summary_dir or options.checkpoint_dir, SUMMARY_FOLDER))
     reporter.start(None)
     log.info("%s: evaluating each new checkpoint in %s until step %d", task.name, options.checkpoint_dir,
              plan.steps_total)

@@ -722,6 +722,24 @@ def op_connect(req):
     return {"results": results}
 
 
+def op_find(req):
+    """Files under ``root`` (at most ``depth`` folders down) whose name contains ``contains``:
+    e.g. the TensorBoard event files of a run folder, before TensorBoard is started on it."""
+    root = _expand(req["root"])
+    depth, found = req.get("depth", 2), []
+    if not os.path.isdir(root):
+        return {"root": root, "exists": False, "files": []}
+    for folder, subfolders, files in os.walk(root):
+        level = os.path.relpath(folder, root).count(os.sep) + (folder != root)
+        if level >= depth:
+            subfolders[:] = []
+        found.extend(os.path.relpath(os.path.join(folder, name), root)
+                     for name in files if req.get("contains", "") in name)
+        if len(found) >= req.get("max", 1000):
+            break
+    return {"root": root, "exists": True, "files": sorted(found)[:req.get("max", 1000)]}
+
+
 def op_remove(req):
     removed = []
     for path in req["paths"]:
@@ -761,7 +779,7 @@ def op_resolve(req):
 
 
 OPERATIONS = {"facts": op_facts, "start": op_start, "start_many": op_start_many, "status": op_status, "stop": op_stop,
-              "signal": op_signal, "read": op_read, "hashes": op_hashes, "remove": op_remove, "fsid": op_fsid, "listen": op_listen,
+              "signal": op_signal, "read": op_read, "find": op_find, "hashes": op_hashes, "remove": op_remove, "fsid": op_fsid, "listen": op_listen,
               "connect": op_connect, "unlisten": op_unlisten,
               "nft": op_nft, "watch": op_watch, "resolve": op_resolve}
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from roles.events import EventWriter
 from roles.plan import TrainPlan
+
+if TYPE_CHECKING:
+    from roles.summaries import Summaries
 
 PROGRESS_INTERVAL_SECONDS = 1.5
 
@@ -39,15 +42,32 @@ class TrainResult:
 
 
 class Reporter:
-    """Writes this task's events; ``is_chief`` gates the job-level ones."""
+    """Writes this task's events; ``is_chief`` gates the job-level ones. The chief's
+    TensorBoard ``summaries`` (roles/summaries.py), if any, hear of every finished unit of
+    work (:meth:`trained`) and every evaluation."""
 
-    def __init__(self, writer: EventWriter, plan: TrainPlan, is_chief: bool) -> None:
+    def __init__(self, writer: EventWriter, plan: TrainPlan, is_chief: bool,
+                 summaries: Summaries | None = None) -> None:
         self.writer = writer
         self.plan = plan
         self.is_chief = is_chief
+        self.summaries = summaries if is_chief else None
 
     def start(self, restored_step: int | None) -> None:
         self.writer.emit("start", **self.plan.start_fields(restored_step))
+        if self.summaries is not None:
+            self.summaries.start(restored_step or 0)
+
+    def trained(self, step: int, steps: int, examples: int, loss: float | None, *, timed: bool = True) -> None:
+        """A unit of ``steps`` steps (``examples`` examples in all) finished and brought the
+        job to ``step``; ``timed`` is False for the first unit (start-up is not throughput)."""
+        if self.summaries is not None:
+            self.summaries.trained(step, steps, examples, loss, timed=timed)
+
+    def close_summaries(self, step: int | None) -> None:
+        """End of the run (``step`` reached) or a failure (None): the last point, then close."""
+        if self.summaries is not None:
+            self.summaries.close(step)
 
     def placement(self, variables: Iterable[VariablePlacement]) -> None:
         if not self.is_chief:
@@ -62,6 +82,8 @@ class Reporter:
     def eval(self, step: int, val_loss: float | None, val_accuracy: float | None) -> None:
         if self.is_chief:
             self.writer.emit("eval", step=step, val_loss=val_loss, val_accuracy=val_accuracy)
+        if self.summaries is not None:
+            self.summaries.eval(step, val_loss, val_accuracy)
 
     def progress(self, step: int, loss: float | None, examples_per_second: float | None,
                  per_worker: dict[str, float]) -> None:

@@ -130,7 +130,9 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         n = schedule.chunk(step)
         loss = float(train_steps(iterator, tf.constant(n)))
         step += n
-        if first.counts():
+        counted = first.counts()
+        reporter.trained(step, n, n * plan.global_batch_size, loss, timed=counted)
+        if counted:
             meter.add(n, n * plan.global_batch_size, loss,
                       [(task.name, n * plan.worker_batch_size)])
             meter.maybe_emit(step)

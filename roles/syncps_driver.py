@@ -215,8 +215,10 @@ def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: Trainer
             step = previous
             break
         step = int(step)
-        if first.counts():
-            n = max(step - previous, 1)
+        n = max(step - previous, 1)
+        counted = first.counts()
+        reporter.trained(step, n, n * plan.global_batch_size, float(loss_value), timed=counted)
+        if counted:
             meter.add(n, n * plan.global_batch_size, float(loss_value),
                       [(task.name, n * plan.worker_batch_size)])
             meter.maybe_emit(step)

@@ -104,6 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
                         f"0: die at once (default {TRAINER_DEFAULTS.stop_grace:g})")
     p.add_argument("--deadline", type=float, metavar="SECONDS",
                    help="async, sync-ps: checkpoint and end SECONDS after the start ('done' short of the budget)")
+    p.add_argument("--summary-dir",
+                   help="where the chief (async) or worker 0 (sync, sync-ps) writes TensorBoard "
+                        "summaries (default: none)")
+    p.add_argument("--summary-every", type=int, default=TRAINER_DEFAULTS.summary_every, metavar="STEPS",
+                   help="one point of TensorBoard scalars every STEPS global steps; 0: none "
+                        f"(default {TRAINER_DEFAULTS.summary_every})")
+    p.add_argument("--restarts", type=int, default=0,
+                   help="restarts of the job before this process (the 'restarts' scalar)")
     p.add_argument("--seed", type=int, default=TRAINER_DEFAULTS.seed, help=argparse.SUPPRESS)
     return p
 
@@ -115,7 +123,7 @@ def parse_options(argv: Sequence[str]) -> TrainOptions:
     # named "~" appears in the workdir and the orchestrator never finds the events).
     home = {name: os.path.expanduser(value) if value else value
             for name, value in (("job", ns.job), ("events", ns.events), ("checkpoint_dir", ns.checkpoint_dir),
-                                ("data", ns.data))}
+                                ("data", ns.data), ("summary_dir", ns.summary_dir))}
     return TrainOptions(
         mode=ns.mode, job=home["job"], events=home["events"], epochs=ns.epochs, steps=ns.steps,
         batch_size=ns.batch_size, learning_rate=ns.learning_rate, scale_lr=ns.scale_lr,
@@ -123,7 +131,8 @@ def parse_options(argv: Sequence[str]) -> TrainOptions:
         resume=ns.resume, data=home["data"], eval_every=ns.eval_every,
         steps_per_execution=ns.steps_per_execution,
         start_timeout=ns.start_timeout, collective_timeout=ns.collective_timeout,
-        stop_grace=ns.stop_grace, deadline=ns.deadline, seed=ns.seed)
+        stop_grace=ns.stop_grace, deadline=ns.deadline, summary_every=ns.summary_every,
+        summary_dir=home["summary_dir"], restarts=ns.restarts, seed=ns.seed)
 
 
 def _flag(argv: Sequence[str], name: str) -> str | None:
@@ -265,11 +274,22 @@ def _train(options: TrainOptions, task: TaskInfo, writer: EventWriter,
     job = load_job(options.job)
     plan = make_plan(job, options, workers=task.num_workers)
     driver = importlib.import_module(DRIVERS[options.mode])
-    reporter = Reporter(writer, plan, is_chief(options.mode, task))
+    chief = is_chief(options.mode, task)
+    summaries = None
+    if chief and options.summary_dir and plan.summary_every:
+        from roles.summaries import Summaries
+        summaries = Summaries(options.summary_dir, plan.summary_every, plan.learning_rate, options.restarts)
+    reporter = Reporter(writer, plan, chief, summaries)
     log.info("%s: mode %s, %d worker(s), global batch %d, %d steps, lr %g, K %d",
              task.name, plan.mode, plan.workers, plan.global_batch_size,
              plan.steps_total, plan.learning_rate, plan.steps_per_execution)
-    return driver.run(job, plan, task, reporter, guardian)
+    try:
+        result = driver.run(job, plan, task, reporter, guardian)
+    except BaseException:
+        reporter.close_summaries(None)      # what was written stays (each point is flushed)
+        raise
+    reporter.close_summaries(result.global_step)
+    return result
 
 
 # Modes whose trainer ends with os._exit once its final event is written. Every

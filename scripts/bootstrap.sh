@@ -37,9 +37,9 @@ fi
 stamp=.venv/.pscluster-setup-stamp
 want=$(cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "bootstrap: installing pscluster[cpu,test] into .venv (first time: ~1 minute)"
+  echo "bootstrap: installing pscluster[cpu,test,tensorboard] into .venv (first time: ~1 minute)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[cpu,test]'
+  .venv/bin/python -m pip install -q -e '.[cpu,test,tensorboard]'
   # Legacy Keras, only for the tf-keras baseline benchmark; --no-deps keeps it from
   # pulling the full tensorflow wheel over tensorflow-cpu (see TF-NOTES).
   .venv/bin/python -m pip install -q --no-deps tf-keras==2.21.0

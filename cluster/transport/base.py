@@ -122,6 +122,18 @@ class Transport(abc.ABC):
         control machine cannot reach it directly (a host behind a bastion); None: go direct."""
         return None
 
+    def forward(self, address: str, port: int, *, local_port: int = 0) -> str | None:
+        """A local ``127.0.0.1:PORT`` (``local_port``, or any free one with 0) whose connections
+        reach ``address:port`` as this host sees it, like ``ssh -L``: for a service bound to the
+        host's loopback (TensorBoard). None when the host is this machine: nothing to forward.
+
+        Raises:
+            UsageError: ``local_port`` is taken on this machine.
+            HostError: this transport cannot carry connections to its host.
+        """
+        raise HostError(self.host.name, f"cannot forward a port over a {type(self).__name__}",
+                        hint="forward it yourself (e.g. ssh -L) to the port named above")
+
     def connect(self) -> None:
         """Open the connection now (so preflight can time and report it)."""
 

@@ -51,6 +51,9 @@ class LocalTransport(Transport):
 
         return Stream(lambda: pipe_out.read1(65536), close)
 
+    def forward(self, address: str, port: int, *, local_port: int = 0) -> str | None:
+        return None     # this machine: connect directly
+
     def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
         for local, remote in files:
             target = os.path.expanduser(remote)

@@ -29,7 +29,7 @@ from typing import Sequence
 import fabric
 import paramiko
 
-from ..errors import HostError, UnreachableHostError
+from ..errors import HostError, UnreachableHostError, UsageError
 from .base import CommandResult, Stream, Transport, file_mode, temp_name
 
 KEEPALIVE_SECONDS = 2
@@ -117,10 +117,10 @@ class _Tunnel(threading.Thread):
     """A local listener on 127.0.0.1 whose connections are carried to ``address:port`` over
     the transport's SSH connection (like ``ssh -L``), two pump threads per connection."""
 
-    def __init__(self, owner: "SSHTransport", address: str, port: int):
+    def __init__(self, owner: "SSHTransport", address: str, port: int, local_port: int = 0):
         super().__init__(name=f"ssh-tunnel-{owner.host.name}-{port}", daemon=True)
         self.owner, self.target = owner, (address, port)
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener = socket.create_server(("127.0.0.1", local_port))
         self.port = self.listener.getsockname()[1]
 
     def run(self) -> None:
@@ -133,7 +133,7 @@ class _Tunnel(threading.Thread):
                 self.owner.connect()
                 channel = self.owner._connected().transport.open_channel(
                     "direct-tcpip", self.target, ("127.0.0.1", 0), timeout=self.owner.host.connect_timeout)
-            except (paramiko.SSHException, OSError, EOFError):
+            except (paramiko.SSHException, OSError, EOFError, HostError):
                 client.close()       # the probe sees a closed connection: "not ready"
                 continue
             for source, sink in ((client.recv, channel.sendall), (channel.recv, client.sendall)):
@@ -342,10 +342,21 @@ class SSHTransport(Transport):
         channel per probe connection), so the control machine needs to reach only the bastion."""
         if not self.jumps():
             return None
+        return self.forward(address, port)
+
+    def forward(self, address: str, port: int, *, local_port: int = 0) -> str | None:
+        """A direct-tcpip channel over this connection per accepted local connection."""
         with self._lock:
             tunnel = self._tunnels.get((address, port))
-            if tunnel is None or not tunnel.is_alive():
-                tunnel = self._tunnels[(address, port)] = _Tunnel(self, address, port)
+            if tunnel is None or not tunnel.is_alive() or (local_port and tunnel.port != local_port):
+                try:
+                    tunnel = _Tunnel(self, address, port, local_port)
+                except OSError as exc:
+                    raise UsageError(f"cannot listen on 127.0.0.1:{local_port} here: {exc.strerror or exc}",
+                                     hint="choose another local port (--port)") from None
+                old, self._tunnels[(address, port)] = self._tunnels.get((address, port)), tunnel
+                if old is not None:
+                    old.stop()
                 tunnel.start()
         return f"127.0.0.1:{tunnel.port}"
 

@@ -7,10 +7,11 @@ checkpoint it evaluated (always the final one) while the trainers evaluate only 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
-from tests.helpers import assert_no_survivors, port_base, run_cli, run_json
+from tests.helpers import REPO, assert_no_survivors, port_base, run_cli, run_json
 
 pytestmark = pytest.mark.tf
 
@@ -46,6 +47,7 @@ def test_an_evaluator_task_evaluates_each_checkpoint(tmp_path, mode):
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(INVENTORY)
     leader = "chief:0" if mode == "async" else "worker:0"
+    shutil.rmtree(REPO / ".pscluster" / name / "tensorboard", ignore_errors=True)   # an earlier run's
     try:
         up = run_cli(["up", inventory, "--name", name, "--mode", mode, "--port-base", port_base()], state_dir=state_dir)
         assert up.returncode == 0, up.stderr
@@ -63,7 +65,9 @@ def test_an_evaluator_task_evaluates_each_checkpoint(tmp_path, mode):
         assert side_car[-1]["val_accuracy"] == pytest.approx(report["val_accuracy"], abs=1e-6)
 
         # TensorBoard's scalars (serialized Event protos: the tags and the plugin's name are plain bytes in them)
-        summaries = b"".join(path.read_bytes() for path in (tmp_path / "ckpt" / "eval").glob("events.out.tfevents.*"))
+        # beside the leader's (one host, one workdir), so `pscluster tensorboard` shows them as run <job>/eval
+        folder = REPO / ".pscluster" / name / "tensorboard" / "distributed_mnist" / "eval"
+        summaries = b"".join(path.read_bytes() for path in folder.glob("events.out.tfevents.*"))
         assert all(tag in summaries for tag in (b"val_accuracy", b"val_loss", b"scalars")), summaries[:200]
 
         # The trainers did not evaluate periodically: only the leader's final evaluation.

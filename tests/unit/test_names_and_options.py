@@ -95,6 +95,7 @@ FLOAT_OPTIONS = [
     (["run", LOCAL], "--timeout"),
     (["stop-job"], "--timeout"),
     (["stop-job"], "--grace"),
+    (["tensorboard"], "--timeout"),
 ]
 
 
