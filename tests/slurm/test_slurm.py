@@ -6,6 +6,7 @@ The CLI runs like on a login node: with the job's SLURM_* variables, in a mount 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -13,6 +14,7 @@ import time
 import pytest
 import yaml
 
+from cluster.state import StateStore
 from tests.helpers import cli_argv, cli_env, cluster_pids, port_base
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
@@ -114,3 +116,68 @@ def test_exported_batch_script_trains_inside_its_own_job(slurm_lab, tmp_path):
     assert "ansible_connection: slurm" in (tmp_path / f"slurm-{job}.yaml").read_text()
     assert re.search(r"global step\W+100\b", output), output      # train's summary table, from the batch step
     assert _wait_gone(slurm_lab, "batch") == ([], [])
+
+
+def _job_state(lab, job: str) -> dict[str, str]:
+    detail = subprocess.run(["scontrol", "show", "job", job], env=lab.env, capture_output=True, text=True).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", detail))
+
+
+def test_a_requeued_batch_job_resumes_from_its_checkpoint(slurm_lab, tmp_path):
+    """Issue 13 item 4: the time-limit warning (USR1 to the batch shell, what `--signal=B:USR1@N`
+    sends) stops training with a checkpoint, takes the cluster down and requeues the job; its
+    second run resumes from that checkpoint and finishes the budget."""
+    name = f"requeue{os.getpid() % 10000}"
+    inventory = tmp_path / "shape.yaml"
+    inventory.write_text(yaml.safe_dump({"all": {"vars": {"pscluster_mode": "async"}, "children": {
+        "worker": {"hosts": {"a": {}, "b": {}}}, "chief": {"hosts": {"a": {}}}, "ps": {"hosts": {"a": {}}}}}}))
+    state_dir = tmp_path / "state"
+    script = tmp_path / "job.sh"
+    steps = 2000      # MLP, async: a minute here; the warning comes at the first progress report
+    # No periodic checkpoint: the one the second run restores is the first run's checkpoint on stop.
+    export = subprocess.run(cli_argv(["export", inventory, "--format", "sbatch", "--steps", steps, "--time", "0:30:00",
+                                      "--checkpoint-every", 100000, "--name", name, "-o", script]),
+                            env=cli_env(state_dir), capture_output=True, text=True, timeout=120)
+    assert export.returncode == 0, export.stderr
+    env = cli_env(state_dir, {**slurm_lab.env, "OMP_NUM_THREADS": "1", "MNIST_MODEL": "mlp"})
+    submit = subprocess.run(["sbatch", "--parsable", "-o", str(tmp_path / "out-%j.txt"), str(script)],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert submit.returncode == 0, submit.stderr
+    job = submit.stdout.strip().split(";")[0]
+    output = tmp_path / f"out-{job}.txt"
+    store = StateStore(state_dir)
+    began = time.monotonic()
+    try:
+        deadline = time.monotonic() + 300
+        progress = None
+        while time.monotonic() < deadline:
+            state = store.load(name)
+            progress = state.job if state is not None else None
+            if progress is not None and (progress.step or 0) > 0:
+                break
+            time.sleep(0.5)
+        assert progress is not None and (progress.step or 0) > 0, output.read_text() if output.exists() else ""
+        assert (progress.step or 0) < steps
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=slurm_lab.env, check=True)
+        warned = time.monotonic()
+        deadline = time.monotonic() + 600
+        fields = _job_state(slurm_lab, job)
+        while time.monotonic() < deadline and not (fields.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED")
+                                                   and int(fields.get("Restarts", "0")) >= 1):
+            time.sleep(1.0)
+            fields = _job_state(slurm_lab, job)
+        text = output.read_text()
+        assert fields.get("JobState") == "COMPLETED" and fields.get("Restarts") == "1", (fields, text)
+        print(f"requeue: warned at step {progress.step} after {warned - began:.1f} s; second run done "
+              f"{time.monotonic() - warned:.1f} s later")
+    finally:
+        subprocess.run(["scancel", job], env=slurm_lab.env, capture_output=True)
+    first, _, second = text.partition(f"job {job}, run 2,")
+    assert second, text
+    assert "requeueing job" in first and re.search(r"checkpoint saved at step \d+", first), first
+    saved = int(re.search(r"checkpoint saved at step (\d+)", first).group(1))
+    assert 0 < saved < steps
+    # The second run's summary: resumed from the checkpoint the first one saved, and finished the budget.
+    assert int(re.search(r"resumed from step\W+(\d+)", second).group(1)) == saved, second
+    assert int(re.search(r"global step\W+(\d+)", second).group(1)) >= steps, second
+    assert _wait_gone(slurm_lab, name) == ([], [])
