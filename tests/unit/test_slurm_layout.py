@@ -75,6 +75,22 @@ def test_default_layout_one_ps_per_node_and_chief_first(tmp_path):
     assert inv.mode == "async" and inv.hosts_of("evaluator") == ()
 
 
+def test_pscluster_transport_slurm_is_the_same_as_ansible_connection(tmp_path):
+    from cluster.errors import InventoryError
+    inv = _load(tmp_path, {"all": {"vars": {"pscluster_transport": "slurm"}, "children": {
+        "worker": {"hosts": {"n1": {}, "n2": {"pscluster_transport": "local"}}}}}})
+    assert inv.host("n1").connection == "slurm" and inv.host("n2").connection == "local"
+    same = _load(tmp_path, {"all": {"hosts": {"n1": {"pscluster_transport": "slurm", "ansible_connection": "slurm"}},
+                                    "children": {"worker": {"hosts": {"n1": {}}}}}})
+    assert same.host("n1").connection == "slurm"
+    with pytest.raises(InventoryError, match="pscluster_transport: slurm contradicts ansible_connection: ssh"):
+        _load(tmp_path, {"all": {"hosts": {"n1": {"pscluster_transport": "slurm", "ansible_connection": "ssh"}},
+                                 "children": {"worker": {"hosts": {"n1": {}}}}}})
+    with pytest.raises(InventoryError, match="expected one of ssh, local, slurm"):
+        _load(tmp_path, {"all": {"vars": {"pscluster_transport": "k8s"}, "children": {
+            "worker": {"hosts": {"n1": {}}}}}})
+
+
 def test_layout_options(tmp_path):
     alloc = Allocation("7", ("n1", "n2"), (1, 1), ((), ()))
     doc = layout_inventory(alloc, Layout(ps=3, chief=False, workers_per_node=3, evaluator=True),
