@@ -19,6 +19,9 @@ from tests.helpers import cli_argv, cli_env, cluster_pids, port_base
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
 
+ACCURACY_GOAL = 0.985          # issue 13: "trains to the accuracy goal" (distributed_mnist's, README)
+ACCURACY_GOAL_STEPS = 1400     # sync CNN, 2 workers, batch 128: 3 epochs (job.py: 98.85-98.97 %; 900 steps gave 98.43 %)
+
 
 def _cli(lab, job_env, args, state_dir, timeout=600):
     env = cli_env(state_dir, {**lab.env, **job_env, "OMP_NUM_THREADS": "1"})
@@ -98,24 +101,33 @@ def test_scancel_mid_training_leaves_nothing(slurm_lab, tmp_path):
 
 
 def test_exported_batch_script_trains_inside_its_own_job(slurm_lab, tmp_path):
+    """Issue 13: a batch job from `export --format sbatch` trains to the accuracy goal (98.5 %).
+    The CNN, sync mode, 2 workers, 3 epochs (a lab run at 900 steps ended at 98.43 %);
+    the MLP levels off near 98 %, so it cannot serve here."""
+    name = f"batch{os.getpid() % 10000}"
     inventory = tmp_path / "shape.yaml"     # the shape only: two hosts, one worker each (plan touches no host)
     inventory.write_text(yaml.safe_dump({"all": {"vars": {"pscluster_mode": "sync"}, "children": {
         "worker": {"hosts": {"a": {}, "b": {}}}, "chief": {"hosts": {"a": {}}}}}}))
     state_dir = tmp_path / "state"
     script = tmp_path / "job.sh"
-    export = subprocess.run(cli_argv(["export", inventory, "--format", "sbatch", "--steps", 100, "--time", "0:10:00",
-                                      "--name", "batch", "-o", script]),
+    steps = ACCURACY_GOAL_STEPS
+    export = subprocess.run(cli_argv(["export", inventory, "--format", "sbatch", "--steps", steps, "--time", "0:20:00",
+                                      "--name", name, "-o", script]),
                             env=cli_env(state_dir), capture_output=True, text=True, timeout=120)
     assert export.returncode == 0, export.stderr
+    began = time.monotonic()
     batch = subprocess.run(["sbatch", "--wait", "--parsable", "-o", str(tmp_path / "out-%j.txt"), str(script)],
                            cwd=tmp_path, env=cli_env(state_dir, {**slurm_lab.env, "OMP_NUM_THREADS": "1"}),
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=900)
     job = batch.stdout.strip().split(";")[0]
     output = (tmp_path / f"out-{job}.txt").read_text()
     assert batch.returncode == 0, output + batch.stderr
     assert "ansible_connection: slurm" in (tmp_path / f"slurm-{job}.yaml").read_text()
-    assert re.search(r"global step\W+100\b", output), output      # train's summary table, from the batch step
-    assert _wait_gone(slurm_lab, "batch") == ([], [])
+    assert re.search(rf"global step\W+{steps}\b", output), output      # train's summary table, from the batch step
+    accuracy = float(re.search(r"validation accuracy\W+([0-9.]+)", output).group(1))
+    print(f"batch: {steps} sync steps, test accuracy {accuracy:.4f}, sbatch to done {time.monotonic() - began:.1f} s")
+    assert accuracy >= ACCURACY_GOAL, output
+    assert _wait_gone(slurm_lab, name) == ([], [])
 
 
 def _job_state(lab, job: str) -> dict[str, str]:
