@@ -124,6 +124,7 @@ def test_exported_batch_script_trains_inside_its_own_job(slurm_lab, tmp_path):
     assert batch.returncode == 0, output + batch.stderr
     assert "ansible_connection: slurm" in (tmp_path / f"slurm-{job}.yaml").read_text()
     assert re.search(rf"global step\W+{steps}\b", output), output      # train's summary table, from the batch step
+    assert "resumed from step" not in output        # --resume with no checkpoint yet: a first run starts at 0
     accuracy = float(re.search(r"validation accuracy\W+([0-9.]+)", output).group(1))
     print(f"batch: {steps} sync steps, test accuracy {accuracy:.4f}, sbatch to done {time.monotonic() - began:.1f} s")
     assert accuracy >= ACCURACY_GOAL, output
