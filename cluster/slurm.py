@@ -318,6 +318,10 @@ def sbatch_script(batch: BatchJob) -> str:
     quote = shlex.quote
     if batch.nodes < 1 or batch.workers_per_node < 1:
         raise SlurmLayoutError("a batch job needs at least one node and one worker per node")
+    if not batch.program and batch.warn_seconds <= batch.stop_grace:
+        raise SlurmLayoutError(f"--warn-before {batch.warn_seconds} s leaves no time for the checkpoint on stop "
+                               f"(up to {batch.stop_grace:g} s) and down before the time limit",
+                               hint=f"give --warn-before more than {batch.stop_grace:g} s (default 120)")
     lines = ["#!/bin/bash", f"#SBATCH --job-name={batch.name}", f"#SBATCH --nodes={batch.nodes}",
              f"#SBATCH --ntasks-per-node={batch.workers_per_node}"]
     lines += [f"#SBATCH --time={batch.time_limit}"] * bool(batch.time_limit)

@@ -179,6 +179,8 @@ def test_sbatch_script_resumes_from_a_fixed_checkpoint_and_requeues_before_the_t
                                            '    echo "pscluster: time limit near: training stopped, '
                                            'requeueing job $SLURM_JOB_ID" >&2',
                                            '    scontrol requeue "$SLURM_JOB_ID"']
+    with pytest.raises(SlurmLayoutError, match="--warn-before 30 s leaves no time"):
+        _script(tmp_path, warn_seconds=30)
     own = _script(tmp_path, checkpoint_dir="/shared/ck pt", requeue=False)[1]
     assert "checkpoints='/shared/ck pt'" in own and 'scontrol requeue "$SLURM_JOB_ID"' not in "\n".join(own)
 
