@@ -136,23 +136,19 @@ def _job_state(lab, job: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", detail))
 
 
-def test_a_requeued_batch_job_resumes_from_its_checkpoint(slurm_lab, tmp_path):
-    """Issue 13 item 4: the time-limit warning (USR1 to the batch shell, what `--signal=B:USR1@N`
-    sends) stops training with a checkpoint, takes the cluster down and requeues the job; its
-    second run resumes from that checkpoint and finishes the budget."""
-    name = f"requeue{os.getpid() % 10000}"
+def _requeued_batch_job(lab, tmp_path, name: str, steps: int, checkpoint_every: int, ready, interrupt):
+    """Submit an exported async batch job (MLP), wait until ``ready(job_progress)``, call
+    ``interrupt(job_id)``, wait for the job to end after one requeue; the output of both runs."""
     inventory = tmp_path / "shape.yaml"
     inventory.write_text(yaml.safe_dump({"all": {"vars": {"pscluster_mode": "async"}, "children": {
         "worker": {"hosts": {"a": {}, "b": {}}}, "chief": {"hosts": {"a": {}}}, "ps": {"hosts": {"a": {}}}}}}))
     state_dir = tmp_path / "state"
     script = tmp_path / "job.sh"
-    steps = 2000      # MLP, async: a minute here; the warning comes at the first progress report
-    # No periodic checkpoint: the one the second run restores is the first run's checkpoint on stop.
     export = subprocess.run(cli_argv(["export", inventory, "--format", "sbatch", "--steps", steps, "--time", "0:30:00",
-                                      "--checkpoint-every", 100000, "--name", name, "-o", script]),
+                                      "--checkpoint-every", checkpoint_every, "--name", name, "-o", script]),
                             env=cli_env(state_dir), capture_output=True, text=True, timeout=120)
     assert export.returncode == 0, export.stderr
-    env = cli_env(state_dir, {**slurm_lab.env, "OMP_NUM_THREADS": "1", "MNIST_MODEL": "mlp"})
+    env = cli_env(state_dir, {**lab.env, "OMP_NUM_THREADS": "1", "MNIST_MODEL": "mlp"})
     submit = subprocess.run(["sbatch", "--parsable", "-o", str(tmp_path / "out-%j.txt"), str(script)],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert submit.returncode == 0, submit.stderr
@@ -166,31 +162,59 @@ def test_a_requeued_batch_job_resumes_from_its_checkpoint(slurm_lab, tmp_path):
         while time.monotonic() < deadline:
             state = store.load(name)
             progress = state.job if state is not None else None
-            if progress is not None and (progress.step or 0) > 0:
+            if progress is not None and ready(progress):
                 break
             time.sleep(0.5)
-        assert progress is not None and (progress.step or 0) > 0, output.read_text() if output.exists() else ""
+        assert progress is not None and ready(progress), output.read_text() if output.exists() else ""
         assert (progress.step or 0) < steps
-        subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=slurm_lab.env, check=True)
-        warned = time.monotonic()
+        interrupt(job)
+        stopped = time.monotonic()
         deadline = time.monotonic() + 600
-        fields = _job_state(slurm_lab, job)
+        fields = _job_state(lab, job)
         while time.monotonic() < deadline and not (fields.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED")
                                                    and int(fields.get("Restarts", "0")) >= 1):
             time.sleep(1.0)
-            fields = _job_state(slurm_lab, job)
+            fields = _job_state(lab, job)
         text = output.read_text()
         assert fields.get("JobState") == "COMPLETED" and fields.get("Restarts") == "1", (fields, text)
-        print(f"requeue: warned at step {progress.step} after {warned - began:.1f} s; second run done "
-              f"{time.monotonic() - warned:.1f} s later")
+        print(f"{name}: stopped at step {progress.step} after {stopped - began:.1f} s; second run done "
+              f"{time.monotonic() - stopped:.1f} s later")
     finally:
-        subprocess.run(["scancel", job], env=slurm_lab.env, capture_output=True)
+        subprocess.run(["scancel", job], env=lab.env, capture_output=True)
     first, _, second = text.partition(f"job {job}, run 2,")
     assert second, text
+    return first, second, progress
+
+
+def test_a_requeued_batch_job_resumes_from_its_checkpoint(slurm_lab, tmp_path):
+    """Issue 13 item 4: the time-limit warning (USR1 to the batch shell, what `--signal=B:USR1@N`
+    sends) stops training with a checkpoint, takes the cluster down and requeues the job; its
+    second run resumes from that checkpoint and finishes the budget."""
+    name, steps = f"requeue{os.getpid() % 10000}", 2000    # MLP, async: a minute here
+    # No periodic checkpoint: the one the second run restores is the first run's checkpoint on stop.
+    first, second, _ = _requeued_batch_job(
+        slurm_lab, tmp_path, name, steps, 100000, ready=lambda job: (job.step or 0) > 0,
+        interrupt=lambda job: subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=slurm_lab.env,
+                                             check=True))
     assert "requeueing job" in first and re.search(r"checkpoint saved at step \d+", first), first
     saved = int(re.search(r"checkpoint saved at step (\d+)", first).group(1))
     assert 0 < saved < steps
     # The second run's summary: resumed from the checkpoint the first one saved, and finished the budget.
     assert int(re.search(r"resumed from step\W+(\d+)", second).group(1)) == saved, second
+    assert int(re.search(r"global step\W+(\d+)", second).group(1)) >= steps, second
+    assert _wait_gone(slurm_lab, name) == ([], [])
+
+
+def test_a_preempted_batch_job_resumes_from_its_last_periodic_checkpoint(slurm_lab, tmp_path):
+    """A preemption as Slurm does it under PreemptMode=REQUEUE (`scontrol requeue`: SIGTERM to
+    every process of the job, SIGKILL after KillWait=5 s, the job back in the queue): the second
+    run takes down what the first left, resumes from a checkpoint and finishes the budget."""
+    name, steps = f"preempt{os.getpid() % 10000}", 2000
+    first, second, progress = _requeued_batch_job(
+        slurm_lab, tmp_path, name, steps, 100, ready=lambda job: (job.checkpoint_step or 0) > 0,
+        interrupt=lambda job: subprocess.run(["scontrol", "requeue", job], env=slurm_lab.env, check=True))
+    assert "requeueing job" not in first      # Slurm requeued it: no self-requeue
+    resumed = int(re.search(r"resumed from step\W+(\d+)", second).group(1))
+    assert resumed >= (progress.checkpoint_step or 0) > 0, second
     assert int(re.search(r"global step\W+(\d+)", second).group(1)) >= steps, second
     assert _wait_gone(slurm_lab, name) == ([], [])
