@@ -535,6 +535,19 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
 @click.option("--partition", help="sbatch: the partition.")
 @click.option("--gres", help="sbatch: generic resources per node (e.g. gpu:2).")
 @click.option("--steps", type=int, help="sbatch: training steps (default: the job's own).")
+@click.option("--run", "run_program_text", metavar="COMMAND",
+              help="sbatch: run this program with `pscluster run` instead of training, e.g. "
+                   "\"python prog.py --task_index={task_index}\" (split like a shell line).")
+@click.option("--checkpoint-dir", "batch_checkpoint_dir",
+              help="sbatch: checkpoint folder on shared storage; every run resumes from it "
+                   "(default: $SLURM_SUBMIT_DIR/pscluster-checkpoints/<name>/<job>).")
+@click.option("--checkpoint-every", "batch_checkpoint_every", type=click.IntRange(1), default=500, show_default=True,
+              metavar="STEPS", help="sbatch: checkpoint interval in steps (besides the checkpoint on stop).")
+@click.option("--warn-before", type=click.IntRange(1, 65535), default=120, show_default=True, metavar="SECONDS",
+              help="sbatch: Slurm signals the script this long before the time limit (--signal=B:USR1@SECONDS); "
+                   "it checkpoints, takes the cluster down and requeues the job.")
+@click.option("--requeue/--no-requeue", "batch_requeue", default=True, show_default=True,
+              help="sbatch: requeue the job itself after the time-limit warning.")
 @click.option("--image", help="Container image of every replica (docker/Dockerfile builds one).  [default: "
                               "pscluster-node:tf2.21.0-cpu]")
 @click.option("--job", default="distributed_mnist", show_default=True,
@@ -546,14 +559,20 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the manifest to FILE, not stdout.")
 @click.pass_obj
 def export(env: Env, inventory: str, fmt: str, time_limit: str | None, partition: str | None, gres: str | None,
-           steps: int | None, image: str | None, job: str, mode: str | None, name: str | None,
-           restart_policy: str, output: str | None) -> None:
+           steps: int | None, run_program_text: str | None, batch_checkpoint_dir: str | None,
+           batch_checkpoint_every: int, warn_before: int, batch_requeue: bool, image: str | None, job: str,
+           mode: str | None, name: str | None, restart_policy: str, output: str | None) -> None:
     """Write the cluster as a manifest for another launcher (Kubernetes TFJob, Slurm sbatch), touching no host."""
     import yaml
     from .export import DEFAULT_IMAGE, secret_refs, tfjob_manifest, train_command
     if fmt == "sbatch":
-        _export_sbatch(env, inventory, mode, name, job, steps, time_limit, partition, gres, output)
+        _export_sbatch(env, inventory, mode=mode, name=name, job=job, steps=steps, time_limit=time_limit,
+                       partition=partition, gres=gres, output=output, program_text=run_program_text,
+                       checkpoint_dir=batch_checkpoint_dir, checkpoint_every=batch_checkpoint_every,
+                       warn_seconds=warn_before, requeue=batch_requeue)
         return
+    if run_program_text is not None:
+        raise UsageError("--run applies to --format sbatch", hint="a TFJob trains the job given by --job")
     shipped = project_root() / "examples"      # the image is built from this checkout
     if shipped.is_dir() and "/" not in job and not job.endswith(".py") and not (shipped / job / "job.py").is_file():
         known = sorted(p.name for p in shipped.iterdir() if (p / "job.py").is_file())
@@ -573,16 +592,29 @@ def export(env: Env, inventory: str, fmt: str, time_limit: str | None, partition
                       "--from-env-file=FILE", markup=False, highlight=False)
 
 
-def _export_sbatch(env: Env, inventory: str, mode: str | None, name: str | None, job: str, steps: int | None,
-                   time_limit: str | None, partition: str | None, gres: str | None, output: str | None) -> None:
-    """The inventory's shape (hosts, workers per host) as a batch script that runs `up --slurm` inside."""
-    from .slurm import sbatch_script
+def _export_sbatch(env: Env, inventory: str, *, mode: str | None, name: str | None, job: str, steps: int | None,
+                   time_limit: str | None, partition: str | None, gres: str | None, output: str | None,
+                   program_text: str | None, checkpoint_dir: str | None, checkpoint_every: int, warn_seconds: int,
+                   requeue: bool) -> None:
+    """The inventory's layout as a batch script that runs `up --slurm` inside (cluster.slurm.BatchJob)."""
+    import shlex
+    from .runspec import check_placeholders
+    from .slurm import BatchJob, batch_shape, sbatch_script
+    program: tuple[str, ...] = ()
+    if program_text is not None:
+        try:
+            program = tuple(shlex.split(program_text))
+        except ValueError as exc:
+            raise UsageError(f"--run {program_text!r}: {exc}", hint='quote it like a shell line: --run "python p.py"')
+        if not program:
+            raise UsageError("--run needs a program", hint='e.g. --run "python prog.py --task_index={task_index}"')
+        check_placeholders(program)
     cluster = _plan(inventory, name=name, mode=mode, port_base=None)
-    workers = [task.host for task in cluster.tasks if task.role == "worker"]
-    per_host = max((workers.count(host) for host in set(workers)), default=1)
-    text = sbatch_script(nodes=len(cluster.hosts), workers_per_node=per_host, mode=cluster.mode, job=job,
-                         python=sys.executable, checkout=str(project_root()), steps=steps, time_limit=time_limit,
-                         partition=partition, gres=gres, name=cluster.name)
+    text = sbatch_script(BatchJob(
+        **batch_shape(cluster), mode=cluster.mode, job=job, program=program, python=sys.executable,
+        checkout=str(project_root()), steps=steps, time_limit=time_limit, partition=partition, gres=gres,
+        name=cluster.name, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+        warn_seconds=warn_seconds, requeue=requeue))
     _write_output(env, text, output, f"wrote a batch script to {output}; submit it with: sbatch {output}")
 
 

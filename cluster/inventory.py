@@ -7,7 +7,8 @@ host_vars/ beside it; this module merges variables with Ansible's precedence (se
 
 * connection: ``ansible_host``, ``ansible_port``, ``ansible_user`` (and their ``ansible_ssh_*``
   aliases), ``ansible_ssh_private_key_file``, ``ansible_connection`` (``local`` runs without
-  SSH), become, ProxyJump and the others in ``CONNECTION_KEYS``; any other ``ansible_*`` key is
+  SSH, ``slurm`` runs every command as a step of ``$SLURM_JOB_ID``; ``pscluster_transport`` says the
+  same), become, ProxyJump and the others in ``CONNECTION_KEYS``; any other ``ansible_*`` key is
   a warning (``Inventory.warnings``), passwords are errors;
 * tasks, per role (``<role>_tasks``, ``<role>_gpus``, ``<role>_ports``);
 * ``pscluster_*`` settings (see ``PSCLUSTER_KEYS``). Unknown ``pscluster_*`` keys and
@@ -76,7 +77,7 @@ class HostConfig:
 
     name: str
     address: str
-    connection: str                   # "ssh" or "local"
+    connection: str                   # "ssh", "local" or "slurm"
     ssh_port: int | None
     user: str | None
     key_file: str | None
@@ -372,6 +373,8 @@ PSCLUSTER_KEYS: dict[str, Validator] = {
     "pscluster_workdir": lambda raw, path, value: _as_str(raw, path, value, "a directory path"),
     "pscluster_port_base": lambda raw, path, value: _as_int(raw, path, value, 1024, 65000, "a port number"),
     "pscluster_host_key_policy": _choice(HOST_KEY_POLICIES),
+    # How pscluster reaches the host (issue 13's name); the same as ansible_connection's ssh/local/slurm.
+    "pscluster_transport": _choice(("ssh", "local", "slurm")),
     "pscluster_known_hosts": lambda raw, path, value: _as_str(raw, path, value, "a known_hosts path"),
     "pscluster_env": _env_map,
     "pscluster_secret_env": _name_list,
@@ -725,6 +728,14 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
 
     connection = get("ansible_connection", CONNECTION_KEYS, "ssh")
     connection = connection if connection in ("local", "slurm") else "ssh"   # slurm: steps of a job
+    transport = get("pscluster_transport", PSCLUSTER_KEYS)
+    if transport is not None:
+        if merged.get("ansible_connection") is not None and transport != connection:
+            raise _err(raw, merged["pscluster_transport"][1],
+                       f"pscluster_transport: {transport} contradicts ansible_connection: "
+                       f"{merged['ansible_connection'][0]} for host {host}",
+                       hint="set one of the two (they mean the same)")
+        connection = transport
     address = get("ansible_host", CONNECTION_KEYS) or get("ansible_ssh_host", CONNECTION_KEYS) or host
     python = get("pscluster_python", PSCLUSTER_KEYS) or get("ansible_python_interpreter", CONNECTION_KEYS)
     env = get("pscluster_env", PSCLUSTER_KEYS, ())

@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from .errors import PsclusterError
+
+if TYPE_CHECKING:
+    from .plan import ClusterPlan
 
 _BRACKET = re.compile(r"([^,\[]*)\[([^\]]*)\]([^,\[]*)")
 
@@ -232,27 +235,149 @@ def tf_resolver_jobs(inventory_doc: dict) -> dict[str, int]:
     return counts
 
 
-def sbatch_script(*, nodes: int, workers_per_node: int, mode: str, job: str, python: str, checkout: str,
-                  steps: int | None = None, time_limit: str | None = None, partition: str | None = None,
-                  gres: str | None = None, name: str = "pscluster") -> str:
-    """A batch script that brings a cluster up inside its allocation, trains ``job``, takes it down.
+@dataclass(frozen=True)
+class BatchJob:
+    """What ``export --format sbatch`` writes: the allocation to ask for, the layout to lay on it,
+    and what to do there (train ``job``, or run ``program``).
 
-    ``down`` runs from an EXIT trap, so a failed ``train`` still ends the steps (and the job's end
-    would kill them anyway). pscluster is imported from the shared ``checkout`` with ``python``;
-    the layout is written to the submit directory.
+    Resubmission: the script always trains with ``--resume`` from a fixed ``checkpoint_dir``
+    (default under the submit directory, which a requeued job keeps), so a second run of the
+    same script (``sbatch`` again, ``scontrol requeue``, or Slurm requeueing it after a
+    preemption) continues from the last checkpoint; a first run starts at step 0.
+    """
+
+    nodes: int
+    workers_per_node: int
+    mode: str
+    python: str
+    checkout: str
+    name: str = "pscluster"
+    job: str = "distributed_mnist"
+    program: tuple[str, ...] = ()          # `pscluster run` this instead of training
+    steps: int | None = None
+    layout: Layout = Layout()
+    time_limit: str | None = None
+    partition: str | None = None
+    gres: str | None = None
+    checkpoint_dir: str | None = None      # default: $SLURM_SUBMIT_DIR/pscluster-checkpoints/<name>/<job>
+    checkpoint_every: int = 500
+    stop_grace: float = 30.0
+    warn_seconds: int = 120                # USR1 this long before the time limit (--signal=B:USR1@N)
+    requeue: bool = True                   # on that warning: checkpoint, down, `scontrol requeue` itself
+
+
+def batch_shape(cluster: "ClusterPlan") -> dict:
+    """Nodes, workers per node and the ``up --slurm`` layout that reproduce ``cluster``'s roles.
+
+    Nodes: the inventory's hosts; workers per node: the most any host has (``up --slurm`` gives
+    every node as many); ps count, chief, evaluator and GPUs per worker as planned.
+    """
+    workers = [task for task in cluster.tasks if task.role == "worker"]
+    per_host = max((sum(task.host == host for task in workers) for host in {task.host for task in workers}),
+                   default=1)
+    roles = [task.role for task in cluster.tasks]
+    gpus = max((len([gpu for gpu in (task.cuda_visible_devices or "").split(",") if gpu.strip()])
+                for task in workers), default=0)
+    layout = Layout(ps=roles.count("ps"), chief="chief" in roles, workers_per_node=per_host,
+                    evaluator="evaluator" in roles, gpus_per_worker=gpus)
+    return {"nodes": len(cluster.hosts), "workers_per_node": per_host, "layout": layout}
+
+
+def layout_options(layout: Layout) -> list[str]:
+    """``up --slurm`` options for ``layout`` (only what differs from the defaults)."""
+    options: list[str] = []
+    if layout.ps is not None:
+        options += ["--ps", str(layout.ps)]
+    if not layout.chief:
+        options.append("--no-chief")
+    if layout.workers_per_node is not None:
+        options += ["--workers-per-node", str(layout.workers_per_node)]
+    if layout.evaluator:
+        options.append("--evaluator")
+    if layout.gpus_per_worker:
+        options += ["--gpus-per-worker", str(layout.gpus_per_worker)]
+    return options
+
+
+def sbatch_script(batch: BatchJob) -> str:
+    """A batch script that brings a cluster up inside its allocation, trains (or runs a program), takes it down.
+
+    * ``down`` runs from an EXIT trap, so a failed ``train`` still ends the steps (and the job's
+      end would kill them anyway); a state a killed earlier run left is taken down first.
+    * ``train``/``run`` runs in the background while the script waits, so a signal reaches the
+      script's trap at once (bash defers traps until a foreground child exits) and is passed on
+      as SIGTERM: ``train`` treats it like Ctrl-C, the async/sync-ps leader checkpoints within
+      ``--stop-grace``.
+    * ``#SBATCH --signal=B:USR1@N`` asks Slurm for USR1 N seconds before the time limit; on it the
+      script stops training as above and, with ``requeue``, requeues itself after ``down``. A plain
+      SIGTERM (``scancel``, a preemption, which Slurm requeues itself under ``--requeue``) stops
+      the same way without a self-requeue.
+    * ``#SBATCH --requeue --open-mode=append``: a requeued run appends to the same output file.
     """
     import shlex
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --nodes={nodes}",
-             f"#SBATCH --ntasks-per-node={workers_per_node}"]
-    lines += [f"#SBATCH --time={time_limit}"] * bool(time_limit)
-    lines += [f"#SBATCH --partition={partition}"] * bool(partition)
-    lines += [f"#SBATCH --gres={gres}"] * bool(gres)
-    pscluster = f"{shlex.quote(python)} -m cluster"
-    inventory = '"${SLURM_SUBMIT_DIR:-.}/slurm-$SLURM_JOB_ID.yaml"'
-    train = f"{pscluster} train {shlex.quote(job)} --name {shlex.quote(name)}" + (f" --steps {steps}" if steps else "")
-    lines += ["set -euo pipefail",
-              f"export PYTHONPATH={shlex.quote(checkout)}${{PYTHONPATH:+:$PYTHONPATH}}",
-              f"trap '{pscluster} down --name {shlex.quote(name)} || true' EXIT",
-              f"{pscluster} up --slurm {inventory} --name {shlex.quote(name)} --mode {shlex.quote(mode)}",
-              train, ""]
+    quote = shlex.quote
+    if batch.nodes < 1 or batch.workers_per_node < 1:
+        raise SlurmLayoutError("a batch job needs at least one node and one worker per node")
+    if not batch.program and batch.warn_seconds <= batch.stop_grace:
+        raise SlurmLayoutError(f"--warn-before {batch.warn_seconds} s leaves no time for the checkpoint on stop "
+                               f"(up to {batch.stop_grace:g} s) and down before the time limit",
+                               hint=f"give --warn-before more than {batch.stop_grace:g} s (default 120)")
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={batch.name}", f"#SBATCH --nodes={batch.nodes}",
+             f"#SBATCH --ntasks-per-node={batch.workers_per_node}"]
+    lines += [f"#SBATCH --time={batch.time_limit}"] * bool(batch.time_limit)
+    lines += [f"#SBATCH --partition={batch.partition}"] * bool(batch.partition)
+    lines += [f"#SBATCH --gres={batch.gres}"] * bool(batch.gres)
+    lines += [f"#SBATCH --signal=B:USR1@{batch.warn_seconds}", "#SBATCH --requeue", "#SBATCH --open-mode=append"]
+    pscluster = f"{quote(batch.python)} -m cluster"
+    name = quote(batch.name)
+    checkpoints = (quote(batch.checkpoint_dir) if batch.checkpoint_dir else
+                   f'"${{SLURM_SUBMIT_DIR:-$PWD}}/pscluster-checkpoints/"{name}/{quote(_job_name(batch.job))}')
+    up = " ".join([f"{pscluster} up --slurm \"$inventory\" --name {name} --mode {quote(batch.mode)}",
+                   *map(quote, layout_options(batch.layout))])
+    if batch.program:
+        work = f"{pscluster} run --name {name} -- " + " ".join(quote(arg) for arg in batch.program)
+        what = "the program"
+    else:
+        work = (f"{pscluster} train {quote(batch.job)} --name {name}"
+                + (f" --steps {batch.steps}" if batch.steps else "")
+                + f' --checkpoint-dir "$checkpoints" --checkpoint-every {batch.checkpoint_every} --resume'
+                + f" --stop-grace {batch.stop_grace:g}")
+        what = "training"
+    requeue = 'scontrol requeue "$SLURM_JOB_ID"' if batch.requeue else ":"
+    lines += [
+        "# Written by `pscluster export --format sbatch`. Training resumes from the last checkpoint in",
+        "# $checkpoints: submitting this script again (sbatch), `scontrol requeue JOB`, or Slurm's own",
+        "# requeue after a preemption continues there (delete that folder to start over).",
+        "set -euo pipefail",
+        f"export PYTHONPATH={quote(batch.checkout)}${{PYTHONPATH:+:$PYTHONPATH}}",
+        'inventory="${SLURM_SUBMIT_DIR:-$PWD}/slurm-$SLURM_JOB_ID.yaml"',
+        f"checkpoints={checkpoints}",
+        'stopped="" child=""',
+        "stop() { stopped=$1; if [ -n \"$child\" ]; then kill -TERM \"$child\" 2>/dev/null || true; fi; }",
+        "trap 'stop timelimit' USR1",
+        "trap 'stop TERM' TERM",
+        "finish() {",
+        f"  {pscluster} down --name {name} || true",
+        '  if [ "$stopped" = timelimit ]; then',
+        f'    echo "pscluster: time limit near: {what} stopped, requeueing job $SLURM_JOB_ID" >&2',
+        f"    {requeue}",
+        "  fi",
+        "}",
+        "trap finish EXIT",
+        'echo "pscluster: job $SLURM_JOB_ID, run $((${SLURM_RESTART_COUNT:-0} + 1)), checkpoints in $checkpoints" >&2',
+        'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then   # a requeued run: what a killed earlier run left',
+        f"  {pscluster} down --name {name} --grace 1 >/dev/null 2>&1 || true",
+        "fi",
+        up,
+        'if [ -n "$stopped" ]; then exit 143; fi',
+        f"{work} &",
+        "child=$!",
+        'while :; do status=0; wait "$child" || status=$?; kill -0 "$child" 2>/dev/null || break; done',
+        'exit "$status"', ""]
     return "\n".join(lines)
+
+
+def _job_name(job: str) -> str:
+    """The folder name of a job reference (``distributed_mnist``, ``path/to/job.py`` -> ``job``)."""
+    base = job.rstrip("/").rsplit("/", 1)[-1]
+    return base[:-3] if base.endswith(".py") else (base or "job")

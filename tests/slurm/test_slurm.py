@@ -6,6 +6,7 @@ The CLI runs like on a login node: with the job's SLURM_* variables, in a mount 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -13,9 +14,13 @@ import time
 import pytest
 import yaml
 
+from cluster.state import StateStore
 from tests.helpers import cli_argv, cli_env, cluster_pids, port_base
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
+
+ACCURACY_GOAL = 0.985          # issue 13: "trains to the accuracy goal" (distributed_mnist's, README)
+ACCURACY_GOAL_STEPS = 1400     # sync CNN, 2 workers, batch 128: 3 epochs (job.py: 98.85-98.97 %; 900 steps gave 98.43 %)
 
 
 def _cli(lab, job_env, args, state_dir, timeout=600):
@@ -96,21 +101,120 @@ def test_scancel_mid_training_leaves_nothing(slurm_lab, tmp_path):
 
 
 def test_exported_batch_script_trains_inside_its_own_job(slurm_lab, tmp_path):
+    """Issue 13: a batch job from `export --format sbatch` trains to the accuracy goal (98.5 %).
+    The CNN, sync mode, 2 workers, 3 epochs (a lab run at 900 steps ended at 98.43 %);
+    the MLP levels off near 98 %, so it cannot serve here."""
+    name = f"batch{os.getpid() % 10000}"
     inventory = tmp_path / "shape.yaml"     # the shape only: two hosts, one worker each (plan touches no host)
     inventory.write_text(yaml.safe_dump({"all": {"vars": {"pscluster_mode": "sync"}, "children": {
         "worker": {"hosts": {"a": {}, "b": {}}}, "chief": {"hosts": {"a": {}}}}}}))
     state_dir = tmp_path / "state"
     script = tmp_path / "job.sh"
-    export = subprocess.run(cli_argv(["export", inventory, "--format", "sbatch", "--steps", 100, "--time", "0:10:00",
-                                      "--name", "batch", "-o", script]),
+    steps = ACCURACY_GOAL_STEPS
+    export = subprocess.run(cli_argv(["export", inventory, "--format", "sbatch", "--steps", steps, "--time", "0:20:00",
+                                      "--name", name, "-o", script]),
                             env=cli_env(state_dir), capture_output=True, text=True, timeout=120)
     assert export.returncode == 0, export.stderr
+    began = time.monotonic()
     batch = subprocess.run(["sbatch", "--wait", "--parsable", "-o", str(tmp_path / "out-%j.txt"), str(script)],
                            cwd=tmp_path, env=cli_env(state_dir, {**slurm_lab.env, "OMP_NUM_THREADS": "1"}),
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=900)
     job = batch.stdout.strip().split(";")[0]
     output = (tmp_path / f"out-{job}.txt").read_text()
     assert batch.returncode == 0, output + batch.stderr
     assert "ansible_connection: slurm" in (tmp_path / f"slurm-{job}.yaml").read_text()
-    assert re.search(r"global step\W+100\b", output), output      # train's summary table, from the batch step
-    assert _wait_gone(slurm_lab, "batch") == ([], [])
+    assert re.search(rf"global step\W+{steps}\b", output), output      # train's summary table, from the batch step
+    assert "resumed from step" not in output        # --resume with no checkpoint yet: a first run starts at 0
+    accuracy = float(re.search(r"validation accuracy\W+([0-9.]+)", output).group(1))
+    print(f"batch: {steps} sync steps, test accuracy {accuracy:.4f}, sbatch to done {time.monotonic() - began:.1f} s")
+    assert accuracy >= ACCURACY_GOAL, output
+    assert _wait_gone(slurm_lab, name) == ([], [])
+
+
+def _job_state(lab, job: str) -> dict[str, str]:
+    detail = subprocess.run(["scontrol", "show", "job", job], env=lab.env, capture_output=True, text=True).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", detail))
+
+
+def _requeued_batch_job(lab, tmp_path, name: str, steps: int, checkpoint_every: int, ready, interrupt):
+    """Submit an exported async batch job (MLP), wait until ``ready(job_progress)``, call
+    ``interrupt(job_id)``, wait for the job to end after one requeue; the output of both runs."""
+    inventory = tmp_path / "shape.yaml"
+    inventory.write_text(yaml.safe_dump({"all": {"vars": {"pscluster_mode": "async"}, "children": {
+        "worker": {"hosts": {"a": {}, "b": {}}}, "chief": {"hosts": {"a": {}}}, "ps": {"hosts": {"a": {}}}}}}))
+    state_dir = tmp_path / "state"
+    script = tmp_path / "job.sh"
+    export = subprocess.run(cli_argv(["export", inventory, "--format", "sbatch", "--steps", steps, "--time", "0:30:00",
+                                      "--checkpoint-every", checkpoint_every, "--name", name, "-o", script]),
+                            env=cli_env(state_dir), capture_output=True, text=True, timeout=120)
+    assert export.returncode == 0, export.stderr
+    env = cli_env(state_dir, {**lab.env, "OMP_NUM_THREADS": "1", "MNIST_MODEL": "mlp"})
+    submit = subprocess.run(["sbatch", "--parsable", "-o", str(tmp_path / "out-%j.txt"), str(script)],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert submit.returncode == 0, submit.stderr
+    job = submit.stdout.strip().split(";")[0]
+    output = tmp_path / f"out-{job}.txt"
+    store = StateStore(state_dir)
+    began = time.monotonic()
+    try:
+        deadline = time.monotonic() + 300
+        progress = None
+        while time.monotonic() < deadline:
+            state = store.load(name)
+            progress = state.job if state is not None else None
+            if progress is not None and ready(progress):
+                break
+            time.sleep(0.5)
+        assert progress is not None and ready(progress), output.read_text() if output.exists() else ""
+        assert (progress.step or 0) < steps
+        interrupt(job)
+        stopped = time.monotonic()
+        deadline = time.monotonic() + 600
+        fields = _job_state(lab, job)
+        while time.monotonic() < deadline and not (fields.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED")
+                                                   and int(fields.get("Restarts", "0")) >= 1):
+            time.sleep(1.0)
+            fields = _job_state(lab, job)
+        text = output.read_text()
+        assert fields.get("JobState") == "COMPLETED" and fields.get("Restarts") == "1", (fields, text)
+        print(f"{name}: stopped at step {progress.step} after {stopped - began:.1f} s; second run done "
+              f"{time.monotonic() - stopped:.1f} s later")
+    finally:
+        subprocess.run(["scancel", job], env=lab.env, capture_output=True)
+    first, _, second = text.partition(f"job {job}, run 2,")
+    assert second, text
+    return first, second, progress
+
+
+def test_a_requeued_batch_job_resumes_from_its_checkpoint(slurm_lab, tmp_path):
+    """Issue 13 item 4: the time-limit warning (USR1 to the batch shell, what `--signal=B:USR1@N`
+    sends) stops training with a checkpoint, takes the cluster down and requeues the job; its
+    second run resumes from that checkpoint and finishes the budget."""
+    name, steps = f"requeue{os.getpid() % 10000}", 2000    # MLP, async: a minute here
+    # No periodic checkpoint: the one the second run restores is the first run's checkpoint on stop.
+    first, second, _ = _requeued_batch_job(
+        slurm_lab, tmp_path, name, steps, 100000, ready=lambda job: (job.step or 0) > 0,
+        interrupt=lambda job: subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=slurm_lab.env,
+                                             check=True))
+    assert "requeueing job" in first and re.search(r"checkpoint saved at step \d+", first), first
+    saved = int(re.search(r"checkpoint saved at step (\d+)", first).group(1))
+    assert 0 < saved < steps
+    # The second run's summary: resumed from the checkpoint the first one saved, and finished the budget.
+    assert int(re.search(r"resumed from step\W+(\d+)", second).group(1)) == saved, second
+    assert int(re.search(r"global step\W+(\d+)", second).group(1)) >= steps, second
+    assert _wait_gone(slurm_lab, name) == ([], [])
+
+
+def test_a_preempted_batch_job_resumes_from_its_last_periodic_checkpoint(slurm_lab, tmp_path):
+    """A preemption as Slurm does it under PreemptMode=REQUEUE (`scontrol requeue`: SIGTERM to
+    every process of the job, SIGKILL after KillWait=5 s, the job back in the queue): the second
+    run takes down what the first left, resumes from a checkpoint and finishes the budget."""
+    name, steps = f"preempt{os.getpid() % 10000}", 2000
+    first, second, progress = _requeued_batch_job(
+        slurm_lab, tmp_path, name, steps, 100, ready=lambda job: (job.checkpoint_step or 0) > 0,
+        interrupt=lambda job: subprocess.run(["scontrol", "requeue", job], env=slurm_lab.env, check=True))
+    assert "requeueing job" not in first      # Slurm requeued it: no self-requeue
+    resumed = int(re.search(r"resumed from step\W+(\d+)", second).group(1))
+    assert resumed >= (progress.checkpoint_step or 0) > 0, second
+    assert int(re.search(r"global step\W+(\d+)", second).group(1)) >= steps, second
+    assert _wait_gone(slurm_lab, name) == ([], [])

@@ -75,6 +75,22 @@ def test_default_layout_one_ps_per_node_and_chief_first(tmp_path):
     assert inv.mode == "async" and inv.hosts_of("evaluator") == ()
 
 
+def test_pscluster_transport_slurm_is_the_same_as_ansible_connection(tmp_path):
+    from cluster.errors import InventoryError
+    inv = _load(tmp_path, {"all": {"vars": {"pscluster_transport": "slurm"}, "children": {
+        "worker": {"hosts": {"n1": {}, "n2": {"pscluster_transport": "local"}}}}}})
+    assert inv.host("n1").connection == "slurm" and inv.host("n2").connection == "local"
+    same = _load(tmp_path, {"all": {"hosts": {"n1": {"pscluster_transport": "slurm", "ansible_connection": "slurm"}},
+                                    "children": {"worker": {"hosts": {"n1": {}}}}}})
+    assert same.host("n1").connection == "slurm"
+    with pytest.raises(InventoryError, match="pscluster_transport: slurm contradicts ansible_connection: ssh"):
+        _load(tmp_path, {"all": {"hosts": {"n1": {"pscluster_transport": "slurm", "ansible_connection": "ssh"}},
+                                 "children": {"worker": {"hosts": {"n1": {}}}}}})
+    with pytest.raises(InventoryError, match="expected one of ssh, local, slurm"):
+        _load(tmp_path, {"all": {"vars": {"pscluster_transport": "k8s"}, "children": {
+            "worker": {"hosts": {"n1": {}}}}}})
+
+
 def test_layout_options(tmp_path):
     alloc = Allocation("7", ("n1", "n2"), (1, 1), ((), ()))
     doc = layout_inventory(alloc, Layout(ps=3, chief=False, workers_per_node=3, evaluator=True),
@@ -125,21 +141,118 @@ def test_slurm_transport_runs_steps_of_the_calling_job(monkeypatch):
         transport._srun()
 
 
-def test_sbatch_script_brings_up_trains_and_always_takes_down(tmp_path):
+def _script(tmp_path, **changes):
     import subprocess
-    from cluster.slurm import sbatch_script
-    text = sbatch_script(nodes=2, workers_per_node=1, mode="sync", job="distributed_mnist", python="/v/bin/python",
-                         checkout="/src/pscluster", steps=100, time_limit="0:10:00", gres="gpu:2", name="demo")
-    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --time=0:10:00\n#SBATCH --gres=gpu:2" in text
-    assert "--partition" not in text
-    lines = text.splitlines()
-    up = lines.index('/v/bin/python -m cluster up --slurm "${SLURM_SUBMIT_DIR:-.}/slurm-$SLURM_JOB_ID.yaml" --name demo --mode sync')
-    trap = next(i for i, line in enumerate(lines) if line.startswith("trap "))
-    assert trap < up and "down --name demo" in lines[trap]
-    assert lines[up + 1] == "/v/bin/python -m cluster train distributed_mnist --name demo --steps 100"
+    from cluster.slurm import BatchJob, sbatch_script
+    fields = dict(nodes=2, workers_per_node=1, mode="sync", job="distributed_mnist", python="/v/bin/python",
+                  checkout="/src/pscluster", steps=100, time_limit="0:10:00", gres="gpu:2", name="demo")
+    text = sbatch_script(BatchJob(**{**fields, **changes}))
     script = tmp_path / "job.sh"
     script.write_text(text)
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    return text, text.splitlines()
+
+
+def test_sbatch_script_brings_up_trains_and_always_takes_down(tmp_path):
+    text, lines = _script(tmp_path)
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --time=0:10:00\n#SBATCH --gres=gpu:2" in text
+    assert "--partition" not in text
+    up = lines.index('/v/bin/python -m cluster up --slurm "$inventory" --name demo --mode sync')
+    trap = lines.index("trap finish EXIT")
+    finish = lines.index("finish() {")
+    assert finish < trap < up and lines[finish + 1] == "  /v/bin/python -m cluster down --name demo || true"
+    train = next(line for line in lines if " -m cluster train " in line)
+    assert lines.index(train) > up and train.endswith(" &")    # in the background: a signal reaches the trap at once
+    assert train.startswith("/v/bin/python -m cluster train distributed_mnist --name demo --steps 100 ")
+
+
+def test_sbatch_script_resumes_from_a_fixed_checkpoint_and_requeues_before_the_time_limit(tmp_path):
+    text, lines = _script(tmp_path, warn_seconds=300, checkpoint_every=50)
+    assert {"#SBATCH --signal=B:USR1@300", "#SBATCH --requeue", "#SBATCH --open-mode=append"} <= set(lines)
+    assert 'checkpoints="${SLURM_SUBMIT_DIR:-$PWD}/pscluster-checkpoints/"demo/distributed_mnist' in lines
+    train = next(line for line in lines if " -m cluster train " in line)
+    assert ' --checkpoint-dir "$checkpoints" --checkpoint-every 50 --resume --stop-grace 30 &' in train
+    # USR1 (the time-limit warning) and TERM pass SIGTERM on to train; only USR1 requeues, after down.
+    assert "trap 'stop timelimit' USR1" in lines and "trap 'stop TERM' TERM" in lines
+    finish = lines.index("finish() {")
+    assert lines[finish + 2:finish + 5] == ['  if [ "$stopped" = timelimit ]; then',
+                                           '    echo "pscluster: time limit near: training stopped, '
+                                           'requeueing job $SLURM_JOB_ID" >&2',
+                                           '    scontrol requeue "$SLURM_JOB_ID"']
+    with pytest.raises(SlurmLayoutError, match="--warn-before 30 s leaves no time"):
+        _script(tmp_path, warn_seconds=30)
+    own = _script(tmp_path, checkpoint_dir="/shared/ck pt", requeue=False)[1]
+    assert "checkpoints='/shared/ck pt'" in own and 'scontrol requeue "$SLURM_JOB_ID"' not in "\n".join(own)
+
+
+def test_sbatch_script_passes_signals_on_and_requeues_itself(tmp_path):
+    """Run the script's control flow with stand-ins for pscluster and scontrol: USR1 during
+    training -> train gets SIGTERM, down runs, then the requeue; TERM -> no requeue."""
+    import os
+    import signal
+    import subprocess
+    import time
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.txt"
+    fake = bin_dir / "python"
+    fake.write_text(f"""#!/bin/bash
+shift 2   # -m cluster
+echo "$1" >> {log}
+if [ "$1" = train ]; then trap 'echo train-got-TERM >> {log}; exit 143' TERM; touch {tmp_path}/training
+  while :; do sleep 0.1; done; fi
+""")
+    (bin_dir / "scontrol").write_text(f"#!/bin/bash\necho scontrol $* >> {log}\n")
+    for tool in (fake, bin_dir / "scontrol"):
+        tool.chmod(0o755)
+    for sig, requeued in ((signal.SIGUSR1, True), (signal.SIGTERM, False)):
+        text, _ = _script(tmp_path, python=str(fake))
+        log.write_text("")
+        (tmp_path / "training").unlink(missing_ok=True)
+        env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="7", SLURM_SUBMIT_DIR=str(tmp_path))
+        proc = subprocess.Popen(["bash", str(tmp_path / "job.sh")], env=env, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "training").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=20)
+        calls = log.read_text().split("\n")
+        assert calls[:4] == ["up", "train", "train-got-TERM", "down"], (calls, err)
+        assert ("scontrol requeue 7" in calls) is requeued
+        assert proc.returncode == 143
+
+
+def test_export_carries_the_layout_and_can_run_a_program(tmp_path):
+    import yaml
+    from tests.unit.test_export import Captured
+    inventory = tmp_path / "shape.yaml"
+    inventory.write_text(yaml.safe_dump({"all": {"vars": {"pscluster_mode": "async"}, "children": {
+        "worker": {"hosts": {"a": {"worker_tasks": 2, "worker_gpus": [[0], [1]]}, "b": {"worker_gpus": [[0]]}}},
+        "ps": {"hosts": {"a": {"ps_tasks": 3}}}, "chief": {"hosts": {"a": {}}},
+        "evaluator": {"hosts": {"b": {}}}}}}))
+    out = tmp_path / "job.sh"
+    done = Captured(tmp_path / "state")
+    assert done.run("export", str(inventory), "--format", "sbatch", "--name", "lay", "-o", str(out)) == 0, \
+        done.stderr.getvalue()
+    lines = out.read_text().splitlines()
+    assert "#SBATCH --nodes=2" in lines and "#SBATCH --ntasks-per-node=2" in lines
+    up = next(line for line in lines if " -m cluster up --slurm " in line)
+    # (no training mode plans an evaluator task, so none is asked for)
+    assert up.endswith('--name lay --mode async --ps 3 --workers-per-node 2 --gpus-per-worker 1'), up
+    sync = Captured(tmp_path / "state")     # sync: no chief, no ps (MultiWorkerMirroredStrategy's roles)
+    assert sync.run("export", str(inventory), "--format", "sbatch", "--mode", "sync", "-o", str(out)) == 0
+    up = next(line for line in out.read_text().splitlines() if " -m cluster up --slurm " in line)
+    assert up.endswith("--mode sync --ps 0 --no-chief --workers-per-node 2 --gpus-per-worker 1"), up
+    program = Captured(tmp_path / "state")
+    assert program.run("export", str(inventory), "--format", "sbatch", "--name", "lay", "-o", str(out),
+                       "--run", "python prog.py --index={task_index} 'two words'") == 0, program.stderr.getvalue()
+    lines = out.read_text().splitlines()
+    assert any(line.endswith(" -m cluster run --name lay -- python prog.py '--index={task_index}' 'two words' &")
+               for line in lines), lines
+    assert not any(" -m cluster train " in line for line in lines)
+    bad = Captured(tmp_path / "state")
+    assert bad.run("export", str(inventory), "--format", "sbatch", "--run", "python p.py {nope}") == 2
+    assert "nope" in bad.stderr.getvalue() and "Traceback" not in bad.stderr.getvalue()
 
 
 def test_a_step_that_never_answers_times_out_instead_of_hanging(tmp_path, monkeypatch):
