@@ -237,12 +237,12 @@ def test_export_carries_the_layout_and_can_run_a_program(tmp_path):
     lines = out.read_text().splitlines()
     assert "#SBATCH --nodes=2" in lines and "#SBATCH --ntasks-per-node=2" in lines
     up = next(line for line in lines if " -m cluster up --slurm " in line)
-    # (no training mode plans an evaluator task, so none is asked for)
-    assert up.endswith('--name lay --mode async --ps 3 --workers-per-node 2 --gpus-per-worker 1'), up
+    # the side-car evaluator runs in every mode: the layout asks for one (on the last node)
+    assert up.endswith('--name lay --mode async --ps 3 --workers-per-node 2 --evaluator --gpus-per-worker 1'), up
     sync = Captured(tmp_path / "state")     # sync: no chief, no ps (MultiWorkerMirroredStrategy's roles)
     assert sync.run("export", str(inventory), "--format", "sbatch", "--mode", "sync", "-o", str(out)) == 0
     up = next(line for line in out.read_text().splitlines() if " -m cluster up --slurm " in line)
-    assert up.endswith("--mode sync --ps 0 --no-chief --workers-per-node 2 --gpus-per-worker 1"), up
+    assert up.endswith("--mode sync --ps 0 --no-chief --workers-per-node 2 --evaluator --gpus-per-worker 1"), up
     program = Captured(tmp_path / "state")
     assert program.run("export", str(inventory), "--format", "sbatch", "--name", "lay", "-o", str(out),
                        "--run", "python prog.py --index={task_index} 'two words'") == 0, program.stderr.getvalue()
