@@ -91,3 +91,55 @@ def netns_of(pid: int) -> str | None:
     """The named network namespace a process lives in (``ip netns identify``)."""
     proc = subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True)
     return proc.stdout.strip() or None
+
+
+class RecordingServer:
+    """An HTTP server on 127.0.0.1 for notification tests: ``/ok...`` records each POSTed JSON body
+    with its arrival time, ``/fail...`` answers 500, ``/hang...`` holds the request until
+    ``release`` (or ``hang_seconds``)."""
+
+    def __init__(self, hang_seconds: float = 60.0):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.received: list[tuple[float, dict]] = []
+        self.release = threading.Event()
+        self.arrived = threading.Condition()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path.startswith("/hang"):
+                    outer.release.wait(hang_seconds)
+                if self.path.startswith("/ok"):
+                    with outer.arrived:
+                        outer.received.append((time.monotonic(), json.loads(body)))
+                        outer.arrived.notify_all()
+                self.send_response(500 if self.path.startswith("/fail") else 200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def bodies(self) -> list[dict]:
+        return [body for _, body in self.received]
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
+
+    def wait_for(self, count: int, timeout: float = 30.0) -> list[dict]:
+        with self.arrived:
+            self.arrived.wait_for(lambda: len(self.received) >= count, timeout)
+        return self.bodies
+
+    def close(self):
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()

@@ -12,14 +12,12 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
 
-from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, cluster_pids, port_base
+from tests.helpers import REPO, RecordingServer, assert_no_survivors, cli_argv, cli_env, cluster_pids, port_base
 
 NAME = f"notify-e2e-{os.getpid()}"
 SECRET = "s3cretT0kenAbcdefgh"       # a token-like path segment: masked wherever the URL is shown
@@ -27,44 +25,9 @@ SECRET = "s3cretT0kenAbcdefgh"       # a token-like path segment: masked whereve
 pytestmark = pytest.mark.tf
 
 
-class Endpoint:
-    """/ok/... records each JSON body with its arrival time; /hang/... holds the request until ``release``."""
-
-    def __init__(self):
-        self.received: list[tuple[float, dict]] = []
-        self.release = threading.Event()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                if self.path.startswith("/hang"):
-                    outer.release.wait(600)
-                else:
-                    outer.received.append((time.monotonic(), body))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
-
-    def close(self):
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def endpoint():
-    item = Endpoint()
+    item = RecordingServer(hang_seconds=600)
     yield item
     item.close()
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -15,6 +13,7 @@ from cluster.inventory import load_inventory
 from cluster.notify import (DeliveryError, Notifier, Target, deliver, event_document, iso_time, mask_url,
                             parse_targets, run_command, url_problem)
 from cluster.plan import PlanOptions, plan_cluster
+from tests.helpers import RecordingServer
 
 
 # ----------------------------------------------------------------------------- masking
@@ -132,54 +131,9 @@ def test_run_command_gets_the_event_on_stdin(tmp_path):
 
 # ----------------------------------------------------------------------------- real servers
 
-class Servers:
-    """HTTP servers on 127.0.0.1: /ok records bodies, /fail answers 500, /hang waits for ``release``."""
-
-    def __init__(self):
-        self.bodies: list[dict] = []
-        self.release = threading.Event()
-        self.arrived = threading.Condition()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.path.startswith("/hang"):
-                    outer.release.wait(60)
-                status = 500 if self.path.startswith("/fail") else 200
-                if self.path.startswith("/ok"):
-                    with outer.arrived:
-                        outer.bodies.append(json.loads(body))
-                        outer.arrived.notify_all()
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}{path}"
-
-    def wait_for(self, count: int, timeout: float = 30.0) -> list[dict]:
-        with self.arrived:
-            self.arrived.wait_for(lambda: len(self.bodies) >= count, timeout)
-        return list(self.bodies)
-
-    def close(self):
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def servers():
-    items = Servers()
+    items = RecordingServer()
     yield items
     items.close()
 
