@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
+import threading
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -97,20 +99,20 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     index, workers = task.task_index, plan.workers
     is_chief = index == 0
     worker_device = f"/job:worker/task:{index}"
+    # The input pipelines run eagerly, outside the graph, and each step feeds its
+    # batch: in the graph, the job's in-memory arrays would be constants (47 MB for
+    # MNIST) copied by every graph build, prune and registration (docs/benchmarks.md,
+    # "sync-ps profile").
+    shard = Shard(index=index, count=workers, split="train", seed=plan.seed)
+    batches = _Feeder(train_dataset(job, shard, plan.worker_batch_size))
+    test_data = eval_dataset(job, Shard(0, 1, "test", plan.seed), EVAL_BATCH_SIZE) if is_chief else None
+    tests = _batches(test_data) if test_data is not None else []
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.container(container_name(run_id)):
         with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
                 cluster=cluster, worker_device=worker_device)):
             global_step = tf.compat.v1.train.get_or_create_global_step()
-            shard = Shard(index=index, count=workers, split="train", seed=plan.seed)
-            # Initializable, not one-shot: a one-shot iterator puts the dataset, with
-            # the job's in-memory arrays, into the graph's function library, which is
-            # shipped with every subgraph registered on every task (50 MB per
-            # RegisterGraph for MNIST: seconds per new fetch). Here the arrays are
-            # plain nodes, sent once, to this worker only.
-            iterator = tf.compat.v1.data.make_initializable_iterator(
-                train_dataset(job, shard, plan.worker_batch_size))
-            x, y = iterator.get_next()
+            x, y = batches.placeholders("batch")
             model = job.build_model()
             model(x, training=False)  # creates the variables, placed on the ps tasks
 
@@ -125,23 +127,20 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             train_op = sync.minimize(loss, global_step=global_step,
                                      var_list=[v.value for v in model.trainable_variables])
             sync_hook = sync.make_session_run_hook(is_chief, num_tokens=0)
-            if is_chief:
+            if test_data is not None:
                 # Batch by batch: a whole-dataset tf.function (as the TF2 modes use)
                 # fails here, because a dataset reduce cannot read variables that live
                 # on another task.
-                test = tf.compat.v1.data.make_initializable_iterator(
-                    eval_dataset(job, Shard(0, 1, "test", plan.seed), EVAL_BATCH_SIZE))
-                eval_sums = tf.function(lambda a, b: batch_sums(job, model, a, b))(
-                    *test.get_next())
+                test_inputs = tuple(tf.compat.v1.placeholder(spec.dtype, spec.shape, name=f"test_{i}")
+                                    for i, spec in enumerate(tf.nest.flatten(test_data.element_spec)))
+                eval_sums = tf.function(lambda a, b: batch_sums(job, model, a, b))(*test_inputs)
         saver = None
         if is_chief and plan.checkpoint_dir:
             # Placed on the chief, not sharded: the chief alone reads every variable
             # and writes every file.
             with tf.device(f"{worker_device}/device:CPU:0"):
                 saver = tf.compat.v1.train.Saver(sharded=False, max_to_keep=MAX_TO_KEEP)
-        scaffold = tf.compat.v1.train.Scaffold(
-            saver=saver, local_init_op=tf.group(
-                tf.compat.v1.train.Scaffold.default_local_init_op(), iterator.initializer))
+        scaffold = tf.compat.v1.train.Scaffold(saver=saver)
         variables = tf.compat.v1.global_variables()
 
         log.info("graph built; creating the session")
@@ -170,12 +169,12 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
 
         def evaluate(at_step: int) -> tuple[float | None, float | None]:
             # The chief alone; the other workers wait for its next gradient meanwhile.
-            val_loss, val_accuracy = _evaluate(_raw_session(session), test, eval_sums)
+            val_loss, val_accuracy = _evaluate(_raw_session(session), tests, test_inputs, eval_sums)
             reporter.eval(at_step, val_loss, val_accuracy)
             return val_loss, val_accuracy
 
         step, rate, per_worker, checkpoint = _loop(plan, task, reporter, deadline, session, loss,
-                                                   train_op, step, saver,
+                                                   train_op, batches, step, saver,
                                                    evaluate if is_chief else None)
         stopped = deadline.stop_requested
         val_loss, val_accuracy = evaluate(step) if is_chief and not stopped else (None, None)
@@ -185,7 +184,7 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
 
 
 def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: TrainerLink,
-          session: Any, loss: Any, train_op: Any, step: int, saver: Any,
+          session: Any, loss: Any, train_op: Any, batches: "_Feeder", step: int, saver: Any,
           evaluate: Callable[[int], Any] | None
           ) -> tuple[int, float | None, dict[str, float] | None, str | None]:
     """Steps until the global step reaches the budget; returns (step, rate, per-worker rates, checkpoint).
@@ -206,7 +205,8 @@ def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: Trainer
         # The first step waits for every worker to arrive: bounded by the start
         # deadline, not by the per-step timeout.
         try:
-            loss_value, step = session.run([loss, train_op], options=timeout if first.done else None)
+            loss_value, step = session.run([loss, train_op], feed_dict=batches.next_feed(),
+                                           options=timeout if first.done else None)
         except tf.errors.DeadlineExceededError:
             if not deadline.stop_requested:
                 raise
@@ -236,15 +236,53 @@ def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: Trainer
     return step, meter.overall_rate(), meter.overall_per_worker(), checkpoint
 
 
-def _evaluate(session: Any, iterator: Any, sums: Any) -> tuple[float | None, float | None]:
-    session.run(iterator.initializer)
-    totals = [0.0, 0.0, 0.0]
-    while True:
+class _Feeder:
+    """Batches of an eager ``tf.data`` pipeline, as feeds for a graph's placeholders.
+
+    A thread of its own walks the pipeline: a thread without a default graph runs
+    eagerly, while the training loop runs with the graph as the default. It works
+    ahead by ``depth`` batches, so the next feed is ready when a step returns.
+    """
+
+    def __init__(self, dataset: tf.data.Dataset, depth: int = 4) -> None:
+        self.spec = tf.nest.flatten(dataset.element_spec)
+        self._dataset = dataset
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self._placeholders: tuple[Any, ...] = ()
+        threading.Thread(target=self._produce, name="syncps-input", daemon=True).start()
+
+    def placeholders(self, name: str) -> tuple[Any, ...]:
+        """One placeholder per element component, in the graph being built."""
+        self._placeholders = tuple(tf.compat.v1.placeholder(spec.dtype, spec.shape, name=f"{name}_{i}")
+                                   for i, spec in enumerate(self.spec))
+        return self._placeholders
+
+    def next_feed(self) -> dict[Any, Any]:
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return dict(zip(self._placeholders, item))
+
+    def _produce(self) -> None:
         try:
-            batch = session.run(sums)
-        except tf.errors.OutOfRangeError:
-            return means(totals)
-        totals = [t + float(b) for t, b in zip(totals, batch)]
+            for element in self._dataset:
+                self._queue.put(tuple(t.numpy() for t in tf.nest.flatten(element)))
+            self._queue.put(RuntimeError("the training data ended although it repeats forever"))
+        except Exception as e:  # noqa: BLE001 - handed to the training loop, which raises it
+            self._queue.put(e)
+
+
+def _batches(dataset: tf.data.Dataset) -> list[tuple[Any, ...]]:
+    """Every batch of a finite dataset as numpy arrays (called eagerly, before the graph)."""
+    return [tuple(t.numpy() for t in tf.nest.flatten(element)) for element in dataset]
+
+
+def _evaluate(session: Any, tests: list[tuple[Any, ...]], inputs: tuple[Any, ...], sums: Any
+              ) -> tuple[float | None, float | None]:
+    totals = [0.0, 0.0, 0.0]
+    for batch in tests:
+        totals = [t + float(b) for t, b in zip(totals, session.run(sums, feed_dict=dict(zip(inputs, batch))))]
+    return means(totals)
 
 
 def _save(saver: Any, session: Any, prefix: str, step: int, reporter: Reporter) -> str:
