@@ -264,8 +264,11 @@ class Supervisor(JobExecutor):
         if shown is None or (step is not None and step >= shown):     # an older checkpoint's result comes late
             self.set_job(val_accuracy=event.get("val_accuracy"), val_step=step)
         job = self.progress
-        # epochs are linear in steps (roles.plan.TrainPlan.epoch_at): scale the last progress's
-        epoch = round(job.epoch * step / job.step, 4) if job.epoch and job.step and step is not None else None
+        # The trainer's eval carries its epoch; the side-car evaluator's does not. Epochs are
+        # linear in steps (roles.plan.TrainPlan.epoch_at): scale the last progress's.
+        epoch = event.get("epoch")
+        if epoch is None and job.epoch and job.step and step is not None:
+            epoch = round(job.epoch * step / job.step, 4)
         self.reporter.emit("eval", task=task, step=step, val_loss=event.get("val_loss"),
                            val_accuracy=event.get("val_accuracy"), seconds=self.evals[-1]["seconds"], epoch=epoch)
 

@@ -114,7 +114,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     max_in_flight = IN_FLIGHT_PER_WORKER * plan.workers
     last_checkpoint = keeper.latest() if keeper else None
     last_saved_step = -1
-    first = FirstStep(deadline, meter)
+    first = FirstStep(deadline, meter, warmups=plan.workers)
     # Steps of the closures collected so far: closures are collected in the order they were
     # scheduled, so this is the step each one brought the job to (for TensorBoard's points).
     finished = start_step
@@ -140,9 +140,11 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         remote = coordinator.schedule(train_steps, args=(per_worker_iterator, tf.constant(n)))
         in_flight.append((remote, n))
         scheduled += n
-        # The first closure alone proves the cluster works; wait for it before
-        # queueing more so the start deadline measures the cluster, not the queue.
-        while in_flight and (len(in_flight) >= max_in_flight or not first.done):
+        # One closure per worker, then wait for the first: every worker warms up (its
+        # function and input pipeline) at the same time, and the start deadline
+        # measures the cluster, not a queue of work.
+        while in_flight and (len(in_flight) >= max_in_flight
+                             or (not first.done and len(in_flight) >= plan.workers)):
             collect_one()
         reached = schedule.reached(scheduled)
         if reached.checkpoint:

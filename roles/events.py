@@ -29,7 +29,7 @@ Field meanings:
   per worker task as far as this process can tell (async: every worker, from which
   worker ran each closure; sync: this worker only).
 * ``eval``: the chief's test-set evaluation at ``step``: every ``--eval-every`` steps
-  and once at the end (the same numbers as ``done``). In async mode training goes on
+  and once at the end (the same numbers as ``done``); the trainer adds ``epoch``. In async mode training goes on
   while the chief evaluates, so ``step`` is the step when evaluation began. The side-car
   evaluator (``evaluator:0``, roles/evaluate.py) writes ``start``, one ``eval`` per
   checkpoint it evaluated (``step`` = the checkpoint's step), ``done`` (its last
