@@ -44,6 +44,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import time
 import threading
 from typing import Any, Callable
 
@@ -56,6 +57,7 @@ from roles.jobs import Job, Shard
 from roles.lifecycle import TrainerLink
 from roles.plan import StepSchedule, TrainPlan
 from roles.reporting import FirstStep, ProgressMeter, Reporter, TrainResult, placements_of
+from roles.steptrace import StepTracer
 from roles.syncps_rendezvous import ControlChannel, container_name
 from roles.tfconfig import ConfigError, TaskInfo, threads_from_env
 from roles.tfruntime import session_config
@@ -194,6 +196,9 @@ def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: Trainer
     """
     prefix = os.path.join(plan.checkpoint_dir, CHECKPOINT_NAME) if saver and plan.checkpoint_dir else None
     timeout = tf.compat.v1.RunOptions(timeout_in_ms=int(plan.collective_timeout * 1000))
+    traced = tf.compat.v1.RunOptions(timeout_in_ms=int(plan.collective_timeout * 1000),
+                                     trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    tracer = StepTracer.from_env(reporter.writer.path)  # PSCLUSTER_TRACE_STEPS (roles/steptrace.py)
     meter = ProgressMeter(reporter)
     checkpoint = None
     last_saved = -1
@@ -205,8 +210,16 @@ def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: Trainer
         # The first step waits for every worker to arrive: bounded by the start
         # deadline, not by the per-step timeout.
         try:
-            loss_value, step = session.run([loss, train_op], feed_dict=batches.next_feed(),
-                                           options=timeout if first.done else None)
+            feed = batches.next_feed()
+            if first.done and tracer.wants(step):
+                metadata = tf.compat.v1.RunMetadata()
+                began = time.perf_counter()
+                loss_value, step = session.run([loss, train_op], feed_dict=feed, options=traced,
+                                               run_metadata=metadata)
+                tracer.add(time.perf_counter() - began, metadata.step_stats)
+            else:
+                loss_value, step = session.run([loss, train_op], feed_dict=feed,
+                                               options=timeout if first.done else None)
         except tf.errors.DeadlineExceededError:
             if not deadline.stop_requested:
                 raise
