@@ -12,7 +12,7 @@ call has ended, the first in input order, as ``executor.map`` would.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, Generic, Iterable, Iterator, TypeVar, cast
 
@@ -36,6 +36,12 @@ class Outcome(Generic[I, T]):
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    def result(self) -> T:
+        """The value of a call that succeeded; raises the error of one that failed."""
+        if self.error is not None:
+            raise self.error
+        return cast(T, self.value)
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,11 @@ class FanOutResult(Generic[I, T]):
     def ok(self) -> dict[str, T]:
         """The value of each call that succeeded, by key, in input order."""
         return {o.key: cast(T, o.value) for o in self.outcomes if o.error is None}
+
+    @property
+    def succeeded(self) -> list[tuple[I, T]]:
+        """Each item whose call succeeded, with its value, in input order."""
+        return [(o.item, cast(T, o.value)) for o in self.outcomes if o.error is None]
 
     @property
     def failed(self) -> dict[str, PsclusterError]:
@@ -132,8 +143,10 @@ def fan_out(items: Iterable[I], fn: Callable[[I], T], *, name: str,
     with ThreadPoolExecutor(max_workers=min(max_workers, len(items)),
                             thread_name_prefix=f"fanout-{name.replace(' ', '-')}") as executor:
         futures = [executor.submit(fn, item) for item in items]
-    # The `with` waited for every call (as the loops this replaces did): no host is left
-    # half-done behind an error; now read them in input order.
+        # Waiting here, not in the `with`'s exit: a Ctrl-C while waiting still lets the calls
+        # under way end (the exit joins them) before it propagates, so no host is left half-done.
+        wait(futures)
+    # Read the outcomes in input order, not in the order the calls ended.
     outcomes: list[Outcome[I, T]] = []
     for item_key, item, future in zip(keys, items, futures):
         error = future.exception()

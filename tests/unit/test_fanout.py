@@ -202,3 +202,22 @@ def test_keys_come_from_key_or_name_and_must_be_unique():
         fan_out([1, 2], lambda item: item, name="ints")
     with pytest.raises(ValueError, match="max_workers"):
         fan_out(["a"], lambda item: item, name="zero", max_workers=0)
+
+
+def test_ctrl_c_while_waiting_lets_the_calls_under_way_end_first(monkeypatch):
+    import cluster.fanout as fanout
+    release = threading.Event()
+    ended = []
+
+    def interrupted_wait(futures):
+        release.set()           # the calls may end now, but only after the interrupt was raised
+        raise KeyboardInterrupt
+
+    def fn(name):
+        assert release.wait(10)
+        ended.append(name)
+
+    monkeypatch.setattr(fanout, "wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        fan_out(["a", "b", "c"], fn, name="stop")
+    assert sorted(ended) == ["a", "b", "c"]
