@@ -13,11 +13,10 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 from . import hostops
 from .codesync import sync_code
@@ -30,32 +29,12 @@ from .plan import ClusterPlan, TaskSpec
 from .preflight import CheckReport, run_preflight
 from .probe import Prober
 from .secrets import Secrets
-from .state import ProcessRecord, RunState, StateStore
+from .state import ProcessRecord, RunState, StateStore, StateWriter
 from .transport import TransportPool
 
 DEFAULT_READY_TIMEOUT = 120.0
 DEFAULT_GRACE = 10.0
 DAEMON_EXIT_SECONDS = 5.0   # down: a detached supervisor's own clean-up, once everything is stopped
-
-
-class StateWriter:
-    """Serialises changes to one :class:`RunState` from several threads, saving each at once."""
-
-    def __init__(self, store: StateStore, state: RunState, *, expect_phase: str | None = None):
-        self.store = store
-        self.state = state
-        self.expect_phase = expect_phase
-        self._lock = threading.Lock()
-
-    def change(self, mutate: Callable[[RunState], None]) -> None:
-        with self._lock, self.store.lock(self.state.name):
-            if self.expect_phase is not None:
-                on_disk = self.store.load(self.state.name)
-                # A later `up` of the same name has a new state: this command's cluster is gone too.
-                if on_disk is None or on_disk.phase != self.expect_phase or on_disk.created != self.state.created:
-                    raise Aborted(f"cluster {self.state.name!r} was taken down by another command")
-            mutate(self.state)
-            self.store.save(self.state)
 
 
 def test_pause(point: str) -> None:

@@ -27,12 +27,12 @@ from ..errors import HostError, PsclusterError, TaskError, UsageError
 from ..detach import DaemonFiles, job_conflict, orchestrator_alive, process_starttime, stop_supervisor
 from ..events import Reporter
 from ..fanout import fan_out
-from ..launcher import StateWriter, start_task, stop_records, task_env, wait_ready
+from ..launcher import start_task, stop_records, task_env, wait_ready
 from ..plan import ClusterPlan, TaskSpec
 from ..probe import Prober
 from ..secrets import Secrets
 from ..progress import JobProgress, Orchestrator
-from ..state import ProcessRecord, RunState, StateStore
+from ..state import ProcessRecord, RunState, StateStore, StateWriter
 from ..transport import TransportPool
 from . import core
 from .links import HostLink
