@@ -26,7 +26,6 @@ import shlex
 import socket
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -34,6 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 from . import hostops
 from .errors import PlanError, PsclusterError
 from .events import Reporter, TeeReporter
+from .fanout import fan_out
 from .inventory import MODES, Inventory
 from .plan import ClusterPlan, HostSpec, PlanOptions, plan_cluster
 from .secrets import Secrets
@@ -533,13 +533,9 @@ def _down(name: str, *, store: StateStore, pool: TransportPool, reporter: Report
 def gather_facts(hosts: Sequence[HostSpec], pool: TransportPool) -> dict[str, hostops.HostFacts | str]:
     """CPU count, GPUs and TensorFlow of each host, in parallel; an error text for a host
     that could not be asked (its configurations will then fail at preflight)."""
-    def one(host: HostSpec) -> hostops.HostFacts | str:
-        try:
-            return hostops.facts(pool.get(host), ports=[], gpus=True, workdir=None)
-        except PsclusterError as exc:
-            return exc.message
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as executor:
-        return dict(zip((h.name for h in hosts), executor.map(one, hosts)))
+    asked = fan_out(hosts, lambda host: hostops.facts(pool.get(host), ports=[], gpus=True, workdir=None),
+                    name="bench facts")
+    return {o.key: o.error.message if o.error is not None else o.result() for o in asked}
 
 
 def host_environment(facts: Mapping[str, hostops.HostFacts | str]) -> list[dict]:

@@ -10,22 +10,19 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, TypeVar
 from pathlib import Path
 
 from . import hostops
-from .errors import Failure, HostError, MultiHostError
+from .errors import HostError, MultiHostError
 from .events import Reporter
+from .fanout import fan_out
 from .plan import DEFAULT_REMOTE_WORKDIR, ClusterPlan, HostSpec
 from .transport import TransportPool
 
 SYNC_DIRS = ("roles", "examples")
 _SKIP_DIRS = {"__pycache__", ".pscluster", ".git", ".pytest_cache"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".log")
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -99,20 +96,6 @@ class SyncResult:
     skipped: bool
 
 
-def _parallel(hosts: list[HostSpec], work: Callable[[HostSpec], T]) -> tuple[list[tuple[HostSpec, T]], list[Failure]]:
-    """``work(host)`` on every host at once; (host, result) pairs and the hosts' failures."""
-    done: list[tuple[HostSpec, T]] = []
-    failures: list[Failure] = []
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as executor:
-        futures = [(host, executor.submit(work, host)) for host in hosts]
-        for host, future in futures:
-            try:
-                done.append((host, future.result()))
-            except HostError as exc:
-                failures.append(Failure(host.name, exc))
-    return done, failures
-
-
 def sync_files(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, files: list[LocalFile],
                root: Path) -> list[SyncResult]:
     """Bring ``files`` up to date on every host that needs them, in parallel.
@@ -129,11 +112,13 @@ def sync_files(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, files
     for host in plan.hosts:
         targets.setdefault((host.address, host.workdir), host)
     syncing = [host for host in targets.values() if needs_sync(host, root)]
-    located, failures = _parallel(syncing, lambda host: hostops.fsid(pool.get(host), host.workdir))
+    located = fan_out(syncing, lambda host: hostops.fsid(pool.get(host), host.workdir), name="sync locate",
+                      catch=HostError)
+    failures = located.failures
     writers: dict[tuple[str, str], HostSpec] = {}
     shared_with: dict[str, str] = {}
     destination: dict[str, str] = {}
-    for host, where in located:
+    for host, where in located.succeeded:
         writer = writers.setdefault(where, host)
         destination[host.name] = where[0]
         if writer is not host:
@@ -148,9 +133,9 @@ def sync_files(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, files
             transport.put_files([(f.path, f"{workdir.rstrip('/')}/{f.rel}") for f in changed])
         return SyncResult(host.name, len(changed), sum(f.size for f in changed), len(files) - len(changed), False)
 
-    copied, copy_failures = _parallel(list(writers.values()), one)
-    failures += copy_failures
-    by_name = {host.name: result for host, result in copied}
+    copied = fan_out(list(writers.values()), one, name="sync copy", catch=HostError)
+    failures += copied.failures
+    by_name = copied.ok
     results = []
     for host in targets.values():
         if host.name in by_name:

@@ -22,13 +22,13 @@ import hashlib
 import ipaddress
 import re
 import socket
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from . import hostops
-from .errors import Aborted, Failure, HostError, MultiHostError, PsclusterError
+from .errors import Aborted, HostError, PsclusterError
 from .events import Reporter
+from .fanout import fan_out
 from .plan import ClusterPlan, HostSpec
 from .state import RunState
 from .transport import TransportPool
@@ -210,37 +210,24 @@ def install_rules(plan: ClusterPlan, pool: TransportPool, writer, reporter: Repo
             raise HostError(host.name, "the firewall table is missing after nft applied it")
         return tables
 
-    failures = []
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(plan.hosts)))) as executor:
-        futures = {host.name: executor.submit(one, host) for host in plan.hosts}
-        for name, future in futures.items():
-            try:
-                future.result()
-                reporter.emit("message", text=f"  {name}: firewall installed")
-            except PsclusterError as exc:
-                failures.append(Failure(name, exc))
-    for failure in failures:
-        if isinstance(failure.error, Aborted):
-            raise failure.error     # `down` took over: not a firewall failure to roll back
-    if failures:
-        raise MultiHostError(f"firewall installation failed on {len(failures)} host(s)", failures)
+    result = fan_out(plan.hosts, one, name="firewall installation")
+    for name in result.ok:
+        reporter.emit("message", text=f"  {name}: firewall installed")
+    for error in result.failed.values():
+        if isinstance(error, Aborted):
+            raise error     # `down` took over: not a firewall failure to roll back
+    result.raise_for_failures()
 
 
 def remove_rules(state: RunState, pool: TransportPool, reporter: Reporter) -> dict[str, PsclusterError]:
     """Delete the cluster's table on every host that has one (``down``); returns per-host errors."""
-    errors: dict[str, PsclusterError] = {}
     hosts = [host for host in state.plan.hosts if host.name in state.firewall]
 
     def one(host) -> None:
         hostops.nft_apply(pool.get(host), removal_for(state.firewall[host.name]))
 
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts) or 1))) as executor:
-        futures = {host.name: executor.submit(one, host) for host in hosts}
-        for name, future in futures.items():
-            try:
-                future.result()
-                state.firewall.pop(name, None)
-                reporter.emit("message", text=f"  {name}: firewall table removed")
-            except PsclusterError as exc:
-                errors[name] = exc
-    return errors
+    result = fan_out(hosts, one, name="firewall removal")
+    for name in result.ok:
+        state.firewall.pop(name, None)
+        reporter.emit("message", text=f"  {name}: firewall table removed")
+    return result.failed

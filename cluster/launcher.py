@@ -10,53 +10,31 @@ Unreachable hosts are reported and keep their records, so a later ``down`` finis
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import signal
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 from . import hostops
 from .codesync import sync_code
 from .detach import live_daemon, remove_event_files, signal_supervisor, wait_gone
 from .errors import Aborted, Failure, HostError, MultiHostError, PsclusterError, StateError, TaskError, Terminated, UsageError
 from .events import Reporter
+from .fanout import fan_out
 from .firewall import install_rules, remove_rules
 from .plan import ClusterPlan, TaskSpec
 from .preflight import CheckReport, run_preflight
 from .probe import Prober
 from .secrets import Secrets
-from .state import ProcessRecord, RunState, StateStore
+from .state import ProcessRecord, RunState, StateStore, StateWriter
 from .transport import TransportPool
 
 DEFAULT_READY_TIMEOUT = 120.0
 DEFAULT_GRACE = 10.0
 DAEMON_EXIT_SECONDS = 5.0   # down: a detached supervisor's own clean-up, once everything is stopped
-
-
-class StateWriter:
-    """Serialises changes to one :class:`RunState` from several threads, saving each at once."""
-
-    def __init__(self, store: StateStore, state: RunState, *, expect_phase: str | None = None):
-        self.store = store
-        self.state = state
-        self.expect_phase = expect_phase
-        self._lock = threading.Lock()
-
-    def change(self, mutate: Callable[[RunState], None]) -> None:
-        with self._lock, self.store.lock(self.state.name):
-            if self.expect_phase is not None:
-                on_disk = self.store.load(self.state.name)
-                # A later `up` of the same name has a new state: this command's cluster is gone too.
-                if on_disk is None or on_disk.phase != self.expect_phase or on_disk.created != self.state.created:
-                    raise Aborted(f"cluster {self.state.name!r} was taken down by another command")
-            mutate(self.state)
-            self.store.save(self.state)
 
 
 def test_pause(point: str) -> None:
@@ -132,13 +110,13 @@ def start_tasks(writer: StateWriter, pool: TransportPool, plan: ClusterPlan,
 
     records: dict[str, ProcessRecord] = {}
     failures: list[Failure] = []
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(by_host)))) as executor:
-        for outcome in executor.map(one, list(by_host)):
-            for task, result in outcome:
-                if isinstance(result, ProcessRecord):
-                    records[task.name] = result
-                else:
-                    failures.append(Failure(task.name, result))
+    # catch=(): a failed start is in `one`'s answer; what escapes it (Aborted: `down` took over) is raised
+    for outcome in fan_out(list(by_host), one, name="start", catch=()).ok.values():
+        for task, result in outcome:
+            if isinstance(result, ProcessRecord):
+                records[task.name] = result
+            else:
+                failures.append(Failure(task.name, result))
     return records, failures
 
 
@@ -221,25 +199,23 @@ def stop_records(plan: ClusterPlan, records: Sequence[ProcessRecord], pool: Tran
     def one(host: str) -> dict[str, hostops.StopResult]:
         return hostops.stop(pool.get(plan.host(host)), grouped[host], grace=grace, first_signal=first_signal)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(grouped)))) as executor:
-        futures = {host: executor.submit(one, host) for host in grouped}
-        for host, future in futures.items():
-            try:
-                results = future.result()
-            except PsclusterError as exc:
-                errors[host] = exc
-                reporter.emit("host-failed", host=host, error=str(exc))
+    for outcome in fan_out(grouped, one, name="stop"):
+        host = outcome.key
+        if outcome.error is not None:
+            errors[host] = outcome.error
+            reporter.emit("host-failed", host=host, error=str(outcome.error))
+            continue
+        results = outcome.result()
+        survivors = {key: r.survivors for key, r in results.items() if r.survivors}
+        for record in grouped[host]:
+            result = results[record.key]
+            if record.key in survivors:
                 continue
-            survivors = {key: r.survivors for key, r in results.items() if r.survivors}
-            for record in grouped[host]:
-                result = results[record.key]
-                if record.key in survivors:
-                    continue
-                stopped.append(replace(record, stopped=True))
-                reporter.emit("task-stopped", task=record.task, host=host, signals=result.signals,
-                              found=result.found)
-            if survivors:
-                errors[host] = HostError(host, f"processes survived SIGKILL: {survivors}")
+            stopped.append(replace(record, stopped=True))
+            reporter.emit("task-stopped", task=record.task, host=host, signals=result.signals,
+                          found=result.found)
+        if survivors:
+            errors[host] = HostError(host, f"processes survived SIGKILL: {survivors}")
     return stopped, errors
 
 
@@ -387,11 +363,9 @@ def _forget_pid_files(plan: ClusterPlan, records: Sequence[ProcessRecord], pool:
     grouped = records_by_host(records)
 
     def one(host: str) -> None:
-        with contextlib.suppress(PsclusterError):
-            hostops.remove(pool.get(plan.host(host)), sorted({record.log + ".pid" for record in grouped[host]}))
+        hostops.remove(pool.get(plan.host(host)), sorted({record.log + ".pid" for record in grouped[host]}))
 
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(grouped)))) as executor:
-        list(executor.map(one, grouped))
+    fan_out(grouped, one, name="forget pid files")     # a host's PsclusterError stays in the result, unread
 
 
 @dataclass
@@ -491,17 +465,11 @@ def cluster_status(state: RunState, *, pool: TransportPool, prober: Prober | Non
     statuses: dict[str, hostops.TaskStatus] = {}
     unreachable: dict[str, str] = {}
 
-    def one(host: str, records: list[ProcessRecord]):
-        return host, hostops.status(pool.get(plan.host(host)), records)
-
-    with ThreadPoolExecutor(max_workers=max(1, min(32, len(plan.hosts)))) as executor:
-        futures = [executor.submit(one, host, records) for host, records in records_by_host(live).items()]
-        for future, host in zip(futures, records_by_host(live)):
-            try:
-                _, result = future.result()
-                statuses.update(result)
-            except PsclusterError as exc:
-                unreachable[host] = exc.message
+    grouped = records_by_host(live)
+    asked = fan_out(grouped, lambda host: hostops.status(pool.get(plan.host(host)), grouped[host]), name="status")
+    for result in asked.ok.values():
+        statuses.update(result)
+    unreachable.update((host, exc.message) for host, exc in asked.failed.items())
     rows = []
     for task in plan.tasks:
         record = latest[task.name]

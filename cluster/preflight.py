@@ -6,13 +6,13 @@ functions of those facts and the plan, so they are tested without hosts.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from . import gpus, hostops
 from .errors import Failure, HostError, MultiHostError, PsclusterError
 from .events import Check as CheckResult  # one type: a check is also the event that reports it
 from .events import Reporter
+from .fanout import fan_out
 from .inventory import Inventory
 from .plan import ClusterPlan, HostSpec, loopback_addresses
 from .transport import TransportPool
@@ -167,13 +167,14 @@ def check_reach(plan: ClusterPlan, pool: TransportPool, hosts: list[HostSpec]) -
                             timeout=REACH_TIMEOUT + 60)["results"]
 
     results: list[CheckResult] = []
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(hosts))) as executor:
-        listening = dict(zip([h.name for h in hosts], executor.map(_quiet(listen), hosts)))
-        try:
-            reached = dict(zip([h.name for h in hosts], executor.map(_quiet(connect), hosts)))
-        finally:     # the ports must be free again before the servers start
-            list(executor.map(_quiet(lambda host: hostops.call(pool.get(host), "unlisten", listening[host.name])),
-                              [host for host in hosts if listening.get(host.name)]))
+    # catch=HostError: a host that fails here is left out quietly (its own checks already say why)
+    listening = fan_out(hosts, listen, name="reach listen", catch=HostError, max_workers=MAX_PARALLEL).ok
+    try:
+        reached = fan_out(hosts, connect, name="reach connect", catch=HostError, max_workers=MAX_PARALLEL).ok
+    finally:     # the ports must be free again before the servers start
+        fan_out([host for host in hosts if listening.get(host.name)],
+                lambda host: hostops.call(pool.get(host), "unlisten", listening[host.name]),
+                name="reach unlisten", catch=HostError, max_workers=MAX_PARALLEL)
     by_target = {task.target: task for task in tasks}
     for host in hosts:
         blocked = [(target, outcome) for target, outcome in (reached.get(host.name) or {}).items() if outcome != "ok"]
@@ -186,16 +187,6 @@ def check_reach(plan: ClusterPlan, pool: TransportPool, hosts: list[HostSpec]) -
         if reached.get(host.name) and not blocked:
             results.append(CheckResult(host.name, "reach", True, f"reaches {len(reached[host.name])} peer port(s)"))
     return results
-
-
-def _quiet(work):
-    """``work(host)``, or None when the host fails (its own checks already report why)."""
-    def run(host):
-        try:
-            return work(host)
-        except HostError:
-            return None
-    return run
 
 
 def _busy_check(host: HostSpec, facts: hostops.HostFacts, wanted: list[int], allow: bool) -> CheckResult | None:
@@ -231,17 +222,9 @@ def resolve_auto_gpus(inventory: Inventory, plan: ClusterPlan, pool: TransportPo
                             hint="install the NVIDIA driver there, or list the masks in the inventory")
         return len(facts.gpus or ())
 
-    names = plan.auto_gpu_hosts
-    counts, failures = {}, []
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(names)))) as executor:
-        for name, future in [(name, executor.submit(count, name)) for name in names]:
-            try:
-                counts[name] = future.result()
-            except PsclusterError as exc:
-                failures.append(Failure(name, exc))
-    if failures:
-        raise MultiHostError(f"could not count the GPUs of {len(failures)} host(s) for '<role>_gpus: auto'", failures)
-    return gpus.resolve_auto(inventory, counts)
+    counted = fan_out(plan.auto_gpu_hosts, count, name="gpu count", max_workers=MAX_PARALLEL)
+    counted.raise_for_failures(f"could not count the GPUs of {len(counted.failed)} host(s) for '<role>_gpus: auto'")
+    return gpus.resolve_auto(inventory, counted.ok)
 
 
 def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, *,
@@ -252,29 +235,26 @@ def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, *,
         raise PsclusterError(f"<role>_gpus: auto is not resolved on {', '.join(plan.auto_gpu_hosts)}")
     reporter.emit("phase", name="preflight", detail=f"{len(plan.hosts)} host(s)")
 
-    def one(host: HostSpec) -> tuple[list[CheckResult], hostops.HostFacts | None]:
+    def one(host: HostSpec) -> tuple[hostops.HostFacts, float]:
         transport = pool.get(host)
         began = time.monotonic()
-        try:
-            transport.connect()
-            connected = time.monotonic() - began
-            ports = [task.port for task in plan.tasks if task.host == host.name]
-            gpus = any(task.cuda_visible_devices for task in plan.tasks if task.host == host.name)
-            facts = hostops.facts(transport, ports=ports, gpus=gpus, workdir=host.workdir,
-                                  tools=("nft",) if plan.firewall else (), need_root=plan.firewall)
-        except HostError as exc:
-            check = "ssh" if "interpreter" not in exc.message else "python"
-            return [CheckResult(host.name, check, False, exc.message.split(": ", 1)[-1], hint=exc.hint)], None
-        return check_host(plan, host, facts, connected, allow_busy_gpus=allow_busy_gpus), facts
+        transport.connect()
+        connected = time.monotonic() - began
+        ports = [task.port for task in plan.tasks if task.host == host.name]
+        gpus = any(task.cuda_visible_devices for task in plan.tasks if task.host == host.name)
+        return hostops.facts(transport, ports=ports, gpus=gpus, workdir=host.workdir,
+                             tools=("nft",) if plan.firewall else (), need_root=plan.firewall), connected
 
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(plan.hosts)))) as executor:
-        outcomes = list(executor.map(one, plan.hosts))
     results: list[CheckResult] = []
     facts: dict[str, hostops.HostFacts] = {}
-    for host, (host_results, host_facts) in zip(plan.hosts, outcomes):
-        results.extend(host_results)
-        if host_facts is not None:
-            facts[host.name] = host_facts
+    for outcome in fan_out(plan.hosts, one, name="preflight", catch=HostError, max_workers=MAX_PARALLEL):
+        if outcome.error is not None:       # unreachable, or no usable interpreter there
+            check = "ssh" if "interpreter" not in outcome.error.message else "python"
+            results.append(CheckResult(outcome.key, check, False, outcome.error.message.split(": ", 1)[-1],
+                                       hint=outcome.error.hint))
+            continue
+        facts[outcome.key], connected = outcome.result()
+        results.extend(check_host(plan, outcome.item, facts[outcome.key], connected, allow_busy_gpus=allow_busy_gpus))
     results.extend(check_cluster(plan, facts))
     if all(result.ok for result in results):
         results.extend(check_reach(plan, pool, [host for host in plan.hosts if host.name in facts]))

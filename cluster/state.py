@@ -15,12 +15,13 @@ import dataclasses
 import fcntl
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
-from .errors import StateError, UsageError
+from .errors import Aborted, StateError, UsageError
 from .names import check_cluster_name
 from .plan import ClusterPlan, HostSpec, TaskSpec
 from .progress import JobProgress
@@ -228,3 +229,23 @@ class StateStore:
         if len(names) > 1:
             raise UsageError(f"several clusters are up ({', '.join(names)})", hint="pick one with --name")
         return names[0]
+
+
+class StateWriter:
+    """Serialises changes to one :class:`RunState` from several threads, saving each at once."""
+
+    def __init__(self, store: StateStore, state: RunState, *, expect_phase: str | None = None):
+        self.store = store
+        self.state = state
+        self.expect_phase = expect_phase
+        self._lock = threading.Lock()
+
+    def change(self, mutate: Callable[[RunState], None]) -> None:
+        with self._lock, self.store.lock(self.state.name):
+            if self.expect_phase is not None:
+                on_disk = self.store.load(self.state.name)
+                # A later `up` of the same name has a new state: this command's cluster is gone too.
+                if on_disk is None or on_disk.phase != self.expect_phase or on_disk.created != self.state.created:
+                    raise Aborted(f"cluster {self.state.name!r} was taken down by another command")
+            mutate(self.state)
+            self.store.save(self.state)

@@ -23,9 +23,8 @@ from typing import Callable
 from . import hostops
 from .contracts import ProcessKind
 from .errors import HostError, PsclusterError, UsageError
-from .launcher import StateWriter
 from .plan import ClusterPlan, TaskSpec
-from .state import ProcessRecord, RunState, StateStore
+from .state import ProcessRecord, RunState, StateStore, StateWriter
 from .training import leader_task, run_dir, tensorboard_root
 from .transport import TransportPool
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -27,12 +26,13 @@ from ..contracts import JobState, ProcessKind, ProcState, RestartPolicy, Role
 from ..errors import HostError, PsclusterError, TaskError, UsageError
 from ..detach import DaemonFiles, job_conflict, orchestrator_alive, process_starttime, stop_supervisor
 from ..events import Reporter
-from ..launcher import StateWriter, start_task, stop_records, task_env, wait_ready
+from ..fanout import fan_out
+from ..launcher import start_task, stop_records, task_env, wait_ready
 from ..plan import ClusterPlan, TaskSpec
 from ..probe import Prober
 from ..secrets import Secrets
 from ..progress import JobProgress, Orchestrator
-from ..state import ProcessRecord, RunState, StateStore
+from ..state import ProcessRecord, RunState, StateStore, StateWriter
 from ..transport import TransportPool
 from . import core
 from .links import HostLink
@@ -468,9 +468,10 @@ class JobExecutor:
         return watched
 
     def launch_many(self, tasks: Sequence[TaskSpec], one: Callable[[TaskSpec], Watched]) -> None:
-        """Launch one process per task, all hosts in parallel."""
-        with ThreadPoolExecutor(max_workers=max(1, len(tasks))) as executor:
-            list(executor.map(one, tasks))
+        """Launch one process per task, all hosts in parallel; the first error (in task order)
+        is raised once every launch has ended. One thread per task, not capped: each launch
+        mostly waits on its host."""
+        fan_out(tasks, one, name="launch", catch=(), max_workers=max(1, len(tasks)))
 
     def launch_server(self, task: TaskSpec) -> Watched:
         from ..training import server_log

@@ -12,9 +12,9 @@ import pytest
 from cluster import firewall, hostops
 from cluster.errors import MultiHostError
 from cluster.events import Reporter
-from cluster.launcher import StateWriter, _remove_stale_tables
+from cluster.launcher import _remove_stale_tables
 from cluster.plan import HostSpec
-from cluster.state import RunState, StateStore
+from cluster.state import RunState, StateStore, StateWriter
 from cluster.transport import TransportPool
 from cluster.transport.base import CommandResult, Transport
 

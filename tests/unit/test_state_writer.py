@@ -6,9 +6,8 @@ import pytest
 
 from cluster.errors import Aborted
 from cluster.inventory import load_inventory
-from cluster.launcher import StateWriter
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.state import RunState, StateStore
+from cluster.state import RunState, StateStore, StateWriter
 from tests.unit.conftest import INVENTORIES
 
 

@@ -172,7 +172,7 @@ def test_the_supervisor_tells_the_leader_where_to_write_and_how_many_restarts_ca
     """Only the leader gets --summary-dir; a relaunch after a restart carries the job's count."""
     from cluster.events import RecordingReporter
     from cluster.inventory import load_inventory
-    from cluster.launcher import StateWriter
+    from cluster.state import StateWriter
     from cluster.plan import PlanOptions, plan_cluster
     from cluster.state import RunState, StateStore
     from cluster.supervisor import Supervisor

@@ -51,7 +51,7 @@ def job(tmp_path):
                            clock=lambda: 100.0, sleep=sleeps.append, wall=lambda: 1700000000.0)
     executor.state = store.load("budget")
     executor.plan = plan
-    from cluster.launcher import StateWriter
+    from cluster.state import StateWriter
     executor.writer = StateWriter(store, executor.state, expect_phase="up")
     executor.job_id = 2
     executor.job_name = lambda: "new"
