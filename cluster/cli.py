@@ -245,11 +245,11 @@ def check(env: Env, inventory: str, name: str | None, mode: str | None, port_bas
 @allow_busy_opt
 @click.option("--slurm", is_flag=True, help="Lay out the cluster on this Slurm allocation and WRITE it to INVENTORY; "
               "tasks run as job steps (see README 'On a Slurm cluster').")
-@click.option("--ps", "slurm_ps", type=int, help="With --slurm: ps tasks (default: one per node).")
+@click.option("--ps", "slurm_ps", type=click.IntRange(0), help="With --slurm: ps tasks (default: one per node).")
 @click.option("--chief/--no-chief", "slurm_chief", default=True, help="With --slurm: a chief on the first node.")
-@click.option("--workers-per-node", type=int, help="With --slurm: workers per node (default: the job's tasks per node).")
+@click.option("--workers-per-node", type=click.IntRange(1), help="With --slurm: workers per node (default: the job's tasks per node).")
 @click.option("--evaluator", is_flag=True, help="With --slurm: an evaluator on the last node.")
-@click.option("--gpus-per-worker", type=int, default=0, help="With --slurm: GPUs per worker, of those Slurm granted.")
+@click.option("--gpus-per-worker", type=click.IntRange(0), default=0, help="With --slurm: GPUs per worker, of those Slurm granted.")
 @click.pass_obj
 def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: int | None, timeout: float,
        firewall: bool, as_json: bool, limit: str | None, allow_busy_gpus: bool, slurm: bool, slurm_ps: int | None,
@@ -352,7 +352,7 @@ def status(env: Env, name: str | None, as_json: bool) -> None:
 @click.argument("task", required=False)
 @name_opt
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines.")
-@click.option("-n", "--lines", type=int, default=None, help="Only the last N lines of each log.")
+@click.option("-n", "--lines", type=click.IntRange(0), default=None, help="Only the last N lines of each log.")
 @click.pass_obj
 def logs(env: Env, task: str | None, name: str | None, follow: bool, lines: int | None) -> None:
     """One task's log (TASK like worker:1), or all of them with a [task@host] prefix."""
@@ -450,17 +450,18 @@ class DurationParam(click.ParamType):
 @click.argument("job")
 @name_opt
 @click.option("--epochs", type=FiniteFloat(0, 1e6, min_open=True), help="Epochs to train (default: the job's).")
-@click.option("--steps", type=int, help="Global steps to train (instead of epochs).")
-@click.option("--batch-size", type=int, help="Global batch size (default: the job's).")
+@click.option("--steps", type=click.IntRange(1), help="Global steps to train (instead of epochs).")
+@click.option("--batch-size", type=click.IntRange(1), help="Global batch size (default: the job's).")
 @click.option("--learning-rate", type=FiniteFloat(0, 1e6, min_open=True), help="Learning rate (default: the job's).")
 @click.option("--scale-lr", is_flag=True, help="Multiply the learning rate by the number of workers.")
 @click.option("--checkpoint-dir", help="Checkpoint folder on the chief's host "
                                        "(default: <workdir>/.pscluster/<name>/checkpoints/<job>).")
-@click.option("--checkpoint-every", type=int, metavar="STEPS", help="Checkpoint interval in steps.")
+@click.option("--checkpoint-every", type=click.IntRange(1), metavar="STEPS", help="Checkpoint interval in steps.")
 @click.option("--resume", is_flag=True, help="Continue from the latest checkpoint.")
 @click.option("--data", help="Data file for the job, as a path on the hosts.")
-@click.option("--steps-per-execution", type=int, metavar="K", help="Steps per scheduled function / traced call.")
-@click.option("--eval-every", type=int, metavar="STEPS", help="Also evaluate on the test set every STEPS steps.")
+@click.option("--steps-per-execution", type=click.IntRange(1), metavar="K",
+              help="Steps per scheduled function / traced call.")
+@click.option("--eval-every", type=click.IntRange(1), metavar="STEPS", help="Also evaluate on the test set every STEPS steps.")
 @click.option("--summary-every", type=click.IntRange(0), default=100, show_default=True,
               metavar="STEPS", help="TensorBoard scalars every STEPS steps (0: none); see 'pscluster tensorboard'.")
 @click.option("--restart-policy", type=click.Choice(["never", "on-failure", "always"]), default="on-failure",
@@ -534,7 +535,7 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
 @click.option("--time", "time_limit", help="sbatch: the job's time limit (e.g. 1:00:00).")
 @click.option("--partition", help="sbatch: the partition.")
 @click.option("--gres", help="sbatch: generic resources per node (e.g. gpu:2).")
-@click.option("--steps", type=int, help="sbatch: training steps (default: the job's own).")
+@click.option("--steps", type=click.IntRange(1), help="sbatch: training steps (default: the job's own).")
 @click.option("--run", "run_program_text", metavar="COMMAND",
               help="sbatch: run this program with `pscluster run` instead of training, e.g. "
                    "\"python prog.py --task_index={task_index}\" (split like a shell line).")

@@ -124,6 +124,25 @@ def test_every_float_option_is_covered():
     assert found == {(argv[0], option) for argv, option in FLOAT_OPTIONS}
 
 
+def test_every_integer_option_has_a_range():
+    """A bare ``int`` option lets 0 or -5 through to a trainer that fails minutes later, on a host."""
+    import click
+
+    from cluster.cli import cli
+    bare = [(name, param.opts[0]) for name, command in cli.commands.items() for param in command.params
+            if isinstance(param, click.Option) and param.type is click.INT]
+    assert bare == []
+
+
+@pytest.mark.parametrize("option", ["--steps", "--batch-size", "--checkpoint-every", "--steps-per-execution",
+                                    "--eval-every"])
+def test_train_refuses_a_zero_count_before_touching_the_state(tmp_path, capsys, option):
+    cli = Captured(tmp_path / "state")
+    assert cli.run("train", "mnist", f"{option}=0") == 2
+    assert f"Invalid value for '{option}'" in capsys.readouterr().err
+    assert not (tmp_path / "state").exists()
+
+
 @pytest.mark.parametrize("spec", ["../examples/distributed_mnist", "distributed_mnist/../distributed_mnist"])
 def test_a_shipped_job_name_cannot_climb_out_of_its_folder(tmp_path, monkeypatch, spec):
     """A shipped job's name becomes <workdir>/.pscluster/<cluster>/jobs/<name>/ on every host."""
