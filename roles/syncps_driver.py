@@ -66,6 +66,7 @@ from roles.v1_optimizers import V1OptimizerSpec, v1_spec
 log = logging.getLogger("pscluster.syncps")
 
 STOP_GRACE_SECONDS = 2
+FUSED_READS = os.environ.get("PSCLUSTER_SYNCPS_FUSED", "1") != "0"
 
 
 def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
@@ -118,16 +119,30 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             model = job.build_model()
             model(x, training=False)  # creates the variables, placed on the ps tasks
 
-            @tf.function
-            def forward(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-                outputs = model(x, training=True)
-                return tf.reduce_mean(tf.cast(job.loss(y, outputs), tf.float32))
-
-            loss = forward(x, y)
             sync = tf.compat.v1.train.SyncReplicasOptimizer(
                 optimizer_spec.build(), replicas_to_aggregate=workers, total_num_replicas=workers)
-            train_op = sync.minimize(loss, global_step=global_step,
-                                     var_list=[v.value for v in model.trainable_variables])
+            variables = [v.value for v in model.trainable_variables]
+            if FUSED_READS and not model.non_trainable_variables:
+                # One read per ps task per step instead of one per variable (and the
+                # backward pass's second one): the model runs on values, not variables.
+                values = _read_fused(variables)
+
+                @tf.function
+                def forward_on(values: list[tf.Tensor], x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+                    outputs, _ = model.stateless_call(values, [], x, training=True)
+                    return tf.reduce_mean(tf.cast(job.loss(y, outputs), tf.float32))
+
+                loss = forward_on(values, x, y)
+                grads = tf.gradients(loss, values)
+                train_op = sync.apply_gradients(list(zip(grads, variables)), global_step=global_step)
+            else:
+                @tf.function
+                def forward(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+                    outputs = model(x, training=True)
+                    return tf.reduce_mean(tf.cast(job.loss(y, outputs), tf.float32))
+
+                loss = forward(x, y)
+                train_op = sync.minimize(loss, global_step=global_step, var_list=variables)
             sync_hook = sync.make_session_run_hook(is_chief, num_tokens=0)
             if test_data is not None:
                 # Batch by batch: a whole-dataset tf.function (as the TF2 modes use)
@@ -283,6 +298,22 @@ class _Feeder:
             self._queue.put(RuntimeError("the training data ended although it repeats forever"))
         except Exception as e:  # noqa: BLE001 - handed to the training loop, which raises it
             self._queue.put(e)
+
+
+def _read_fused(variables: list[Any]) -> list[Any]:
+    """The values of ``variables``, read as one flat tensor per ps task and cut up here."""
+    by_device: dict[str, list[int]] = {}
+    for i, v in enumerate(variables):
+        by_device.setdefault(v.device, []).append(i)
+    values: list[Any] = [None] * len(variables)
+    for indices in by_device.values():
+        group = [variables[i] for i in indices]
+        with tf.compat.v1.colocate_with(group[0]):
+            flat = tf.concat([tf.reshape(v.read_value(), [-1]) for v in group], axis=0)
+        pieces = tf.split(flat, [int(v.shape.num_elements()) for v in group])
+        for i, v, piece in zip(indices, group, pieces):
+            values[i] = tf.reshape(piece, v.shape)
+    return values
 
 
 def _batches(dataset: tf.data.Dataset) -> list[tuple[Any, ...]]:
