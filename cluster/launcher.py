@@ -27,6 +27,7 @@ from .detach import live_daemon, remove_event_files, signal_supervisor, wait_gon
 from .errors import Aborted, Failure, HostError, MultiHostError, PsclusterError, StateError, TaskError, Terminated, UsageError
 from .events import Reporter
 from .firewall import install_rules, remove_rules
+from .layout import attempt_log, exit_file
 from .plan import ClusterPlan, TaskSpec
 from .preflight import CheckReport, run_preflight
 from .probe import Prober
@@ -85,9 +86,11 @@ def records_by_host(records: Sequence[ProcessRecord]) -> dict[str, list[ProcessR
 
 def new_record(task: TaskSpec, *, kind: str, attempt: int, log: str | None = None,
                events: str | None = None) -> ProcessRecord:
-    log = log or (task.log_path if attempt == 1 else task.log_path.replace(".log", f".{attempt}.log"))
+    """The record of attempt ``attempt`` of ``task``; a standing server's log is numbered from the
+    plan's ``log_path`` (layout.attempt_log) unless ``log`` is given."""
+    log = log or attempt_log(task.log_path, attempt)
     return ProcessRecord(key=f"{task.name}#{attempt}", task=task.name, host=task.host, kind=kind,
-                         attempt=attempt, log=log, exit_file=log + ".exit", events=events)
+                         attempt=attempt, log=log, exit_file=exit_file(log), events=events)
 
 
 def start_task(writer: StateWriter, pool: TransportPool, plan: ClusterPlan, task: TaskSpec,
