@@ -16,10 +16,11 @@ A cluster's run folder on a host is ``<workdir>/.pscluster/<cluster>/``::
     tensorboard/<job>/                   the leader's TensorBoard summaries; tensorboard.<N>.log its server
 
 Next to every process log, ``roles/hostctl.py`` (which cannot import this module: it is shipped
-alone to hosts) keeps ``<log>.pid``, ``<log>.exit``, ``<log>.cancel`` and ``<log>.lock``; the suffixes here are
-checked against its own in tests/unit/test_layout.py. The workdir may start with ``~`` (the
-host's home, expanded there) and is taken as given: a relative one is relative to the login
-folder, as the processes' working directory is.
+alone to hosts) keeps ``<log>.pid``, ``<log>.exit``, ``<log>.cancel`` and ``<log>.lock``; these
+suffixes and ``.pscluster`` (under which hostctl also keeps ``fsid``, the id of the filesystem
+holding a workdir) are checked against hostctl's own in tests/unit/test_layout.py. The workdir
+may start with ``~`` (the host's home, expanded there) and is taken as given: a relative one is
+relative to the login folder, as the processes' working directory is.
 """
 from __future__ import annotations
 

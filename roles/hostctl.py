@@ -56,6 +56,7 @@ def _alive(pid, starttime=None):
     return starttime is None or stat[3] == starttime
 
 
+RUN_ROOT = ".pscluster"      # the folder under a workdir that holds the run folders (and fsid)
 # Files beside each task's log (cluster/layout.py names the same suffixes; a unit test checks).
 PID_SUFFIX = ".pid"          # the monitor's record of the task: pid, pgid, start times
 EXIT_SUFFIX = ".exit"        # the task's exit status, written when it ends
@@ -216,8 +217,8 @@ def _private_dirs(path):
     hold logs (which may show data or tracebacks), pid files and events."""
     os.makedirs(path, mode=0o700, exist_ok=True)
     parts = path.split(os.sep)
-    if ".pscluster" in parts:
-        for end in range(parts.index(".pscluster") + 1, len(parts) + 1):
+    if RUN_ROOT in parts:
+        for end in range(parts.index(RUN_ROOT) + 1, len(parts) + 1):
             try:
                 os.chmod(os.sep.join(parts[:end]), 0o700)
             except OSError:
@@ -635,7 +636,7 @@ def op_fsid(req):
     read by every other host that shares the folder (NFS home, or the control machine's disk)."""
     import uuid
     root = _expand(req["root"])
-    folder = os.path.join(root, ".pscluster")
+    folder = os.path.join(root, RUN_ROOT)
     os.makedirs(folder, exist_ok=True)
     marker = os.path.join(folder, "fsid")
     if not os.path.exists(marker):
