@@ -1,5 +1,5 @@
 """``pscluster bench`` on the multi-host SSH lab (issue 5): builds three fake hosts (network
-namespaces with their own sshd, see tests/lab/netlab.py), writes an inventory for them (chief
+namespaces with their own sshd, see testbed/netlab.py), writes an inventory for them (chief
 and ps on node-1; two worker slots on node-2 and node-3 each) and runs the study against it,
 then removes the lab. Every argument after the script's own is passed to ``pscluster bench``.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.lab.netlab import Lab, write_inventory  # noqa: E402
+from testbed.netlab import Lab, write_inventory  # noqa: E402
 
 GROUPS = {"chief": ["node-1"], "ps": ["node-1"],
           "worker": {"node-2": {"worker_tasks": 2}, "node-3": {"worker_tasks": 2}}}

@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import cli  # noqa: E402
-from tests.helpers import cluster_pids  # noqa: E402
-from tests.lab.netlab import Lab, write_inventory  # noqa: E402
+from testbed.netlab import Lab, write_inventory  # noqa: E402
+from testbed.procs import cluster_pids  # noqa: E402
 
 GROUPS = {"chief": ["node-1"], "ps": ["node-1", "node-2"], "worker": ["node-1", "node-2", "node-3"]}
 

@@ -1,7 +1,7 @@
 """Time from ``sbatch`` to the first training step, against the same cluster over SSH (issue 13).
 
-Builds both labs once (not timed): a real Slurm 22.05 with two nodes (tests/slurm/slurmlab.py)
-and a two-host SSH lab (tests/lab/netlab.py), then, taking turns (Slurm first in even runs,
+Builds both labs once (not timed): a real Slurm 22.05 with two nodes (testbed/slurmlab.py)
+and a two-host SSH lab (testbed/netlab.py), then, taking turns (Slurm first in even runs,
 SSH first in odd ones):
 
 * **Slurm**: ``sbatch --wait`` of the script ``pscluster export LAB_INVENTORY --format sbatch``
@@ -43,8 +43,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import print_columns  # noqa: E402
-from tests.lab.netlab import Lab, write_inventory  # noqa: E402
-from tests.slurm.slurmlab import SlurmLab, missing_tools  # noqa: E402
+from cluster.layout import HostLayout  # noqa: E402
+from testbed.netlab import Lab, write_inventory  # noqa: E402
+from testbed.slurmlab import SlurmLab, missing_tools  # noqa: E402
 
 GROUPS = {"chief": ["node-1"], "ps": ["node-1", "node-2"], "worker": ["node-1", "node-2"]}
 JOB_ENV = {"OMP_NUM_THREADS": "1", "MNIST_MODEL": "mlp"}
@@ -52,7 +53,8 @@ JOB_ENV = {"OMP_NUM_THREADS": "1", "MNIST_MODEL": "mlp"}
 
 def leader_ts(name: str, kind: str = "start") -> float:
     """The time of the leader's first ``kind`` event in cluster ``name`` (its events under the checkout)."""
-    for path in sorted(glob.glob(str(REPO / ".pscluster" / name / "job-*" / "chief-0.1.events.jsonl"))):
+    run_dir = HostLayout(str(REPO), name).run_dir       # the local hosts' workdir is this checkout
+    for path in sorted(glob.glob(f"{run_dir}/job-*/chief-0.1.events.jsonl")):
         with open(path, encoding="utf-8") as handle:
             for line in handle:
                 try:
@@ -61,7 +63,7 @@ def leader_ts(name: str, kind: str = "start") -> float:
                     continue
                 if event.get("event") == kind:
                     return float(event["ts"])
-    raise RuntimeError(f"no {kind} event of chief:0 under {REPO / '.pscluster' / name}")
+    raise RuntimeError(f"no {kind} event of chief:0 under {run_dir}")
 
 
 def up_seconds(text: str) -> float | None:
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
                             else:
                                 result = ssh_run(inventory, work / name, name, args.steps)
                         finally:
-                            shutil.rmtree(REPO / ".pscluster" / name, ignore_errors=True)
+                            shutil.rmtree(HostLayout(str(REPO), name).run_dir, ignore_errors=True)
                         results[side].append(result)
                         print(f"run {run + 1} {side:5}: first step {result['first_step']:.1f} s "
                               f"(up {result['up']} s, done {result['done']:.1f} s)", flush=True)

@@ -22,8 +22,8 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.common import cli  # noqa: E402
 from cluster.hostops import BOOTSTRAP  # noqa: E402
-from tests.helpers import cluster_pids, netns_of  # noqa: E402
-from tests.lab.netlab import Lab, write_inventory  # noqa: E402
+from testbed.netlab import Lab, write_inventory  # noqa: E402
+from testbed.procs import cluster_pids, netns_of  # noqa: E402
 
 MODES = ("async", "sync", "sync-ps")     # one per cycle, in turn
 GROUPS = {"chief": ["node-1"], "ps": ["node-1", "node-2"], "worker": ["node-2", "node-3"]}

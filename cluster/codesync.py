@@ -17,11 +17,12 @@ from . import hostops
 from .errors import HostError, MultiHostError
 from .events import Reporter
 from .fanout import fan_out
+from .layout import RUN_ROOT
 from .plan import DEFAULT_REMOTE_WORKDIR, ClusterPlan, HostSpec
 from .transport import TransportPool
 
 SYNC_DIRS = ("roles", "examples")
-_SKIP_DIRS = {"__pycache__", ".pscluster", ".git", ".pytest_cache"}
+_SKIP_DIRS = {"__pycache__", RUN_ROOT, ".git", ".pytest_cache"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".log")
 
 

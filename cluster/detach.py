@@ -42,6 +42,7 @@ from typing import IO, Any, Callable, cast
 from .contracts import ExitStatus, JobState
 from .errors import PsclusterError
 from .events import Reporter
+from .layout import DaemonLayout
 from .progress import JobProgress, Orchestrator
 from .state import StateStore
 
@@ -177,21 +178,18 @@ class DaemonFiles:
 
     @classmethod
     def of(cls, root: Path, name: str, pid: int) -> "DaemonFiles":
-        return cls(str(log_path(root, name)), str(root / f"{name}.supervisor-{pid}.events"))
+        layout = DaemonLayout(root, name)
+        return cls(str(layout.log), str(layout.events(pid)))
 
     def orchestrator(self, pid: int, host: str) -> Orchestrator:
         return Orchestrator(pid, host, starttime=process_starttime(pid), detached=True, log=self.log,
                             events=self.events)
 
 
-def log_path(root: Path, name: str) -> Path:
-    return root / f"{name}.supervisor.log"
-
-
 def remove_event_files(root: Path, name: str) -> None:
     """Once the cluster is down (its state gone), nobody can attach: its events files go. The
     text log stays, for the post-mortem."""
-    for path in root.glob(f"{name}.supervisor-*.events"):
+    for path in root.glob(DaemonLayout(root, name).events_glob):
         path.unlink(missing_ok=True)
 
 
@@ -267,7 +265,7 @@ def spawn_supervisor(root: Path, name: str, request: dict) -> Spawned:
     and inherits this environment, which holds the inventory's secrets (never the command line).
     """
     root.mkdir(parents=True, exist_ok=True)
-    log = log_path(root, name)
+    log = DaemonLayout(root, name).log
     package_parent = str(Path(__file__).resolve().parent.parent)
     bootstrap = "import sys; sys.path.insert(0, sys.argv.pop(1)); from cluster.cli import main; main()"
     argv = [sys.executable, "-c", bootstrap, package_parent, "--state-dir", str(root), "--no-color",

@@ -25,6 +25,7 @@ from .errors import Aborted, Failure, HostError, MultiHostError, PsclusterError,
 from .events import Reporter
 from .fanout import fan_out
 from .firewall import install_rules, remove_rules
+from .layout import attempt_log, exit_file, pid_file
 from .plan import ClusterPlan, TaskSpec
 from .preflight import CheckReport, run_preflight
 from .probe import Prober
@@ -63,9 +64,11 @@ def records_by_host(records: Sequence[ProcessRecord]) -> dict[str, list[ProcessR
 
 def new_record(task: TaskSpec, *, kind: str, attempt: int, log: str | None = None,
                events: str | None = None) -> ProcessRecord:
-    log = log or (task.log_path if attempt == 1 else task.log_path.replace(".log", f".{attempt}.log"))
+    """The record of attempt ``attempt`` of ``task``; a standing server's log is numbered from the
+    plan's ``log_path`` (layout.attempt_log) unless ``log`` is given."""
+    log = log or attempt_log(task.log_path, attempt)
     return ProcessRecord(key=f"{task.name}#{attempt}", task=task.name, host=task.host, kind=kind,
-                         attempt=attempt, log=log, exit_file=log + ".exit", events=events)
+                         attempt=attempt, log=log, exit_file=exit_file(log), events=events)
 
 
 def start_task(writer: StateWriter, pool: TransportPool, plan: ClusterPlan, task: TaskSpec,
@@ -363,7 +366,7 @@ def _forget_pid_files(plan: ClusterPlan, records: Sequence[ProcessRecord], pool:
     grouped = records_by_host(records)
 
     def one(host: str) -> None:
-        hostops.remove(pool.get(plan.host(host)), sorted({record.log + ".pid" for record in grouped[host]}))
+        hostops.remove(pool.get(plan.host(host)), sorted({pid_file(record.log) for record in grouped[host]}))
 
     fan_out(grouped, one, name="forget pid files")     # a host's PsclusterError stays in the result, unread
 

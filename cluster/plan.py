@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from .errors import PlanError
 from .inventory import MODES, ROLES, HostConfig, Inventory, RoleSlots
+from .layout import HostLayout
 from .names import check_cluster_name
 from .notify import mask_url
 
@@ -249,7 +250,7 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
         tf_config = json.dumps({"cluster": cluster_json, "task": {"type": slot.role, "index": slot.index}},
                                sort_keys=True, separators=(",", ":"))
         standing = used_roles[slot.role]
-        run_dir = f"{host.workdir.rstrip('/')}/.pscluster/{name}"
+        layout = HostLayout(host.workdir, name)
         env = _task_env(slot, tf_config, name)
         if options.roles is not None:
             argv: tuple[str, ...] = ()        # the user's program, given to `run`
@@ -262,8 +263,8 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
         tasks.append(TaskSpec(
             role=slot.role, index=slot.index, host=slot.host.name, address=slot.host.address,
             port=port, cuda_visible_devices=slot.gpus, standing=standing, env=env, argv=argv,
-            workdir=host.workdir, log_path=f"{run_dir}/{slot.role}-{slot.index}.log",
-            events_path=f"{run_dir}/{slot.role}-{slot.index}.events.jsonl"))
+            workdir=host.workdir, log_path=layout.server_log(slot.role, slot.index),
+            events_path=layout.task_events(slot.role, slot.index)))
     used_hosts = {task.host for task in tasks}
     def why_unused(role: str) -> str:
         if options.roles is not None:

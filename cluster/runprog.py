@@ -34,7 +34,8 @@ from .state import ProcessRecord, StateStore
 from .supervision import core
 from .supervision.executor import JobExecutor, JobFailed, JobInterrupted, Watched
 from .supervisor import check_ports_free
-from .training import job_paths
+from .layout import exit_file
+from .training import host_layout
 from .transport import TransportPool
 
 MONITOR_PREFIX = "pscluster: "     # lines the host's monitor writes into the log (start, end)
@@ -135,9 +136,9 @@ class ProgramSupervisor(JobExecutor):
 
     def launch_program(self, task: TaskSpec) -> Watched:
         attempt = self.attempt(task, ProcessKind.PROGRAM)
-        log, _ = job_paths(task, self.plan, self.job_id, attempt)
+        log, _ = host_layout(task, self.plan).job_paths(self.job_id, task.role, task.index, attempt)
         record = ProcessRecord(key=f"{task.name}#j{self.job_id}.{attempt}", task=task.name, host=task.host,
-                               kind=str(ProcessKind.PROGRAM), attempt=attempt, log=log, exit_file=log + ".exit")
+                               kind=str(ProcessKind.PROGRAM), attempt=attempt, log=log, exit_file=exit_file(log))
         host = self.plan.host(task.host)
         argv = host_argv(expand(self.argv, placeholder_values(self.plan, task)), host)
         env = {**task_env(task, self.secrets, standing=False), **program_env(self.plan, task)}

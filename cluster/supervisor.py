@@ -38,8 +38,9 @@ from .plan import TaskSpec
 from .state import ProcessRecord, StateStore
 from .supervision import core
 from .supervision.executor import JobExecutor, JobFailed, JobInterrupted, Watched, restart_rules
-from .training import (EventTail, JobRef, TrainOptions, default_checkpoint_dir, job_files, job_path_on, job_paths,
-                       leader_task, path_on, summarize, summary_dir, train_argv, with_evaluator)
+from .layout import exit_file
+from .training import (EventTail, JobRef, TrainOptions, host_layout, job_files, job_path_on, leader_layout, leader_task,
+                       path_on, summarize, train_argv, with_evaluator)
 from .transport import TransportPool
 
 __all__ = ["Supervisor", "JobFailed", "JobInterrupted"]
@@ -109,7 +110,7 @@ class Supervisor(JobExecutor):
 
     def new_job(self):
         self.leader = leader_task(self.plan)
-        self.checkpoint_dir = self.options.checkpoint_dir or default_checkpoint_dir(self.plan, self.job)
+        self.checkpoint_dir = self.options.checkpoint_dir or leader_layout(self.plan).checkpoint_dir(self.job.name)
         if self.plan.evaluator_tasks:
             self.trainer_options = with_evaluator(self.options)
         return super().new_job().updated(checkpoint_dir=self.checkpoint_dir)
@@ -146,14 +147,14 @@ class Supervisor(JobExecutor):
 
     def launch_train(self, task: TaskSpec, *, resume: bool) -> Watched:
         attempt = self.attempt(task, ProcessKind.TRAIN)
-        log, events = job_paths(task, self.plan, self.job_id, attempt)
+        log, events = host_layout(task, self.plan).job_paths(self.job_id, task.role, task.index, attempt)
         record = ProcessRecord(key=f"{task.name}#j{self.job_id}.{attempt}", task=task.name, host=task.host,
-                               kind="train", attempt=attempt, log=log, exit_file=log + ".exit", events=events)
+                               kind="train", attempt=attempt, log=log, exit_file=exit_file(log), events=events)
         # The leader writes TensorBoard summaries; the restarts before this launch are one of them.
         # A side-car evaluator that shares the leader's workdir path writes its scalars beside them
         # (`<job>/eval`, one more run in `pscluster tensorboard`); elsewhere in <checkpoint dir>/eval.
         shares = task.role == "evaluator" and task.workdir == self.leader.workdir
-        summaries = summary_dir(self.plan, self.job) if task.name == self.leader.name or shares else None
+        summaries = leader_layout(self.plan).summary_dir(self.job.name) if task.name == self.leader.name or shares else None
         argv = train_argv(task, job_path=job_path_on(self.plan.host(task.host), self.job, self.plan, self.root),
                           events_path=events, checkpoint_dir=self.checkpoint_dir, options=self.trainer_options,
                           resume=resume, summaries=summaries, restarts=sum(self.job_restarts().values()))

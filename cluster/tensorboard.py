@@ -24,8 +24,9 @@ from . import hostops
 from .contracts import ProcessKind
 from .errors import HostError, PsclusterError, UsageError
 from .plan import ClusterPlan, TaskSpec
+from .layout import exit_file
 from .state import ProcessRecord, RunState, StateStore, StateWriter
-from .training import leader_task, run_dir, tensorboard_root
+from .training import leader_layout, leader_task
 from .transport import TransportPool
 
 DEFAULT_PORT = 6006           # TensorBoard's own default
@@ -58,10 +59,11 @@ def board_spec(state: RunState) -> BoardSpec:
     plan: ClusterPlan = state.plan
     owner = leader_task(plan)
     attempt = 1 + sum(1 for record in state.processes if record.kind == ProcessKind.TENSORBOARD)
-    log = f"{run_dir(owner, plan)}/tensorboard.{attempt}.log"
+    layout = leader_layout(plan)
+    log = layout.tensorboard_log(attempt)
     record = ProcessRecord(key=f"{TASK}#{attempt}", task=TASK, host=owner.host, kind=ProcessKind.TENSORBOARD,
-                           attempt=attempt, log=log, exit_file=log + ".exit")
-    return BoardSpec(owner=owner, logdir=tensorboard_root(plan), record=record)
+                           attempt=attempt, log=log, exit_file=exit_file(log))
+    return BoardSpec(owner=owner, logdir=layout.tensorboard_root, record=record)
 
 
 def host_ports(port: int, *, local: bool) -> list[int]:

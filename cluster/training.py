@@ -17,6 +17,7 @@ from roles.plan import TrainerSettings
 from . import hostops
 from .codesync import LocalFile, collect, needs_sync
 from .errors import UsageError
+from .layout import HostLayout, job_code_dir
 from .names import is_cluster_name
 from .plan import ClusterPlan, HostSpec, TaskSpec
 from .progress import JobProgress
@@ -75,7 +76,7 @@ def _is_within(path: Path, folder: Path) -> bool:
 
 def job_files(job: JobRef, plan: ClusterPlan) -> list[LocalFile]:
     """Files to copy for a user job, relative to the host workdir."""
-    return collect(job.local_path.parent, (job.local_path.name,), prefix=f".pscluster/{plan.name}/jobs/{job.name}/")
+    return collect(job.local_path.parent, (job.local_path.name,), prefix=job_code_dir(plan.name, job.name) + "/")
 
 
 def job_path_on(host: HostSpec, job: JobRef, plan: ClusterPlan, root: Path) -> str:
@@ -84,7 +85,7 @@ def job_path_on(host: HostSpec, job: JobRef, plan: ClusterPlan, root: Path) -> s
         return str(job.local_path)
     if job.example:
         return str(job.local_path.relative_to(root))
-    return f".pscluster/{plan.name}/jobs/{job.name}/{job.local_path.name}"
+    return f"{job_code_dir(plan.name, job.name)}/{job.local_path.name}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,19 +138,15 @@ def path_on(host: HostSpec, path: str) -> str:
     return f"{host.workdir.rstrip('/')}/{path}"
 
 
-def default_checkpoint_dir(plan: ClusterPlan, job: JobRef) -> str:
-    return f"{run_dir(leader_task(plan), plan)}/checkpoints/{job.name}"
+def host_layout(task: TaskSpec, plan: ClusterPlan) -> HostLayout:
+    """The cluster's files under ``task``'s workdir on its host."""
+    return HostLayout(task.workdir, plan.name)
 
 
-def tensorboard_root(plan: ClusterPlan) -> str:
-    """The folder on the leader's host holding every job's TensorBoard summaries (one run per
-    job, as TensorBoard shows them): what ``pscluster tensorboard`` serves."""
-    return f"{run_dir(leader_task(plan), plan)}/tensorboard"
-
-
-def summary_dir(plan: ClusterPlan, job: JobRef) -> str:
-    """Where the job's leader writes its TensorBoard summaries."""
-    return f"{tensorboard_root(plan)}/{job.name}"
+def leader_layout(plan: ClusterPlan) -> HostLayout:
+    """The files on the job leader's host: the default checkpoint folder and the TensorBoard
+    summaries (``tensorboard_root``, what ``pscluster tensorboard`` serves)."""
+    return host_layout(leader_task(plan), plan)
 
 
 def train_argv(task: TaskSpec, *, job_path: str, events_path: str, checkpoint_dir: str,
@@ -210,22 +207,6 @@ class EventTail:
 
     def last(self, kind: str) -> dict | None:
         return next((event for event in reversed(self.events) if event.get("event") == kind), None)
-
-
-def run_dir(task: TaskSpec, plan: ClusterPlan) -> str:
-    """The cluster's run folder on ``task``'s host (``<workdir>/.pscluster/<name>``): job logs
-    and events, checkpoints and TensorBoard summaries live under it."""
-    return f"{task.workdir.rstrip('/')}/.pscluster/{plan.name}"
-
-
-def job_paths(task: TaskSpec, plan: ClusterPlan, job_id: int, attempt: int) -> tuple[str, str]:
-    """(log, events) of one attempt of one task in one job."""
-    base = f"{run_dir(task, plan)}/job-{job_id}/{task.role}-{task.index}.{attempt}"
-    return base + ".log", base + ".events.jsonl"
-
-
-def server_log(task: TaskSpec, attempt: int) -> str:
-    return task.log_path if attempt == 1 else task.log_path[:-len(".log")] + f".{attempt}.log"
 
 
 def summarize(result: dict, *, wall_seconds: float, restarts: dict[str, int], steps_redone: int,

@@ -56,6 +56,13 @@ def _alive(pid, starttime=None):
     return starttime is None or stat[3] == starttime
 
 
+RUN_ROOT = ".pscluster"      # the folder under a workdir that holds the run folders (and fsid)
+# Files beside each task's log (cluster/layout.py names the same suffixes; a unit test checks).
+PID_SUFFIX = ".pid"          # the monitor's record of the task: pid, pgid, start times
+EXIT_SUFFIX = ".exit"        # the task's exit status, written when it ends
+CANCEL_SUFFIX = ".cancel"    # tokens of starts that a stop overtook
+LOCK_SUFFIX = ".lock"        # held by a start (or a cancel) until the pid file exists
+
 TF_DISTS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tf-nightly-cpu",
             "tensorflow-intel", "tensorflow-macos")
 
@@ -210,8 +217,8 @@ def _private_dirs(path):
     hold logs (which may show data or tracebacks), pid files and events."""
     os.makedirs(path, mode=0o700, exist_ok=True)
     parts = path.split(os.sep)
-    if ".pscluster" in parts:
-        for end in range(parts.index(".pscluster") + 1, len(parts) + 1):
+    if RUN_ROOT in parts:
+        for end in range(parts.index(RUN_ROOT) + 1, len(parts) + 1):
             try:
                 os.chmod(os.sep.join(parts[:end]), 0o700)
             except OSError:
@@ -221,14 +228,14 @@ def _private_dirs(path):
 def _start_lock(log):
     """Exclusive lock of one log's start/cancel (held by a start until its pid file exists)."""
     import fcntl
-    fd = os.open(log + ".lock", os.O_WRONLY | os.O_CREAT, 0o600)
+    fd = os.open(log + LOCK_SUFFIX, os.O_WRONLY | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
 
 
 def _cancelled(log, token):
     try:
-        with open(log + ".cancel") as handle:
+        with open(log + CANCEL_SUFFIX) as handle:
             return token in handle.read().split()
     except OSError:
         return False
@@ -241,7 +248,7 @@ def _wait_status(status):
 def op_start(req):
     cwd = _expand(req["cwd"])
     log = _expand(req["log"])
-    exit_file = log + ".exit"
+    exit_file = log + EXIT_SUFFIX
     token = req.get("token")
     _private_dirs(os.path.dirname(log))
     lock_fd = _start_lock(log)
@@ -258,7 +265,7 @@ def op_start(req):
 
 def _spawn(req, cwd, log, exit_file, token, lock_fd):
     # Each attempt starts clean: a name reused by a later cluster or job must not show old lines.
-    for stale in [exit_file, log + ".pid", log + ".cancel"] + [_expand(path) for path in req.get("fresh", [])]:
+    for stale in [exit_file, log + PID_SUFFIX, log + CANCEL_SUFFIX] + [_expand(path) for path in req.get("fresh", [])]:
         if os.path.exists(stale):
             os.unlink(stale)
     env = dict(os.environ) if req.get("inherit_env", True) else {}
@@ -300,7 +307,7 @@ def _spawn(req, cwd, log, exit_file, token, lock_fd):
                       "task_starttime": (_proc_stat(task.pid) or [None] * 4)[3],
                       "started": time.time(), "log": log, "exit_file": exit_file, "token": token}
             # Written before anyone is told: an orchestrator killed right now still finds it.
-            _write_json(log + ".pid", record)
+            _write_json(log + PID_SUFFIX, record)
             os.write(write_end, json.dumps(record).encode())
             os.close(write_end)
             # Reap every child (the task, and orphans adopted as subreaper) until none is left.
@@ -362,7 +369,7 @@ def _resolve(rec):
     earlier cluster or job of the same name names processes that are not this record's.
     """
     if rec.get("pgid") is None and rec.get("log"):
-        found = _read_exit(rec["log"] + ".pid")
+        found = _read_exit(rec["log"] + PID_SUFFIX)
         if found and (found.get("token") in (None, rec.get("token")) or rec.get("token") is None):
             rec = dict(rec, **{k: found[k] for k in ("pid", "pgid", "starttime", "task_starttime",
                                                       "started", "exit_file")})
@@ -521,7 +528,7 @@ def _cancel_start(rec):
         resolved = _resolve(dict(rec, log=log))
         if resolved.get("pgid") is not None:
             return resolved, False
-        with open(log + ".cancel", "a") as handle:
+        with open(log + CANCEL_SUFFIX, "a") as handle:
             handle.write(rec["token"] + "\n")
         return rec, True
     finally:
@@ -629,7 +636,7 @@ def op_fsid(req):
     read by every other host that shares the folder (NFS home, or the control machine's disk)."""
     import uuid
     root = _expand(req["root"])
-    folder = os.path.join(root, ".pscluster")
+    folder = os.path.join(root, RUN_ROOT)
     os.makedirs(folder, exist_ok=True)
     marker = os.path.join(folder, "fsid")
     if not os.path.exists(marker):

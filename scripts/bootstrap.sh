@@ -13,7 +13,7 @@ command -v ssh >/dev/null 2>&1 || apt_missing+=(openssh-client)
 command -v sudo >/dev/null 2>&1 || apt_missing+=(sudo)    # ansible_become: tasks run through sudo -n -H -u USER
 command -v ip >/dev/null 2>&1 || apt_missing+=(iproute2)
 command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || apt_missing+=(nftables)
-# The Slurm lab (tests/slurm): a real slurmctld/slurmd/munged, started by the test fixture itself.
+# The Slurm lab (tests/slurm, testbed/slurmlab.py): a real slurmctld/slurmd/munged, started by the test fixture itself.
 command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || apt_missing+=(slurmctld)
 command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ] || apt_missing+=(slurmd)
 command -v srun >/dev/null 2>&1 || apt_missing+=(slurm-client)

@@ -7,6 +7,6 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 export PYTHONDONTWRITEBYTECODE=1
 # Lint and type-check first: seconds, not a run of the suite (configuration in pyproject.toml).
-.venv/bin/ruff check cluster roles tests benchmarks examples
+.venv/bin/ruff check cluster roles tests testbed benchmarks examples
 .venv/bin/mypy
 exec .venv/bin/python -m pytest -q -rs --durations=15 "${@:-tests}"

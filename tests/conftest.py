@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: the network-namespace SSH lab (tests/lab/netlab.py).
+"""Shared pytest fixtures: the network-namespace SSH lab (testbed/netlab.py).
 
 * ``lab3``      -- a 3-host lab shared by the tests of one module; hosts cut by
                    a test are healed after it.
@@ -26,7 +26,7 @@ import tempfile
 
 import pytest
 
-from tests.lab import netlab
+from testbed import netlab
 
 LAB_BASE = pathlib.Path(os.environ.get("PSCLUSTER_LAB_DIR", "/tmp/pscluster-netlab"))
 KEEP_DIRS = os.environ.get("PSCLUSTER_LAB_KEEP") == "1"

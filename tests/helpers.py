@@ -1,4 +1,5 @@
-"""Helpers shared by the local, lab and fault tests (real processes, real hosts)."""
+"""Helpers shared by the local, lab and fault tests (real processes, real hosts); the process
+views they share with the benchmarks (``cluster_pids``, ``netns_of``) are in testbed/procs.py."""
 from __future__ import annotations
 
 import itertools
@@ -8,6 +9,8 @@ import pathlib
 import subprocess
 import sys
 import time
+
+from testbed import procs
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 _PORTS = itertools.count(0)
@@ -47,33 +50,10 @@ def run_json(args, *, state_dir, **kw) -> dict:
     return json.loads(proc.stdout)
 
 
-def cluster_pids(name: str) -> list[int]:
-    """Live processes started for cluster ``name`` (read-only scan of /proc environments).
-
-    Every task pscluster starts carries ``PSCLUSTER_CLUSTER=<name>``; the fake hosts share this
-    machine's PID space, so this sees every host. Used only to assert, never to kill.
-    """
-    marker = f"PSCLUSTER_CLUSTER={name}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as handle:
-                environ = handle.read().split(b"\0")
-            with open(f"/proc/{entry}/stat") as handle:
-                state = handle.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in environ and state not in ("Z", "X"):
-            found.append(int(entry))
-    return found
-
-
 def assert_no_survivors(name: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        pids = cluster_pids(name)
+        pids = procs.cluster_pids(name)
         if not pids:
             return
         if time.monotonic() > deadline:
@@ -85,12 +65,6 @@ def assert_no_survivors(name: str, timeout: float = 10.0) -> None:
                     pass
             raise AssertionError(f"processes of cluster {name!r} survive:\n" + "\n".join(details))
         time.sleep(0.2)
-
-
-def netns_of(pid: int) -> str | None:
-    """The named network namespace a process lives in (``ip netns identify``)."""
-    proc = subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True)
-    return proc.stdout.strip() or None
 
 
 class RecordingServer:

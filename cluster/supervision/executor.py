@@ -474,11 +474,8 @@ class JobExecutor:
         fan_out(tasks, one, name="launch", catch=(), max_workers=max(1, len(tasks)))
 
     def launch_server(self, task: TaskSpec) -> Watched:
-        from ..training import server_log
-        attempt = self.attempt(task, ProcessKind.SERVER)
-        log = server_log(task, attempt)
-        record = ProcessRecord(key=f"{task.name}#{attempt}", task=task.name, host=task.host, kind="server",
-                               attempt=attempt, log=log, exit_file=log + ".exit")
+        from ..launcher import new_record
+        record = new_record(task, kind="server", attempt=self.attempt(task, ProcessKind.SERVER))
         watched = self.launch(task, record, argv=task.argv, env=task_env(task, self.secrets, standing=True), kind=ProcessKind.SERVER)
         try:
             with Prober() as prober:

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.faults.conftest import ACCURACY_BOUND
-from tests.helpers import cluster_pids
+from testbed.procs import cluster_pids
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
 

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, assert_no_survivors, cluster_pids, netns_of, port_base, run_cli, run_json
+from tests.helpers import REPO, assert_no_survivors, port_base, run_cli, run_json
+from testbed.procs import cluster_pids, netns_of
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
 

@@ -1,4 +1,4 @@
-"""Tests of the network-namespace SSH lab itself (tests/lab/netlab.py)."""
+"""Tests of the network-namespace SSH lab itself (testbed/netlab.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.lab import netlab
+from testbed import netlab
 
 pytestmark = pytest.mark.lab
 
@@ -241,7 +241,7 @@ def test_many_hosts(make_lab):
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tests.lab.netlab", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "testbed.netlab", *args], cwd=REPO,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -273,7 +273,7 @@ def test_cli_up_down(lab_base, tmp_path):
 
 def test_reap_stale_after_crash(lab_base, tmp_path):
     d = lab_base / f"crash-{os.getpid()}"
-    code = ("import os,sys,pathlib; from tests.lab.netlab import Lab; "
+    code = ("import os,sys,pathlib; from testbed.netlab import Lab; "
             "lab=Lab(2, pathlib.Path(sys.argv[1]), subnet='auto').start(); "
             "print(lab.tag, flush=True); os._exit(0)")  # dies without stop()
     r = subprocess.run([sys.executable, "-c", code, str(d)], cwd=REPO, stdin=subprocess.DEVNULL,

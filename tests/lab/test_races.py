@@ -10,7 +10,8 @@ import os
 
 import pytest
 
-from tests.helpers import REPO, assert_no_survivors, cluster_pids, port_base, run_cli
+from tests.helpers import REPO, assert_no_survivors, port_base, run_cli
+from testbed.procs import cluster_pids
 from tests.local.test_process_control import down_at
 
 pytestmark = [pytest.mark.lab]

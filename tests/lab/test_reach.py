@@ -13,7 +13,7 @@ from cluster.errors import UnreachableHostError
 from cluster.plan import HostSpec
 from cluster.transport.ssh import SSHTransport
 from tests.helpers import assert_no_survivors, port_base, run_cli, run_json
-from tests.lab.netlab import venv_python
+from testbed.netlab import venv_python
 
 pytestmark = [pytest.mark.lab]
 

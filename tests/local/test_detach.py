@@ -16,7 +16,8 @@ import yaml
 
 from cluster.detach import orchestrator_alive
 from cluster.progress import Orchestrator
-from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, cluster_pids, port_base, run_cli, run_json
+from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, port_base, run_cli, run_json
+from testbed.procs import cluster_pids
 
 NAME = f"detach-local-{os.getpid()}"
 STEPS = 4000           # MLP, async, 2 workers: long enough to kill a worker mid-run and see it come back

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, cluster_pids, port_base
+from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, port_base
+from testbed.procs import cluster_pids
 
 LOCAL = REPO / "inventories" / "local.yaml"
 NAME = f"long-runs-{os.getpid()}"  # concurrent runs of the suite never share (or kill) a cluster

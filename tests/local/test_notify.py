@@ -17,7 +17,8 @@ import time
 import pytest
 import yaml
 
-from tests.helpers import REPO, RecordingServer, assert_no_survivors, cli_argv, cli_env, cluster_pids, port_base
+from tests.helpers import REPO, RecordingServer, assert_no_survivors, cli_argv, cli_env, port_base
+from testbed.procs import cluster_pids
 
 NAME = f"notify-e2e-{os.getpid()}"
 SECRET = "s3cretT0kenAbcdefgh"       # a token-like path segment: masked wherever the URL is shown

@@ -19,7 +19,8 @@ from cluster import hostops
 from cluster.plan import HostSpec
 from cluster.state import ProcessRecord
 from cluster.transport.local import LocalTransport
-from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, cluster_pids, port_base, run_cli
+from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, port_base, run_cli
+from testbed.procs import cluster_pids
 
 LOCAL = REPO / "inventories" / "local.yaml"
 

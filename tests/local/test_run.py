@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, cluster_pids, port_base, run_cli, run_json
+from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, port_base, run_cli, run_json
+from testbed.procs import cluster_pids
 
 LOCAL = REPO / "inventories" / "local.yaml"
 TF1 = ["python", "examples/byo/tf1_flags.py", "--ps_hosts={ps_hosts}", "--worker_hosts={worker_hosts}",

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, cluster_pids, port_base
+from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, port_base
+from testbed.procs import cluster_pids
 from tests.local.test_process_control import wait_paused
 
 LOCAL = REPO / "inventories" / "local.yaml"

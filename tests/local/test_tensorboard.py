@@ -14,7 +14,8 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, cluster_pids, port_base, run_cli
+from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, port_base, run_cli
+from testbed.procs import cluster_pids
 
 LOCAL = REPO / "inventories" / "local.yaml"
 NAME = "tb-local"

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import zipfile
 
 import pytest
 
@@ -35,6 +36,10 @@ def test_the_installed_wheel_trains_from_another_directory(tmp_path):
     with open(os.path.join(site, "zz_deps.pth"), "w") as handle:
         handle.write(sysconfig.get_paths()["purelib"] + "\n")
     wheel = next(dist.glob("pscluster-*.whl"))
+    # only the two packages: the test beds (testbed/), tests and benchmarks stay in the checkout
+    with zipfile.ZipFile(wheel) as archive:
+        packages = {name.split("/")[0] for name in archive.namelist() if not name.startswith("pscluster-")}
+    assert packages == {"cluster", "roles"}, packages
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
                    check=True, timeout=300)
 

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from .slurmlab import SlurmLab, missing_tools
+from testbed.slurmlab import SlurmLab, missing_tools
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from cluster.state import StateStore
-from tests.helpers import cli_argv, cli_env, cluster_pids, port_base
+from tests.helpers import cli_argv, cli_env, port_base
+from testbed.procs import cluster_pids
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cluster.contracts import ProcessKind
-from cluster.training import JobRef, summary_dir, tensorboard_root
+from cluster.training import JobRef, leader_layout
 from cluster.tensorboard import board_spec, host_ports
 from roles import hostctl
 from roles.plan import StepSchedule
@@ -132,7 +132,7 @@ def test_tensorboard_runs_on_the_leaders_host_over_the_run_folder():
         spec = board_spec(state)
         assert spec.owner.name == leader
         workdir = spec.owner.workdir.rstrip("/")
-        assert spec.logdir == tensorboard_root(state.plan) == f"{workdir}/.pscluster/lab/tensorboard"
+        assert spec.logdir == leader_layout(state.plan).tensorboard_root == f"{workdir}/.pscluster/lab/tensorboard"
         assert spec.argv("/venv/bin/python", 6007) == ["/venv/bin/python", "-m", "tensorboard.main", "--logdir",
                                                        spec.logdir, "--host", "127.0.0.1", "--port", "6007"]
         record = spec.record
@@ -150,7 +150,8 @@ def test_tensorboard_runs_on_the_leaders_host_over_the_run_folder():
 def test_a_jobs_summaries_live_in_its_own_run_of_the_tensorboard_folder():
     state = lab_state()
     job = JobRef("distributed_mnist", "distributed_mnist", Path("/checkout/examples/distributed_mnist"), True)
-    assert summary_dir(state.plan, job) == tensorboard_root(state.plan) + "/distributed_mnist"
+    layout = leader_layout(state.plan)
+    assert layout.summary_dir(job.name) == layout.tensorboard_root + "/distributed_mnist"
 
 
 def test_ports_tried_for_tensorboard():

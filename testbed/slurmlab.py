@@ -174,7 +174,10 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         job = match.group(1)
         detail = subprocess.run(["scontrol", "show", "job", job], env=self.env, capture_output=True,
                                 text=True).stdout
-        nodelist = re.search(r"\bNodeList=(\S+)", detail).group(1)
+        listed = re.search(r"\bNodeList=(\S+)", detail)
+        if not listed:
+            raise RuntimeError(f"scontrol show job {job} names no NodeList: {detail}")
+        nodelist = listed.group(1)
         env = {"SLURM_JOB_ID": job, "SLURM_JOBID": job, "SLURM_JOB_NODELIST": nodelist, "SLURM_NODELIST": nodelist}
         tasks = re.search(r"--ntasks-per-node[= ](\d+)", " ".join(args))
         if tasks:
@@ -191,7 +194,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
     def cgroup_pids(self) -> list[int]:
         """PIDs Slurm still tracks in our nodes' freezer cgroups (empty once a job is fully gone)."""
-        pids = []
+        pids: list[int] = []
         for node in self.nodes:
             root = f"/sys/fs/cgroup/freezer/slurm_{node}"
             for dirpath, _, files in os.walk(root):

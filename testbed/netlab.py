@@ -25,9 +25,9 @@ and ``unshare`` programs).  No pytest import; benchmarks use it directly::
 
 CLI (for manual and benchmark use)::
 
-    python -m tests.lab.netlab up 8 --dir /tmp/lab8      # prints JSON
-    python -m tests.lab.netlab down --dir /tmp/lab8
-    python -m tests.lab.netlab reap /tmp/labs [--force]
+    python -m testbed.netlab up 8 --dir /tmp/lab8      # prints JSON
+    python -m testbed.netlab down --dir /tmp/lab8
+    python -m testbed.netlab reap /tmp/labs [--force]
 """
 
 from __future__ import annotations
@@ -230,9 +230,9 @@ def _netns_pids(names: Iterable[str]) -> dict[str, list[int]]:
             st = os.stat(f"/proc/{pid}/ns/net")
         except OSError:
             continue
-        name = want.get((st.st_dev, st.st_ino))
-        if name is not None and _alive(pid):
-            out[name].append(pid)
+        owner = want.get((st.st_dev, st.st_ino))
+        if owner is not None and _alive(pid):
+            out[owner].append(pid)
     return out
 
 
@@ -601,6 +601,8 @@ class Lab:
 
     def _make_network(self, hosts: list[dict]) -> None:
         s, br = self.subnet, self.bridge
+        if self.tag is None:        # set by start() before the network is made
+            raise LabError("the lab's network is made before its tag is chosen")
         t = bytes.fromhex(f"{int(self.tag, 36) & 0xffffff:06x}")
         mac = "02:70:%02x:%02x:%02x:%02x" % (t[0], t[1], t[2], int(s.split(".")[2]))
         lines = [
@@ -1101,7 +1103,7 @@ def write_inventory(lab: Lab, path: pathlib.Path, groups: Mapping | None = None,
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.lab.netlab",
+    ap = argparse.ArgumentParser(prog="python -m testbed.netlab",
                                  description="network-namespace SSH lab")
     sub = ap.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start N hosts, print JSON, leave them running")
