@@ -20,6 +20,16 @@ variables obey the device setter, but
 
 Other choices:
 
+* the input pipelines run eagerly in a thread of their own and each step feeds its
+  batch through placeholders: in the graph the job's arrays would be constants (47 MB
+  for MNIST) that every graph build, prune and registration copies (27 s to the first
+  step instead of 6 s, docs/benchmarks.md "sync-ps profile");
+* a model without state that its call changes runs on values, read as one flat tensor
+  per ps task, and sends its gradients the same way (roles/fused.py): a transfer is
+  an RPC, and the RPCs, not the bytes, cost on shared cores. Other models (BatchNorm,
+  dropout) read their variables where they live, which needs
+  ``share_cluster_devices_in_session`` for the tf.function that updates them;
+
 * each run's state lives in a fresh resource container agreed through
   roles/syncps_rendezvous.py, because the standing ps tasks keep every variable and
   queue of earlier runs;
@@ -50,6 +60,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
+from roles import fused
 from roles.checkpoint import CHECKPOINT_NAME, MAX_TO_KEEP
 from roles.datasets import eval_dataset, train_dataset
 from roles.evaluation import EVAL_BATCH_SIZE, batch_sums, means
@@ -66,7 +77,8 @@ from roles.v1_optimizers import V1OptimizerSpec, v1_spec
 log = logging.getLogger("pscluster.syncps")
 
 STOP_GRACE_SECONDS = 2
-FUSED_READS = os.environ.get("PSCLUSTER_SYNCPS_FUSED", "1") != "0"
+# PSCLUSTER_SYNCPS_FUSED=0 turns roles/fused.py off (for A/B measurements).
+FUSED = os.environ.get("PSCLUSTER_SYNCPS_FUSED", "1") != "0"
 
 
 def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
@@ -82,6 +94,9 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     threads = threads_from_env()
     config = session_config(tf, threads, device_filters=[
         "/job:ps", f"/job:worker/task:{index}"], allow_soft_placement=False)
+    # A tf.function whose ops touch variables on the ps (a BatchNormalization update, say)
+    # runs only if the session shares the cluster's devices with the function runtime.
+    config.experimental.share_cluster_devices_in_session = True
     server = tf.distribute.Server(cluster, job_name="worker", task_index=index,
                                   protocol="grpc", config=config, start=True)
     # Read eagerly, outside any graph, and before connecting: fails fast if unsupported.
@@ -122,10 +137,10 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             sync = tf.compat.v1.train.SyncReplicasOptimizer(
                 optimizer_spec.build(), replicas_to_aggregate=workers, total_num_replicas=workers)
             variables = [v.value for v in model.trainable_variables]
-            if FUSED_READS and not model.non_trainable_variables:
-                # One read per ps task per step instead of one per variable (and the
-                # backward pass's second one): the model runs on values, not variables.
-                values = _read_fused(variables)
+            if FUSED and fused.usable(model):
+                # One transfer per ps task and direction per step instead of one per
+                # variable (reads twice: forward and backward): roles/fused.py.
+                values = fused.read(variables)
 
                 @tf.function
                 def forward_on(values: list[tf.Tensor], x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
@@ -134,6 +149,7 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
 
                 loss = forward_on(values, x, y)
                 grads = tf.gradients(loss, values)
+                grads = fused.send(grads, variables)
                 train_op = sync.apply_gradients(list(zip(grads, variables)), global_step=global_step)
             else:
                 @tf.function
@@ -298,22 +314,6 @@ class _Feeder:
             self._queue.put(RuntimeError("the training data ended although it repeats forever"))
         except Exception as e:  # noqa: BLE001 - handed to the training loop, which raises it
             self._queue.put(e)
-
-
-def _read_fused(variables: list[Any]) -> list[Any]:
-    """The values of ``variables``, read as one flat tensor per ps task and cut up here."""
-    by_device: dict[str, list[int]] = {}
-    for i, v in enumerate(variables):
-        by_device.setdefault(v.device, []).append(i)
-    values: list[Any] = [None] * len(variables)
-    for indices in by_device.values():
-        group = [variables[i] for i in indices]
-        with tf.compat.v1.colocate_with(group[0]):
-            flat = tf.concat([tf.reshape(v.read_value(), [-1]) for v in group], axis=0)
-        pieces = tf.split(flat, [int(v.shape.num_elements()) for v in group])
-        for i, v, piece in zip(indices, group, pieces):
-            values[i] = tf.reshape(piece, v.shape)
-    return values
 
 
 def _batches(dataset: tf.data.Dataset) -> list[tuple[Any, ...]]:

@@ -362,3 +362,32 @@ def test_syncps_train_and_resume_on_the_same_standing_ps(syncps_cluster):
         assert run.first("done")["global_step"] == 200
         assert all(e["step"] > 150 for e in run.all("progress"))
     assert runs[0].first("done")["val_accuracy"] >= ACCURACY_BOUND
+
+
+def test_syncps_model_with_state_updates_trains_on_the_per_variable_path(syncps_cluster, tmp_path):
+    """BatchNormalization statistics and a dropout seed change on every call: such a model cannot
+    run on fetched values (roles/fused.py), so it reads its variables where they live; the
+    statistics must still move."""
+    cluster, root = syncps_cluster
+    job = tmp_path / "stateful_job.py"
+    job.write_text(textwrap.dedent(TINY_JOB).replace(
+        """keras.Sequential([keras.layers.Dense(16, activation="relu"),""",
+        """keras.Sequential([keras.layers.Dense(16, activation="relu"),
+                                 keras.layers.BatchNormalization(), keras.layers.Dropout(0.1),"""))
+    tasks = [("worker", 0, root / "s0"), ("worker", 1, root / "s1")]
+    runs = train(cluster, "sync-ps", tasks, ["--steps", "120", "--checkpoint-dir", "ckpt"], "syncps-stateful",
+                 job=str(job))
+    for run in runs:
+        assert run.first("done")["global_step"] == 120
+    assert runs[0].first("done")["val_accuracy"] >= ACCURACY_BOUND
+    names = [v["name"] for v in runs[0].first("placement")["variables"]]
+    assert any("moving_mean" in n for n in names), names
+    # The moving mean starts at zeros; after 120 steps of updates it is not.
+    read = subprocess.run([sys.executable, "-c", (
+        "import json, sys, tensorflow as tf\n"
+        "r = tf.train.load_checkpoint(sys.argv[1])\n"
+        "print(json.dumps([float(abs(r.get_tensor(k)).max()) for k in r.get_variable_to_shape_map()"
+        " if 'moving_mean' in k]))"), str(root / "s0" / "ckpt" / "ckpt-120")],
+        capture_output=True, text=True, timeout=120)
+    largest = json.loads(read.stdout.strip().splitlines()[-1])
+    assert largest and max(largest) > 0, (largest, read.stderr[-2000:])
