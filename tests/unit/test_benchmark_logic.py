@@ -166,3 +166,33 @@ def test_final_line_and_ratio():
         {"accuracy": 0.9712, "loss": 0.0912, "steps": 2000, "seconds": 41.2}
     assert parse_final("no result") is None
     assert ratio([10.0, 12.0, 11.0], [10.0, 10.0, 9.0]) == pytest.approx(1.1)
+
+
+def test_part_4_medians_count_a_missed_target_as_slowest():
+    from benchmarks.training import summarize_runs
+    runs = [{"time_to_target_seconds": 25.2, "step_at_target": 768, "final_val_accuracy": 0.99, "steps_per_second": 40},
+            {"time_to_target_seconds": 17.9, "step_at_target": 512, "final_val_accuracy": 0.98, "steps_per_second": 44},
+            {"time_to_target_seconds": None, "step_at_target": None, "final_val_accuracy": 0.984,
+             "steps_per_second": 42}]
+    out = summarize_runs(runs)
+    assert out["time_to_target_seconds"] == 25.2            # 17.9 < 25.2 < missed
+    assert out["times_to_target"] == [25.2, 17.9, None] and out["step_at_target"] == 512
+    assert summarize_runs(runs[2:])["time_to_target_seconds"] is None
+    assert summarize_runs([runs[1], runs[2], runs[2]])["time_to_target_seconds"] is None   # 2 of 3 missed
+
+
+def test_part_4_goals_are_at_most_ratios():
+    import argparse
+
+    from benchmarks.training import table_rows
+    t = {"target": 0.985, "single": {"steps_per_execution": 128, "time_to_target_seconds": 10.0,
+                                      "step_at_target": 512},
+         "async": {"cluster": "pscluster async", "up_seconds": 7, "time_to_target_seconds": 15.0,
+                   "step_at_target": 640},
+         "sync-ps": {"cluster": "pscluster sync-ps", "up_seconds": 4, "time_to_target_seconds": 19.0,
+                     "step_at_target": 512, "times_to_target": [19.0, 21.0], "steps_at_target": [512, 640]}}
+    rows = {r["configuration"]: r for r in table_rows({"accuracy": t}, argparse.Namespace())}
+    assert rows["pscluster async (+7 s up)"]["met"] is False and rows["pscluster async (+7 s up)"]["goal"] == "<= 1.4"
+    sync_ps = rows["pscluster sync-ps (+4 s up)"]
+    assert sync_ps["met"] is True and sync_ps["ratio"] == 1.9
+    assert sync_ps["measured"] == "19.0 s (step 512) [19.0 s @512, 21.0 s @640]"
