@@ -143,6 +143,7 @@ def print_report(out: dict[str, Any]) -> None:
               f"session overhead (wall - {w}'s span) {profile.session_overhead_ms(w):.1f} ms")
         rows = [["span", *(_fmt(profile.span_ms.get(t)) for t in tasks)]]
         rows += [[c, *(_fmt(profile.by_category[t][c]) for t in tasks)] for c in CATEGORIES]
+        rows += [["transfers per step (ops)", *(_fmt(profile.counts.get(t, {}).get("transfer")) for t in tasks)]]
         print_columns(["ms per step", *tasks], rows)
         print("  costliest ops: " + ", ".join(f"{t} {o} {ms:.1f}" for t, o, ms in profile.top_ops[:6]))
 

@@ -95,6 +95,7 @@ class Profile:
     wall_ms: float = 0.0
     span_ms: dict[str, float] = field(default_factory=dict)                    # per task
     by_category: dict[str, dict[str, float]] = field(default_factory=dict)     # task -> category -> ms
+    counts: dict[str, dict[str, float]] = field(default_factory=dict)          # task -> category -> ops
     top_ops: list[tuple[str, str, float]] = field(default_factory=list)        # (task, op, ms)
 
     def session_overhead_ms(self, task: str) -> float:
@@ -104,12 +105,14 @@ class Profile:
         return {"steps": self.steps, "wall_ms": round(self.wall_ms, 3),
                 "span_ms": {k: round(v, 3) for k, v in self.span_ms.items()},
                 "by_category": {t: {c: round(v, 3) for c, v in cats.items()} for t, cats in self.by_category.items()},
+                "counts": {t: {c: round(v, 2) for c, v in cats.items()} for t, cats in self.counts.items()},
                 "top_ops": [[t, o, round(ms, 3)] for t, o, ms in self.top_ops]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Profile":
         return cls(steps=int(data["steps"]), wall_ms=float(data["wall_ms"]), span_ms=dict(data["span_ms"]),
                    by_category={t: dict(c) for t, c in data["by_category"].items()},
+                   counts={t: dict(c) for t, c in data.get("counts", {}).items()},
                    top_ops=[(str(t), str(o), float(ms)) for t, o, ms in data["top_ops"]])
 
 
@@ -129,6 +132,8 @@ def aggregate(steps: Iterable[TracedStep], top: int = 12) -> Profile:
             bounds[op.task] = (min(low, op.start_us), max(high, op.start_us + op.duration_us))
             cats = profile.by_category.setdefault(op.task, {c: 0.0 for c in CATEGORIES})
             cats[category(op.op)] += op.duration_us / 1000 / n
+            counts = profile.counts.setdefault(op.task, {c: 0.0 for c in CATEGORIES})
+            counts[category(op.op)] += 1 / n
             per_op[(op.task, op.op)] += op.duration_us / 1000 / n
         for task, (low, high) in bounds.items():
             profile.span_ms[task] = profile.span_ms.get(task, 0.0) + (high - low) / 1000 / n

@@ -55,3 +55,29 @@ def write_inventory(tmp_path, monkeypatch):
         return name
 
     return write
+
+
+def idle_supervisor(tmp_path, *, name: str, mode: str, options=None):
+    """A `Supervisor` for the local inventory's plan, with its job record made and nothing started:
+    for tests of what it decides and reports (the clock stands at 100 s, the job began at 90 s)."""
+    from cluster.events import RecordingReporter
+    from cluster.inventory import load_inventory
+    from cluster.plan import PlanOptions, plan_cluster
+    from cluster.state import RunState, StateStore, StateWriter
+    from cluster.supervisor import Supervisor
+    from cluster.training import JobRef, TrainOptions
+    from cluster.transport import TransportPool
+
+    plan = plan_cluster(load_inventory(str(INVENTORIES / "local.yaml")),
+                        PlanOptions(local_python="/venv/bin/python", local_workdir="/checkout", name=name, mode=mode))
+    store = StateStore(tmp_path / "state")
+    store.save(RunState(name=name, plan=plan, phase="up"))
+    job = JobRef("distributed_mnist", "distributed_mnist", pathlib.Path("/checkout/examples/distributed_mnist"), True)
+    supervisor = Supervisor(store=store, name=name, job=job, options=options or TrainOptions(),
+                            reporter=RecordingReporter(), pool=TransportPool(), root=pathlib.Path("/checkout"),
+                            clock=lambda: 100.0, sleep=lambda _: None, wall=lambda: 1700000000.0)
+    supervisor.state, supervisor.plan, supervisor.job_id = store.load(name), plan, 1
+    supervisor.writer = StateWriter(store, supervisor.state, expect_phase="up")
+    supervisor.state.job = supervisor.new_job()
+    supervisor.began = 90.0
+    return supervisor

@@ -42,6 +42,8 @@ def test_aggregate_averages_per_step_and_measures_each_tasks_span():
     assert profile.by_category["worker:0"]["compute"] == pytest.approx(10.0)
     assert profile.by_category["worker:0"]["transfer"] == pytest.approx(1.0)
     assert profile.by_category["ps:0"]["token queue"] == pytest.approx(5.0)
+    assert profile.counts["worker:0"]["transfer"] == pytest.approx(0.5)     # one RecvTensor in two steps
+    assert profile.counts["worker:0"]["compute"] == pytest.approx(1.0)
     assert set(profile.by_category["ps:0"]) == set(CATEGORIES)
     assert profile.session_overhead_ms("worker:0") == pytest.approx(25.0 - 10.5)
     assert profile.top_ops[0] == ("worker:0", "Conv2D", pytest.approx(10.0))

@@ -171,28 +171,12 @@ def test_hostctl_finds_event_files_a_few_folders_down(tmp_path):
 
 def test_the_supervisor_tells_the_leader_where_to_write_and_how_many_restarts_came_before(tmp_path):
     """Only the leader gets --summary-dir; a relaunch after a restart carries the job's count."""
-    from cluster.events import RecordingReporter
-    from cluster.inventory import load_inventory
-    from cluster.state import StateWriter
-    from cluster.plan import PlanOptions, plan_cluster
-    from cluster.state import RunState, StateStore
-    from cluster.supervisor import Supervisor
     from cluster.training import TrainOptions
-    from cluster.transport import TransportPool
     from roles.train import parse_options
 
-    from .conftest import INVENTORIES
-    plan = plan_cluster(load_inventory(str(INVENTORIES / "local.yaml")),
-                        PlanOptions(local_python="/venv/bin/python", local_workdir="/checkout", name="tb", mode="sync"))
-    store = StateStore(tmp_path / "state")
-    store.save(RunState(name="tb", plan=plan, phase="up"))
-    job = JobRef("distributed_mnist", "distributed_mnist", Path("/checkout/examples/distributed_mnist"), True)
-    supervisor = Supervisor(store=store, name="tb", job=job, options=TrainOptions(summary_every=7),
-                            reporter=RecordingReporter(), pool=TransportPool(), root=Path("/checkout"),
-                            clock=lambda: 100.0, sleep=lambda _: None, wall=lambda: 1700000000.0)
-    supervisor.state, supervisor.plan, supervisor.job_id = store.load("tb"), plan, 1
-    supervisor.writer = StateWriter(store, supervisor.state, expect_phase="up")
-    supervisor.state.job = supervisor.new_job()
+    from .conftest import idle_supervisor
+    supervisor = idle_supervisor(tmp_path, name="tb", mode="sync", options=TrainOptions(summary_every=7))
+    plan = supervisor.plan
     launched = {}
     supervisor.launch = lambda task, record, *, argv, **_: launched.setdefault(task.name, []).append(argv)
     for task in plan.training_tasks:
