@@ -387,11 +387,11 @@ def summarize_runs(runs: Sequence[dict]) -> dict:
     lower middle run is the median, so it is None only when more than half missed.
     """
     times = [r.get("time_to_target_seconds") for r in runs]
-    ranked = sorted(times, key=lambda t: float("inf") if t is None else t)
-    middle = ranked[(len(ranked) - 1) // 2] if ranked else None
-    steps = sorted(r["step_at_target"] for r in runs if r.get("step_at_target") is not None)
-    return {"time_to_target_seconds": middle, "times_to_target": times,
-            "step_at_target": steps[(len(steps) - 1) // 2] if steps else None,
+    ranked = sorted(runs, key=lambda r: float("inf") if r.get("time_to_target_seconds") is None
+                    else r["time_to_target_seconds"])
+    middle = ranked[(len(ranked) - 1) // 2] if ranked else {}
+    return {"time_to_target_seconds": middle.get("time_to_target_seconds"), "times_to_target": times,
+            "step_at_target": middle.get("step_at_target"),     # of the median run
             "steps_at_target": [r.get("step_at_target") for r in runs],
             "final_val_accuracy": median([r.get("final_val_accuracy") for r in runs]),
             "steps_per_second": median([r.get("steps_per_second") for r in runs])}
