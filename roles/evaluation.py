@@ -22,9 +22,14 @@ def default_accuracy(labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
     return tf.cast(tf.equal(predicted, labels), tf.float32)
 
 
-def batch_sums(job: Job, model: Any, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-    """[loss_sum, correct_sum, count] of one batch, as float64 for exact totals."""
-    outputs = model(x, training=False)
+def batch_sums(job: Job, model: Any, x: tf.Tensor, y: tf.Tensor,
+               call: Callable[[tf.Tensor], tf.Tensor] | None = None) -> tf.Tensor:
+    """[loss_sum, correct_sum, count] of one batch, as float64 for exact totals.
+
+    ``call`` computes the outputs instead of ``model(x, training=False)`` (sync-ps: the
+    model on values read in one transfer per ps, roles/fused.py).
+    """
+    outputs = call(x) if call is not None else model(x, training=False)
     per_example_loss = tf.cast(job.loss(y, outputs), tf.float64)
     accuracy = job.accuracy or default_accuracy
     correct = tf.cast(accuracy(y, outputs), tf.float64)

@@ -123,7 +123,8 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     # "sync-ps profile").
     shard = Shard(index=index, count=workers, split="train", seed=plan.seed)
     batches = _Feeder(train_dataset(job, shard, plan.worker_batch_size))
-    test_data = eval_dataset(job, Shard(0, 1, "test", plan.seed), EVAL_BATCH_SIZE) if is_chief else None
+    # Larger batches than the other modes: each is a session.run (and a read of the variables).
+    test_data = eval_dataset(job, Shard(0, 1, "test", plan.seed), EVAL_BATCH_SIZE * 5) if is_chief else None
     tests = _batches(test_data) if test_data is not None else []
     graph = tf.Graph()
     with graph.as_default(), tf.compat.v1.container(container_name(run_id)):
@@ -137,6 +138,7 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             sync = tf.compat.v1.train.SyncReplicasOptimizer(
                 optimizer_spec.build(), replicas_to_aggregate=workers, total_num_replicas=workers)
             variables = [v.value for v in model.trainable_variables]
+            values = None
             if FUSED and fused.usable(model):
                 # One transfer per ps task and direction per step instead of one per
                 # variable (reads twice: forward and backward): roles/fused.py.
@@ -166,7 +168,11 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
                 # on another task.
                 test_inputs = tuple(tf.compat.v1.placeholder(spec.dtype, spec.shape, name=f"test_{i}")
                                     for i, spec in enumerate(tf.nest.flatten(test_data.element_spec)))
-                eval_sums = tf.function(lambda a, b: batch_sums(job, model, a, b))(*test_inputs)
+                call = None
+                if values is not None:
+                    def call(a: tf.Tensor) -> tf.Tensor:
+                        return model.stateless_call(values, [], a, training=False)[0]
+                eval_sums = tf.function(lambda a, b: batch_sums(job, model, a, b, call))(*test_inputs)
         saver = None
         if is_chief and plan.checkpoint_dir:
             # Placed on the chief, not sharded: the chief alone reads every variable
