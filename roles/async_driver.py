@@ -114,7 +114,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     max_in_flight = IN_FLIGHT_PER_WORKER * plan.workers
     last_checkpoint = keeper.latest() if keeper else None
     last_saved_step = -1
-    first = FirstStep(deadline, meter, warmups=plan.workers)
+    first = FirstStep(deadline, meter)
     # Steps of the closures collected so far: closures are collected in the order they were
     # scheduled, so this is the step each one brought the job to (for TensorBoard's points).
     finished = start_step
@@ -142,7 +142,8 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         scheduled += n
         # One closure per worker, then wait for the first: every worker warms up (its
         # function and input pipeline) at the same time, and the start deadline
-        # measures the cluster, not a queue of work.
+        # measures the cluster, not a queue of work. Only the first closure stays out
+        # of the rates (the others' warm-ups overlap it).
         while in_flight and (len(in_flight) >= max_in_flight
                              or (not first.done and len(in_flight) >= plan.workers)):
             collect_one()
@@ -155,6 +156,8 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
                 last_saved_step = int(step_var.numpy())
                 last_checkpoint = keeper.save_and_report(last_saved_step, reporter) or last_checkpoint
         if reached.evaluate:
+            while in_flight and not first.done:  # no evaluation of the untrained model
+                collect_one()
             meter.maybe_emit(int(step_var.numpy()), force=True)  # the evaluation's line comes with the loss up to it
             evaluate()
     while in_flight:

@@ -201,29 +201,24 @@ class ProgressMeter:
 
 class FirstStep:
     """The first unit of work proves the cluster works: when it finishes, the start deadline
-    is disarmed. The first ``warmups`` units (one per worker where each worker warms up on
-    its own, e.g. async mode) are not counted, and the meter's clock restarts when the last
-    of them finishes, so tracing and start-up stay out of the rates.
+    is disarmed and the meter's clock restarts (tracing and start-up stay out of the rates);
+    that unit itself is not counted.
 
-    Call :meth:`counts` once per finished unit: False for the warm-up units (after the
-    bookkeeping), True afterwards.
+    Call :meth:`counts` once per finished unit: False for the first (after the bookkeeping),
+    True afterwards.
     """
 
-    def __init__(self, deadline: Any, meter: ProgressMeter, warmups: int = 1) -> None:
+    def __init__(self, deadline: Any, meter: ProgressMeter) -> None:
         self._deadline = deadline
         self._meter = meter
-        self._left = max(1, warmups)
         self.done = False
 
     def counts(self) -> bool:
-        if self._left == 0:
+        if self.done:
             return True
-        if not self.done:
-            self.done = True
-            self._deadline.disarm()
-        self._left -= 1
-        if self._left == 0:
-            self._meter.restart_clock()
+        self.done = True
+        self._deadline.disarm()
+        self._meter.restart_clock()
         return False
 
 

@@ -74,17 +74,3 @@ def test_the_first_unit_disarms_the_deadline_restarts_the_clock_and_is_not_count
     assert first.counts() is True and deadline.disarmed == 1
     assert meter.overall_rate() == 640.0     # 640 examples in the 1 s since the first unit, not in 16 s
 
-
-def test_warm_up_units_one_per_worker_are_not_counted_and_the_clock_restarts_after_the_last():
-    now = [10.0]
-    meter = ProgressMeter(reporter=None, clock=lambda: now[0])
-    deadline = _Deadline()
-    first = FirstStep(deadline, meter, warmups=2)
-    now[0] = 20.0                            # worker 1's first closure: the cluster works
-    assert first.counts() is False and first.done and deadline.disarmed == 1
-    now[0] = 24.0                            # worker 0's first closure: its own warm-up
-    assert first.counts() is False and deadline.disarmed == 1
-    meter.add(10, 640, 0.5)
-    now[0] = 26.0
-    assert first.counts() is True and deadline.disarmed == 1
-    assert meter.overall_rate() == 320.0     # 640 examples in the 2 s since the last warm-up unit
