@@ -2,6 +2,7 @@
 printing a plain text table."""
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -31,3 +32,11 @@ def print_columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
+
+
+def env_pair(text: str) -> tuple[str, str]:
+    """argparse type for ``--env KEY=VALUE``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import cli, print_columns
+from benchmarks.common import cli, env_pair, print_columns
 from benchmarks.training import ClusterShape, inventory_text
 from roles.steptrace import CATEGORIES, Profile
 
@@ -148,13 +148,6 @@ def print_report(out: dict[str, Any]) -> None:
         print("  costliest ops: " + ", ".join(f"{t} {o} {ms:.1f}" for t, o, ms in profile.top_ops[:6]))
 
 
-def _env_pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key, value
-
-
 def _fmt(value: float | None) -> str:
     return "" if value is None else f"{value:.1f}"
 
@@ -165,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--trace", type=int, default=30, help="steps traced per worker (default 30)")
     p.add_argument("--after", type=int, default=100, help="steps before tracing starts (default 100)")
     p.add_argument("--port-base", type=int, default=39600)
-    p.add_argument("--env", action="append", default=[], type=_env_pair, metavar="KEY=VALUE",
+    p.add_argument("--env", action="append", default=[], type=env_pair, metavar="KEY=VALUE",
                    help="extra environment for every task (repeatable), e.g. PSCLUSTER_INTER_OP_THREADS=1")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from benchmarks.common import REPO, cli, print_columns
+from benchmarks.common import REPO, cli, env_pair, print_columns
 from cluster.plan import BASE_ENV
 
 PORT_RANGE = (39000, 39999)     # ours on this machine; everyone else stays out of it
@@ -499,13 +499,6 @@ def environment(argv: Sequence[str]) -> dict:
             "tf_keras": version("tf-keras") or version("tf_keras")}
 
 
-def _env_pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key.strip(), value
-
-
 def _ints(text: str) -> list[int]:
     values = sorted({int(part) for part in text.split(",") if part.strip()})
     if not values or values[0] < 1:
@@ -535,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="part 4: the single process's steps_per_execution (default: the best of part 2's "
                         "sweep that divides --eval-every, else the largest sweep value that does)")
     p.add_argument("--model", choices=("cnn", "mlp"), default="cnn", help="distributed_mnist's MNIST_MODEL")
-    p.add_argument("--env", action="append", default=[], type=_env_pair, metavar="KEY=VALUE",
+    p.add_argument("--env", action="append", default=[], type=env_pair, metavar="KEY=VALUE",
                    help="extra environment for every program (pscluster_env of the clusters); repeatable")
     p.add_argument("--batch-size", type=int, default=128, help="global batch (distributed_mnist's default 128)")
     p.add_argument("--port-base", type=int, default=PORT_RANGE[0], help="first of 50 ports (default 39000)")

@@ -147,7 +147,7 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
                 @tf.function
                 def forward_on(values: list[tf.Tensor], x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
                     outputs, _ = model.stateless_call(values, [], x, training=True)
-                    return tf.reduce_mean(tf.cast(job.loss(y, outputs), tf.float32))
+                    return _mean_loss(job, y, outputs)
 
                 loss = forward_on(values, x, y)
                 grads = tf.gradients(loss, values)
@@ -156,8 +156,7 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             else:
                 @tf.function
                 def forward(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-                    outputs = model(x, training=True)
-                    return tf.reduce_mean(tf.cast(job.loss(y, outputs), tf.float32))
+                    return _mean_loss(job, y, model(x, training=True))
 
                 loss = forward(x, y)
                 train_op = sync.minimize(loss, global_step=global_step, var_list=variables)
@@ -166,8 +165,7 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
                 # Batch by batch: a whole-dataset tf.function (as the TF2 modes use)
                 # fails here, because a dataset reduce cannot read variables that live
                 # on another task.
-                test_inputs = tuple(tf.compat.v1.placeholder(spec.dtype, spec.shape, name=f"test_{i}")
-                                    for i, spec in enumerate(tf.nest.flatten(test_data.element_spec)))
+                test_inputs = _placeholders(test_data, "test")
                 call = None
                 if values is not None:
                     def call(a: tf.Tensor) -> tf.Tensor:
@@ -233,8 +231,8 @@ def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: Trainer
     """
     prefix = os.path.join(plan.checkpoint_dir, CHECKPOINT_NAME) if saver and plan.checkpoint_dir else None
     timeout = tf.compat.v1.RunOptions(timeout_in_ms=int(plan.collective_timeout * 1000))
-    traced = tf.compat.v1.RunOptions(timeout_in_ms=int(plan.collective_timeout * 1000),
-                                     trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    traced = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    traced.MergeFrom(timeout)
     tracer = StepTracer.from_env(reporter.writer.path)  # PSCLUSTER_TRACE_STEPS (roles/steptrace.py)
     meter = ProgressMeter(reporter)
     checkpoint = None
@@ -295,16 +293,14 @@ class _Feeder:
     """
 
     def __init__(self, dataset: tf.data.Dataset, depth: int = 4) -> None:
-        self.spec = tf.nest.flatten(dataset.element_spec)
         self._dataset = dataset
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self._placeholders: tuple[Any, ...] = ()
         threading.Thread(target=self._produce, name="syncps-input", daemon=True).start()
 
     def placeholders(self, name: str) -> tuple[Any, ...]:
-        """One placeholder per element component, in the graph being built."""
-        self._placeholders = tuple(tf.compat.v1.placeholder(spec.dtype, spec.shape, name=f"{name}_{i}")
-                                   for i, spec in enumerate(self.spec))
+        """The placeholders its feeds fill, made in the graph being built."""
+        self._placeholders = _placeholders(self._dataset, name)
         return self._placeholders
 
     def next_feed(self) -> dict[Any, Any]:
@@ -316,15 +312,29 @@ class _Feeder:
     def _produce(self) -> None:
         try:
             for element in self._dataset:
-                self._queue.put(tuple(t.numpy() for t in tf.nest.flatten(element)))
+                self._queue.put(_as_numpy(element))
             self._queue.put(RuntimeError("the training data ended although it repeats forever"))
         except Exception as e:  # noqa: BLE001 - handed to the training loop, which raises it
             self._queue.put(e)
 
 
+def _placeholders(dataset: tf.data.Dataset, name: str) -> tuple[Any, ...]:
+    """One placeholder per component of ``dataset``'s elements, in the graph being built."""
+    return tuple(tf.compat.v1.placeholder(spec.dtype, spec.shape, name=f"{name}_{i}")
+                 for i, spec in enumerate(tf.nest.flatten(dataset.element_spec)))
+
+
+def _as_numpy(element: Any) -> tuple[Any, ...]:
+    return tuple(t.numpy() for t in tf.nest.flatten(element))
+
+
 def _batches(dataset: tf.data.Dataset) -> list[tuple[Any, ...]]:
     """Every batch of a finite dataset as numpy arrays (called eagerly, before the graph)."""
-    return [tuple(t.numpy() for t in tf.nest.flatten(element)) for element in dataset]
+    return [_as_numpy(element) for element in dataset]
+
+
+def _mean_loss(job: Job, labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
+    return tf.reduce_mean(tf.cast(job.loss(labels, outputs), tf.float32))
 
 
 def _evaluate(session: Any, tests: list[tuple[Any, ...]], inputs: tuple[Any, ...], sums: Any
