@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from typing import Any
 
 import tensorflow as tf
@@ -39,6 +40,13 @@ from roles.reporting import FirstStep, ProgressMeter, Reporter, TrainResult, pla
 from roles.tfconfig import ConfigError, TaskInfo
 
 log = logging.getLogger("pscluster.async")
+
+# The run's TensorFlow functions and per-worker datasets, kept until the process ends
+# (roles.train ends async trainers with os._exit after the final event). Freeing them
+# when ``run`` returns removes each function from every worker's context
+# (Context.remove_function), which stalled for ~20 s in 3 runs out of 9 here, before
+# the ``done`` event (or before a failure was reported).
+_KEEP_UNTIL_EXIT: list[Any] = []
 
 # Closures in flight per worker: 2 keeps a worker's queue non-empty while the chief
 # handles the previous result; more only delays progress reports and checkpoints.
@@ -92,17 +100,22 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         shard = Shard(index=index, count=plan.workers, split="train", seed=plan.seed)
         return train_dataset(job, shard, plan.worker_batch_size)
 
+    began = time.perf_counter()
     per_worker_iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+    log.info("per-worker datasets created in %.2f s", time.perf_counter() - began)
     train_steps = _make_train_steps(job, plan, strategy, model, optimizer, step_var)
 
-    evaluator = make_evaluator(job, model)
+    evaluator = make_evaluator(job, model, read_once=True)
+    _KEEP_UNTIL_EXIT.extend([coordinator, per_worker_iterator, train_steps, evaluator])
     test_data = eval_dataset(job, Shard(0, 1, "test", plan.seed), EVAL_BATCH_SIZE)
 
     def evaluate() -> tuple[float | None, float | None]:
         # On the chief, reading the variables from the ps tasks; queued closures keep
         # the workers busy meanwhile.
         step = int(step_var.numpy())
+        began = time.perf_counter()
         val_loss, val_accuracy = means(evaluator(test_data).numpy())
+        log.info("evaluated at step %d in %.2f s", step, time.perf_counter() - began)
         reporter.eval(step, val_loss, val_accuracy)
         return val_loss, val_accuracy
 
@@ -125,6 +138,8 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         loss, worker = remote.fetch()
         finished += n
         counted = first.counts()
+        if not counted:
+            log.info("first closure returned: the workers run")
         examples = n * plan.worker_batch_size
         reporter.trained(finished, n, examples, float(loss), timed=counted)
         if not counted:
@@ -137,13 +152,21 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     # flight finish, save below and skip the final evaluation.
     while scheduled < plan.steps_total and not deadline.stop_requested:
         n = schedule.chunk(scheduled)
+        began = time.perf_counter()
         remote = coordinator.schedule(train_steps, args=(per_worker_iterator, tf.constant(n)))
+        if scheduled == start_step:
+            log.info("train function traced, first closure scheduled in %.2f s",
+                     time.perf_counter() - began)
         in_flight.append((remote, n))
         scheduled += n
         # One closure per worker, then wait for the first: every worker warms up (its
         # function and input pipeline) at the same time, and the start deadline
         # measures the cluster, not a queue of work. Only the first closure stays out
         # of the rates (the others' warm-ups overlap it).
+        if not first.done and len(in_flight) == plan.workers:
+            # The workers are busy with their first closures and the chief would only
+            # wait: trace the evaluation now rather than in the first evaluation.
+            evaluator.get_concrete_function(test_data)
         while in_flight and (len(in_flight) >= max_in_flight
                              or (not first.done and len(in_flight) >= plan.workers)):
             collect_one()

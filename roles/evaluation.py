@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
+from roles import fused
 from roles.jobs import Job
 
 EVAL_BATCH_SIZE = 500
@@ -37,18 +38,31 @@ def batch_sums(job: Job, model: Any, x: tf.Tensor, y: tf.Tensor,
     return tf.stack([tf.reduce_sum(per_example_loss), tf.reduce_sum(correct), count])
 
 
-def make_evaluator(job: Job, model: Any) -> Callable[[tf.data.Dataset], tf.Tensor]:
-    """A traced function mapping a batched dataset to [loss_sum, correct_sum, count].
+def make_evaluator(job: Job, model: Any,
+                   read_once: bool = False) -> tf.types.experimental.PolymorphicFunction:
+    """A tf.function mapping a batched dataset to [loss_sum, correct_sum, count].
 
     The whole pass runs in one call, so a graph-mode caller (sync-ps) needs one
     ``session.run`` and never sees OutOfRangeError.
+
+    ``read_once`` (async: the variables live on the ps tasks) reads the variables at the
+    start of the pass, one transfer per ps (roles/fused.py), and runs the model on those
+    values; otherwise every batch reads every variable from its ps again. Models with
+    state a call changes (:func:`roles.fused.usable`) keep the plain path.
     """
+    read_once = read_once and fused.usable(model)
 
     @tf.function
     def evaluate(dataset: tf.data.Dataset) -> tf.Tensor:
+        call = None
+        if read_once:
+            values = fused.read([v.value for v in model.trainable_variables])
+
+            def call(x: tf.Tensor) -> tf.Tensor:
+                return model.stateless_call(values, [], x, training=False)[0]
         totals = tf.zeros([3], tf.float64)
         for x, y in dataset:
-            totals += batch_sums(job, model, x, y)
+            totals += batch_sums(job, model, x, y, call)
         return totals
 
     return evaluate

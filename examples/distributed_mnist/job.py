@@ -11,9 +11,12 @@ Environment knobs:
 * ``PSCLUSTER_DATA``: path of ``mnist.npz`` (``roles.train --data`` sets it); see
   data.py for where else it is looked for.
 
-Images stay ``uint8`` in the input pipeline and are scaled inside the model: the
-arrays are embedded in the pipeline graph (in async mode the chief ships each
-worker's pipeline to it), and uint8 keeps that at 47 MB instead of 188 MB.
+Images stay ``uint8`` in the input pipeline and are scaled inside the model: in async
+mode the chief sends the arrays to each worker with its pipeline, and uint8 keeps that
+at 47 MB instead of 188 MB. ``dataset`` turns them into eager tensors first, so that
+they travel as one tensor (a captured input of the pipeline's function) and not as
+constants inside its graph, which every worker's graph optimizer would copy several
+times: that was 4 s of an async run's start-up (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ def build_model() -> keras.Model:
 
 def dataset(shard) -> tf.data.Dataset:
     x, y = data.mixed_split(shard.split)
+    with tf.init_scope():  # eager even while a tf.function traces this (see above)
+        x, y = tf.constant(x), tf.constant(y)
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     if shard.count > 1:
         ds = ds.shard(shard.count, shard.index)
