@@ -54,11 +54,16 @@ Rules that keep a job portable across modes
   worker, each of which substitutes its own index. Shard with TensorFlow ops
   (``Dataset.shard``, ``tf.gather``), not Python slicing or ``if shard.index == 0``.
   ``shard.count`` and ``shard.split`` are always plain Python values.
-* ``dataset`` runs inside a traced function in async mode and inside a graph in
-  sync-ps mode: build the pipeline from tf.data ops. Reading files with Python is fine
+* ``dataset`` runs inside a traced function in async mode (eagerly in the other
+  modes): build the pipeline from tf.data ops. Reading files with Python is fine
   (it happens at trace time, on the process that builds the pipeline: the chief in
   async mode, each worker in the sync modes), but Python generators
   (``from_generator``, ``py_function``) cannot run on a remote worker.
+* Arrays held in memory: make them tensors eagerly before ``from_tensor_slices``
+  (``with tf.init_scope(): x = tf.constant(x)``). Inside the traced function a NumPy
+  array becomes a constant of the graph the chief sends to each worker, where the
+  graph optimizer copies it several times: 47 MB of MNIST cost 4 s of async start-up.
+  An eager tensor travels once per worker, as an input of that function.
 * Use Keras 3 (``import keras``). In sync-ps mode the driver builds the model inside a
   TF1-style graph and converts your optimizer to its ``tf.compat.v1.train`` twin; the
   supported optimizers there are SGD (with momentum/nesterov), Adam, RMSprop and
