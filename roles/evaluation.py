@@ -56,10 +56,7 @@ def make_evaluator(job: Job, model: Any,
     def evaluate(dataset: tf.data.Dataset) -> tf.Tensor:
         call = None
         if read_once:
-            values = fused.read([v.value for v in model.trainable_variables])
-
-            def call(x: tf.Tensor) -> tf.Tensor:
-                return model.stateless_call(values, [], x, training=False)[0]
+            call = fused.inference(model, fused.read([v.value for v in model.trainable_variables]))
         totals = tf.zeros([3], tf.float64)
         for x, y in dataset:
             totals += batch_sums(job, model, x, y, call)

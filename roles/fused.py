@@ -25,6 +25,11 @@ def usable(model: Any) -> bool:
     return not model.non_trainable_variables and bool(model.trainable_variables)
 
 
+def inference(model: Any, values: Sequence[Any]) -> Any:
+    """``x -> outputs`` of ``model`` in inference mode on ``values`` (from :func:`read`)."""
+    return lambda x: model.stateless_call(list(values), [], x, training=False)[0]
+
+
 def _groups(variables: Sequence[Any]) -> list[list[int]]:
     by_device: dict[str, list[int]] = {}
     for i, v in enumerate(variables):

@@ -168,8 +168,7 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
                 test_inputs = _placeholders(test_data, "test")
                 call = None
                 if values is not None:
-                    def call(a: tf.Tensor) -> tf.Tensor:
-                        return model.stateless_call(values, [], a, training=False)[0]
+                    call = fused.inference(model, values)
                 eval_sums = tf.function(lambda a, b: batch_sums(job, model, a, b, call))(*test_inputs)
         saver = None
         if is_chief and plan.checkpoint_dir:
