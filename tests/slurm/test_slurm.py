@@ -21,7 +21,8 @@ from testbed.procs import cluster_pids
 pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
 
 ACCURACY_GOAL = 0.985          # issue 13: "trains to the accuracy goal" (distributed_mnist's, README)
-ACCURACY_GOAL_STEPS = 1400     # sync CNN, 2 workers, batch 128: 3 epochs (job.py: 98.85-98.97 %; 900 steps gave 98.43 %)
+ACCURACY_GOAL_STEPS = 1875     # sync CNN, 2 workers, batch 128: 4 epochs, job.py's default (3 epochs: 98.85-98.97 % in job.py,
+                               # but 98.49 % in one clean-clone run on 2026-11-25; 900 steps gave 98.43 %)
 
 
 def _cli(lab, job_env, args, state_dir, timeout=600):
@@ -103,7 +104,7 @@ def test_scancel_mid_training_leaves_nothing(slurm_lab, tmp_path):
 
 def test_exported_batch_script_trains_inside_its_own_job(slurm_lab, tmp_path):
     """Issue 13: a batch job from `export --format sbatch` trains to the accuracy goal (98.5 %).
-    The CNN, sync mode, 2 workers, 3 epochs (a lab run at 900 steps ended at 98.43 %);
+    The CNN, sync mode, 2 workers, 4 epochs (3 epochs once ended at 98.49 %, 900 steps at 98.43 %);
     the MLP levels off near 98 %, so it cannot serve here."""
     name = f"batch{os.getpid() % 10000}"
     inventory = tmp_path / "shape.yaml"     # the shape only: two hosts, one worker each (plan touches no host)
