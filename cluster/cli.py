@@ -462,6 +462,9 @@ class DurationParam(click.ParamType):
 @click.option("--steps-per-execution", type=click.IntRange(1), metavar="K",
               help="Steps per scheduled function / traced call.")
 @click.option("--eval-every", type=click.IntRange(1), metavar="STEPS", help="Also evaluate on the test set every STEPS steps.")
+@click.option("--warmup-steps", type=click.IntRange(0), metavar="STEPS",
+              help="async: the first STEPS steps run on one worker at a time, then all workers train "
+                   "(default: 256, at most a quarter of the budget; 0: none).")
 @click.option("--summary-every", type=click.IntRange(0), default=100, show_default=True,
               metavar="STEPS", help="TensorBoard scalars every STEPS steps (0: none); see 'pscluster tensorboard'.")
 @click.option("--restart-policy", type=click.Choice(["never", "on-failure", "always"]), default="on-failure",
@@ -484,8 +487,8 @@ class DurationParam(click.ParamType):
 @replace_opt
 @click.pass_obj
 def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learning_rate, scale_lr, checkpoint_dir,
-          checkpoint_every, resume, data, steps_per_execution, eval_every, summary_every, restart_policy, max_restarts,
-          start_timeout, collective_timeout, host_timeout, stop_grace, deadline, notify_urls, notify_cmds, as_json: bool,
+          checkpoint_every, resume, data, steps_per_execution, eval_every, warmup_steps, summary_every, restart_policy,
+          max_restarts, start_timeout, collective_timeout, host_timeout, stop_grace, deadline, notify_urls, notify_cmds, as_json: bool,
           detach: bool, replace: bool) -> None:
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
     from .supervisor import Supervisor
@@ -497,13 +500,16 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
     options = TrainOptions(epochs=epochs, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
                            scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                            resume=resume, data=data, steps_per_execution=steps_per_execution,
-                           eval_every=eval_every, summary_every=summary_every, restart_policy=restart_policy,
+                           eval_every=eval_every, warmup_steps=warmup_steps, summary_every=summary_every,
+                           restart_policy=restart_policy,
                            max_restarts=max_restarts, start_timeout=start_timeout,
                            collective_timeout=collective_timeout, host_timeout=host_timeout,
                            stop_grace=stop_grace, deadline=deadline)
     state = _existing(env, resolved)
     if deadline is not None and state.plan.mode == "sync":
         raise UsageError("--deadline works in async and sync-ps modes only (sync workers do not checkpoint on stop yet)")
+    if warmup_steps and state.plan.mode != "async":
+        raise UsageError(f"--warmup-steps applies to async mode only; cluster {resolved!r} runs {state.plan.mode}")
     if detach:
         _detach(env, resolved, state, replace=replace, as_json=as_json)
         return

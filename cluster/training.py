@@ -106,7 +106,7 @@ class TrainOptions(TrainerSettings):
 # left to the trainer's default (tests/unit/test_train_contract.py checks the whole mapping).
 _ALWAYS = ("start_timeout", "stop_grace", "summary_every")
 _IF_SET = ("epochs", "steps", "batch_size", "learning_rate", "checkpoint_every", "data",
-           "steps_per_execution", "eval_every", "deadline")
+           "steps_per_execution", "warmup_steps", "eval_every", "deadline")
 
 
 def _flag(field_name: str) -> str:

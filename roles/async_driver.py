@@ -12,6 +12,10 @@ so the loop is ours:
   which shard is its own);
 * one scheduled closure runs ``steps_per_execution`` steps in a ``tf.range`` loop,
   because the coordinator->worker round trip costs as much as many small steps;
+* the optimizer's update is one fused kernel per variable where TensorFlow has an exact
+  one (roles/raw_updates.py), else Keras' ``apply_gradients``;
+* warm start: the first ``warmup_steps`` run one closure at a time (on one worker while
+  the others load the step function), then every worker trains;
 * at most a few closures per worker are in flight: enough to keep every worker busy,
   few enough that the loop wakes often to report progress and that a checkpoint
   boundary is reached soon after it is scheduled;
@@ -36,6 +40,7 @@ from roles.evaluation import EVAL_BATCH_SIZE, make_evaluator, means
 from roles.jobs import Job, Shard
 from roles.lifecycle import TrainerLink
 from roles.plan import StepSchedule, TrainPlan
+from roles.raw_updates import fused_apply, unsupported
 from roles.reporting import FirstStep, ProgressMeter, Reporter, TrainResult, placements_of
 from roles.tfconfig import ConfigError, TaskInfo
 
@@ -103,7 +108,11 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     began = time.perf_counter()
     per_worker_iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
     log.info("per-worker datasets created in %.2f s", time.perf_counter() - began)
-    train_steps = _make_train_steps(job, plan, strategy, model, optimizer, step_var)
+    apply = fused_apply(optimizer, model.trainable_variables)
+    if apply is None:
+        log.info("optimizer update: Keras' apply_gradients (no fused kernel: %s)",
+                 unsupported(optimizer, model.trainable_variables))
+    train_steps = _make_train_steps(job, plan, strategy, model, optimizer, step_var, apply)
 
     evaluator = make_evaluator(job, model, read_once=True)
     _KEEP_UNTIL_EXIT.extend([coordinator, per_worker_iterator, train_steps, evaluator])
@@ -136,6 +145,8 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         nonlocal finished
         remote, n = in_flight.popleft()
         loss, worker = remote.fetch()
+        if n == 0:  # a warm start's closure that only loaded the step function
+            return
         finished += n
         counted = first.counts()
         if not counted:
@@ -153,6 +164,13 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     while scheduled < plan.steps_total and not deadline.stop_requested:
         n = schedule.chunk(scheduled)
         began = time.perf_counter()
+        if scheduled == start_step and start_step < plan.warmup_steps:
+            # Warm start: one worker trains; each other worker runs the function for zero
+            # steps, which loads it there, so that all are ready when all train.
+            for _ in range(plan.workers - 1):
+                in_flight.append((coordinator.schedule(
+                    train_steps, args=(per_worker_iterator, tf.constant(0))), 0))
+            log.info("warm start: steps %d-%d run one closure at a time", start_step, plan.warmup_steps)
         remote = coordinator.schedule(train_steps, args=(per_worker_iterator, tf.constant(n)))
         if scheduled == start_step:
             log.info("train function traced, first closure scheduled in %.2f s",
@@ -167,9 +185,14 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             # The workers are busy with their first closures and the chief would only
             # wait: trace the evaluation now rather than in the first evaluation.
             evaluator.get_concrete_function(test_data)
-        while in_flight and (len(in_flight) >= max_in_flight
+        # Warm start: this closure ends before the next is scheduled (the last one before
+        # the boundary too), so no two run at once.
+        limit = 1 if scheduled <= plan.warmup_steps else max_in_flight
+        while in_flight and (len(in_flight) >= limit
                              or (not first.done and len(in_flight) >= plan.workers)):
             collect_one()
+        if plan.warmup_steps and scheduled - n < plan.warmup_steps <= scheduled:
+            log.info("warm start over at step %d: all %d workers train", scheduled, plan.workers)
         reached = schedule.reached(scheduled)
         if reached.checkpoint:
             while in_flight:
@@ -201,11 +224,13 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
 
 
 def _make_train_steps(job: Job, plan: TrainPlan, strategy: Any, model: Any,
-                      optimizer: Any, step_var: tf.Variable) -> Any:
+                      optimizer: Any, step_var: tf.Variable, apply: Any) -> Any:
     """The scheduled function: ``n`` steps on one worker's iterator.
 
     Returns the mean loss over the ``n`` steps and the index of the worker that ran
-    them (for the per-worker throughput in progress events).
+    them (for the per-worker throughput in progress events); ``n`` = 0 only loads the
+    function on a worker. ``apply``: the fused update (roles/raw_updates.py), or None
+    for Keras' ``apply_gradients``.
     """
 
     def step_fn(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
@@ -216,7 +241,10 @@ def _make_train_steps(job: Job, plan: TrainPlan, strategy: Any, model: Any,
                                               global_batch_size=plan.worker_batch_size)
         variables = model.trainable_variables
         grads = tape.gradient(loss, variables)
-        optimizer.apply_gradients(zip(grads, variables))
+        if apply is None:
+            optimizer.apply_gradients(zip(grads, variables))
+        else:
+            apply(grads)
         return loss
 
     @tf.function
@@ -228,7 +256,7 @@ def _make_train_steps(job: Job, plan: TrainPlan, strategy: Any, model: Any,
             total += strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
         step_var.assign_add(tf.cast(n, tf.int64))
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        return total / tf.cast(n, tf.float32), worker
+        return total / tf.cast(tf.maximum(n, 1), tf.float32), worker
 
     return train_steps
 

@@ -37,7 +37,7 @@ from typing import Any, Sequence
 from roles.events import EventWriter
 from roles.jobs import JobError
 from roles.lifecycle import TrainerLink, split
-from roles.plan import DEFAULT_STEPS_PER_EXECUTION, MODES, TRAINER_DEFAULTS, TrainOptions
+from roles.plan import DEFAULT_STEPS_PER_EXECUTION, DEFAULT_WARMUP_STEPS, MODES, TRAINER_DEFAULTS, TrainOptions
 from roles.tfconfig import ConfigError, TaskInfo, task_from_env
 
 DRIVERS = {"async": "roles.async_driver", "sync": "roles.sync_driver",
@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="steps per traced call (default: "
                         + ", ".join(f"{m} {k}" for m, k in DEFAULT_STEPS_PER_EXECUTION.items())
                         + ")")
+    p.add_argument("--warmup-steps", type=int, metavar="STEPS",
+                   help="async: the first STEPS global steps run on one worker at a time, then all "
+                        f"train (default: {DEFAULT_WARMUP_STEPS}, at most a quarter of the budget; 0: none)")
     p.add_argument("--start-timeout", type=float, default=TRAINER_DEFAULTS.start_timeout, metavar="SECONDS",
                    help=f"fail if the first step has not run by then (default {TRAINER_DEFAULTS.start_timeout:g})")
     p.add_argument("--collective-timeout", type=float, default=TRAINER_DEFAULTS.collective_timeout,
@@ -129,7 +132,7 @@ def parse_options(argv: Sequence[str]) -> TrainOptions:
         batch_size=ns.batch_size, learning_rate=ns.learning_rate, scale_lr=ns.scale_lr,
         checkpoint_dir=home["checkpoint_dir"], checkpoint_every=ns.checkpoint_every,
         resume=ns.resume, data=home["data"], eval_every=ns.eval_every,
-        steps_per_execution=ns.steps_per_execution,
+        steps_per_execution=ns.steps_per_execution, warmup_steps=ns.warmup_steps,
         start_timeout=ns.start_timeout, collective_timeout=ns.collective_timeout,
         stop_grace=ns.stop_grace, deadline=ns.deadline, summary_every=ns.summary_every,
         summary_dir=home["summary_dir"], restarts=ns.restarts, seed=ns.seed)

@@ -19,8 +19,9 @@ from roles.jobs import JobError
 
 SUPPORTED = ("SGD", "Adam", "RMSprop", "Adagrad")
 
-# Config keys that must hold their neutral value for the translation to be exact.
-_NEUTRAL = {
+# Config keys that must hold their neutral value for the translation to be exact
+# (also for roles.raw_updates' fused kernels).
+NEUTRAL = {
     "weight_decay": (None, 0, 0.0),
     "clipnorm": (None,),
     "clipvalue": (None,),
@@ -64,7 +65,7 @@ def v1_spec(keras_optimizer: Any, job_path: str = "job") -> V1OptimizerSpec:
             f"{job_path}: optimizer() returned {kind}; sync-ps mode supports "
             f"{', '.join(SUPPORTED)}")
     config: Mapping[str, Any] = keras_optimizer.get_config()
-    for key, neutral in _NEUTRAL.items():
+    for key, neutral in NEUTRAL.items():
         if key in config and config[key] not in neutral:
             raise UnsupportedOptimizer(
                 f"{job_path}: {kind}({key}={config[key]!r}) has no sync-ps equivalent; "

@@ -264,6 +264,16 @@ def test_plan_async_worker_batch_is_the_update_batch(job):
     assert plan.steps_per_execution == 32
 
 
+def test_plan_async_warm_start(job):
+    # Default: 256 steps, at most a quarter of the budget; none with one worker or outside async.
+    assert make_plan(job, options(mode="async", steps=5000), workers=2).warmup_steps == 256
+    assert make_plan(job, options(mode="async", steps=400), workers=2).warmup_steps == 100
+    assert make_plan(job, options(mode="async", steps=5000), workers=1).warmup_steps == 0
+    assert make_plan(job, options(mode="async", steps=5000, warmup_steps=0), workers=2).warmup_steps == 0
+    assert make_plan(job, options(mode="async", steps=400, warmup_steps=300), workers=3).warmup_steps == 300
+    assert make_plan(job, options(mode="sync", steps=5000), workers=2).warmup_steps == 0
+
+
 def test_plan_uneven_batch_rounds_down_to_what_is_averaged(job):
     plan = make_plan(job, options(batch_size=100), workers=3)
     assert (plan.worker_batch_size, plan.global_batch_size) == (33, 99)
@@ -289,6 +299,8 @@ def test_plan_sync_ps_runs_one_step_per_call(job):
     (dict(batch_size=1), "smaller than the 2 workers"),
     (dict(mode="bogus"), "choose one of"),
     (dict(eval_every=0), "--eval-every must be >= 1"),
+    (dict(mode="async", warmup_steps=-1), "--warmup-steps must be >= 0"),
+    (dict(mode="sync", warmup_steps=10), "--warmup-steps applies to async mode only"),
 ])
 def test_plan_rejects_impossible_requests(job, kw, message):
     with pytest.raises(ConfigError, match=message):

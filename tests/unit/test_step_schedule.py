@@ -34,6 +34,14 @@ def test_chunks_never_cross_a_boundary_or_the_budget():
     assert ends[-1] == 100
 
 
+def test_an_async_warm_start_ends_on_a_chunk_boundary():
+    # The closures of a warm start run one at a time: the one that ends it must end on it.
+    plan = dataclasses.replace(PLAN, mode="async", steps_per_execution=32, steps_total=200, checkpoint_every=None,
+                               eval_every=None, warmup_steps=50)
+    assert [n for _, n, _ in walk(plan)] == [32, 18, 32, 32, 32, 32, 22]
+    assert [n for _, n, _ in walk(plan, start=60)] == [32, 32, 32, 32, 12]
+
+
 def test_resume_starts_from_the_next_boundaries():
     run = walk(PLAN, start=45)
     assert run[0][:2] == (45, 8) and run[1][:2] == (53, 7)      # 60 is both boundaries
