@@ -163,6 +163,14 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     # flight finish, save below and skip the final evaluation.
     while scheduled < plan.steps_total and not deadline.stop_requested:
         n = schedule.chunk(scheduled)
+        if scheduled <= plan.warmup_steps:
+            # Warm start: the previous closure (the last one before the boundary too) ends
+            # before this one is scheduled, so no two run at once. Waiting here rather than
+            # after scheduling lets an evaluation run while the worker trains.
+            while in_flight:
+                collect_one()
+            if start_step < scheduled == plan.warmup_steps:   # StepSchedule cuts a chunk there
+                log.info("warm start over at step %d: all %d workers train", scheduled, plan.workers)
         began = time.perf_counter()
         if scheduled == start_step and start_step < plan.warmup_steps:
             # Warm start: one worker trains; each other worker runs the function for zero
@@ -185,14 +193,9 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             # The workers are busy with their first closures and the chief would only
             # wait: trace the evaluation now rather than in the first evaluation.
             evaluator.get_concrete_function(test_data)
-        # Warm start: this closure ends before the next is scheduled (the last one before
-        # the boundary too), so no two run at once.
-        limit = 1 if scheduled <= plan.warmup_steps else max_in_flight
-        while in_flight and (len(in_flight) >= limit
+        while in_flight and (len(in_flight) >= max_in_flight
                              or (not first.done and len(in_flight) >= plan.workers)):
             collect_one()
-        if plan.warmup_steps and scheduled - n < plan.warmup_steps <= scheduled:
-            log.info("warm start over at step %d: all %d workers train", scheduled, plan.workers)
         reached = schedule.reached(scheduled)
         if reached.checkpoint:
             while in_flight:
