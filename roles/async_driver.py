@@ -144,7 +144,19 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     def collect_one() -> None:
         nonlocal finished
         remote, n = in_flight.popleft()
-        loss, worker = remote.fetch()
+        try:
+            loss, worker = remote.fetch()
+        except tf.errors.UnavailableError:
+            # fetch() copies the result from the worker that ran the closure. A closure that
+            # failed raised above with its own error; one that ran to its end (no _error) and
+            # whose worker died before the copy has its steps on the ps already: only its
+            # loss and worker index are lost. (A ps failure still ends the trainer.)
+            if getattr(remote, "_error", True) is not None:
+                raise
+            log.warning("a closure of %d steps finished on a worker that died before its "
+                        "result was copied; its steps count, its loss is lost", n)
+            finished += n
+            return
         if n == 0:  # a warm start's closure that only loaded the step function
             return
         finished += n
