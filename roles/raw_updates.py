@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
-from roles.v1_optimizers import NEUTRAL
+from roles.v1_optimizers import constant_rate, inexact_setting
 
 Apply = Callable[[Sequence[Any]], None]
 
@@ -35,14 +35,13 @@ def unsupported(optimizer: Any, variables: Sequence[Any]) -> str | None:
     if kind not in ("Adam", "SGD"):
         return f"{kind} has no fused kernel here (Adam and SGD do)"
     config = optimizer.get_config()
-    for key, neutral in NEUTRAL.items():
-        if key in config and config[key] not in neutral:
-            return f"{kind}({key}={config[key]!r})"
-    lr = config.get("learning_rate")
-    if isinstance(lr, dict):
-        return f"the learning rate is a schedule ({lr.get('class_name', 'unknown')})"
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)):
-        return f"learning rate {lr!r} is not a constant"
+    setting = inexact_setting(config)
+    if setting is not None:
+        return f"{kind}({setting})"
+    if constant_rate(config) is None:
+        lr = config.get("learning_rate")
+        shown = lr.get("class_name", "unknown") if isinstance(lr, dict) else repr(lr)
+        return f"the learning rate is not a constant ({shown})"
     try:
         for v in variables:
             optimizer._get_variable_index(v)
@@ -77,7 +76,9 @@ def fused_apply(optimizer: Any, variables: Sequence[Any]) -> Apply | None:
             return
         lr_value = tf.convert_to_tensor(optimizer.learning_rate)       # one read per step
         if kind == "Adam":
-            step_value = tf.convert_to_tensor(optimizer.iterations) + 1
+            b1, b2 = float(optimizer.beta_1), float(optimizer.beta_2)
+            t = tf.cast(tf.convert_to_tensor(optimizer.iterations) + 1, tf.float32)   # as Keras, for float32
+            powers = (tf.pow(tf.constant(b1), t), tf.pow(tf.constant(b2), t))
         for grad, var, slot in zip(grads, variables, slots):
             if grad is None:
                 continue
@@ -85,12 +86,10 @@ def fused_apply(optimizer: Any, variables: Sequence[Any]) -> Apply | None:
             lr = tf.cast(lr_value, dtype)
             grad = tf.cast(grad, dtype)
             if kind == "Adam":
-                t = tf.cast(step_value, dtype)
-                b1, b2 = float(optimizer.beta_1), float(optimizer.beta_2)
                 tf.raw_ops.ResourceApplyAdam(
                     var=var.value.handle, m=optimizer._momentums[slot].value.handle,
                     v=optimizer._velocities[slot].value.handle,
-                    beta1_power=tf.pow(tf.cast(b1, dtype), t), beta2_power=tf.pow(tf.cast(b2, dtype), t),
+                    beta1_power=tf.cast(powers[0], dtype), beta2_power=tf.cast(powers[1], dtype),
                     lr=lr, beta1=tf.cast(b1, dtype), beta2=tf.cast(b2, dtype),
                     epsilon=tf.cast(float(optimizer.epsilon), dtype), grad=grad)
             elif optimizer.momentum:

@@ -33,6 +33,23 @@ NEUTRAL = {
 }
 
 
+def inexact_setting(config: Mapping[str, Any]) -> str | None:
+    """The first setting in a Keras optimizer's ``config`` that a fixed update rule cannot
+    reproduce, as ``key=value`` (None: all neutral); shared with roles.raw_updates."""
+    for key, neutral in NEUTRAL.items():
+        if key in config and config[key] not in neutral:
+            return f"{key}={config[key]!r}"
+    return None
+
+
+def constant_rate(config: Mapping[str, Any]) -> float | None:
+    """The learning rate in ``config`` when it is a constant number, else None (a schedule)."""
+    lr = config.get("learning_rate")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)):
+        return None
+    return float(lr)
+
+
 class UnsupportedOptimizer(JobError):
     """The job's optimizer cannot run in sync-ps mode as written."""
 
@@ -65,16 +82,16 @@ def v1_spec(keras_optimizer: Any, job_path: str = "job") -> V1OptimizerSpec:
             f"{job_path}: optimizer() returned {kind}; sync-ps mode supports "
             f"{', '.join(SUPPORTED)}")
     config: Mapping[str, Any] = keras_optimizer.get_config()
-    for key, neutral in NEUTRAL.items():
-        if key in config and config[key] not in neutral:
-            raise UnsupportedOptimizer(
-                f"{job_path}: {kind}({key}={config[key]!r}) has no sync-ps equivalent; "
-                f"leave {key} unset for sync-ps")
-    lr = config.get("learning_rate")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)):
+    setting = inexact_setting(config)
+    if setting is not None:
+        key = setting.split("=", 1)[0]
         raise UnsupportedOptimizer(
-            f"{job_path}: sync-ps needs a constant learning rate, got {lr!r}")
-    lr = float(lr)
+            f"{job_path}: {kind}({setting}) has no sync-ps equivalent; "
+            f"leave {key} unset for sync-ps")
+    lr = constant_rate(config)
+    if lr is None:
+        raise UnsupportedOptimizer(
+            f"{job_path}: sync-ps needs a constant learning rate, got {config.get('learning_rate')!r}")
 
     def spec(name: str, **kwargs: Any) -> V1OptimizerSpec:
         return V1OptimizerSpec(name, tuple(sorted(kwargs.items())))
