@@ -268,7 +268,7 @@ def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: 
                 cluster = _replace(cluster, firewall=True)
             secrets = _secrets(cluster)
             result = bring_up(cluster, store=env.store, reporter=reporter, timeout=timeout, pool=pool,
-                              secrets=secrets, allow_busy_gpus=allow_busy_gpus)
+                              secrets=secrets, allow_busy_gpus=allow_busy_gpus, standby=True)
             reporter.close()
         _show_status(env, result.state, rows_after_up(result.state, result.devices), as_json=as_json)
     finally:

@@ -30,9 +30,11 @@ class Role(StrEnum):
 
 
 class ProcessKind(StrEnum):
-    """Who started a process: ``up`` (a standing server), ``train``, ``run`` or ``tensorboard``."""
+    """Who started a process: ``up`` (a standing server, and a standby that a ``train`` takes
+    over as one of its processes: roles/standby.py), ``train``, ``run`` or ``tensorboard``."""
 
     SERVER = "server"
+    STANDBY = "standby"
     TRAIN = "train"
     PROGRAM = "run"
     TENSORBOARD = "tensorboard"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .errors import HostError
+from .layout import fifo_file
 from .plan import TaskSpec
 from .state import ProcessRecord
 from .transport import Transport
@@ -68,7 +69,7 @@ def call(transport: Transport, operation: str, request: dict, *, timeout: float 
     except ValueError:
         raise HostError(transport.host.name, f"host operation {operation!r} printed no JSON", argv=shown,
                         stderr=result.stdout + result.stderr) from None
-    if isinstance(answer, dict) and answer.get("error") and operation != "start":
+    if isinstance(answer, dict) and answer.get("error") and operation not in ("start", "adopt"):
         raise HostError(transport.host.name, f"host operation {operation!r}: {answer['error']}", argv=shown)
     return answer
 
@@ -127,27 +128,53 @@ def start(transport: Transport, task: TaskSpec, record: ProcessRecord, *, argv: 
     return result
 
 
+def _start_request(task: TaskSpec, record: ProcessRecord, argv: Sequence[str], env: dict[str, str]) -> dict:
+    return {"argv": list(argv), "env": env, "cwd": task.workdir, "log": record.log, "token": record.token,
+            "fresh": [record.events] if record.events else []}
+
+
+def _started(transport: Transport, task: TaskSpec, record: ProcessRecord, argv: Sequence[str],
+             started: dict) -> ProcessRecord | HostError:
+    """One start's answer from hostctl: the record with its pid filled in, or the error."""
+    if started.get("cancelled"):
+        return StartCancelled(transport.host.name, f"{task.name}: {started['error']}", argv=argv)
+    if started.get("error"):
+        return HostError(transport.host.name, f"{task.name}: {started['error']}", argv=argv,
+                         hint="check pscluster_python and pscluster_workdir for this host")
+    return ProcessRecord(**{**record.__dict__, "pid": started["pid"], "pgid": started["pgid"],
+                            "starttime": started["starttime"],
+                            "task_starttime": started["task_starttime"], "started": started["started"],
+                            "log": started["log"], "exit_file": started["exit_file"]})
+
+
 def start_many(transport: Transport, items: Sequence[tuple[TaskSpec, ProcessRecord, Sequence[str], dict[str, str]]],
                *, timeout: float = 30.0) -> list[ProcessRecord | HostError]:
     """Start several tasks on one host in one call; per task its record (pid filled) or error."""
-    answer = call(transport, "start_many", {"tasks": [
-        {"argv": list(argv), "env": env, "cwd": task.workdir, "log": record.log, "token": record.token,
-         "fresh": [record.events] if record.events else []}
-        for task, record, argv, env in items]}, timeout=timeout)
-    results: list[ProcessRecord | HostError] = []
-    for (task, record, argv, _), started in zip(items, answer["started"]):
-        if started.get("cancelled"):
-            results.append(StartCancelled(transport.host.name, f"{task.name}: {started['error']}", argv=argv))
-            continue
-        if started.get("error"):
-            results.append(HostError(transport.host.name, f"{task.name}: {started['error']}", argv=argv,
-                                     hint="check pscluster_python and pscluster_workdir for this host"))
-            continue
-        results.append(ProcessRecord(**{**record.__dict__, "pid": started["pid"], "pgid": started["pgid"],
-                                        "starttime": started["starttime"],
-                                        "task_starttime": started["task_starttime"], "started": started["started"],
-                                        "log": started["log"], "exit_file": started["exit_file"]}))
-    return results
+    answer = call(transport, "start_many", {"tasks": [_start_request(task, record, argv, env)
+                                                      for task, record, argv, env in items]}, timeout=timeout)
+    return [_started(transport, task, record, argv, started)
+            for (task, record, argv, _), started in zip(items, answer["started"])]
+
+
+def adopt(transport: Transport, standby: ProcessRecord, task: TaskSpec, record: ProcessRecord, *,
+          argv: Sequence[str], env: dict[str, str], timeout: float = 30.0) -> ProcessRecord | str:
+    """Hand one start to ``standby`` (roles/standby.py: TensorFlow already imported there).
+
+    Returns the record with the standby's process in it, or why the standby did not take it
+    (nothing was started then: start the task as usual).
+
+    Raises:
+        HostError: the host could not be asked, or the start was cancelled by a ``stop``.
+    """
+    request = dict(_start_request(task, record, argv, env),
+                   standby=dict(standby.to_hostctl(), fifo=fifo_file(standby.log)))
+    answer = call(transport, "adopt", request, timeout=timeout)
+    if "declined" in answer:
+        return str(answer["declined"])
+    result = _started(transport, task, record, argv, answer)
+    if isinstance(result, HostError):
+        raise result
+    return result
 
 
 class StartCancelled(HostError):

@@ -101,6 +101,8 @@ class HostConfig:
     gpu_busy_mib: int = 1024
     # Standing server roles that also get this host's secrets (pscluster_secret_env_roles).
     secret_env_roles: tuple[str, ...] = ()
+    # pscluster_standby: `up` starts a standby (TensorFlow imported) for this host's training tasks.
+    standby: bool = True
 
     def slots_for(self, role: str) -> RoleSlots | None:
         return next((slot for slot in self.slots if slot.role == role), None)
@@ -385,6 +387,7 @@ PSCLUSTER_KEYS: dict[str, Validator] = {
     "pscluster_inter_op_threads": lambda raw, path, value: _as_int(raw, path, value, 0, 1024, "a thread count"),
     "pscluster_connect_timeout": lambda raw, path, value: _as_int(raw, path, value, 1, 600, "seconds"),
     "pscluster_gpu_busy_mib": lambda raw, path, value: _as_int(raw, path, value, 0, 10_000_000, "MiB"),
+    "pscluster_standby": _boolean,
     "pscluster_notify": _url_list,
 }
 # Settings of the whole cluster: only `all.vars` may set them.
@@ -777,4 +780,5 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
         become_user=become_user,
         jump=jump,
         gpu_busy_mib=get("pscluster_gpu_busy_mib", PSCLUSTER_KEYS, 1024),
+        standby=get("pscluster_standby", PSCLUSTER_KEYS, True),
     )

@@ -25,7 +25,8 @@ from .errors import Aborted, Failure, HostError, MultiHostError, PsclusterError,
 from .events import Reporter
 from .fanout import fan_out
 from .firewall import install_rules, remove_rules
-from .layout import attempt_log, exit_file, pid_file
+from .contracts import ProcessKind
+from .layout import HostLayout, attempt_log, exit_file, fifo_file, pid_file
 from .plan import ClusterPlan, TaskSpec
 from .preflight import CheckReport, run_preflight
 from .probe import Prober
@@ -73,14 +74,34 @@ def new_record(task: TaskSpec, *, kind: str, attempt: int, log: str | None = Non
 
 def start_task(writer: StateWriter, pool: TransportPool, plan: ClusterPlan, task: TaskSpec,
                record: ProcessRecord, *, argv: Sequence[str], env: dict[str, str],
-               reporter: Reporter) -> ProcessRecord:
-    """Record, then start one task; the pid reaches the state as soon as it is known."""
+               reporter: Reporter, standby: ProcessRecord | None = None) -> ProcessRecord:
+    """Record, then start one task; the pid reaches the state as soon as it is known.
+
+    With ``standby`` (a live standby of ``task``: roles/standby.py), the start is handed to it
+    first; the standby's record is retired in the same state change that records the process
+    (which is the standby's), and a standby that declines is retired with a warning and the task
+    starts afresh.
+    """
     writer.change(lambda state: state.processes.append(record))
     reporter.emit("task-starting", task=task.name, host=task.host)
     test_pause("before-start")
-    started = hostops.start(pool.get(plan.host(task.host)), task, record, argv=argv, env=env)
+    transport = pool.get(plan.host(task.host))
+    started: ProcessRecord | None = None
+    retired: list[ProcessRecord] = []
+    if standby is not None:
+        outcome = hostops.adopt(transport, standby, task, record, argv=argv, env=env)
+        retired.append(replace(standby, stopped=True))
+        if isinstance(outcome, ProcessRecord):
+            started = outcome
+        else:
+            writer.change(lambda state: state.replace_records(retired))
+            reporter.emit("message", level="warning",
+                          text=f"{task.name}: its standby was not used ({outcome}); starting it afresh")
+    if started is None:
+        started = hostops.start(transport, task, record, argv=argv, env=env)
     test_pause("after-start")
-    writer.change(lambda state: state.replace_record(started))
+    done = started
+    writer.change(lambda state: state.replace_records([done, *retired]))
     reporter.emit("task-started", task=task.name, host=task.host, pid=started.pid)
     return started
 
@@ -121,6 +142,41 @@ def start_tasks(writer: StateWriter, pool: TransportPool, plan: ClusterPlan,
             else:
                 failures.append(Failure(task.name, result))
     return records, failures
+
+
+def standby_starts(plan: ClusterPlan, state: RunState, secrets: Secrets | None
+                   ) -> list[tuple[TaskSpec, ProcessRecord, list[str], dict[str, str]]]:
+    """A standby (roles/standby.py) for each training task that has none, on hosts that allow
+    one (``pscluster_standby``); it gets the task's environment without secrets, which come
+    with the job that takes it over."""
+    items = []
+    for task in plan.training_tasks:
+        if not plan.host(task.host).standby or state.standby(task.name) is not None:
+            continue
+        attempt = 1 + sum(1 for r in state.processes if r.task == task.name and r.kind == ProcessKind.STANDBY)
+        log = HostLayout(task.workdir, plan.name).standby_log(task.role, task.index, attempt)
+        record = ProcessRecord(key=f"{task.name}#s{attempt}", task=task.name, host=task.host,
+                               kind=ProcessKind.STANDBY, attempt=attempt, log=log, exit_file=exit_file(log))
+        argv = [task.argv[0], "-m", "roles.standby", "--fifo", fifo_file(log)]
+        items.append((task, record, argv, task_env(task, secrets, standing=True)))
+    return items
+
+
+def start_standbys(writer: StateWriter, pool: TransportPool, plan: ClusterPlan, secrets: Secrets | None
+                   ) -> tuple[dict[str, ProcessRecord], list[Failure]]:
+    """Start the missing standbys, quietly; a failure is the caller's to report as a warning
+    (the next ``train`` then starts that process afresh), never a failure of the command."""
+    items = standby_starts(plan, writer.state, secrets)
+    return start_tasks(writer, pool, plan, items, Reporter()) if items else ({}, [])
+
+
+def report_standbys(reporter: Reporter, records: dict[str, ProcessRecord], failures: Sequence[Failure]) -> None:
+    for name, record in records.items():
+        reporter.emit("message", text=f"standby for {name}@{record.host} (pid {record.pid}): TensorFlow is "
+                                      "imported ahead of the next 'train' (pscluster_standby: false turns it off)")
+    for failure in failures:
+        reporter.emit("message", level="warning",
+                      text=f"no standby for {failure.where}: {failure.error.message.splitlines()[0]}")
 
 
 def task_env(task: TaskSpec, secrets: Secrets | None, *, standing: bool) -> dict[str, str]:
@@ -232,9 +288,10 @@ class UpResult:
 
 def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeout: float = DEFAULT_READY_TIMEOUT,
              root: Path | None = None, pool: TransportPool | None = None,
-             secrets: Secrets | None = None, allow_busy_gpus: bool = False) -> UpResult:
-    """Preflight, sync, install the firewall if asked, start the standing servers and wait
-    until they answer.
+             secrets: Secrets | None = None, allow_busy_gpus: bool = False, standby: bool = False) -> UpResult:
+    """Preflight, sync, install the firewall if asked, start the standing servers (and, with
+    ``standby``, a standby for each training task: roles/standby.py) and wait until the servers
+    answer.
 
     Raises:
         UsageError: a cluster of that name is already up.
@@ -277,6 +334,8 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
         if failures:
             raise failures[0].error if len(failures) == 1 else \
                 MultiHostError(f"{len(failures)} task(s) could not be started", failures)
+        if standby:     # importing TensorFlow while the servers do: ready when `up` is
+            report_standbys(reporter, *start_standbys(writer, pool, plan, secrets))
         if records:
             reporter.emit("phase", name="ready", detail=f"waiting for {len(records)} server(s) to answer")
             with Prober() as prober:
@@ -464,7 +523,8 @@ def cluster_status(state: RunState, *, pool: TransportPool, prober: Prober | Non
     """Each task's process state on its host, plus the devices its server reports."""
     plan = state.plan
     latest = {task.name: state.latest(task.name) for task in plan.tasks}
-    live = [record for record in latest.values() if record is not None and not record.stopped]
+    standbys = {task.name: state.standby(task.name) for task in plan.training_tasks}
+    live = [record for record in [*latest.values(), *standbys.values()] if record is not None and not record.stopped]
     statuses: dict[str, hostops.TaskStatus] = {}
     unreachable: dict[str, str] = {}
 
@@ -480,8 +540,10 @@ def cluster_status(state: RunState, *, pool: TransportPool, prober: Prober | Non
         row = functools.partial(TaskRow, role=task.role, index=task.index, host=task.host, address=task.address,
                                 port=task.port, kind="server" if task.standing else "train", restarts=restarts)
         if record is None:
+            standby = standbys.get(task.name)
+            waiting = standby is not None and getattr(statuses.get(standby.key), "state", None) == "running"
             rows.append(row(pid=None, state="not started",
-                                detail="started by 'pscluster train'" if not task.standing else ""))
+                            detail="" if task.standing else _not_started(standby if waiting else None)))
             continue
         if record.stopped:
             rows.append(row(pid=record.pid, state="stopped"))
@@ -506,6 +568,13 @@ def cluster_status(state: RunState, *, pool: TransportPool, prober: Prober | Non
     return rows
 
 
+def _not_started(standby: ProcessRecord | None) -> str:
+    """The detail of a training task's row before ``train``: who will start it."""
+    if standby is None:
+        return "started by 'pscluster train'"
+    return f"started by 'pscluster train' (standby pid {standby.pid} waits with TensorFlow imported)"
+
+
 def rows_after_up(state: RunState, devices: dict[str, tuple[str, ...]]) -> list[TaskRow]:
     """Status rows from what ``up`` just established (no second round trip to every host)."""
     rows = []
@@ -514,7 +583,7 @@ def rows_after_up(state: RunState, devices: dict[str, tuple[str, ...]]) -> list[
         row = functools.partial(TaskRow, role=task.role, index=task.index, host=task.host, address=task.address,
                                 port=task.port, kind="server" if task.standing else "train")
         if record is None:
-            rows.append(row(pid=None, state="not started", detail="started by 'pscluster train'"))
+            rows.append(row(pid=None, state="not started", detail=_not_started(state.standby(task.name))))
         else:
             rows.append(row(pid=record.pid, state="ready", devices=devices.get(task.name, ()),
                                 uptime=max(0.0, time.time() - (record.started or time.time()))))

@@ -9,6 +9,8 @@ A cluster's run folder on a host is ``<workdir>/.pscluster/<cluster>/``::
 
     <role>-<index>.log                   a standing server (attempt 1); <role>-<index>.<N>.log for attempt N
     <role>-<index>.events.jsonl          the plan's per-task events file
+    standby/<role>-<index>.<N>.log       the N-th standby of a training task (roles/standby.py), and
+    standby/<role>-<index>.<N>.log.fifo  the FIFO its job comes through
     job-<id>/<role>-<index>.<N>.log      attempt N of a job process (train or run)
     job-<id>/<role>-<index>.<N>.events.jsonl
     jobs/<job>/<job.py or job folder>    a user's job, copied to hosts that do not share this checkout
@@ -16,7 +18,8 @@ A cluster's run folder on a host is ``<workdir>/.pscluster/<cluster>/``::
     tensorboard/<job>/                   the leader's TensorBoard summaries; tensorboard.<N>.log its server
 
 Next to every process log, ``roles/hostctl.py`` (which cannot import this module: it is shipped
-alone to hosts) keeps ``<log>.pid``, ``<log>.exit``, ``<log>.cancel`` and ``<log>.lock``; these
+alone to hosts) keeps ``<log>.pid``, ``<log>.exit``, ``<log>.cancel``, ``<log>.lock`` (and ``<log>.adopt``, a
+standby's answer when a job process is handed to it); these
 suffixes and ``.pscluster`` (under which hostctl also keeps ``fsid``, the id of the filesystem
 holding a workdir) are checked against hostctl's own in tests/unit/test_layout.py. The workdir
 may start with ``~`` (the host's home, expanded there) and is taken as given: a relative one is
@@ -36,6 +39,8 @@ PID_SUFFIX = ".pid"              # roles/hostctl.py writes <log>.pid (the monito
 EXIT_SUFFIX = ".exit"            # ... <log>.exit (the task's exit status)
 CANCEL_SUFFIX = ".cancel"        # ... <log>.cancel (a stop that came before the start)
 LOCK_SUFFIX = ".lock"            # ... <log>.lock (a start's lock)
+REPLY_SUFFIX = ".adopt"          # ... <log>.adopt (a standby's answer to the start it was handed)
+FIFO_SUFFIX = ".fifo"            # roles/standby.py listens on <its log>.fifo
 
 
 def _check_name(what: str, value: str) -> str:
@@ -71,6 +76,11 @@ def pid_file(log: str) -> str:
 def exit_file(log: str) -> str:
     """Where hostctl's monitor writes the exit status of the process logging to ``log``."""
     return log + EXIT_SUFFIX
+
+
+def fifo_file(log: str) -> str:
+    """The FIFO of the standby logging to ``log``."""
+    return log + FIFO_SUFFIX
 
 
 def job_code_dir(cluster: str, job: str) -> str:
@@ -122,6 +132,11 @@ class HostLayout:
     def task_events(self, role: str, index: int) -> str:
         """The plan's per-task events file (``TaskSpec.events_path``)."""
         return f"{self.run_dir}/{self._task(role, index)}{EVENTS_SUFFIX}"
+
+    # -- standbys: a training process started before its job (roles/standby.py)
+    def standby_log(self, role: str, index: int, attempt: int) -> str:
+        """The log of the ``attempt``-th standby of task ``role:index``."""
+        return f"{self.run_dir}/standby/{self._task(role, index)}.{_check_number('attempt', attempt, 1)}{LOG_SUFFIX}"
 
     # -- job processes (`train`, `run`): a folder per job, a pair of files per attempt
     def job_dir(self, job_id: int) -> str:

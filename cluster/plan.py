@@ -80,6 +80,9 @@ class HostSpec:
     jump: tuple[str, ...] = ()                 # ProxyJump hops "[user@]host[:port]", first hop first
     become_user: str | None = None             # tasks run as this user (sudo -n -H -u)
     gpu_busy_mib: int = 1024                   # a GPU using more memory is busy at preflight
+    # A standby (roles/standby.py) for this host's training tasks: pscluster_standby, never on
+    # Slurm (a step's cgroup and GPUs are fixed when it starts, before the job is known).
+    standby: bool = True
 
     @property
     def is_local(self) -> bool:
@@ -288,7 +291,7 @@ def _host_spec(host: HostConfig, options: PlanOptions) -> HostSpec:
                     workdir=workdir, host_key_policy=host.host_key_policy, known_hosts=host.known_hosts,
                     connect_timeout=host.connect_timeout, secret_env=host.secret_env,
                     secret_env_roles=host.secret_env_roles, jump=host.jump, become_user=host.become_user,
-                    gpu_busy_mib=host.gpu_busy_mib)
+                    gpu_busy_mib=host.gpu_busy_mib, standby=host.standby and host.connection != "slurm")
 
 
 def _slots(inventory: Inventory) -> list[_Slot]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from .contracts import ProcessKind
 from .errors import Aborted, StateError, UsageError
 from .names import check_cluster_name
 from .plan import ClusterPlan, HostSpec, TaskSpec
@@ -40,7 +41,7 @@ class ProcessRecord:
     key: str                 # unique within the cluster: "worker:1#2" (task, attempt)
     task: str                # "worker:1"
     host: str
-    kind: str                # "server" | "train"
+    kind: str                # contracts.ProcessKind: "server" | "standby" | "train" | "run" | "tensorboard"
     attempt: int
     log: str
     exit_file: str
@@ -85,7 +86,14 @@ class RunState:
         return [record for record in self.processes if not record.stopped]
 
     def latest(self, task: str) -> ProcessRecord | None:
-        found = [record for record in self.processes if record.task == task]
+        """The newest process of ``task`` (a standby is not one yet: :meth:`standby`)."""
+        found = [record for record in self.processes if record.task == task and record.kind != ProcessKind.STANDBY]
+        return found[-1] if found else None
+
+    def standby(self, task: str) -> ProcessRecord | None:
+        """The live standby waiting to become ``task``'s next training process, if any."""
+        found = [record for record in self.processes
+                 if record.task == task and record.kind == ProcessKind.STANDBY and not record.stopped]
         return found[-1] if found else None
 
     def replace_record(self, record: ProcessRecord) -> None:

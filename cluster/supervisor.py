@@ -30,9 +30,9 @@ from pathlib import Path
 from . import hostops
 from .codesync import needs_sync, sync_code, sync_files
 from .contracts import Mode, ProcessKind
-from .errors import HostError, UsageError
+from .errors import Failure, HostError, PsclusterError, UsageError
 from .events import Reporter
-from .launcher import task_env
+from .launcher import report_standbys, start_standbys, task_env
 from .secrets import Secrets
 from .plan import TaskSpec
 from .state import ProcessRecord, StateStore
@@ -104,6 +104,22 @@ class Supervisor(JobExecutor):
             self.reporter.emit("message", text=f"checkpoint saved at step {job.checkpoint_step}: {job.checkpoint}; "
                                                "continue with 'train --resume'")
 
+    def run(self) -> dict:
+        """The job (:meth:`JobExecutor.run`); after a finished one, new standbys for the next."""
+        report = super().run()
+        self.refill_standbys()
+        return report
+
+    def refill_standbys(self) -> None:
+        """A standby (roles/standby.py) for each training task whose own became this job's
+        process, so that the next ``train`` finds TensorFlow imported too. A failure here is a
+        warning: the job is done."""
+        try:
+            _, failures = start_standbys(self.writer, self.pool, self.plan, self.secrets)
+        except PsclusterError as exc:       # e.g. `down` took the cluster over meanwhile
+            failures = [Failure("the next job", exc)]
+        report_standbys(self.reporter, {}, failures)
+
     # ------------------------------------------------------------------ the job
     def job_name(self) -> str:
         return self.job.name
@@ -159,8 +175,9 @@ class Supervisor(JobExecutor):
                           events_path=events, checkpoint_dir=self.checkpoint_dir, options=self.trainer_options,
                           resume=resume, summaries=summaries, restarts=sum(self.job_restarts().values()))
         self.tails[record.key] = EventTail(events)
+        standby = self.state.standby(task.name) if task.role != "evaluator" else None
         return self.launch(task, record, argv=argv, env=task_env(task, self.secrets, standing=False), kind=ProcessKind.TRAIN,
-                           files=(events,))
+                           files=(events,), standby=standby)
 
     def recovery(self, incident: core.Incident) -> core.Recovery:
         return core.train_recovery(Mode(self.plan.mode), incident.proc, self.views(),

@@ -12,6 +12,9 @@ nothing secret is on a command line); the answer is one JSON object on stdout. O
             to ``<log>.exit`` when it ends, and stays until every descendant is gone (so a
             descendant that left the session is still found by ``stop``). A start whose token a
             ``stop`` cancelled first (``<log>.cancel``) does not start anything.
+``adopt``   a ``start`` handed to a standby (roles/standby.py) that already imported TensorFlow:
+            its request goes through the standby's FIFO, and the standby's process becomes the
+            task; or "declined", and the caller starts the task afresh.
 ``status``  per recorded task: running / frozen / exited (with code or signal) / gone.
 ``watch``   the same, streamed as JSON lines with new bytes of event files (supervision).
 ``stop``    SIGTERM every process of each recorded task (its session, and every descendant of
@@ -62,6 +65,9 @@ PID_SUFFIX = ".pid"          # the monitor's record of the task: pid, pgid, star
 EXIT_SUFFIX = ".exit"        # the task's exit status, written when it ends
 CANCEL_SUFFIX = ".cancel"    # tokens of starts that a stop overtook
 LOCK_SUFFIX = ".lock"        # held by a start (or a cancel) until the pid file exists
+FIFO_SUFFIX = ".fifo"        # a standby's FIFO, beside the standby's log (roles/standby.py)
+REPLY_SUFFIX = ".adopt"      # a standby's answer to ``adopt``, beside the new process's log
+ADOPT_REPLY_SECONDS = 10.0   # a standby answers at once (its parent never imports TensorFlow)
 
 TF_DISTS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tf-nightly-cpu",
             "tensorflow-intel", "tensorflow-macos")
@@ -245,10 +251,9 @@ def _wait_status(status):
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
-def op_start(req):
-    cwd = _expand(req["cwd"])
+def _under_start_lock(req, start):
+    """``start(log, lock_fd)`` under the start's lock, unless a stop cancelled this start first."""
     log = _expand(req["log"])
-    exit_file = log + EXIT_SUFFIX
     token = req.get("token")
     _private_dirs(os.path.dirname(log))
     lock_fd = _start_lock(log)
@@ -258,16 +263,26 @@ def op_start(req):
         # nobody records.
         if token and _cancelled(log, token):
             return {"error": "cancelled: the cluster was stopped before this task started", "cancelled": True}
-        return _spawn(req, cwd, log, exit_file, token, lock_fd)
+        return start(log, lock_fd)
     finally:
         os.close(lock_fd)
 
 
-def _spawn(req, cwd, log, exit_file, token, lock_fd):
-    # Each attempt starts clean: a name reused by a later cluster or job must not show old lines.
-    for stale in [exit_file, log + PID_SUFFIX, log + CANCEL_SUFFIX] + [_expand(path) for path in req.get("fresh", [])]:
+def _remove_stale(req, log, *more):
+    """Each attempt starts clean: a name reused by a later cluster or job must not show old lines."""
+    for stale in [log + EXIT_SUFFIX, log + PID_SUFFIX, log + CANCEL_SUFFIX, *more] + [
+            _expand(path) for path in req.get("fresh", [])]:
         if os.path.exists(stale):
             os.unlink(stale)
+
+
+def op_start(req):
+    return _under_start_lock(req, lambda log, lock_fd: _spawn(req, _expand(req["cwd"]), log, log + EXIT_SUFFIX,
+                                                              req.get("token"), lock_fd))
+
+
+def _spawn(req, cwd, log, exit_file, token, lock_fd):
+    _remove_stale(req, log)
     env = dict(os.environ) if req.get("inherit_env", True) else {}
     env.update(req.get("env", {}))   # arrives on stdin: secret values never touch argv
     import subprocess
@@ -340,6 +355,73 @@ def _spawn(req, cwd, log, exit_file, token, lock_fd):
     if not data:
         return {"error": "the monitor process died before starting the task"}
     return json.loads(data.decode())
+
+
+def op_adopt(req):
+    """``start``, handed to a standby that already imported TensorFlow (roles/standby.py).
+
+    ``req`` is a ``start`` request plus ``standby``: the standby's record (its log, pid file and
+    token) and ``fifo``. Answers the new process's record, or ``{"declined": reason}`` when the
+    standby did not take it: then nothing runs for this start, the standby is gone (a standby
+    that is alive but did not answer -- frozen, or not listening yet -- is killed, so it never
+    takes the request later), and the caller starts the task afresh. The record is the
+    standby's process (pid, group, start times, exit file) under the new log and token, with
+    ``adopted`` set to its pid.
+    """
+    return _under_start_lock(req, lambda log, _lock_fd: _adopt(req, log))
+
+
+def _adopt(req, log):
+    found = _resolve(req["standby"])
+    if found.get("pgid") is None or not _alive(found["pid"], found.get("task_starttime")):
+        return {"declined": "the standby is not running"}
+    answer = _hand_over(req, found, log)
+    if not answer.get("accepted"):
+        _freeze_and_kill(found, {})
+        return {"declined": answer.get("reason") or "declined"}
+    record = {"pid": found["pid"], "pgid": found["pgid"], "starttime": found["starttime"],
+              "task_starttime": found["task_starttime"], "started": time.time(), "log": log,
+              "exit_file": found["exit_file"], "token": req.get("token"), "adopted": found["pid"]}
+    _write_json(log + PID_SUFFIX, record)
+    return record
+
+
+def _hand_over(req, standby, log):
+    """Write the start request into the standby's FIFO; its answer ({"accepted", "reason"})."""
+    try:
+        fd = os.open(_expand(req["standby"]["fifo"]), os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:     # ENXIO: nobody reads it (not listening yet, frozen, or gone)
+        return {"reason": "the standby is not listening"}
+    reply = log + REPLY_SUFFIX
+    try:
+        _remove_stale(req, log, reply)
+        env = dict(os.environ) if req.get("inherit_env", True) else {}
+        env.update(req.get("env", {}))   # arrives on stdin, leaves through the FIFO: never on disk
+        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        os.fchmod(log_fd, 0o600)
+        os.write(log_fd, ("pscluster: %s starting %s (standby pid %d: TensorFlow already imported)\n" % (
+            time.strftime("%Y-%m-%d %H:%M:%S"), " ".join(req["argv"]), standby["pid"])).encode())
+        os.close(log_fd)
+        payload = json.dumps({"argv": req["argv"], "env": env, "cwd": req["cwd"], "log": log,
+                              "reply": reply}).encode()
+        os.set_blocking(fd, True)
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view):]
+    except BrokenPipeError:
+        return {"reason": "the standby went away"}
+    finally:
+        os.close(fd)
+    answer = None
+    deadline = time.time() + ADOPT_REPLY_SECONDS
+    while answer is None and time.time() < deadline and _alive(standby["pid"], standby.get("task_starttime")):
+        answer = _read_exit(reply)
+        if answer is None:
+            time.sleep(0.01)
+    answer = answer or _read_exit(reply)
+    if os.path.exists(reply):
+        os.unlink(reply)
+    return answer or {"reason": "the standby did not answer"}
 
 
 def op_start_many(req):
@@ -785,7 +867,7 @@ def op_resolve(req):
     return {"resolved": resolved}
 
 
-OPERATIONS = {"facts": op_facts, "start": op_start, "start_many": op_start_many, "status": op_status, "stop": op_stop,
+OPERATIONS = {"facts": op_facts, "start": op_start, "adopt": op_adopt, "start_many": op_start_many, "status": op_status, "stop": op_stop,
               "signal": op_signal, "read": op_read, "find": op_find, "hashes": op_hashes, "remove": op_remove, "fsid": op_fsid, "listen": op_listen,
               "connect": op_connect, "unlisten": op_unlisten,
               "nft": op_nft, "watch": op_watch, "resolve": op_resolve}

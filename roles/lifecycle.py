@@ -39,7 +39,7 @@ import select
 import signal
 import sys
 import time
-from typing import Callable
+from typing import Callable, NoReturn
 
 TERMINATION_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_START_TIMEOUT = 3
@@ -92,10 +92,11 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def split(start_timeout: float, what: str, report: Report, stop_grace: float = 0.0) -> TrainerLink:
-    """Forks; returns a :class:`TrainerLink` in the trainer and never returns in the
-    guardian (which exits with the trainer's outcome). ``stop_grace`` > 0 turns on
-    checkpoint-on-stop (module docstring).
+def fork_trainer() -> tuple[int, int]:
+    """The fork behind :func:`split`: ``(0, write end)`` in the trainer, ``(trainer pid, read
+    end)`` in the guardian. Termination signals stay blocked on both sides until the caller
+    finishes with :func:`become_trainer` / :func:`become_guardian` (or unblocks them itself,
+    as a standby that waits for its job does: roles/standby.py).
 
     Call before importing TensorFlow: ``fork`` is only safe without threads.
     """
@@ -112,12 +113,24 @@ def split(start_timeout: float, what: str, report: Report, stop_grace: float = 0
         for sig in TERMINATION_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
         _die_with_parent(parent)
-        link = TrainerLink(write_fd)
-        if stop_grace > 0:
-            signal.signal(signal.SIGTERM, lambda _s, _f: link.request_stop("SIGTERM"))
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, TERMINATION_SIGNALS)
-        return link
+        return 0, write_fd
     os.close(write_fd)
+    return child, read_fd
+
+
+def become_trainer(write_fd: int, stop_grace: float = 0.0) -> TrainerLink:
+    """The trainer's side after :func:`fork_trainer`: its link, with checkpoint-on-stop when
+    ``stop_grace`` > 0; termination signals are unblocked."""
+    link = TrainerLink(write_fd)
+    if stop_grace > 0:
+        signal.signal(signal.SIGTERM, lambda _s, _f: link.request_stop("SIGTERM"))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, TERMINATION_SIGNALS)
+    return link
+
+
+def become_guardian(child: int, read_fd: int, start_timeout: float, what: str, report: Report,
+                    stop_grace: float = 0.0) -> NoReturn:
+    """The guardian's side after :func:`fork_trainer`: supervise, then exit with the outcome."""
     code = 1
     try:
         code = Guardian(child, read_fd, start_timeout, what, report, stop_grace).supervise()
@@ -125,6 +138,19 @@ def split(start_timeout: float, what: str, report: Report, stop_grace: float = 0
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def split(start_timeout: float, what: str, report: Report, stop_grace: float = 0.0) -> TrainerLink:
+    """Forks; returns a :class:`TrainerLink` in the trainer and never returns in the
+    guardian (which exits with the trainer's outcome). ``stop_grace`` > 0 turns on
+    checkpoint-on-stop (module docstring).
+
+    Call before importing TensorFlow: ``fork`` is only safe without threads.
+    """
+    child, fd = fork_trainer()
+    if child == 0:
+        return become_trainer(fd, stop_grace)
+    become_guardian(child, fd, start_timeout, what, report, stop_grace)
 
 
 class Guardian:

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from roles.events import EventWriter
 from roles.jobs import JobError
@@ -185,11 +185,14 @@ def is_chief(mode: str, task: TaskInfo) -> bool:
     return task.task_type == "worker" and task.task_index == 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    started = time.time()
-    argv = list(sys.argv[1:] if argv is None else argv)
+def configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def prepare(argv: Sequence[str]) -> tuple[TrainOptions, TaskInfo] | int:
+    """The command line and TF_CONFIG, read before the split; :data:`EXIT_USAGE` (after an
+    ``error`` event, when the events file is known) if either is bad."""
     task: TaskInfo | None = None
     try:
         options = parse_options(argv)
@@ -197,20 +200,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ConfigError) as e:
         _report_early_failure(argv, task, str(e), type(e).__name__)
         return EXIT_USAGE
+    return options, task
 
+
+FIRST_STEP = "the first training step"    # what --start-timeout waits for (the guardian's words)
+
+
+def guardian_report(options: TrainOptions, task: TaskInfo) -> Callable[[str, str], None]:
+    """How the guardian writes the ``error`` event when the trainer could not."""
     events_path, task_name = options.events, task.name
 
     def report_from_guardian(message: str, exception: str) -> None:
         print(f"roles.train guardian: {message}", file=sys.stderr, flush=True)
         with EventWriter(events_path, task_name) as guardian_writer:
             guardian_writer.emit("error", message=message, exception=exception)
+    return report_from_guardian
 
+
+def stop_grace_of(options: TrainOptions) -> float:
+    """The guardian's checkpoint-on-stop grace: 0 (SIGTERM kills) in modes that cannot stop."""
+    return options.stop_grace if options.mode in STOP_MODES else 0.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    started = time.time()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    configure_logging()
+    prepared = prepare(argv)
+    if isinstance(prepared, int):
+        return prepared
+    options, task = prepared
     # Before TensorFlow is imported: from here on this is the trainer, and the
     # original process supervises it (roles/lifecycle.py).
-    stops = options.mode in STOP_MODES
-    guardian = split(options.start_timeout, "the first training step", report_from_guardian,
-                     stop_grace=options.stop_grace if stops else 0.0)
-    if stops and options.deadline is not None:
+    guardian = split(options.start_timeout, FIRST_STEP, guardian_report(options, task),
+                     stop_grace=stop_grace_of(options))
+    return run_trainer(options, task, guardian, started)
+
+
+def run_trainer(options: TrainOptions, task: TaskInfo, guardian: TrainerLink, started: float) -> int:
+    """The trainer's side of the split (here, or in an adopted standby: roles/standby.py):
+    train, write the final event, return the exit code."""
+    if options.mode in STOP_MODES and options.deadline is not None:
         timer = threading.Timer(max(0.0, options.deadline - (time.time() - started)),
                                 guardian.request_stop, args=("deadline",))
         timer.daemon = True
@@ -311,14 +341,18 @@ def _exits_hard(mode: str | None, code: int) -> bool:
     return mode in HARD_EXIT_MODES or (mode == "sync" and code == EXIT_OK)
 
 
-def _run_and_exit(argv: Sequence[str]) -> None:
-    code = main(argv)
-    if _exits_hard(_flag(argv, "--mode"), code):
+def exit_trainer(mode: str | None, code: int) -> NoReturn:
+    """End the process with ``code``: at once where TensorFlow's teardown can stall (above)."""
+    if _exits_hard(mode, code):
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
+
+
+def _run_and_exit(argv: Sequence[str]) -> None:
+    exit_trainer(_flag(argv, "--mode"), main(argv))
 
 
 if __name__ == "__main__":

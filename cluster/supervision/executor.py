@@ -459,9 +459,9 @@ class JobExecutor:
                        and (kind is ProcessKind.SERVER or r.key.startswith(prefix)))
 
     def launch(self, task: TaskSpec, record: ProcessRecord, *, argv: Sequence[str], env: dict[str, str],
-               kind: ProcessKind, files: Sequence[str] = ()) -> Watched:
+               kind: ProcessKind, files: Sequence[str] = (), standby: ProcessRecord | None = None) -> Watched:
         started = start_task(self.writer, self.pool, self.plan, task, record, argv=argv, env=env,
-                             reporter=self.reporter)
+                             reporter=self.reporter, standby=standby)
         now = self.clock()
         watched = Watched(task, started, kind, launched=now, last_event=now, files=tuple(files))
         self.watched[started.key] = watched

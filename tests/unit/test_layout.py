@@ -150,5 +150,6 @@ def test_the_suffixes_match_the_host_program():
     # hostctl is shipped alone to each host and cannot import the layout: the two must agree
     assert layout_module.RUN_ROOT == hostctl.RUN_ROOT
     assert (layout_module.PID_SUFFIX, layout_module.EXIT_SUFFIX, layout_module.CANCEL_SUFFIX,
-            layout_module.LOCK_SUFFIX) == (hostctl.PID_SUFFIX, hostctl.EXIT_SUFFIX, hostctl.CANCEL_SUFFIX,
-                                           hostctl.LOCK_SUFFIX)
+            layout_module.LOCK_SUFFIX, layout_module.REPLY_SUFFIX, layout_module.FIFO_SUFFIX) == (
+        hostctl.PID_SUFFIX, hostctl.EXIT_SUFFIX, hostctl.CANCEL_SUFFIX, hostctl.LOCK_SUFFIX,
+        hostctl.REPLY_SUFFIX, hostctl.FIFO_SUFFIX)
