@@ -14,6 +14,12 @@ write without it, on the same model, data, global batch, optimizer and learning 
    (Keras ``fit``, evaluating every ``--eval-every`` steps), ``--accuracy-runs`` times each (medians).
    Goals (issue 15): async <= 1.4x and sync-ps <= 2.0x the single process; sync is reported.
 
+Training processes start from the standby ``up`` (or the previous ``train``) left on their host
+(roles/standby.py: TensorFlow already imported), as on any cluster that is up; before each
+``train`` the benchmark waits until ``pscluster status`` says every standby is ready (the wait
+is reported, not counted, like the ``up`` time). ``--no-standby`` (``pscluster_standby: false``)
+measures the processes started afresh.
+
 Throughput is optimizer steps per second after the first step (or first scheduled function /
 execution), from each program's own clock; pscluster's is the training report's
 ``examples_per_second`` over the global batch. Parts 1-3 repeat ``--runs`` times, alternating
@@ -85,11 +91,11 @@ ACCURACY_SHAPES = (ClusterShape("acc-async", "async", 1, 2, 2, 20),
 
 
 # ------------------------------------------------------------------ pure parts
-def inventory_text(shape: ClusterShape, port_base: int, env: dict[str, str]) -> str:
+def inventory_text(shape: ClusterShape, port_base: int, env: dict[str, str], standby: bool = True) -> str:
     """A local (``ansible_connection: local``) inventory for ``shape``, like inventories/local.yaml."""
     lines = ["# written by benchmarks/training.py", "all:", "  vars:", "    ansible_connection: local",
              f"    pscluster_port_base: {port_base + shape.port_offset}", f"    pscluster_mode: {shape.mode}",
-             "    pscluster_env:"]
+             *([] if standby else ["    pscluster_standby: false"]), "    pscluster_env:"]
     lines += [f"      {key}: {json.dumps(value)}" for key, value in env.items()]
     lines.append("  children:")
     for role, count in (("chief", shape.chief), ("ps", shape.ps), ("worker", shape.workers)):
@@ -153,8 +159,9 @@ class Runner:
     """Runs the pscluster CLI and the baseline programs; stops what it started by process group."""
 
     def __init__(self, work: Path, env: dict[str, str], port_base: int, timeout: float,
-                 batch_size: int) -> None:
+                 batch_size: int, standby: bool = True) -> None:
         self.work = work
+        self.standby = standby
         self.batch_size = batch_size
         self.state_dir = work / "state"
         self.env = env
@@ -170,7 +177,7 @@ class Runner:
         """Brings ``shape`` up; yields (name, plan, up seconds); always brings it down."""
         name = f"bench-train-{shape.key}"
         inventory = self.work / f"{shape.key}.yaml"
-        inventory.write_text(inventory_text(shape, self.port_base, self.env))
+        inventory.write_text(inventory_text(shape, self.port_base, self.env, self.standby))
         _, plan_proc = self.pscluster(["plan", inventory, "--name", name, "--json"])
         plan = json.loads(plan_proc.stdout)
         print(f"  up {name} ...", file=LOG, flush=True)
@@ -181,6 +188,21 @@ class Runner:
             _, proc = self.pscluster(["down", "--name", name], check=False)
             if proc.returncode != 0:
                 print(f"  down {name} failed:\n{proc.stderr}", file=LOG, flush=True)
+
+    def wait_standbys(self, name: str, timeout: float = 180.0) -> float:
+        """Seconds until every training task's standby says TensorFlow is imported (0 without
+        standbys)."""
+        if not self.standby:
+            return 0.0
+        began = time.perf_counter()
+        while True:
+            _, proc = self.pscluster(["status", "--name", name, "--json"])
+            trainers = [t for t in json.loads(proc.stdout)["tasks"] if t["kind"] == "train"]
+            if all(t["standby"] and t["standby"]["ready"] for t in trainers):
+                return time.perf_counter() - began
+            if time.perf_counter() - began > timeout:
+                raise RuntimeError(f"standbys of {name} not ready after {timeout:.0f} s: {trainers}")
+            time.sleep(0.5)
 
     def train(self, name: str, steps: int, *extra: Any) -> tuple[float, dict]:
         """``pscluster train distributed_mnist --json``: (seconds from launch, report)."""
@@ -358,8 +380,10 @@ def time_to_accuracy(runner: Runner, args: argparse.Namespace, single_k: int) ->
         runs = []
         with runner.cluster(shape) as (name, _plan, up_seconds):
             for _ in range(args.accuracy_runs):
+                waited = runner.wait_standbys(name)
                 elapsed, report = runner.train(name, args.accuracy_steps, "--eval-every", args.eval_every)
-                runs.append(accuracy_run(report, elapsed, args.target, args.batch_size))
+                runs.append(dict(accuracy_run(report, elapsed, args.target, args.batch_size),
+                                 standby_wait_seconds=round(waited, 2)))
         out[shape.mode] = {"cluster": shape.describe(), "up_seconds": round(up_seconds, 2), "runs": runs,
                            **summarize_runs(runs)}
     return out
@@ -535,6 +559,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work", help="keep inventories, state and baseline logs in this folder "
                    "(default: a temporary folder, removed at the end)")
     p.add_argument("--timeout", type=float, default=900, help="seconds any one command may take (default 900)")
+    p.add_argument("--no-standby", dest="standby", action="store_false",
+                   help="clusters without standbys (pscluster_standby: false): training processes import "
+                        "TensorFlow after `train` starts them")
     return p
 
 
@@ -556,12 +583,13 @@ def main(argv: list[str] | None = None) -> dict:
                                           "mwms_sweep": args.mwms_sweep, "accuracy_steps": args.accuracy_steps,
                                           "eval_every": args.eval_every, "target": args.target,
                                           "model": args.model, "global_batch_size": args.batch_size,
+                                          "standby": args.standby,
                                           "task_env": {**dict(BASE_ENV), **task_env}, "parts": sorted(parts)}}
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="pscluster-training-") as tmp:
         work = Path(args.work).resolve() if args.work else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        runner = Runner(work, task_env, args.port_base, args.timeout, args.batch_size)
+        runner = Runner(work, task_env, args.port_base, args.timeout, args.batch_size, args.standby)
         if parts & {1, 2}:
             print(f"parts {sorted(parts & {1, 2})}: async throughput", file=LOG, flush=True)
             results["async"] = throughput_async(runner, args, parts)
@@ -588,7 +616,7 @@ def main(argv: list[str] | None = None) -> dict:
         env = results["environment"]
         onednn = results["config"]["task_env"].get("TF_ENABLE_ONEDNN_OPTS")
         print(f"training benchmarks, {args.model}, global batch {args.batch_size}, "
-              f"TF_ENABLE_ONEDNN_OPTS={onednn}, {args.runs} run(s) of "
+              f"TF_ENABLE_ONEDNN_OPTS={onednn}, standbys {'on' if args.standby else 'off'}, {args.runs} run(s) of "
               f"{args.steps} steps (medians); load average {env['load_average_start'][0]:.2f} -> "
               f"{env['load_average_end'][0]:.2f} on {env['cpus']} CPUs; {env['seconds']:.0f} s")
         print_table(rows)

@@ -329,7 +329,8 @@ def _show_status(env: Env, state, rows, *, as_json: bool) -> None:
             "supervisor": health.to_json() if health is not None else None,
             "tasks": [{"role": r.role, "index": r.index, "host": r.host, "address": r.address, "port": r.port,
                        "kind": r.kind, "pid": r.pid, "state": r.state, "devices": list(r.devices),
-                       "uptime": r.uptime, "exit_code": r.exit_code, "restarts": r.restarts, "detail": r.detail}
+                       "uptime": r.uptime, "exit_code": r.exit_code, "restarts": r.restarts, "detail": r.detail,
+                       "standby": r.standby.to_json() if r.standby else None}
                       for r in rows]}))
     else:
         ui.render_status(env.out, state.name, state.mode, state.phase, rows, job=state.job, message=state.message)

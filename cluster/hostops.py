@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from .errors import HostError
-from .layout import fifo_file
+from .contracts import ProcessKind
+from .layout import fifo_file, ready_file
 from .plan import TaskSpec
 from .state import ProcessRecord
 from .transport import Transport
@@ -129,8 +130,13 @@ def start(transport: Transport, task: TaskSpec, record: ProcessRecord, *, argv: 
 
 
 def _start_request(task: TaskSpec, record: ProcessRecord, argv: Sequence[str], env: dict[str, str]) -> dict:
+    # Files the process will write, removed before it starts: an earlier cluster or job of the
+    # same name left its own (a standby's ready file would claim an import not yet done).
+    fresh = [record.events] if record.events else []
+    if record.kind == ProcessKind.STANDBY:
+        fresh.append(ready_file(record.log))
     return {"argv": list(argv), "env": env, "cwd": task.workdir, "log": record.log, "token": record.token,
-            "fresh": [record.events] if record.events else []}
+            "fresh": fresh}
 
 
 def _started(transport: Transport, task: TaskSpec, record: ProcessRecord, argv: Sequence[str],

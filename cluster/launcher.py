@@ -26,7 +26,7 @@ from .events import Reporter
 from .fanout import fan_out
 from .firewall import install_rules, remove_rules
 from .contracts import ProcessKind
-from .layout import HostLayout, attempt_log, exit_file, fifo_file, pid_file
+from .layout import HostLayout, attempt_log, exit_file, fifo_file, pid_file, ready_file
 from .plan import ClusterPlan, TaskSpec
 from .preflight import CheckReport, run_preflight
 from .probe import Prober
@@ -157,7 +157,7 @@ def standby_starts(plan: ClusterPlan, state: RunState, secrets: Secrets | None
         log = HostLayout(task.workdir, plan.name).standby_log(task.role, task.index, attempt)
         record = ProcessRecord(key=f"{task.name}#s{attempt}", task=task.name, host=task.host,
                                kind=ProcessKind.STANDBY, attempt=attempt, log=log, exit_file=exit_file(log))
-        argv = [task.argv[0], "-m", "roles.standby", "--fifo", fifo_file(log)]
+        argv = [task.argv[0], "-m", "roles.standby", "--fifo", fifo_file(log), "--ready", ready_file(log)]
         items.append((task, record, argv, task_env(task, secrets, standing=True)))
     return items
 
@@ -497,6 +497,22 @@ def bring_down(name: str, *, store: StateStore, reporter: Reporter, grace: float
 
 
 @dataclass(frozen=True)
+class StandbyView:
+    """A training task's standby (roles/standby.py) as ``status`` sees it."""
+
+    pid: int | None
+    ready: bool | None          # TensorFlow imported (None: not asked, e.g. right after `up`)
+
+    def describe(self) -> str:
+        if self.ready is None:
+            return "importing TensorFlow or waiting"
+        return "TensorFlow imported, waiting" if self.ready else "importing TensorFlow"
+
+    def to_json(self) -> dict:
+        return {"pid": self.pid, "ready": self.ready}
+
+
+@dataclass(frozen=True)
 class TaskRow:
     """One line of ``status``."""
 
@@ -513,6 +529,7 @@ class TaskRow:
     exit_code: int | None = None
     restarts: int = 0
     detail: str = ""
+    standby: StandbyView | None = None     # a training task's live standby
 
     @property
     def task(self) -> str:
@@ -529,21 +546,32 @@ def cluster_status(state: RunState, *, pool: TransportPool, prober: Prober | Non
     unreachable: dict[str, str] = {}
 
     grouped = records_by_host(live)
-    asked = fan_out(grouped, lambda host: hostops.status(pool.get(plan.host(host)), grouped[host]), name="status")
-    for result in asked.ok.values():
-        statuses.update(result)
+    # A standby says it has imported TensorFlow in <log>.ready: read in the same round trip.
+    ready_files = {ready_file(r.log) for r in standbys.values() if r is not None and not r.stopped}
+
+    def ask(host: str) -> tuple[dict[str, hostops.TaskStatus], list[hostops.FileChunk]]:
+        reads = [(ready_file(r.log), 0) for r in grouped[host] if ready_file(r.log) in ready_files]
+        return hostops.status_and_read(pool.get(plan.host(host)), grouped[host], reads)
+
+    asked = fan_out(grouped, ask, name="status")
+    ready: set[str] = set()
+    for found, chunks in asked.ok.values():
+        statuses.update(found)
+        ready.update(chunk.path for chunk in chunks if chunk.exists)
     unreachable.update((host, exc.message) for host, exc in asked.failed.items())
     rows = []
     for task in plan.tasks:
         record = latest[task.name]
         restarts = state.restarts.get(task.name, 0)
+        standby = standbys.get(task.name)
+        waiting = None
+        if standby is not None and getattr(statuses.get(standby.key), "state", None) == "running":
+            waiting = StandbyView(standby.pid, ready_file(standby.log) in ready)
         row = functools.partial(TaskRow, role=task.role, index=task.index, host=task.host, address=task.address,
-                                port=task.port, kind="server" if task.standing else "train", restarts=restarts)
+                                port=task.port, kind="server" if task.standing else "train", restarts=restarts,
+                                standby=waiting)
         if record is None:
-            standby = standbys.get(task.name)
-            waiting = standby is not None and getattr(statuses.get(standby.key), "state", None) == "running"
-            rows.append(row(pid=None, state="not started",
-                            detail="" if task.standing else _not_started(standby if waiting else None)))
+            rows.append(row(pid=None, state="not started", detail="" if task.standing else _not_started(waiting)))
             continue
         if record.stopped:
             rows.append(row(pid=record.pid, state="stopped"))
@@ -568,11 +596,11 @@ def cluster_status(state: RunState, *, pool: TransportPool, prober: Prober | Non
     return rows
 
 
-def _not_started(standby: ProcessRecord | None) -> str:
+def _not_started(standby: StandbyView | None) -> str:
     """The detail of a training task's row before ``train``: who will start it."""
     if standby is None:
         return "started by 'pscluster train'"
-    return f"started by 'pscluster train' (standby pid {standby.pid} waits with TensorFlow imported)"
+    return f"started by 'pscluster train' (standby pid {standby.pid}: {standby.describe()})"
 
 
 def rows_after_up(state: RunState, devices: dict[str, tuple[str, ...]]) -> list[TaskRow]:
@@ -582,8 +610,10 @@ def rows_after_up(state: RunState, devices: dict[str, tuple[str, ...]]) -> list[
         record = state.latest(task.name)
         row = functools.partial(TaskRow, role=task.role, index=task.index, host=task.host, address=task.address,
                                 port=task.port, kind="server" if task.standing else "train")
+        standby = state.standby(task.name)
         if record is None:
-            rows.append(row(pid=None, state="not started", detail=_not_started(state.standby(task.name))))
+            rows.append(row(pid=None, state="not started",
+                            detail=_not_started(StandbyView(standby.pid, None) if standby else None)))
         else:
             rows.append(row(pid=record.pid, state="ready", devices=devices.get(task.name, ()),
                                 uptime=max(0.0, time.time() - (record.started or time.time()))))

@@ -10,7 +10,7 @@ A cluster's run folder on a host is ``<workdir>/.pscluster/<cluster>/``::
     <role>-<index>.log                   a standing server (attempt 1); <role>-<index>.<N>.log for attempt N
     <role>-<index>.events.jsonl          the plan's per-task events file
     standby/<role>-<index>.<N>.log       the N-th standby of a training task (roles/standby.py), and
-    standby/<role>-<index>.<N>.log.fifo  the FIFO its job comes through
+    standby/<role>-<index>.<N>.log.fifo  the FIFO its job comes through (.ready: TensorFlow imported)
     job-<id>/<role>-<index>.<N>.log      attempt N of a job process (train or run)
     job-<id>/<role>-<index>.<N>.events.jsonl
     jobs/<job>/<job.py or job folder>    a user's job, copied to hosts that do not share this checkout
@@ -41,6 +41,7 @@ CANCEL_SUFFIX = ".cancel"        # ... <log>.cancel (a stop that came before the
 LOCK_SUFFIX = ".lock"            # ... <log>.lock (a start's lock)
 REPLY_SUFFIX = ".adopt"          # ... <log>.adopt (a standby's answer to the start it was handed)
 FIFO_SUFFIX = ".fifo"            # roles/standby.py listens on <its log>.fifo
+READY_SUFFIX = ".ready"          # ... and writes <its log>.ready once TensorFlow is imported
 
 
 def _check_name(what: str, value: str) -> str:
@@ -81,6 +82,11 @@ def exit_file(log: str) -> str:
 def fifo_file(log: str) -> str:
     """The FIFO of the standby logging to ``log``."""
     return log + FIFO_SUFFIX
+
+
+def ready_file(log: str) -> str:
+    """Written by the standby logging to ``log`` once it has imported TensorFlow."""
+    return log + READY_SUFFIX
 
 
 def job_code_dir(cluster: str, job: str) -> str:

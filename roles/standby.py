@@ -1,6 +1,6 @@
 """A training process started before its job: TensorFlow is imported when ``train`` comes.
 
-``python -m roles.standby --fifo PATH``. ``pscluster up`` starts one per training task (async:
+``python -m roles.standby --fifo PATH [--ready PATH]``. ``pscluster up`` starts one per training task (async:
 the chief; sync and sync-ps: each worker) unless the host says ``pscluster_standby: false``,
 and ``train`` starts a new one after each finished job. Importing TensorFlow is 3-5 s of
 every training process's start on a 2-core host (TF-NOTES: 3.4 s idle, more beside busy
@@ -158,12 +158,16 @@ def _take(request: Mapping[str, Any]) -> None:
     os.close(fd)
 
 
-def _trainer(link_fd: int, request_fd: int) -> NoReturn:
-    """The child: import TensorFlow, wait for the request, run it as roles.train does."""
+def _trainer(link_fd: int, request_fd: int, ready: str | None) -> NoReturn:
+    """The child: import TensorFlow, say so in ``ready``, wait for the request, run it as
+    roles.train does."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, lifecycle.TERMINATION_SIGNALS)   # a stop stops
     began = time.monotonic()
     tf = import_tensorflow(threads_from_env())
-    log.info("TensorFlow %s imported in %.1f s; waiting for a job", tf.__version__, time.monotonic() - began)
+    seconds = time.monotonic() - began
+    log.info("TensorFlow %s imported in %.1f s; waiting for a job", tf.__version__, seconds)
+    if ready:
+        _answer(ready, tensorflow=tf.__version__, import_seconds=round(seconds, 2))
     data = _read_all(request_fd)
     os.close(request_fd)
     if not data:        # declined, or the guardian-to-be is gone
@@ -195,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     parser = argparse.ArgumentParser(prog="python -m roles.standby",
                                      description="Import TensorFlow now; run one roles.train job later.")
     parser.add_argument("--fifo", required=True, help="the FIFO the job's request comes through")
+    parser.add_argument("--ready", help="a file written once TensorFlow is imported (`pscluster status` reads it)")
     args = parser.parse_args(argv)
     train.configure_logging()
     fifo = os.path.abspath(os.path.expanduser(args.fifo))
@@ -208,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     child, link_fd = lifecycle.fork_trainer()
     if child == 0:
         os.close(request_w)
-        _trainer(link_fd, request_r)
+        _trainer(link_fd, request_r, os.path.abspath(os.path.expanduser(args.ready)) if args.ready else None)
     os.close(request_r)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, lifecycle.TERMINATION_SIGNALS)
     while True:

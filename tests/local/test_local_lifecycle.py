@@ -51,7 +51,7 @@ def test_local_inventory_up_status_down(tmp_path):
 
         down = run_cli(["down", "--name", name], state_dir=state_dir)
         assert down.returncode == 0, down.stderr
-        assert "4 process(es) stopped" in down.stderr
+        assert "5 process(es) stopped" in down.stderr      # 4 servers and the chief's standby
     finally:
         if (state_dir / f"{name}.json").exists():
             run_cli(["down", "--name", name], state_dir=state_dir)

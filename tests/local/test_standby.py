@@ -31,6 +31,19 @@ def _train(name: str, state_dir, env: dict | None = None) -> tuple[dict, str]:
     return json.loads(proc.stdout), proc.stderr
 
 
+def _wait_ready(name: str, state_dir, timeout: float = 120.0) -> dict:
+    """Until `status` says the chief's standby has imported TensorFlow."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = json.loads(run_cli(["status", "--name", name, "--json"], state_dir=state_dir, check=True).stdout)
+        chief = next(t for t in status["tasks"] if t["role"] == "chief")
+        if chief["standby"] and chief["standby"]["ready"]:
+            assert "TensorFlow imported, waiting" in chief["detail"]
+            return chief
+        assert time.monotonic() < deadline, chief
+        time.sleep(0.5)
+
+
 def _wait_listening(record: dict, timeout: float = 120.0) -> None:
     """Until the standby's FIFO exists (it creates it before it forks to import TensorFlow)."""
     deadline = time.monotonic() + timeout
@@ -51,6 +64,8 @@ def test_train_runs_in_the_standby_and_leaves_a_new_one(tmp_path):
         status = json.loads(run_cli(["status", "--name", name, "--json"], state_dir=state_dir, check=True).stdout)
         chief = next(t for t in status["tasks"] if t["role"] == "chief")
         assert chief["state"] == "not started" and f"standby pid {first['pid']}" in chief["detail"]
+        assert chief["standby"]["pid"] == first["pid"]
+        _wait_ready(name, state_dir)
 
         # 1. The first job's chief is the standby's process.
         report, _ = _train(name, state_dir)

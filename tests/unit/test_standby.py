@@ -120,7 +120,8 @@ def test_a_standby_for_each_training_task_on_hosts_that_allow_one(tmp_path, mode
     task, record, argv, env = items[0]
     assert record.kind == ProcessKind.STANDBY and record.key == f"{task.name}#s1"
     assert record.log == f"/w/.pscluster/inv/standby/{task.role}-{task.index}.1.log"
-    assert argv == ["/opt/venv/bin/python", "-m", "roles.standby", "--fifo", record.log + ".fifo"]
+    assert argv == ["/opt/venv/bin/python", "-m", "roles.standby", "--fifo", record.log + ".fifo",
+                    "--ready", record.log + ".ready"]
     assert env == dict(task.env)
 
 
@@ -144,3 +145,12 @@ def test_slurm_hosts_never_get_one(tmp_path):
     plan = _plan(tmp_path, INVENTORY.replace("ansible_connection: local", "ansible_connection: slurm"), "async")
     assert not plan.host("a").standby
     assert standby_starts(plan, RunState(name=plan.name, plan=plan), None) == []
+
+
+def test_a_standby_start_removes_an_earlier_ready_file(tmp_path):
+    # A cluster of the same name left standby/chief-0.1.log.ready behind: the new standby's start
+    # removes it, or `status` would call a standby ready while it still imports TensorFlow.
+    from cluster.hostops import _start_request
+    plan = _plan(tmp_path, INVENTORY, "async")
+    (task, record, argv, env), = standby_starts(plan, RunState(name=plan.name, plan=plan), None)
+    assert _start_request(task, record, argv, env)["fresh"] == [record.log + ".ready"]
