@@ -334,12 +334,14 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
         if failures:
             raise failures[0].error if len(failures) == 1 else \
                 MultiHostError(f"{len(failures)} task(s) could not be started", failures)
-        if standby:     # importing TensorFlow while the servers do: ready when `up` is
-            report_standbys(reporter, *start_standbys(writer, pool, plan, secrets))
         if records:
             reporter.emit("phase", name="ready", detail=f"waiting for {len(records)} server(s) to answer")
             with Prober() as prober:
                 devices = wait_ready(plan, records, pool, prober, reporter, timeout=timeout)
+        if standby:
+            # Once the servers answer, not beside their own imports: on a host with few cores the
+            # standby's import would slow `up`; it is ready a few seconds after `up` returns.
+            report_standbys(reporter, *start_standbys(writer, pool, plan, secrets))
         writer.change(lambda s: setattr(s, "phase", "up"))
         return UpResult(state, report, devices, time.monotonic() - began)
     except (PsclusterError, KeyboardInterrupt) as exc:

@@ -38,6 +38,8 @@ def masks_of_running_tasks(name: str, state: dict) -> dict[str, str]:
     """task -> CUDA_VISIBLE_DEVICES as the running process really has it (read from /proc)."""
     found = {}
     for record in state["processes"]:
+        if record["kind"] == "standby":     # not a task's process until a `train` takes it over
+            continue
         with open(f"/proc/{record['pid']}/environ", "rb") as handle:
             env = dict(item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item)
         found[f"{record['task']}@{record['host']}"] = env[b"CUDA_VISIBLE_DEVICES"].decode()
