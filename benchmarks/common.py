@@ -3,12 +3,14 @@ printing a plain text table."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,3 +42,49 @@ def env_pair(text: str) -> tuple[str, str]:
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     return key.strip(), value
+
+
+def twin_parser(prog: str, description: str, *, modes: str, runs: int, steps: int,
+                port_base: int) -> argparse.ArgumentParser:
+    """The options of a benchmark comparing two settings on twin local clusters, per mode
+    (benchmarks/onednn.py, benchmarks/standby.py)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--modes", default=modes, help=f"comma list of async, sync, sync-ps (default {modes})")
+    p.add_argument("--runs", type=int, default=runs, help=f"alternated runs per setting (default {runs})")
+    p.add_argument("--steps", type=int, default=steps, help=f"training steps per run (default {steps})")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--port-base", type=int, default=port_base, help=f"first of 100 ports (default {port_base})")
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--quick", action="store_true", help="tiny budget: checks the script, gives no figures")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--out")
+    return p
+
+
+def twin_main(args: argparse.Namespace, shapes: Mapping[str, Any],
+              measure: Callable[[argparse.Namespace, Path], dict[str, Any]],
+              print_table: Callable[[dict[str, Any], argparse.Namespace], None], *,
+              prefix: str, config: dict[str, Any]) -> dict:
+    """Check ``--modes``, measure in a temporary folder, then print the table or the JSON
+    document (``{"modes": ..., "config": ...}``) and write it to ``--out``."""
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in args.modes if m not in shapes]
+    if unknown:
+        raise SystemExit(f"--modes: unknown {unknown}; choose from {sorted(shapes)}")
+    if args.runs < 1 or args.steps < 64:
+        raise SystemExit("need --runs >= 1 and --steps >= 64")
+    if args.quick:
+        args.runs, args.steps = 1, 64
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        results = {"modes": measure(args, Path(tmp)),
+                   "config": dict(config, runs=args.runs, steps=args.steps, global_batch_size=args.batch_size,
+                                  cpus=os.cpu_count())}
+    results["config"]["seconds"] = round(time.perf_counter() - began, 1)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(results, indent=1))
+    else:
+        print_table(results["modes"], args)
+    return results

@@ -14,17 +14,13 @@ down.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
-import time
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import print_columns
+from benchmarks.common import print_columns, twin_main, twin_parser
 from benchmarks.training import (LOG, ClusterShape, Runner, _fmt, median, ratio,
                                  report_steps_per_second)
 
@@ -87,41 +83,15 @@ def print_table(results: dict[str, Any], args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.onednn", description=__doc__.split("\n\n")[0])
-    p.add_argument("--modes", default="async,sync", help="comma list of async, sync, sync-ps (default async,sync)")
+    p = twin_parser("python -m benchmarks.onednn", __doc__.split("\n\n")[0], modes="async,sync", runs=2,
+                    steps=400, port_base=39100)
     p.add_argument("--model", choices=("cnn", "mlp"), default="cnn")
-    p.add_argument("--runs", type=int, default=2)
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--port-base", type=int, default=39100)
-    p.add_argument("--timeout", type=float, default=900)
-    p.add_argument("--quick", action="store_true", help="tiny budget: checks the script, gives no figures")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--out")
     return p
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
-    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in args.modes if m not in SHAPES]
-    if unknown:
-        raise SystemExit(f"--modes: unknown {unknown}; choose from {sorted(SHAPES)}")
-    if args.quick:
-        args.runs, args.steps = 1, 64
-    began = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="pscluster-onednn-") as tmp:
-        results = {"modes": measure(args, Path(tmp)),
-                   "config": {"model": args.model, "runs": args.runs, "steps": args.steps,
-                              "global_batch_size": args.batch_size, "cpus": os.cpu_count()}}
-    results["config"]["seconds"] = round(time.perf_counter() - began, 1)
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
-    if args.json:
-        print(json.dumps(results, indent=1))
-    else:
-        print_table(results["modes"], args)
-    return results
+    return twin_main(args, SHAPES, measure, print_table, prefix="pscluster-onednn-", config={"model": args.model})
 
 
 if __name__ == "__main__":

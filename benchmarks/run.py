@@ -1,6 +1,6 @@
 """Run pscluster's benchmarks and print one summary table.
 
-``python -m benchmarks [--only lifecycle,overhead,run_overhead,training,onednn,soak] [--quick] [--out results.json]``
+``python -m benchmarks [--only lifecycle,overhead,run_overhead,training,onednn,standby,soak] [--quick] [--out results.json]``
 
 Each benchmark runs in its own process (``python -m benchmarks.<name> --json``) so a crash or a
 leak in one cannot skew another; run them on an otherwise idle machine. ``--quick`` shrinks the
@@ -19,13 +19,14 @@ from pathlib import Path
 from benchmarks.common import print_columns
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT = ("lifecycle", "overhead", "run_overhead", "training", "onednn")
+DEFAULT = ("lifecycle", "overhead", "run_overhead", "training", "onednn", "standby")
 ARGS = {
     "lifecycle": (["--runs", "5"], ["--runs", "2"]),
     "overhead": (["--runs", "3", "--steps", "0"], ["--runs", "1", "--steps", "60", "--modes", "sync"]),
     "run_overhead": (["--rounds", "3"], ["--rounds", "1", "--steps", "100"]),
     "training": ([], ["--runs", "1", "--quick"]),
     "onednn": (["--modes", "async,sync,sync-ps"], ["--quick", "--modes", "sync"]),
+    "standby": ([], ["--quick", "--modes", "async"]),
     "soak": (["--cycles", "20"], ["--cycles", "2"]),
 }
 
@@ -81,6 +82,12 @@ def _rows(name: str, result: dict) -> list[tuple[str, str, str, str]]:
         return [(f"oneDNN on vs off ({mode}, {result['config']['model']})", "steps/s on / off",
                  f"{row['ratio']:.2f} ({row['1']['steps_per_second']:.1f} / {row['0']['steps_per_second']:.1f})"
                  if row["ratio"] is not None else "n/a", "")
+                for mode, row in result["modes"].items()]
+    if name == "standby":
+        return [(f"train with standbys vs without ({mode}, {result['config']['steps']} steps)",
+                 "launch to exit, standby / afresh (medians)",
+                 f"{row['ratio']:.3f} ({row['standby']['seconds']:.1f} s / {row['afresh']['seconds']:.1f} s, "
+                 f"{row['saved_seconds']:.1f} s sooner)" if row["ratio"] is not None else "n/a", "")
                 for mode, row in result["modes"].items()]
     if name == "training":
         return [(row["name"], row["figure"], row["measured"], row.get("goal", ""))

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks import onednn, run, training
+from benchmarks import onednn, run, standby, training
 from benchmarks.tf_baselines import rate_after_first
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
@@ -111,6 +111,27 @@ def test_onednn_ratio_of_medians_and_its_summary_row():
     missing = onednn.onednn_ratio({"1": [{"steps_per_second": 40.0}], "0": []})
     assert missing["ratio"] is None
     assert run._rows("onednn", {"modes": {"async": missing}, "config": {"model": "cnn"}})[0][2] == "n/a"
+
+
+def test_standby_comparison_of_medians():
+    runs = {True: [{"seconds": 20.0, "steps_per_second": 72.0, "wait": 0.3}, {"seconds": 19.0, "steps_per_second": 74.0}],
+            False: [{"seconds": 23.0, "steps_per_second": 73.0}, {"seconds": 22.0, "steps_per_second": 71.0}]}
+    result = standby.compare(runs)
+    assert result["standby"]["seconds"] == 19.5 and result["afresh"]["seconds"] == 22.5
+    assert result["ratio"] == pytest.approx(19.5 / 22.5) and result["saved_seconds"] == 3.0
+    assert result["standby"]["waits"] == [0.3, None]
+    assert standby.compare({True: [], False: [{"seconds": 1.0, "steps_per_second": 1.0}]})["ratio"] is None
+    rows = run._rows("standby", {"modes": {"async": result}, "config": {"steps": 1200}})
+    assert rows == [("train with standbys vs without (async, 1200 steps)", "launch to exit, standby / afresh (medians)",
+                     "0.867 (19.5 s / 22.5 s, 3.0 s sooner)", "")]
+
+
+def test_the_inventory_without_standbys_says_so(tmp_path):
+    path = tmp_path / "nostandby.yaml"
+    path.write_text(training.inventory_text(training.ACCURACY_SHAPES[0], 39000, {}, standby=False))
+    assert load_inventory(str(path)).hosts[0].standby is False
+    path.write_text(training.inventory_text(training.ACCURACY_SHAPES[0], 39000, {}))
+    assert load_inventory(str(path)).hosts[0].standby is True
 
 
 def test_overhead_rows_name_the_budget():
