@@ -41,6 +41,9 @@ def test_default_workdir_on_a_shared_home_up_train_down(tmp_path, make_lab, writ
                           timeout=900)
         assert report["workers"] == 2 and report["global_step"] == 60
         state = json.loads((state_dir / f"{name}.json").read_text())
+        standby, trainer = (next(r for r in state["processes"] if r["task"] == "chief:0" and r["kind"] == kind)
+                            for kind in ("standby", "train"))
+        assert trainer["pid"] == standby["pid"]      # the shared home's code sync left the standby's sources alone
         logs = [record["log"] for record in state["processes"] if record.get("log")]
         assert len(logs) == len(set(logs)) >= 5                              # per-task files apart
         assert all(log.startswith(str(workdir) + "/") and os.path.exists(log) for log in logs), logs

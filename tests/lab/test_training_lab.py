@@ -34,6 +34,10 @@ def test_async_training_across_three_hosts_with_synced_code(tmp_path, lab3, writ
         assert report["checkpoint"].startswith(str(workdirs["node-1"]))
         state = json.loads((state_dir / f"{name}.json").read_text())
         chief = next(r for r in state["processes"] if r["task"] == "chief:0")
+        # The chief ran in the standby `up` left on node-1 (TensorFlow imported; code synced again, unchanged).
+        standby = next(r for r in state["processes"] if r["task"] == "chief:0" and r["kind"] == "standby")
+        trainer = next(r for r in state["processes"] if r["task"] == "chief:0" and r["kind"] == "train")
+        assert trainer["pid"] == standby["pid"] and standby["stopped"]
         environ = open(f"/proc/{state['processes'][0]['pid']}/environ", "rb").read().split(b"\0")
         assert b"PSCLUSTER_INTRA_OP_THREADS=1" in environ and b"OMP_NUM_THREADS=1" in environ
         assert chief["log"].startswith(str(workdirs["node-1"]))

@@ -53,6 +53,11 @@ def test_each_mode_trains_distributed_mnist_on_the_local_inventory(tmp_path, mod
         assert losses and losses[-1] < 0.5 * math.log(10), losses
         status = run_json(["status", "--name", name], state_dir=state_dir)
         assert status["job"]["state"] == "done" and status["job"]["step"] == 200
+        # Every training process (the chief; or each worker) ran in the standby `up` left for it.
+        processes = json.loads((state_dir / f"{name}.json").read_text())["processes"]
+        taken = {r["pid"] for r in processes if r["kind"] == "standby" and r["stopped"]}
+        trainers = [r for r in processes if r["kind"] == "train"]
+        assert len(trainers) == (1 if mode == "async" else 2) and all(r["pid"] in taken for r in trainers)
     finally:
         if (state_dir / f"{name}.json").exists():
             run_cli(["down", "--name", name], state_dir=state_dir)
