@@ -224,13 +224,21 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             break
         log.warning("ignored a malformed request (%d bytes)", len(raw))
     reason = verdict(request, interpreter=interpreter, cwd=cwd, env=env, sources=sources, loaded=loaded)
+    if reason is None:
+        ended, status = os.waitpid(child, os.WNOHANG)
+        if ended:       # e.g. TensorFlow failed to import: a fresh start reports that properly
+            how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit code {os.WEXITSTATUS(status)}"
+            reason = f"its TensorFlow process ended ({how}) before the job came"
     os.unlink(fifo)     # one job per standby
     _answer(request["reply"], accepted=reason is None, reason=reason, pid=os.getpid())
     if reason is not None:
         log.warning("declined a job: %s", reason)
         os.close(request_w)
-        os.kill(child, signal.SIGKILL)
-        os.waitpid(child, 0)
+        try:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass        # reaped above
         os._exit(0)
     _take(request)
     prepared = train.prepare(request["argv"][3:])
@@ -239,10 +247,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         os.waitpid(child, 0)
         os._exit(prepared)
     options, task = prepared
-    payload = json.dumps(request).encode()
-    view = memoryview(payload)
-    while view:
-        view = view[os.write(request_w, view):]
+    view = memoryview(json.dumps(request).encode())
+    try:
+        while view:
+            view = view[os.write(request_w, view):]
+    except BrokenPipeError:
+        pass    # the child died meanwhile: the guardian reports its exit like a fresh start's
     os.close(request_w)
     lifecycle.become_guardian(child, link_fd, options.start_timeout, train.FIRST_STEP,
                               train.guardian_report(options, task), train.stop_grace_of(options))
