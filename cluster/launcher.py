@@ -16,7 +16,7 @@ import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Collection, Sequence
 
 from . import hostops
 from .codesync import sync_code
@@ -144,13 +144,15 @@ def start_tasks(writer: StateWriter, pool: TransportPool, plan: ClusterPlan,
     return records, failures
 
 
-def standby_starts(plan: ClusterPlan, state: RunState, secrets: Secrets | None
+def standby_starts(plan: ClusterPlan, state: RunState, secrets: Secrets | None, tasks: Collection[str] | None = None
                    ) -> list[tuple[TaskSpec, ProcessRecord, list[str], dict[str, str]]]:
-    """A standby (roles/standby.py) for each training task that has none, on hosts that allow
-    one (``pscluster_standby``); it gets the task's environment without secrets, which come
-    with the job that takes it over."""
+    """A standby (roles/standby.py) for each training task (of ``tasks``, default all) that has
+    none, on hosts that allow one (``pscluster_standby``); it gets the task's environment
+    without secrets, which come with the job that takes it over."""
     items = []
     for task in plan.training_tasks:
+        if tasks is not None and task.name not in tasks:
+            continue
         if not plan.host(task.host).standby or state.standby(task.name) is not None:
             continue
         attempt = 1 + sum(1 for r in state.processes if r.task == task.name and r.kind == ProcessKind.STANDBY)
@@ -162,11 +164,12 @@ def standby_starts(plan: ClusterPlan, state: RunState, secrets: Secrets | None
     return items
 
 
-def start_standbys(writer: StateWriter, pool: TransportPool, plan: ClusterPlan, secrets: Secrets | None
-                   ) -> tuple[dict[str, ProcessRecord], list[Failure]]:
-    """Start the missing standbys, quietly; a failure is the caller's to report as a warning
-    (the next ``train`` then starts that process afresh), never a failure of the command."""
-    items = standby_starts(plan, writer.state, secrets)
+def start_standbys(writer: StateWriter, pool: TransportPool, plan: ClusterPlan, secrets: Secrets | None,
+                   tasks: Collection[str] | None = None) -> tuple[dict[str, ProcessRecord], list[Failure]]:
+    """Start the missing standbys (of ``tasks``, default all), quietly; a failure is the caller's
+    to report as a warning (the next ``train`` then starts that process afresh), never a failure
+    of the command."""
+    items = standby_starts(plan, writer.state, secrets, tasks)
     return start_tasks(writer, pool, plan, items, Reporter()) if items else ({}, [])
 
 

@@ -67,6 +67,7 @@ class Supervisor(JobExecutor):
         self.leader_done_at: float | None = None
         self.trainer_options = options    # what the trainers are told (with_evaluator when there is one)
         self.evaluated_step: int | None = None    # the evaluator's newest evaluated checkpoint step
+        self.standby_tasks: set[str] = set()      # tasks whose standby a launch took (or passed over)
 
     def interrupt(self) -> None:
         """Checkpoint on stop: the leader (async chief, sync-ps worker 0) gets SIGTERM first and
@@ -111,11 +112,13 @@ class Supervisor(JobExecutor):
         return report
 
     def refill_standbys(self) -> None:
-        """A standby (roles/standby.py) for each training task whose own became this job's
-        process, so that the next ``train`` finds TensorFlow imported too. A failure here is a
-        warning: the job is done."""
+        """A standby (roles/standby.py) for each training task whose own this job took (a
+        cluster without standbys, e.g. `pscluster bench`'s, gets none), so that the next
+        ``train`` finds TensorFlow imported too. A failure here is a warning: the job is done."""
+        if not self.standby_tasks:
+            return
         try:
-            _, failures = start_standbys(self.writer, self.pool, self.plan, self.secrets)
+            _, failures = start_standbys(self.writer, self.pool, self.plan, self.secrets, self.standby_tasks)
         except PsclusterError as exc:       # e.g. `down` took the cluster over meanwhile
             failures = [Failure("the next job", exc)]
         report_standbys(self.reporter, {}, failures)
@@ -176,6 +179,8 @@ class Supervisor(JobExecutor):
                           resume=resume, summaries=summaries, restarts=sum(self.job_restarts().values()))
         self.tails[record.key] = EventTail(events)
         standby = self.state.standby(task.name) if task.role != "evaluator" else None
+        if standby is not None:
+            self.standby_tasks.add(task.name)
         return self.launch(task, record, argv=argv, env=task_env(task, self.secrets, standing=False), kind=ProcessKind.TRAIN,
                            files=(events,), standby=standby)
 

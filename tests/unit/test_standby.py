@@ -125,6 +125,14 @@ def test_a_standby_for_each_training_task_on_hosts_that_allow_one(tmp_path, mode
     assert env == dict(task.env)
 
 
+def test_only_the_tasks_asked_for(tmp_path):
+    # after a job, `train` refills only the standbys it took (none on a cluster brought up without)
+    plan = _plan(tmp_path, INVENTORY, "sync")
+    state = RunState(name=plan.name, plan=plan)
+    assert [t.name for t, *_ in standby_starts(plan, state, None, {"worker:1"})] == ["worker:1"]
+    assert standby_starts(plan, state, None, set()) == []
+
+
 def test_a_state_finds_the_live_standby_and_latest_ignores_it(tmp_path):
     plan = _plan(tmp_path, INVENTORY, "async")
     state = RunState(name=plan.name, plan=plan)
