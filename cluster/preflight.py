@@ -14,7 +14,7 @@ from .events import Check as CheckResult  # one type: a check is also the event 
 from .events import Reporter
 from .fanout import fan_out
 from .inventory import Inventory
-from .plan import ClusterPlan, HostSpec, loopback_addresses
+from .plan import ClusterPlan, HostSpec, TaskSpec, loopback_addresses
 from .transport import TransportPool
 
 MIN_TF = (2, 16)        # Keras 3 era; the drivers in roles/ are written against it
@@ -166,7 +166,6 @@ def check_reach(plan: ClusterPlan, pool: TransportPool, hosts: list[HostSpec]) -
         return hostops.call(pool.get(host), "connect", {"targets": targets, "timeout": REACH_TIMEOUT},
                             timeout=REACH_TIMEOUT + 60)["results"]
 
-    results: list[CheckResult] = []
     # catch=HostError: a host that fails here is left out quietly (its own checks already say why)
     listening = fan_out(hosts, listen, name="reach listen", catch=HostError, max_workers=MAX_PARALLEL).ok
     try:
@@ -175,17 +174,64 @@ def check_reach(plan: ClusterPlan, pool: TransportPool, hosts: list[HostSpec]) -
         fan_out([host for host in hosts if listening.get(host.name)],
                 lambda host: hostops.call(pool.get(host), "unlisten", listening[host.name]),
                 name="reach unlisten", catch=HostError, max_workers=MAX_PARALLEL)
+    return reach_results([host.name for host in hosts], tasks, reached)
+
+
+REACH_NAMED = 5        # blocked peers named in one line; the rest are counted
+
+
+def reach_results(hosts: list[str], tasks: list[TaskSpec], reached: dict[str, dict[str, str]]) -> list[CheckResult]:
+    """The reach check's verdicts from each host's connect outcomes (``reached``: host →
+    ``{"address:port": "ok" | "timed out" | "refused" | ...}``), one line per finding:
+
+    * a port that none of at least two peers reached is blamed on its own host, once
+      (``node-12:2222 answered none of its 63 peers (timed out)``): a firewall there;
+    * any other blocked path is named from the host that tried it, its blocked peers on one
+      line per outcome (the first few named, the rest counted);
+    * a host that reached every peer it tried passes.
+    """
     by_target = {task.target: task for task in tasks}
-    for host in hosts:
-        blocked = [(target, outcome) for target, outcome in (reached.get(host.name) or {}).items() if outcome != "ok"]
-        for target, outcome in blocked:
-            peer = by_target.get(target)
-            where = f"{peer.host}:{peer.port}" if peer else target
-            results.append(CheckResult(host.name, "reach", False, f"{host.name} → {where} {outcome}",
+    tried: dict[str, dict[str, str]] = {}                   # target -> {source: outcome}
+    for source in hosts:
+        for target, outcome in (reached.get(source) or {}).items():
+            tried.setdefault(target, {})[source] = outcome
+    dead = {target for target, seen in tried.items()
+            if len(seen) >= 2 and all(outcome != "ok" for outcome in seen.values())}
+
+    def where(target: str) -> str:
+        peer = by_target.get(target)
+        return f"{peer.host}:{peer.port}" if peer else target
+
+    results: list[CheckResult] = []
+    order = {name: index for index, name in enumerate(hosts)}
+
+    def rank(target: str) -> tuple[int, int, str]:       # the inventory's host order, then port
+        peer = by_target.get(target)
+        return (order.get(peer.host, len(hosts)), peer.port, target) if peer else (len(hosts), 0, target)
+
+    for target in sorted(dead, key=rank):
+        seen = tried[target]
+        seen_as = ", ".join(sorted(set(seen.values())))
+        peer = by_target.get(target)
+        owner, port = (peer.host, str(peer.port)) if peer else (target, target.rpartition(":")[2])
+        results.append(CheckResult(owner, "reach", False,
+                                   f"{where(target)} answered none of its {len(seen)} peers ({seen_as})",
+                                   hint=f"a firewall on {owner} (or its route) blocks port {port}; "
+                                        "TensorFlow would hang there"))
+    for source in hosts:
+        tried_here = reached.get(source) or {}
+        blocked: dict[str, list[str]] = {}
+        for target, outcome in sorted(tried_here.items(), key=lambda item: rank(item[0])):
+            if outcome != "ok" and target not in dead:
+                blocked.setdefault(outcome, []).append(where(target))
+        for outcome, peers in blocked.items():
+            named = ", ".join(peers[:REACH_NAMED]) + (f" and {len(peers) - REACH_NAMED} more"
+                                                      if len(peers) > REACH_NAMED else "")
+            results.append(CheckResult(source, "reach", False, f"{source} → {named} {outcome}",
                                        hint="a firewall or route between these hosts blocks the port; "
                                             "TensorFlow would hang there"))
-        if reached.get(host.name) and not blocked:
-            results.append(CheckResult(host.name, "reach", True, f"reaches {len(reached[host.name])} peer port(s)"))
+        if tried_here and not blocked and not any(target in dead for target in tried_here):
+            results.append(CheckResult(source, "reach", True, f"reaches {len(tried_here)} peer port(s)"))
     return results
 
 

@@ -256,6 +256,30 @@ def _write_sysctl(path: str, value: str) -> None:
         fh.write(value)
 
 
+# The kernel's IPv4 neighbour (ARP) table is one table for every network namespace, and
+# its hard limit (gc_thresh3, 1024 by default) counts the entries of all of them. A lab of
+# n hosts that all talk to each other (preflight's host-to-host reach check) needs about
+# n * n entries: 64 hosts need 4,032, and past the limit the kernel drops the packets
+# ("neighbour: arp_cache: neighbor table overflow!"), so three quarters of the connects
+# timed out. A real host has its own table; the lab raises the shared limits to match.
+NEIGH_SYSCTL = pathlib.Path("/proc/sys/net/ipv4/neigh/default")
+
+
+def neighbour_limits(n_hosts: int) -> dict[str, int]:
+    """The gc_thresh2/3 a lab of ``n_hosts`` needs (room for every pair, twice, plus the rest)."""
+    pairs = n_hosts * (n_hosts + 1)
+    return {"gc_thresh2": 2 * pairs, "gc_thresh3": 4 * pairs}
+
+
+def _raise_neighbour_limits(n_hosts: int, folder: pathlib.Path = NEIGH_SYSCTL) -> None:
+    """Raises (never lowers: other labs may be running) the shared neighbour-table limits."""
+    for name, wanted in neighbour_limits(n_hosts).items():
+        path = folder / name
+        with contextlib.suppress(OSError, ValueError):
+            if int(path.read_text()) < wanted:
+                _write_sysctl(str(path), str(wanted))
+
+
 @contextlib.contextmanager
 def _global_lock():
     fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
@@ -618,6 +642,7 @@ class Lab:
                 f"link add {h['veth_root']} type veth peer name eth0 netns {h['netns']}",
                 f"link set {h['veth_root']} master {br} up",
             ]
+        _raise_neighbour_limits(len(hosts))
         _ip_batch(lines)
         _write_sysctl(f"/proc/sys/net/ipv4/conf/{br}/route_localnet", "1")
         with contextlib.suppress(OSError):  # no IPv6 chatter on the lab bridge

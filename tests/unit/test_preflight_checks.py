@@ -206,3 +206,70 @@ def test_report_of_failures_leads_with_the_root_cause(lab):
     lines = str(caught.value).splitlines()
     assert lines[0] == "preflight failed on 1 host(s): node-b; nothing was started"
     assert lines[1].startswith("Root cause (first observed failure): node-b: gpus: ")
+
+
+# ------------------------------------------------------------------ host-to-host reach verdicts
+def _reach_tasks(n: int):
+    from types import SimpleNamespace
+    return [SimpleNamespace(host=f"node-{i}", port=2222, target=f"10.0.0.{i}:2222") for i in range(1, n + 1)]
+
+
+def _all_to_all(n: int, outcome=lambda source, target: "ok") -> dict[str, dict[str, str]]:
+    return {f"node-{s}": {f"10.0.0.{t}:2222": outcome(s, t) for t in range(1, n + 1) if t != s}
+            for s in range(1, n + 1)}
+
+
+def test_reach_all_paths_open_passes_every_host():
+    from cluster.preflight import reach_results
+    results = reach_results([f"node-{i}" for i in range(1, 4)], _reach_tasks(3), _all_to_all(3))
+    assert [(r.host, r.ok, r.detail) for r in results] == [
+        ("node-1", True, "reaches 2 peer port(s)"), ("node-2", True, "reaches 2 peer port(s)"),
+        ("node-3", True, "reaches 2 peer port(s)")]
+
+
+def test_reach_one_blocked_path_is_named_from_the_host_that_tried_it():
+    from cluster.preflight import reach_results
+    reached = _all_to_all(3, lambda s, t: "timed out" if (s, t) == (2, 3) else "ok")
+    results = reach_results([f"node-{i}" for i in range(1, 4)], _reach_tasks(3), reached)
+    failed = [r for r in results if not r.ok]
+    assert [(r.host, r.detail) for r in failed] == [("node-2", "node-2 → node-3:2222 timed out")]
+    assert "firewall or route between these hosts" in failed[0].hint
+    assert {r.host for r in results if r.ok} == {"node-1", "node-3"}
+
+
+def test_reach_a_port_nobody_reaches_is_blamed_once_on_its_host():
+    """64 hosts whose connects all time out toward node-12: one line, on node-12, not 63."""
+    from cluster.preflight import reach_results
+    reached = _all_to_all(64, lambda s, t: "timed out" if t == 12 else "ok")
+    results = reach_results([f"node-{i}" for i in range(1, 65)], _reach_tasks(64), reached)
+    failed = [r for r in results if not r.ok]
+    assert [(r.host, r.detail) for r in failed] == [("node-12", "node-12:2222 answered none of its 63 peers (timed out)")]
+    assert "a firewall on node-12 (or its route) blocks port 2222" in failed[0].hint
+    assert sum(r.ok for r in results) == 1          # node-12 itself reached everyone; the others tried node-12
+
+
+def test_reach_many_blocked_paths_make_one_line_per_host_and_outcome():
+    from cluster.preflight import REACH_NAMED, reach_results
+    # node-1 can reach nobody (its own outbound path is cut); everyone else reaches everyone
+    reached = _all_to_all(10, lambda s, t: "refused" if s == 1 and t % 2 else ("timed out" if s == 1 else "ok"))
+    results = reach_results([f"node-{i}" for i in range(1, 11)], _reach_tasks(10), reached)
+    failed = [r for r in results if not r.ok]
+    assert [r.host for r in failed] == ["node-1", "node-1"]            # one line per outcome
+    timed_out = next(r.detail for r in failed if r.detail.endswith("timed out"))
+    refused = next(r.detail for r in failed if r.detail.endswith("refused"))
+    assert timed_out == "node-1 → node-2:2222, node-4:2222, node-6:2222, node-8:2222, node-10:2222 timed out"
+    assert refused == "node-1 → node-3:2222, node-5:2222, node-7:2222, node-9:2222 refused"
+    assert REACH_NAMED == 5
+    reached = _all_to_all(20, lambda s, t: "timed out" if s == 1 else "ok")
+    (line,) = [r.detail for r in reach_results([f"node-{i}" for i in range(1, 21)], _reach_tasks(20), reached)
+               if not r.ok]
+    assert line == "node-1 → node-2:2222, node-3:2222, node-4:2222, node-5:2222, node-6:2222 and 14 more timed out"
+
+
+def test_reach_names_blocked_peers_in_inventory_order_whatever_order_they_answered_in():
+    from cluster.preflight import reach_results
+    reached = _all_to_all(4, lambda s, t: "timed out" if s == 1 else "ok")
+    reached["node-1"] = dict(reversed(list(reached["node-1"].items())))     # answers arrive in any order
+    (line,) = [r.detail for r in reach_results([f"node-{i}" for i in range(1, 5)], _reach_tasks(4), reached)
+               if not r.ok]
+    assert line == "node-1 → node-2:2222, node-3:2222, node-4:2222 timed out"
