@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from contextlib import ExitStack
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import print_columns, twin_main, twin_parser
-from benchmarks.training import (LOG, ClusterShape, Runner, _fmt, median, ratio,
+from benchmarks.training import (ClusterShape, Twin, _fmt, alternate_twins, median, ratio,
                                  report_steps_per_second)
 
 SHAPES = {"async": ClusterShape("async-1ps-2w", "async", 1, 1, 2, 0),
@@ -43,30 +41,16 @@ def onednn_ratio(runs: dict[str, list[dict]]) -> dict[str, Any]:
 
 
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    twins = [Twin(f"onednn{setting}", f"TF_ENABLE_ONEDNN_OPTS={setting}",
+                  {"OMP_NUM_THREADS": "1", "MNIST_MODEL": args.model, "TF_ENABLE_ONEDNN_OPTS": setting})
+             for setting in SETTINGS]
     results: dict[str, Any] = {}
     for mode in args.modes:
-        shape = SHAPES[mode]
-        runs: dict[str, list[dict]] = {s: [] for s in SETTINGS}
-        with ExitStack() as stack:
-            clusters = {}
-            for offset, setting in enumerate(SETTINGS):
-                env = {"OMP_NUM_THREADS": "1", "MNIST_MODEL": args.model, "TF_ENABLE_ONEDNN_OPTS": setting}
-                runner = Runner(work / f"{mode}-{setting}", env, args.port_base + 50 * offset,
-                                args.timeout, args.batch_size)
-                runner.work.mkdir(parents=True, exist_ok=True)
-                # its own name: local clusters keep their run folders in this checkout
-                name, _, _ = stack.enter_context(runner.cluster(replace(shape, key=f"{shape.key}-onednn{setting}")))
-                clusters[setting] = (runner, name)
-            for run in range(args.runs):
-                for setting in SETTINGS:
-                    runner, name = clusters[setting]
-                    print(f"  {mode} run {run + 1}/{args.runs}: TF_ENABLE_ONEDNN_OPTS={setting}",
-                          file=LOG, flush=True)
-                    seconds, report = runner.train(name, args.steps)
-                    runs[setting].append({"steps_per_second": report_steps_per_second(report, args.batch_size),
-                                          "val_accuracy": report.get("val_accuracy"),
-                                          "seconds": round(seconds, 2)})
-        results[mode] = onednn_ratio(runs)
+        runs = alternate_twins(args, work, SHAPES[mode], twins)
+        results[mode] = onednn_ratio({setting: [
+            {"steps_per_second": report_steps_per_second(r["report"], args.batch_size),
+             "val_accuracy": r["report"].get("val_accuracy"), "seconds": r["seconds"]} for r in rows]
+            for setting, rows in zip(SETTINGS, runs)})
     return results
 
 

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from contextlib import ExitStack
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import print_columns, twin_main, twin_parser
-from benchmarks.training import LOG, ClusterShape, Runner, _fmt, median, ratio, report_steps_per_second
+from benchmarks.training import (ClusterShape, Twin, _fmt, alternate_twins, median, ratio,
+                                 report_steps_per_second)
 
 # The part-4 shapes of benchmarks/training.py (inventories/local.yaml's for async and sync-ps).
 SHAPES = {"async": ClusterShape("async-2ps-2w", "async", 1, 2, 2, 0),
@@ -46,29 +45,15 @@ def compare(runs: dict[bool, list[dict]]) -> dict[str, Any]:
 
 
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    env = {"OMP_NUM_THREADS": "1"}
+    twins = [Twin("standby" if side else "afresh", "standby" if side else "afresh", env, standby=side,
+                  wait_standbys=True) for side in SIDES]
     results: dict[str, Any] = {}
     for mode in args.modes:
-        shape = SHAPES[mode]
-        runs: dict[bool, list[dict]] = {side: [] for side in SIDES}
-        with ExitStack() as stack:
-            clusters = {}
-            for offset, side in enumerate(SIDES):
-                runner = Runner(work / f"{mode}-{side}", {"OMP_NUM_THREADS": "1"}, args.port_base + 50 * offset,
-                                args.timeout, args.batch_size, standby=side)
-                runner.work.mkdir(parents=True, exist_ok=True)
-                key = f"{shape.key}-{'standby' if side else 'afresh'}"
-                name, _, _ = stack.enter_context(runner.cluster(replace(shape, key=key)))
-                clusters[side] = (runner, name)
-            for run in range(args.runs):
-                for side in SIDES:
-                    runner, name = clusters[side]
-                    wait = runner.wait_standbys(name)
-                    print(f"  {mode} run {run + 1}/{args.runs}: {'standby' if side else 'afresh'}",
-                          file=LOG, flush=True)
-                    seconds, report = runner.train(name, args.steps)
-                    runs[side].append({"seconds": round(seconds, 2), "wait": round(wait, 2),
-                                       "steps_per_second": report_steps_per_second(report, args.batch_size)})
-        results[mode] = compare(runs)
+        runs = alternate_twins(args, work, SHAPES[mode], twins)
+        results[mode] = compare({side: [{"seconds": r["seconds"], "wait": r["wait"],
+                                         "steps_per_second": report_steps_per_second(r["report"], args.batch_size)}
+                                        for r in rows] for side, rows in zip(SIDES, runs)})
     return results
 
 

@@ -49,8 +49,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -285,6 +285,43 @@ class Runner:
 
 
 # ------------------------------------------------------------------ the comparisons
+@dataclass(frozen=True)
+class Twin:
+    """One side of a comparison on twin local clusters (benchmarks/onednn.py, benchmarks/standby.py)."""
+
+    key: str                    # the cluster's name suffix and work folder
+    describe: str               # what the progress line says of a run on this side
+    env: dict[str, str] = field(default_factory=dict)    # pscluster_env of the cluster
+    standby: bool = True        # pscluster_standby of the cluster
+    wait_standbys: bool = False     # before each train, until its standbys are ready (shown, not counted)
+
+
+def alternate_twins(args: argparse.Namespace, work: Path, shape: ClusterShape,
+                    twins: Sequence[Twin]) -> list[list[dict]]:
+    """Brings up one cluster of ``shape`` per twin (ports 50 apart), then ``args.runs`` rounds of
+    ``train --steps args.steps``, one run per twin in turn; always brings them down.
+
+    Returns, per twin, one ``{"seconds", "wait", "report"}`` per run (seconds from launch).
+    """
+    runs: list[list[dict]] = [[] for _ in twins]
+    with ExitStack() as stack:
+        clusters = []
+        for offset, twin in enumerate(twins):
+            runner = Runner(work / f"{shape.mode}-{twin.key}", twin.env, args.port_base + 50 * offset,
+                            args.timeout, args.batch_size, standby=twin.standby)
+            runner.work.mkdir(parents=True, exist_ok=True)
+            # its own name: local clusters keep their run folders in this checkout
+            name, _, _ = stack.enter_context(runner.cluster(replace(shape, key=f"{shape.key}-{twin.key}")))
+            clusters.append((runner, name))
+        for run in range(args.runs):
+            for twin, (runner, name), rows in zip(twins, clusters, runs):
+                wait = runner.wait_standbys(name) if twin.wait_standbys else 0.0
+                print(f"  {shape.mode} run {run + 1}/{args.runs}: {twin.describe}", file=LOG, flush=True)
+                seconds, report = runner.train(name, args.steps)
+                rows.append({"seconds": round(seconds, 2), "wait": round(wait, 2), "report": report})
+    return runs
+
+
 def throughput_async(runner: Runner, args: argparse.Namespace, parts: set[int]) -> dict:
     """Parts 1 and 2: one async cluster (1 ps, 1 worker); tutorial recipe; single-process sweep."""
     out: dict[str, Any] = {"pscluster": [], "tutorial": [], "single": []}

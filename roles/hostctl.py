@@ -276,6 +276,14 @@ def _remove_stale(req, log, *more):
             os.unlink(stale)
 
 
+def _start_env(req):
+    """The started process's environment: this one's (unless ``inherit_env`` is false) plus the
+    request's, which arrives on stdin: secret values never touch argv."""
+    env = dict(os.environ) if req.get("inherit_env", True) else {}
+    env.update(req.get("env", {}))
+    return env
+
+
 def op_start(req):
     return _under_start_lock(req, lambda log, lock_fd: _spawn(req, _expand(req["cwd"]), log, log + EXIT_SUFFIX,
                                                               req.get("token"), lock_fd))
@@ -283,8 +291,7 @@ def op_start(req):
 
 def _spawn(req, cwd, log, exit_file, token, lock_fd):
     _remove_stale(req, log)
-    env = dict(os.environ) if req.get("inherit_env", True) else {}
-    env.update(req.get("env", {}))   # arrives on stdin: secret values never touch argv
+    env = _start_env(req)
     import subprocess
     read_end, write_end = os.pipe()
     monitor = os.fork()
@@ -395,8 +402,7 @@ def _hand_over(req, standby, log):
     reply = log + REPLY_SUFFIX
     try:
         _remove_stale(req, log, reply)
-        env = dict(os.environ) if req.get("inherit_env", True) else {}
-        env.update(req.get("env", {}))   # arrives on stdin, leaves through the FIFO: never on disk
+        env = _start_env(req)           # leaves through the FIFO: never on disk
         log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
         os.fchmod(log_fd, 0o600)
         os.write(log_fd, ("pscluster: %s starting %s (standby pid %d: TensorFlow already imported)\n" % (

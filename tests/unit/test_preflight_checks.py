@@ -211,11 +211,11 @@ def test_report_of_failures_leads_with_the_root_cause(lab):
 # ------------------------------------------------------------------ host-to-host reach verdicts
 def _reach_tasks(n: int):
     from types import SimpleNamespace
-    return [SimpleNamespace(host=f"node-{i}", port=2222, target=f"10.0.0.{i}:2222") for i in range(1, n + 1)]
+    return [SimpleNamespace(host=f"node-{i}", port=2222, target=f"127.77.0.{i}:2222") for i in range(1, n + 1)]
 
 
 def _all_to_all(n: int, outcome=lambda source, target: "ok") -> dict[str, dict[str, str]]:
-    return {f"node-{s}": {f"10.0.0.{t}:2222": outcome(s, t) for t in range(1, n + 1) if t != s}
+    return {f"node-{s}": {f"127.77.0.{t}:2222": outcome(s, t) for t in range(1, n + 1) if t != s}
             for s in range(1, n + 1)}
 
 
