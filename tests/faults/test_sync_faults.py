@@ -15,7 +15,9 @@ SYNC = {"worker": ["node-2", "node-3"]}
 SYNC_PS = {"ps": ["node-1"], "worker": ["node-2", "node-3"]}
 BUDGET = ("--steps", 300, "--checkpoint-every", 40)
 # Sync mode with oneDNN trains 300 steps in ~5 s on a quiet machine: over before a test can see
-# step 80 and act. The tests that interrupt a running sync job get a budget it cannot finish first.
+# step 80 and act. The tests that interrupt a running sync job get a budget it cannot finish first;
+# so does sync-ps since its trainers start in standbys (300 steps ~6 s after `train`, and a kill
+# aimed at step 80 found the worker already done).
 SYNC_STEPS = 1500
 SYNC_BUDGET = ("--steps", SYNC_STEPS, "--checkpoint-every", 40)
 
@@ -83,7 +85,7 @@ def test_sync_worker_that_never_starts_fails_the_job_naming_it(fault_cluster, tm
 def test_syncps_worker_killed_group_restarts_and_completes(fault_cluster):
     cluster = fault_cluster()
     cluster.up(SYNC_PS, "sync-ps")
-    training = cluster.train(*BUDGET)
+    training = cluster.train(*SYNC_BUDGET)
     job = training.wait_step(80)
     old_ps = training.record("ps:0", "server")
     training.signal("worker:1", signal.SIGKILL)
