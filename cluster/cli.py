@@ -325,7 +325,8 @@ def _show_status(env: Env, state, rows, *, as_json: bool) -> None:
     if as_json:
         env.out.print_json(json.dumps({
             "name": state.name, "mode": state.mode, "phase": state.phase, "message": state.message,
-            "job": state.job.to_json() if state.job is not None else None,
+            "job": ({**state.job.to_json(), "steps_since_checkpoint": state.job.steps_since_checkpoint}
+                    if state.job is not None else None),
             "supervisor": health.to_json() if health is not None else None,
             "tasks": [{"role": r.role, "index": r.index, "host": r.host, "address": r.address, "port": r.port,
                        "kind": r.kind, "pid": r.pid, "state": r.state, "devices": list(r.devices),
@@ -376,19 +377,45 @@ def logs(env: Env, task: str | None, name: str | None, follow: bool, lines: int 
 @name_opt
 @click.option("--grace", type=FiniteFloat(0, 3600), default=10.0, show_default=True,
               help="Seconds between SIGTERM and SIGKILL.")
+@click.option("--now", is_flag=True,
+              help="Stop at once: a running job gets no time to checkpoint first (its steps since the "
+                   "last checkpoint are lost).")
 @click.pass_obj
-def down(env: Env, name: str | None, grace: float) -> None:
-    """Stop every process this cluster started, on every host, and remove its state."""
+def down(env: Env, name: str | None, grace: float, now: bool) -> None:
+    """Stop every process this cluster started, on every host, and remove its state.
+
+    A running job is stopped first as 'stop-job' stops it: its leader (every worker in sync mode)
+    checkpoints within the job's --stop-grace; then the servers stop. --now skips that."""
+    from .jobstop import stop_running_job
     from .launcher import bring_down
     resolved = env.store.resolve_name(name)
     reporter = ui.RichReporter(env.err)
     try:
+        if not now:
+            _stop_job_before_down(env, resolved, reporter, grace, stop_running_job)
         result = bring_down(resolved, store=env.store, reporter=reporter, grace=grace)
     finally:
         reporter.close()
     hosts = len({record.host for record in result.stopped})
     env.err.print(f"[green]cluster {resolved!r} is down[/]: {len(result.stopped)} process(es) stopped on "
                   f"{hosts} host(s) in {result.seconds:.1f} s; nothing left running")
+
+
+def _stop_job_before_down(env: Env, name: str, reporter, grace: float, stop_running_job) -> None:
+    """``down``'s first step: the running job checkpoints and stops (cluster/jobstop.py). A host
+    that cannot be reached here is reported; ``down`` then goes on and says what is left."""
+    state = env.store.load(name)
+    if state is None or state.job is None or not state.job.live:
+        return
+    try:
+        with env.pool_factory() as pool:
+            job = stop_running_job(name, store=env.store, reporter=reporter, pool=pool, grace=grace)
+    except PsclusterError as exc:
+        reporter.emit("message", level="warning", text=f"stopping the job first: {exc.message.splitlines()[0]}")
+        return
+    if job is not None and job.checkpoint_step is not None:
+        env.err.print(f"job {job.id} stopped; checkpoint at step {job.checkpoint_step}: {job.checkpoint}",
+                      markup=False, highlight=False)
 
 
 @cli.command()
@@ -479,9 +506,10 @@ class DurationParam(click.ParamType):
 @click.option("--host-timeout", type=SECONDS, default=60.0, show_default=True,
               help="Seconds to wait for an unreachable host before failing the job.")
 @click.option("--stop-grace", type=FiniteFloat(0, 3600), default=30.0, show_default=True, metavar="SECONDS",
-              help="async, sync-ps: on Ctrl-C/SIGTERM the leader checkpoints and stops within SECONDS (0: kill at once).")
+              help="On Ctrl-C/SIGTERM/down the leader (sync: every worker, at one step) checkpoints and stops "
+                   "within SECONDS (0: kill at once).")
 @click.option("--deadline", type=DurationParam(), metavar="DURATION",
-              help="async, sync-ps: checkpoint and stop this long after the start (90s, 45m, 2h); exit 4.")
+              help="Checkpoint and stop this long after the start (90s, 45m, 2h); exit 4.")
 @notify_opts
 @click.option("--json", "as_json", is_flag=True, help="Print only the final report, as JSON.")
 @detach_opt
@@ -507,8 +535,6 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
                            collective_timeout=collective_timeout, host_timeout=host_timeout,
                            stop_grace=stop_grace, deadline=deadline)
     state = _existing(env, resolved)
-    if deadline is not None and state.plan.mode == "sync":
-        raise UsageError("--deadline works in async and sync-ps modes only (sync workers do not checkpoint on stop yet)")
     if warmup_steps and state.plan.mode != "async":
         raise UsageError(f"--warmup-steps applies to async mode only; cluster {resolved!r} runs {state.plan.mode}")
     if detach:
@@ -1034,7 +1060,7 @@ def stop_job(env: Env, name: str | None, timeout: float, grace: float) -> None:
     first (async, sync-ps), its processes stop, the standing servers stay up."""
     import socket
     from . import detach
-    from .launcher import stop_orphaned_job
+    from .jobstop import stop_orphaned_job
     resolved = env.store.resolve_name(name)
     job = _existing(env, resolved).job
     if job is None or not job.live:
@@ -1054,6 +1080,7 @@ def stop_job(env: Env, name: str | None, timeout: float, grace: float) -> None:
     else:
         reporter = ui.RichReporter(env.err)
         try:
+            # Its leader (every sync worker) still checkpoints first, within the job's --stop-grace.
             stop_orphaned_job(resolved, store=env.store, reporter=reporter, grace=grace)
         finally:
             reporter.close()

@@ -172,6 +172,10 @@ def render_job_line(job: JobProgress) -> str:
         parts.append(f"{job.examples_per_second:.0f} examples/s")
     if job.val_accuracy is not None:
         parts.append(f"val_accuracy {job.val_accuracy:.4f}")
+    if job.live and job.steps_since_checkpoint is not None:
+        saved = (f"checkpoint at step {job.checkpoint_step}" if job.checkpoint_step is not None
+                 else "no checkpoint yet")
+        parts.append(f"{saved}, {job.steps_since_checkpoint} step(s) since")
     if job.exit_code is not None:
         parts.append(f"exit code {job.exit_code}")
     if job.restarts:

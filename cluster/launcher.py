@@ -623,35 +623,3 @@ def rows_after_up(state: RunState, devices: dict[str, tuple[str, ...]]) -> list[
             rows.append(row(pid=record.pid, state="ready", devices=devices.get(task.name, ()),
                                 uptime=max(0.0, time.time() - (record.started or time.time()))))
     return rows
-
-
-def stop_orphaned_job(name: str, *, store: StateStore, reporter: Reporter, grace: float = DEFAULT_GRACE,
-                      pool: TransportPool | None = None) -> list[ProcessRecord]:
-    """``stop-job`` when the job's supervisor is gone: stop its recorded processes directly (no
-    checkpoint: nobody asks the leader) and record the job ``stopped``. The standing servers
-    stay up. Returns the records stopped."""
-    from .contracts import JobState, ProcessKind
-    own_pool = pool is None
-    pool = pool or TransportPool()
-    try:
-        state = store.load(name)
-        if state is None:
-            raise StateError(f"no state for cluster {name!r}")
-        writer = StateWriter(store, state, expect_phase="up")
-        records = [r for r in state.live_records() if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM)]
-        stopped, errors = stop_records(state.plan, records, pool, reporter, grace=grace)
-
-        def record(s: RunState) -> None:
-            s.replace_records(stopped)
-            if s.job is not None and s.job.live and not errors:
-                s.job = s.job.updated(state=JobState.STOPPED, ended=time.time(),
-                                      message="stopped by stop-job (its supervisor was gone)")
-        writer.change(record)
-        if errors:
-            raise MultiHostError(f"stop-job could not reach {len(errors)} host(s): {', '.join(sorted(errors))}",
-                                 [Failure(host, err) for host, err in errors.items()],
-                                 hint=f"when the host is back, 'pscluster down --name {name}' stops what is left")
-        return stopped
-    finally:
-        if own_pool:
-            pool.close()

@@ -45,6 +45,7 @@ class JobProgress:
     orchestrator: Orchestrator | None = None
     heartbeat: float | None = None            # wall time of the supervisor's last loop turn (about 1 s apart)
     checkpoint_dir: str | None = None
+    stop_grace: float | None = None           # train: the leader's time to checkpoint on stop (down reads it)
     workers: int | None = None
     restarts: Mapping[str, int] = field(default_factory=dict)     # this job's restarts per task
     message: str | None = None
@@ -70,6 +71,14 @@ class JobProgress:
     @property
     def live(self) -> bool:
         return self.state.live
+
+    @property
+    def steps_since_checkpoint(self) -> int | None:
+        """What a hard stop of a live training job would lose now: the leader's steps since its
+        last checkpoint (all of them without one; None when nothing is known yet)."""
+        if self.entry != "train" or self.step is None:
+            return None
+        return max(0, self.step - (self.checkpoint_step or self.restored_step or 0))
 
     def updated(self, **fields: Any) -> "JobProgress":
         """A copy with ``fields`` changed (``state`` may be given as its string)."""

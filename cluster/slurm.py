@@ -366,7 +366,7 @@ def sbatch_script(batch: BatchJob) -> str:
         "trap finish EXIT",
         'echo "pscluster: job $SLURM_JOB_ID, run $((${SLURM_RESTART_COUNT:-0} + 1)), checkpoints in $checkpoints" >&2',
         'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then   # a requeued run: what a killed earlier run left',
-        f"  {pscluster} down --name {name} --grace 1 >/dev/null 2>&1 || true",
+        f"  {pscluster} down --name {name} --now --grace 1 >/dev/null 2>&1 || true",
         "fi",
         up,
         'if [ -n "$stopped" ]; then exit 143; fi',

@@ -32,6 +32,7 @@ from .codesync import needs_sync, sync_code, sync_files
 from .contracts import Mode, ProcessKind
 from .errors import Failure, HostError, PsclusterError, UsageError
 from .events import Reporter
+from .jobstop import first_to_stop
 from .launcher import report_standbys, start_standbys, task_env
 from .secrets import Secrets
 from .plan import TaskSpec
@@ -70,12 +71,13 @@ class Supervisor(JobExecutor):
         self.standby_tasks: set[str] = set()      # tasks whose standby a launch took (or passed over)
 
     def interrupt(self) -> None:
-        """Checkpoint on stop: the leader (async chief, sync-ps worker 0) gets SIGTERM first and
-        up to ``--stop-grace`` seconds to save and exit while its peers still run; then the rest
-        stop as usual. Sync mode's trainers do not checkpoint on SIGTERM (roles/train.py)."""
-        leader = leader_task(self.plan).name
-        first = [r for r in self.state.live_records() if r.kind == ProcessKind.TRAIN and r.task == leader]
-        if self.plan.mode in ("async", "sync-ps") and first:
+        """Checkpoint on stop (:func:`cluster.jobstop.first_to_stop`): the leader (async chief,
+        sync-ps worker 0) -- in sync mode every worker, which then agree on one step -- gets
+        SIGTERM first and up to ``--stop-grace`` seconds to save and exit; then the rest stop as
+        usual."""
+        first = first_to_stop(self.plan, self.state.live_records())
+        if first:
+            leader = ", ".join(r.task for r in first)
             try:
                 if self.options.stop_grace > 0:
                     self.reporter.emit("message", level="warning",
@@ -132,7 +134,7 @@ class Supervisor(JobExecutor):
         self.checkpoint_dir = self.options.checkpoint_dir or leader_layout(self.plan).checkpoint_dir(self.job.name)
         if self.plan.evaluator_tasks:
             self.trainer_options = with_evaluator(self.options)
-        return super().new_job().updated(checkpoint_dir=self.checkpoint_dir)
+        return super().new_job().updated(checkpoint_dir=self.checkpoint_dir, stop_grace=self.options.stop_grace)
 
     def watchdog(self) -> core.Watchdog:
         sync = self.plan.mode != Mode.ASYNC

@@ -17,13 +17,15 @@ So ``roles.train`` splits itself in two, before TensorFlow is imported:
   first step has run (``disarm``) and when it has written its own final event
   (``finished``).
 
-Checkpoint on stop (``stop_grace`` > 0, async and sync-ps): once the first step has
-run, a SIGTERM is a request, not a kill. The trainer's own SIGTERM handler sets
-:attr:`TrainerLink.stop_requested`; the drivers check it at each unit of work, save a
-checkpoint and end. The guardian forwards the SIGTERM it gets to the trainer and
-SIGKILLs it only if it is still running ``stop_grace`` seconds later (or on a second
-signal, or on SIGINT/SIGHUP). Before the first step, and in sync mode (whose
-coordination service swallows SIGTERM in C++), SIGTERM kills at once as before.
+Checkpoint on stop (``stop_grace`` > 0, every mode): once the first step has run, a
+SIGTERM is a request, not a kill. The guardian forwards it to the trainer as
+:data:`STOP_SIGNAL` (SIGUSR1): sync mode's coordination service replaces the trainer's
+SIGTERM handler with its own C++ one, but leaves SIGUSR1 to Python. The trainer's handler
+(for both signals) sets :attr:`TrainerLink.stop_requested`; the drivers check it at each
+unit of work, save a checkpoint and end (sync workers first agree on the step: one
+all-reduce of the flag per unit, roles/sync_driver.py). The guardian SIGKILLs the trainer
+only if it is still running ``stop_grace`` seconds later (or on a second signal, or on
+SIGINT/SIGHUP). Before the first step, SIGTERM kills at once as before.
 
 Otherwise the guardian turns SIGTERM/SIGINT/SIGHUP into SIGKILL for the trainer, enforces
 ``--start-timeout``, writes the ``error`` event when the trainer could not, and exits
@@ -42,6 +44,9 @@ import time
 from typing import Callable, NoReturn
 
 TERMINATION_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# How the guardian asks the trainer to checkpoint and stop (module docstring: not SIGTERM,
+# which sync mode's coordination service takes over in C++).
+STOP_SIGNAL = signal.SIGUSR1
 EXIT_START_TIMEOUT = 3
 WAKE_SECONDS = 0.5
 
@@ -123,7 +128,8 @@ def become_trainer(write_fd: int, stop_grace: float = 0.0) -> TrainerLink:
     ``stop_grace`` > 0; termination signals are unblocked."""
     link = TrainerLink(write_fd)
     if stop_grace > 0:
-        signal.signal(signal.SIGTERM, lambda _s, _f: link.request_stop("SIGTERM"))
+        for sig in (signal.SIGTERM, STOP_SIGNAL):
+            signal.signal(sig, lambda _s, _f: link.request_stop("SIGTERM"))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, TERMINATION_SIGNALS)
     return link
 
@@ -167,8 +173,13 @@ class Guardian:
         self._what = what
         self._report = report
         self._signal: int | None = None
+        self._finished = False       # the trainer wrote its own final event
+        self._eof = False            # the trainer closed its end of the pipe
 
     def _on_signal(self, signum: int, _frame: object) -> None:
+        # A disarm the trainer sent just before the signal counts (a stop right after the first
+        # step is still a stop request): read what the pipe holds before deciding.
+        self._drain()
         first = self._signal is None
         if first:
             self._signal = signum
@@ -176,17 +187,31 @@ class Guardian:
         if graceful:
             self._kill_at = time.monotonic() + self._stop_grace
         try:
-            os.kill(self._child, signal.SIGTERM if graceful else signal.SIGKILL)
+            os.kill(self._child, STOP_SIGNAL if graceful else signal.SIGKILL)
         except ProcessLookupError:
             pass
 
+    def _drain(self) -> None:
+        """Read what the trainer has written (the pipe is non-blocking)."""
+        try:
+            data = os.read(self._fd, 64)
+        except BlockingIOError:
+            return
+        if _DISARM in data:
+            self._armed = False
+        if _FINISHED in data:
+            self._finished = True
+        if not data:
+            self._eof = True
+
     def supervise(self) -> int:
+        os.set_blocking(self._fd, False)
         for sig in TERMINATION_SIGNALS:
             signal.signal(sig, self._on_signal)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, TERMINATION_SIGNALS)
         deadline = time.monotonic() + self._start_timeout
-        finished, timed_out = False, False
-        while True:
+        timed_out = False
+        while not self._eof:
             ends = [t for t in (deadline if self._armed else None, self._kill_at) if t is not None]
             # At most WAKE_SECONDS: select is retried on EINTR with its original timeout, so a
             # stop grace that a signal handler set would otherwise never be looked at.
@@ -205,15 +230,9 @@ class Guardian:
                 except ProcessLookupError:
                     pass
                 continue
-            data = os.read(self._fd, 64)
-            if _DISARM in data:
-                self._armed = False
-            if _FINISHED in data:
-                finished = True
-            if not data:
-                break  # the trainer closed the pipe: it is exiting or dead
+            self._drain()       # at EOF the trainer closed the pipe: it is exiting or dead
         _, status = os.waitpid(self._child, 0)
-        return self._outcome(status, finished, timed_out)
+        return self._outcome(status, self._finished, timed_out)
 
     def _outcome(self, status: int, finished: bool, timed_out: bool) -> int:
         if self._signal is not None:

@@ -17,6 +17,9 @@ worker (keras-team/keras#20585), so each worker runs this loop:
   the chief's values through one all-reduce, so no shared filesystem is needed;
 * evaluation is distributed: each worker evaluates its shard of the test set and one
   all-reduce sums the totals, so all workers finish together and agree on the result;
+* stopping: a stop request (SIGTERM, ``down``, a preemption) or ``--deadline`` on any worker is
+  shared by one all-reduce of the flags after each unit of work (:func:`agree_on_stop`), so every
+  worker saves a checkpoint after the same step and ends;
 * leaving: destroying the distributed dataset iterator takes TensorFlow 2-20 s at
   random (measured), so ``run`` keeps it alive and ``leave`` ends the process without
   tearing TensorFlow down: every other worker posts "left" in the coordination
@@ -126,10 +129,12 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     # Every worker cuts the budget at the same boundaries: the collectives of a
     # checkpoint or an evaluation must line up across workers.
     schedule = StepSchedule(plan, step)
-    while step < plan.steps_total:
+    stopping = False
+    while step < plan.steps_total and not stopping:
         n = schedule.chunk(step)
         loss = float(train_steps(iterator, tf.constant(n)))
         step += n
+        stopping = agree_on_stop(strategy, deadline, local_replicas)
         counted = first.counts()
         reporter.trained(step, n, n * plan.global_batch_size, loss, timed=counted)
         if counted:
@@ -137,6 +142,8 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
                       [(task.name, n * plan.worker_batch_size)])
             meter.maybe_emit(step)
         reached = schedule.reached(step)
+        if stopping:
+            break      # the checkpoint below, at the same step on every worker
         if keeper and reached.checkpoint:
             last_checkpoint = keeper.save_and_report(step, reporter) or last_checkpoint
             last_saved = step
@@ -154,7 +161,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     if keeper:
         keeper.close()
 
-    val_loss, val_accuracy = evaluate(step)
+    val_loss, val_accuracy = (None, None) if stopping else evaluate(step)
     return TrainResult(global_step=step, val_loss=val_loss, val_accuracy=val_accuracy,
                        examples_per_second=rate,
                        checkpoint=last_checkpoint if is_chief else None,
@@ -209,6 +216,25 @@ def _within(seconds: float, what: str, call: Any, *args: Any) -> bool:
                  type(outcome[0]).__name__)
         return False
     return True
+
+
+def agree_on_stop(strategy: Any, link: TrainerLink, local_replicas: int) -> bool:
+    """Whether any worker was asked to stop (SIGTERM, ``down``, a preemption notice) or reached
+    its ``--deadline``: one all-reduce of the flags after each unit of work, so that every worker
+    stops after the same step and saves there. A worker that learns it from a peer takes the
+    peer's reason (a stop outranks a deadline), so all of them end alike. Costs one scalar
+    all-reduce per ``steps_per_execution`` steps."""
+    mine = [1.0 if link.stop_requested and link.stop_reason != "deadline" else 0.0,
+            1.0 if link.stop_requested and link.stop_reason == "deadline" else 0.0]
+    stops, deadlines = (float(v) for v in _sum_over_workers(strategy, tf.constant(mine), local_replicas).numpy())
+    if stops > 0:
+        if not link.stop_requested or link.stop_reason == "deadline":
+            link.stop_requested, link.stop_reason = True, "a peer's stop request"
+        return True
+    if deadlines > 0:
+        link.request_stop("deadline")
+        return True
+    return False
 
 
 def _make_train_steps(job: Job, plan: TrainPlan, strategy: Any, model: Any,

@@ -43,9 +43,11 @@ from roles.tfconfig import ConfigError, TaskInfo, task_from_env
 DRIVERS = {"async": "roles.async_driver", "sync": "roles.sync_driver",
            "sync-ps": "roles.syncps_driver"}
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-# Modes that checkpoint on SIGTERM. Not sync: its coordination service handles SIGTERM
-# in C++ (TF-NOTES), and every worker would have to agree on the step to stop at.
-STOP_MODES = frozenset({"async", "sync-ps"})
+EXIT_STOPPED = 128 + signal.SIGTERM     # checkpointed and ended on a stop request
+# Modes that checkpoint on SIGTERM: all of them. Sync's coordination service takes SIGTERM
+# over in C++ (TF-NOTES), so the guardian passes the request on as SIGUSR1
+# (roles/lifecycle.py), and the workers agree on the step to stop at (roles/sync_driver.py).
+STOP_MODES = frozenset({"async", "sync", "sync-ps"})
 
 log = logging.getLogger("pscluster.train")
 
@@ -103,10 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sync: fail a collective that waits longer; sync-ps: fail a step (after the "
                         f"first) that waits longer (default {TRAINER_DEFAULTS.collective_timeout:g})")
     p.add_argument("--stop-grace", type=float, default=TRAINER_DEFAULTS.stop_grace, metavar="SECONDS",
-                   help="async, sync-ps: on SIGTERM checkpoint and stop within SECONDS, then be killed; "
+                   help="on SIGTERM checkpoint and stop within SECONDS, then be killed; "
                         f"0: die at once (default {TRAINER_DEFAULTS.stop_grace:g})")
     p.add_argument("--deadline", type=float, metavar="SECONDS",
-                   help="async, sync-ps: checkpoint and end SECONDS after the start ('done' short of the budget)")
+                   help="checkpoint and end SECONDS after the start ('done' short of the budget)")
     p.add_argument("--summary-dir",
                    help="where the chief (async) or worker 0 (sync, sync-ps) writes TensorBoard "
                         "summaries (default: none)")
@@ -261,7 +263,7 @@ def run_trainer(options: TrainOptions, task: TaskInfo, guardian: TrainerLink, st
         guardian.finished()
         return EXIT_FAILED
     if guardian.stop_requested and guardian.stop_reason != "deadline":
-        return _stopped(result, writer, guardian)
+        return _stopped(result, writer, guardian, options, task)
     writer.emit("done", mode=options.mode, workers=task.num_workers,
                 global_step=result.global_step, val_loss=result.val_loss,
                 val_accuracy=result.val_accuracy,
@@ -281,7 +283,7 @@ def run_trainer(options: TrainOptions, task: TaskInfo, guardian: TrainerLink, st
     return EXIT_OK
 
 
-def _stopped(result: Any, writer: EventWriter, guardian: TrainerLink) -> int:
+def _stopped(result: Any, writer: EventWriter, guardian: TrainerLink, options: TrainOptions, task: TaskInfo) -> int:
     """The driver checkpointed and ended early on SIGTERM: say so and exit 143."""
     saved = f"checkpoint {result.checkpoint}" if result.checkpoint else "no checkpoint (no --checkpoint-dir)"
     message = (f"stopped by {guardian.stop_reason} at step {result.global_step}; {saved}; "
@@ -290,7 +292,10 @@ def _stopped(result: Any, writer: EventWriter, guardian: TrainerLink) -> int:
     writer.emit("error", message=message, exception="Stopped")
     guardian.finished()
     writer.close()
-    return 128 + signal.SIGTERM
+    if options.mode == "sync":      # every worker stopped at the same step: leave together
+        from roles.sync_driver import leave
+        leave(task, options.collective_timeout)
+    return EXIT_STOPPED
 
 
 def _train(options: TrainOptions, task: TaskInfo, writer: EventWriter,
@@ -338,7 +343,7 @@ HARD_EXIT_MODES = frozenset({"async", "sync-ps"})
 
 
 def _exits_hard(mode: str | None, code: int) -> bool:
-    return mode in HARD_EXIT_MODES or (mode == "sync" and code == EXIT_OK)
+    return mode in HARD_EXIT_MODES or (mode == "sync" and code in (EXIT_OK, EXIT_STOPPED))
 
 
 def exit_trainer(mode: str | None, code: int) -> NoReturn:

@@ -18,8 +18,11 @@ from tests.helpers import REPO
 TRAINER = textwrap.dedent("""
     import sys, time
     from roles.lifecycle import split
+    import signal
     marker, grace, finish = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "finish"
     link = split(60, "the first step", lambda m, e: print("report:", e, m, flush=True), stop_grace=grace)
+    if len(sys.argv) > 4:     # as sync mode's coordination service does: SIGTERM no longer reaches Python
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     link.disarm()
     open(marker + ".ready", "w").close()
     end = time.monotonic() + 30
@@ -33,9 +36,9 @@ TRAINER = textwrap.dedent("""
 """)
 
 
-def run_trainer(tmp_path, grace: float, finish: bool) -> tuple[int, str, float]:
+def run_trainer(tmp_path, grace: float, finish: bool, *extra: str) -> tuple[int, str, float]:
     marker = str(tmp_path / "t")
-    proc = subprocess.Popen([sys.executable, "-c", TRAINER, marker, str(grace), "finish" if finish else "hang"],
+    proc = subprocess.Popen([sys.executable, "-c", TRAINER, marker, str(grace), "finish" if finish else "hang", *extra],
                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True)
     try:
         end = time.monotonic() + 30
@@ -55,6 +58,13 @@ def test_sigterm_is_a_stop_request_when_there_is_a_grace(tmp_path):
     code, out, _ = run_trainer(tmp_path, grace=10, finish=True)
     assert code == 143 and (tmp_path / "t.saved").read_text() == "SIGTERM"
     assert "report:" not in out                      # the trainer reported for itself
+
+
+def test_the_stop_request_reaches_a_trainer_whose_sigterm_tensorflow_took_over(tmp_path):
+    """Sync mode: the guardian asks with SIGUSR1, which the coordination service leaves alone."""
+    code, out, _ = run_trainer(tmp_path, 10, True, "sigterm-taken")
+    assert code == 143 and (tmp_path / "t.saved").read_text() == "SIGTERM", out
+    assert "report:" not in out
 
 
 def test_a_trainer_still_saving_after_the_grace_is_killed(tmp_path):
