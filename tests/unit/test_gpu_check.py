@@ -6,6 +6,8 @@ hold and failed when they do not; never passed."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -16,7 +18,7 @@ from benchmarks.gpu_probe import MARK, visible
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
 from testbed import fake_nvidia_smi
-from tests.helpers import port_base
+from tests.helpers import REPO, port_base
 
 EXPECTED = {"worker:0": ("0", 1), "worker:1": ("", 0)}
 
@@ -163,3 +165,11 @@ def test_a_gpu_busy_before_the_check_and_a_host_without_gpus_fail(tmp_path):
     assert [(step["name"], step["status"]) for step in report["steps"]] == [
         ("plan", "failed"), ("busy", "skipped"), ("masks", "skipped")]
     assert "auto needs nvidia-smi: No devices were found" in report["steps"][0]["checks"][0]["detail"]
+
+
+def test_the_check_and_a_one_shot_run_import_without_grpcio():
+    # A GPU box may lack grpcio (a binary wheel); only probing a TensorFlow server needs it.
+    code = ("import sys; sys.modules['grpc'] = None; import cluster.cli, cluster.runprog, benchmarks.gpu_check; "
+            "from cluster.probe import Prober; Prober().close()")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
