@@ -120,14 +120,16 @@ def render_checks(console: Console, report: CheckReport) -> None:
     for column in ("host", "check", "result", "detail"):
         table.add_column(column)
     for host, results in by_host.items():
-        if compact and all(result.ok for result in results):
+        if compact and all(result.ok and not result.warning for result in results):
             table.add_row(Text(_plain(host)), Text(f"all {len(results)}"), Text("ok", "green"),
                           Text(_plain(" · ".join(result.detail for result in results))))
             continue
         for result in results:
-            detail = result.detail + (f"\nhint: {result.hint}" if result.hint and not result.ok else "")
-            table.add_row(Text(_plain(result.host)), Text(_plain(result.check)),
-                          Text("ok", "green") if result.ok else Text("FAIL", "bold red"), Text(_plain(detail)))
+            shown = result.hint and (result.warning or not result.ok)
+            detail = result.detail + (f"\nhint: {result.hint}" if shown else "")
+            mark = Text("FAIL", "bold red") if not result.ok else \
+                Text("warn", "yellow") if result.warning else Text("ok", "green")
+            table.add_row(Text(_plain(result.host)), Text(_plain(result.check)), mark, Text(_plain(detail)))
     console.print(table)
     hosts = len({result.host for result in report.results})
     verdict = "[green]all checks passed[/]" if report.ok else f"[red]{len(report.failures)} check(s) failed[/]"
@@ -233,6 +235,11 @@ class RichReporter(Reporter):
     def _flush_checks(self) -> None:
         failed = [check for check in self._checks if not check["ok"]]
         hosts = len({check["host"] for check in self._checks})
+        for check in self._checks:
+            if check["ok"] and check.get("warning"):
+                hint = f"\n      hint: {check['hint']}" if check.get("hint") else ""
+                self._say(f"  [yellow]![/] {escape(check['host'])}: {escape(check['check'])}: "
+                          f"{escape(check['detail'])}{escape(hint)}")
         if failed:
             for check in failed:
                 hint = f"\n      hint: {check['hint']}" if check.get("hint") else ""

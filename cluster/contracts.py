@@ -68,6 +68,13 @@ class RestartPolicy(StrEnum):
     ALWAYS = "always"
 
 
+class TensorFlowNeed(StrEnum):
+    """What preflight makes of a host without a usable TensorFlow (missing, too old, or another
+    version than the other hosts')."""
+    REQUIRED = "required"   # up, bench (and so train): standing servers, standbys and roles/ import it
+    OPTIONAL = "optional"   # one-shot run: the user's program may not use TensorFlow; a warning
+
+
 class ExitStatus(int, Enum):
     """Exit codes of every command."""
 

@@ -29,12 +29,14 @@ class Phase:
 
 @dataclass(frozen=True)
 class Check:
-    """One preflight check on one host."""
+    """One preflight check on one host; ``warning``: it passed, but the user should read it
+    (a one-shot run's host without TensorFlow)."""
     host: str
     check: str
     ok: bool
     detail: str
     hint: str | None = None
+    warning: bool = False
 
 
 @dataclass(frozen=True)

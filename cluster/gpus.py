@@ -1,12 +1,21 @@
 """GPUs of a host from ``nvidia-smi`` output (pure parsing and rules; the query runs in preflight).
 
-Two queries, both ``--format=csv,noheader,nounits``:
+Two queries, both ``--format=csv,noheader,nounits`` (roles/hostctl.py runs them on the host):
 
-* ``--query-gpu=index,uuid,memory.used``          -> one line per GPU: ``0, GPU-xxxx, 312``
-* ``--query-compute-apps=gpu_uuid,pid,used_memory`` -> one line per process using a GPU
+* ``--query-gpu=index,uuid,memory.total,memory.used,name`` -> one line per GPU:
+  ``0, GPU-xxxx, 81559, 312, NVIDIA H100 80GB HBM3`` (the name last: it is the one free-text field)
+* ``--query-compute-apps=gpu_uuid,pid,used_memory``         -> one line per process using a GPU
+
+What current drivers print besides plain numbers (580.x): ``[N/A]`` for the memory of a GPU
+without its own framebuffer (GB10's unified memory reports every memory field so) and for a
+process's memory under MIG, ``[Not Supported]``, ``[Unknown Error]`` or ``[GPU requires reset]``
+for a GPU in trouble; a bracketed value is "not reported", never a parse error. MIG instances
+add lines to ``-L`` only (indented ``  MIG 1g.10gb Device 0: ...``, not counted as GPUs), not
+to ``--query-gpu``.
 
 ``worker_gpus: auto`` becomes one task per listed GPU. A GPU is busy when a process uses it or
 its used memory exceeds the host's ``pscluster_gpu_busy_mib`` (default 1024): lab GPUs are shared.
+A GPU whose used memory is not reported is busy only when a process is listed on it.
 """
 from __future__ import annotations
 
@@ -16,8 +25,12 @@ from typing import Any, Mapping
 from .errors import InventoryError
 from .inventory import Inventory
 
-QUERY_GPUS = ("nvidia-smi", "--query-gpu=index,uuid,memory.used", "--format=csv,noheader,nounits")
-QUERY_APPS = ("nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits")
+GPU_FIELDS = ("index", "uuid", "memory.total", "memory.used", "name")
+APP_FIELDS = ("gpu_uuid", "pid", "used_memory")
+QUERY_GPUS = ("nvidia-smi", "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits")
+QUERY_APPS = ("nvidia-smi", "--query-compute-apps=" + ",".join(APP_FIELDS), "--format=csv,noheader,nounits")
+# Lines some drivers print instead of (or before) the rows; nothing to read in them.
+NOT_ROWS = ("No running processes found", "No devices were found")
 
 
 class GpuQueryError(ValueError):
@@ -27,7 +40,7 @@ class GpuQueryError(ValueError):
 @dataclass(frozen=True)
 class GpuApp:
     pid: int
-    used_mib: int
+    used_mib: int | None           # None: not reported (MIG, some drivers)
     user: str | None = None        # filled in on the host from /proc, when known
 
 
@@ -35,23 +48,27 @@ class GpuApp:
 class Gpu:
     index: int
     uuid: str
-    used_mib: int
+    used_mib: int | None           # None: not reported ([N/A] on unified-memory GPUs such as GB10)
     apps: tuple[GpuApp, ...] = ()
+    name: str = ""
+    total_mib: int | None = None
 
     def busy(self, threshold_mib: int) -> bool:
-        return bool(self.apps) or self.used_mib > threshold_mib
+        return bool(self.apps) or (self.used_mib is not None and self.used_mib > threshold_mib)
 
     def describe(self) -> str:
         users = ", ".join(f"{app.user or '?'}/pid {app.pid}" for app in self.apps)
-        return f"GPU {self.index}: {self.used_mib} MiB used" + (f" by {users}" if users else "")
+        used = "memory use not reported" if self.used_mib is None else f"{self.used_mib} MiB used"
+        return f"GPU {self.index}: {used}" + (f" by {users}" if users else "")
 
 
 def _rows(host: str, text: str, columns: int, what: str) -> list[list[str]]:
+    """The cells of each row; the last column keeps any commas (a GPU's name may hold one)."""
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
+        if not line.strip() or line.strip().startswith(NOT_ROWS):
             continue
-        cells = [cell.strip() for cell in line.split(",")]
+        cells = [cell.strip() for cell in line.split(",", columns - 1)]
         if len(cells) != columns:
             raise GpuQueryError(f"{host}: nvidia-smi {what} line {number} has {len(cells)} field(s), "
                                 f"expected {columns}: {line.strip()!r}")
@@ -66,6 +83,15 @@ def _int(host: str, value: str, what: str) -> int:
         raise GpuQueryError(f"{host}: nvidia-smi gave {value!r} for {what}, expected a number") from None
 
 
+def _mib(host: str, value: str, what: str) -> int | None:
+    """MiB, or None where the driver does not report it (``[N/A]``, ``[Not Supported]``, ...)."""
+    if (value.startswith("[") and value.endswith("]")) or value in ("N/A", "Not Supported"):
+        return None
+    if value.endswith("MiB"):           # the same query without nounits
+        value = value[:-3].strip()
+    return _int(host, value, what)
+
+
 def parse(host: str, gpus_csv: str, apps_csv: str, users: dict[int, str] | None = None) -> tuple[Gpu, ...]:
     """The host's GPUs with the processes using each, from the two queries' outputs.
 
@@ -74,13 +100,13 @@ def parse(host: str, gpus_csv: str, apps_csv: str, users: dict[int, str] | None 
     """
     users = users or {}
     apps: dict[str, list[GpuApp]] = {}
-    for uuid, pid, used in _rows(host, apps_csv, 3, "--query-compute-apps"):
+    for uuid, pid, used in _rows(host, apps_csv, len(APP_FIELDS), "--query-compute-apps"):
         pid_number = _int(host, pid, "a pid")
-        used_mib = _int(host, used, "used_memory") if used not in ("[N/A]", "[Not Supported]") else 0
-        apps.setdefault(uuid, []).append(GpuApp(pid_number, used_mib, users.get(pid_number)))
+        apps.setdefault(uuid, []).append(GpuApp(pid_number, _mib(host, used, "used_memory"), users.get(pid_number)))
     found = []
-    for index, uuid, used in _rows(host, gpus_csv, 3, "--query-gpu"):
-        found.append(Gpu(_int(host, index, "index"), uuid, _int(host, used, "memory.used"), tuple(apps.get(uuid, ()))))
+    for index, uuid, total, used, name in _rows(host, gpus_csv, len(GPU_FIELDS), "--query-gpu"):
+        found.append(Gpu(_int(host, index, "index"), uuid, _mib(host, used, "memory.used"),
+                         tuple(apps.get(uuid, ())), name=name, total_mib=_mib(host, total, "memory.total")))
     return tuple(sorted(found, key=lambda gpu: gpu.index))
 
 

@@ -25,7 +25,7 @@ from .errors import Aborted, Failure, HostError, MultiHostError, PsclusterError,
 from .events import Reporter
 from .fanout import fan_out
 from .firewall import install_rules, remove_rules
-from .contracts import ProcessKind
+from .contracts import ProcessKind, TensorFlowNeed
 from .layout import HostLayout, attempt_log, exit_file, fifo_file, pid_file, ready_file
 from .plan import ClusterPlan, TaskSpec
 from .preflight import CheckReport, run_preflight
@@ -291,10 +291,12 @@ class UpResult:
 
 def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeout: float = DEFAULT_READY_TIMEOUT,
              root: Path | None = None, pool: TransportPool | None = None,
-             secrets: Secrets | None = None, allow_busy_gpus: bool = False, standby: bool = False) -> UpResult:
+             secrets: Secrets | None = None, allow_busy_gpus: bool = False, standby: bool = False,
+             tensorflow: TensorFlowNeed = TensorFlowNeed.REQUIRED) -> UpResult:
     """Preflight, sync, install the firewall if asked, start the standing servers (and, with
     ``standby``, a standby for each training task: roles/standby.py) and wait until the servers
-    answer.
+    answer. ``tensorflow``: whether preflight fails on a host without a usable TensorFlow
+    (``up``) or only warns (a one-shot ``run``, which starts no server).
 
     Raises:
         UsageError: a cluster of that name is already up.
@@ -320,7 +322,7 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
     writer = StateWriter(store, state, expect_phase="starting")
     devices: dict[str, tuple[str, ...]] = {}
     try:
-        report = run_preflight(plan, pool, reporter, allow_busy_gpus=allow_busy_gpus)
+        report = run_preflight(plan, pool, reporter, allow_busy_gpus=allow_busy_gpus, tensorflow=tensorflow)
         if not report.ok:
             store.delete(plan.name)   # nothing started: leave nothing behind
             report.raise_for_failures()

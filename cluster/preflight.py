@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from . import gpus, hostops
+from .contracts import TensorFlowNeed
 from .errors import Failure, HostError, MultiHostError, PsclusterError
 from .events import Check as CheckResult  # one type: a check is also the event that reports it
 from .events import Reporter
@@ -57,8 +58,31 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+def _tensorflow_check(host: HostSpec, facts: hostops.HostFacts, need: TensorFlowNeed) -> CheckResult:
+    """TensorFlow on the host: an error where pscluster needs it, a warning where only the user's
+    program might (a one-shot ``run``: TensorFlowNeed.OPTIONAL)."""
+    if facts.tf_version is None or not facts.tf_importable:
+        problem = f"TensorFlow is not installed for {host.python}"
+        hint = ("install it there: pip install 'pscluster[cpu]' (or [gpu]), "
+                "or point pscluster_python at the interpreter that has it")
+    elif _version_tuple(facts.tf_version) < MIN_TF:
+        problem = f"{facts.tf_dist} {facts.tf_version} is too old (need {MIN_TF[0]}.{MIN_TF[1]} or newer)"
+        hint = "upgrade TensorFlow on this host"
+    else:
+        return CheckResult(host.name, "tensorflow", True, f"{facts.tf_dist} {facts.tf_version}")
+    return _tensorflow_problem(host.name, problem, hint, need)
+
+
+def _tensorflow_problem(host: str, problem: str, hint: str, need: TensorFlowNeed) -> CheckResult:
+    if need is TensorFlowNeed.OPTIONAL:
+        return CheckResult(host, "tensorflow", True, f"{problem}; run goes on: a program that imports it will fail",
+                           hint=hint, warning=True)
+    return CheckResult(host, "tensorflow", False, problem, hint=hint)
+
+
 def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, connect_seconds: float, *,
-               allow_busy_gpus: bool = False) -> list[CheckResult]:
+               allow_busy_gpus: bool = False,
+               tensorflow: TensorFlowNeed = TensorFlowNeed.REQUIRED) -> list[CheckResult]:
     """The checks of one host, from what it reported (pure)."""
     name = host.name
     tasks = [task for task in plan.tasks if task.host == name]
@@ -66,16 +90,7 @@ def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, conn
         CheckResult(name, "ssh", True, "local (no SSH)" if host.is_local else f"connected in {connect_seconds:.2f} s"),
         CheckResult(name, "python", True, f"{facts.python} ({facts.executable})"),
     ]
-    if facts.tf_version is None or not facts.tf_importable:
-        results.append(CheckResult(name, "tensorflow", False, f"TensorFlow is not installed for {host.python}",
-                                   hint="install it there: pip install 'pscluster[cpu]' (or [gpu]), "
-                                        "or point pscluster_python at the interpreter that has it"))
-    elif _version_tuple(facts.tf_version) < MIN_TF:
-        results.append(CheckResult(name, "tensorflow", False,
-                                   f"{facts.tf_dist} {facts.tf_version} is too old (need {MIN_TF[0]}.{MIN_TF[1]} or newer)",
-                                   hint="upgrade TensorFlow on this host"))
-    else:
-        results.append(CheckResult(name, "tensorflow", True, f"{facts.tf_dist} {facts.tf_version}"))
+    results.append(_tensorflow_check(host, facts, tensorflow))
     busy = dict(facts.busy_ports)
     clashes = [f"{task.port} ({task.name}: {busy[task.port]})" for task in tasks if task.port in busy]
     if clashes:
@@ -117,8 +132,10 @@ def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, conn
     return results
 
 
-def check_cluster(plan: ClusterPlan, facts: dict[str, hostops.HostFacts]) -> list[CheckResult]:
-    """Checks across hosts: one TensorFlow version everywhere; no loopback in a multi-host spec."""
+def check_cluster(plan: ClusterPlan, facts: dict[str, hostops.HostFacts], *,
+                  tensorflow: TensorFlowNeed = TensorFlowNeed.REQUIRED) -> list[CheckResult]:
+    """Checks across hosts: one TensorFlow version everywhere (a warning where it is optional);
+    no loopback in a multi-host spec."""
     results = []
     versions = {host: f.tf_version for host, f in facts.items() if f.tf_version}
     if len(set(versions.values())) > 1:
@@ -126,9 +143,8 @@ def check_cluster(plan: ClusterPlan, facts: dict[str, hostops.HostFacts]) -> lis
         reference = versions[reference_host]
         for host, version in versions.items():
             if version != reference:
-                results.append(CheckResult(host, "tensorflow", False,
-                                           f"TensorFlow {version} here but {reference} on {reference_host}",
-                                           hint="install the same TensorFlow version on every host"))
+                results.append(_tensorflow_problem(host, f"TensorFlow {version} here but {reference} on {reference_host}",
+                                                   "install the same TensorFlow version on every host", tensorflow))
     for task in loopback_addresses(plan):
         results.append(CheckResult(task.host, "address", False,
                                    f"{task.name} has address {task.address!r} in a multi-host cluster; "
@@ -274,8 +290,9 @@ def resolve_auto_gpus(inventory: Inventory, plan: ClusterPlan, pool: TransportPo
 
 
 def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, *,
-                  allow_busy_gpus: bool = False) -> CheckReport:
-    """Check every host of the plan in parallel and report each check as it is known."""
+                  allow_busy_gpus: bool = False, tensorflow: TensorFlowNeed = TensorFlowNeed.REQUIRED) -> CheckReport:
+    """Check every host of the plan in parallel and report each check as it is known
+    (``tensorflow``: whether a host without a usable TensorFlow fails, or only warns)."""
     start = time.monotonic()
     if plan.auto_gpu_hosts:        # the CLI resolves them first (resolve_auto_gpus): a bug if not
         raise PsclusterError(f"<role>_gpus: auto is not resolved on {', '.join(plan.auto_gpu_hosts)}")
@@ -300,11 +317,12 @@ def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, *,
                                        hint=outcome.error.hint))
             continue
         facts[outcome.key], connected = outcome.result()
-        results.extend(check_host(plan, outcome.item, facts[outcome.key], connected, allow_busy_gpus=allow_busy_gpus))
-    results.extend(check_cluster(plan, facts))
+        results.extend(check_host(plan, outcome.item, facts[outcome.key], connected, allow_busy_gpus=allow_busy_gpus,
+                                  tensorflow=tensorflow))
+    results.extend(check_cluster(plan, facts, tensorflow=tensorflow))
     if all(result.ok for result in results):
         results.extend(check_reach(plan, pool, [host for host in plan.hosts if host.name in facts]))
     for result in results:
         reporter.emit("check", host=result.host, check=result.check, ok=result.ok, detail=result.detail,
-                      hint=result.hint)
+                      hint=result.hint, warning=result.warning)
     return CheckReport(tuple(results), tuple(facts.items()), time.monotonic() - start)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import grpc
+if TYPE_CHECKING:     # imported where a probe is made: a one-shot run (no server) works without grpcio
+    import grpc
 
 GET_STATUS = "/tensorflow.WorkerService/GetStatus"
 _CHANNEL_OPTIONS = [
@@ -102,6 +104,7 @@ class Prober:
     def probe(self, target: str, *, timeout: float = 2.0, via=None) -> ProbeResult:
         """``via``: the task's host transport; a host behind a bastion is probed through its SSH
         connection (:meth:`Transport.tunnel`), the result still names ``target``."""
+        import grpc
         start = time.monotonic()
         shown = target
         tunnel = getattr(via, "tunnel", None)

@@ -23,7 +23,7 @@ from typing import Sequence
 
 from . import hostops
 from .codesync import LocalFile, needs_sync, sync_code, sync_files
-from .contracts import JobState, ProcessKind, RestartPolicy
+from .contracts import JobState, ProcessKind, RestartPolicy, TensorFlowNeed
 from .errors import Failure, HostError, MultiHostError, PsclusterError
 from .events import Reporter
 from .launcher import bring_down, bring_up, task_env
@@ -239,9 +239,14 @@ def run_one_shot(plan: ClusterPlan, make_supervisor, *, store: StateStore, pool:
     take it down again, even after a failure or Ctrl-C.
 
     ``make_supervisor()`` returns the :class:`ProgramSupervisor` once the cluster is up.
+
+    Preflight only warns about a host without a usable TensorFlow: no TensorFlow server
+    stands in a one-shot run, and whether the user's program imports TensorFlow is its own
+    business (a program for PyTorch or JAX runs where TensorFlow was never installed).
     """
+    need = TensorFlowNeed.REQUIRED if plan.standing_tasks else TensorFlowNeed.OPTIONAL
     bring_up(plan, store=store, reporter=bringup_reporter, timeout=timeout, pool=pool, secrets=secrets,
-             allow_busy_gpus=allow_busy_gpus)
+             allow_busy_gpus=allow_busy_gpus, tensorflow=need)
     bringup_reporter.close()
     try:
         return make_supervisor().run()

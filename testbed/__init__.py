@@ -6,6 +6,8 @@
 * :mod:`testbed.slurmlab` -- a real Slurm 22.05 with its nodes in network namespaces.
 * :mod:`testbed.procs` -- read-only views of the processes a cluster left (``cluster_pids``,
   ``netns_of``), for asserting that nothing survives.
+* :mod:`testbed.fake_nvidia_smi` -- a stand-in ``nvidia-smi`` answering from a JSON file
+  (``install``, ``write_config``), for ``benchmarks/gpu_check.py --fake`` and its tests.
 
 Standard library only, no pytest: benchmarks import these directly, tests through their
 fixtures (tests/conftest.py, tests/slurm/conftest.py).

@@ -25,7 +25,7 @@ FAKE = textwrap.dedent('''\
             print(f"GPU {i}: Fake GPU (UUID: GPU-{socket.gethostname()}-{i})")
     elif "--query-gpu" in args:
         for i, used in enumerate(gpus["mem"]):
-            print(f"{i}, GPU-{socket.gethostname()}-{i}, {used}")
+            print(f"{i}, GPU-{socket.gethostname()}-{i}, 16384, {used}, Fake GPU")
     elif "--query-compute-apps" in args:
         for index, pid, used in gpus["apps"]:
             print(f"GPU-{socket.gethostname()}-{index}, {pid}, {used}")

@@ -21,7 +21,7 @@ FAKE = textwrap.dedent('''\
             print(f"GPU {i}: Fake GPU (UUID: GPU-fake-{i})")
     elif "--query-gpu" in args:
         for i, used in enumerate(mem):
-            print(f"{i}, GPU-fake-{i}, {used}")
+            print(f"{i}, GPU-fake-{i}, 16384, {used}, Fake GPU")
     elif "--query-compute-apps" in args:
         for app in filter(None, os.environ.get("FAKE_GPU_APPS", "").split(";")):
             index, pid, used = app.split(":")

@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 
+from cluster.contracts import TensorFlowNeed
 from cluster.errors import MultiHostError
 from cluster.hostops import HostFacts
 from cluster.inventory import load_inventory
@@ -273,3 +274,25 @@ def test_reach_names_blocked_peers_in_inventory_order_whatever_order_they_answer
     (line,) = [r.detail for r in reach_results([f"node-{i}" for i in range(1, 5)], _reach_tasks(4), reached)
                if not r.ok]
     assert line == "node-1 → node-2:2222, node-3:2222, node-4:2222 timed out"
+
+
+@pytest.mark.parametrize("changes", [
+    {"tf_version": None, "tf_dist": None, "tf_importable": False},
+    {"tf_version": "2.15.1"},
+])
+def test_tensorflow_missing_or_too_old_is_a_warning_where_optional(lab, changes):
+    results = check_host(lab, lab.host("node-a"), facts("node-a", **changes), 0.1, tensorflow=TensorFlowNeed.OPTIONAL)
+    assert failed(results) == []
+    tensorflow = by_check(results)["tensorflow"]
+    assert tensorflow.ok and tensorflow.warning and tensorflow.hint
+    assert tensorflow.detail.endswith("; run goes on: a program that imports it will fail")
+    assert not by_check(check_host(lab, lab.host("node-a"), facts("node-a", **changes), 0.1))["tensorflow"].warning
+
+
+def test_tensorflow_versions_that_differ_are_a_warning_where_optional(lab):
+    hosts = {"node-a": facts("node-a"), "node-b": facts("node-b", tf_version="2.20.0")}
+    (required,) = check_cluster(lab, hosts)
+    (optional,) = check_cluster(lab, hosts, tensorflow=TensorFlowNeed.OPTIONAL)
+    assert (required.host, required.ok, required.warning) == ("node-b", False, False)
+    assert (optional.host, optional.ok, optional.warning) == ("node-b", True, True)
+    assert optional.detail.startswith(required.detail)
