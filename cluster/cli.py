@@ -268,7 +268,7 @@ def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: 
                 cluster = _replace(cluster, firewall=True)
             secrets = _secrets(cluster)
             result = bring_up(cluster, store=env.store, reporter=reporter, timeout=timeout, pool=pool,
-                              secrets=secrets, allow_busy_gpus=allow_busy_gpus, standby=True)
+                              secrets=secrets, allow_busy_gpus=allow_busy_gpus, standby=True, port_base=port_base)
             reporter.close()
         _show_status(env, result.state, rows_after_up(result.state, result.devices), as_json=as_json)
     finally:
@@ -416,6 +416,42 @@ def _stop_job_before_down(env: Env, name: str, reporter, grace: float, stop_runn
     if job is not None and job.checkpoint_step is not None:
         env.err.print(f"job {job.id} stopped; checkpoint at step {job.checkpoint_step}: {job.checkpoint}",
                       markup=False, highlight=False)
+
+
+@cli.command()
+@inventory_arg
+@name_opt
+@port_opt
+@limit_opt
+@allow_busy_opt
+@click.option("--keep-global-batch", is_flag=True,
+              help="sync, sync-ps: keep the global batch (default: each worker keeps its batch, so the global "
+                   "batch follows the number of workers).")
+@click.option("--timeout", type=SECONDS, default=600.0, show_default=True,
+              help="Seconds to wait for a running job's supervisor to carry the resize out.")
+@click.pass_obj
+def scale(env: Env, inventory: str, name: str | None, port_base: int | None, limit: str | None,
+          allow_busy_gpus: bool, keep_global_batch: bool, timeout: float) -> None:
+    """Resize a cluster that is up to the edited INVENTORY: tasks of new hosts start, tasks of
+    removed hosts stop, the rest stays. A running 'train' job checkpoints, and its training
+    processes start again from there at the new size (see README 'A cluster that changes')."""
+    from .resize import scale_cluster
+    resolved = env.store.resolve_name(name)
+    state = _existing(env, resolved)
+    if port_base is None:       # what `up --port-base` gave, if it did (else the inventory's)
+        port_base = state.port_base
+    reporter = ui.RichReporter(env.err)
+    try:
+        with env.pool_factory() as pool:
+            new = _planned(_inventory(env, inventory, limit, state.mode), PlanOptions(
+                local_python=sys.executable, local_workdir=local_workdir(), name=resolved, mode=state.mode,
+                port_base=port_base), pool)
+            result = scale_cluster(env.store, resolved, new, pool=pool, reporter=reporter, secrets=_secrets(new),
+                                   keep_global_batch=keep_global_batch, allow_busy_gpus=allow_busy_gpus,
+                                   timeout=timeout)
+    finally:
+        reporter.close()
+    env.err.print(result.message, markup=False, highlight=False)
 
 
 @cli.command()

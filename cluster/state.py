@@ -77,6 +77,7 @@ class RunState:
     restarts: dict[str, int] = field(default_factory=dict)
     synced: dict[str, str] = field(default_factory=dict)
     firewall: dict[str, str] = field(default_factory=dict)
+    port_base: int | None = None      # `up --port-base`, which `scale` plans the edited inventory with
 
     @property
     def mode(self) -> str:
@@ -108,7 +109,7 @@ class RunState:
             "version": 1, "name": self.name, "phase": self.phase, "created": self.created,
             "updated": self.updated, "message": self.message,
             "job": self.job.to_json() if self.job is not None else None,
-            "restarts": self.restarts, "synced": self.synced, "firewall": self.firewall,
+            "restarts": self.restarts, "synced": self.synced, "firewall": self.firewall, "port_base": self.port_base,
             "plan": plan_to_json(self.plan),
             "processes": [dataclasses.asdict(record) for record in self.processes],
         }
@@ -119,7 +120,7 @@ class RunState:
                    processes=[ProcessRecord(**record) for record in data["processes"]],
                    created=data["created"], updated=data["updated"], message=data.get("message"),
                    job=JobProgress.from_json(data["job"]) if data.get("job") else None, restarts=data.get("restarts", {}), synced=data.get("synced", {}),
-                   firewall=data.get("firewall", {}))
+                   firewall=data.get("firewall", {}), port_base=data.get("port_base"))
 
 
 def plan_to_json(plan: ClusterPlan) -> dict:

@@ -25,11 +25,13 @@ Job states (``state.job.state``): starting, running, restarting, done, failed, s
 """
 from __future__ import annotations
 
+import signal
+from dataclasses import replace
 from pathlib import Path
 
-from . import hostops
+from . import hostops, resize
 from .codesync import needs_sync, sync_code, sync_files
-from .contracts import Mode, ProcessKind
+from .contracts import JobState, Mode, ProcessKind
 from .errors import Failure, HostError, PsclusterError, UsageError
 from .events import Reporter
 from .jobstop import first_to_stop
@@ -69,6 +71,7 @@ class Supervisor(JobExecutor):
         self.trainer_options = options    # what the trainers are told (with_evaluator when there is one)
         self.evaluated_step: int | None = None    # the evaluator's newest evaluated checkpoint step
         self.standby_tasks: set[str] = set()      # tasks whose standby a launch took (or passed over)
+        self.resize_asked = False                 # SIGUSR2: `pscluster scale` posted a request
 
     def interrupt(self) -> None:
         """Checkpoint on stop (:func:`cluster.jobstop.first_to_stop`): the leader (async chief,
@@ -108,10 +111,82 @@ class Supervisor(JobExecutor):
                                                "continue with 'train --resume'")
 
     def run(self) -> dict:
-        """The job (:meth:`JobExecutor.run`); after a finished one, new standbys for the next."""
-        report = super().run()
+        """The job (:meth:`JobExecutor.run`); after a finished one, new standbys for the next.
+        SIGUSR2 (from ``pscluster scale``) asks for a resize between two turns of the loop."""
+        previous = None
+        try:
+            previous = signal.signal(signal.SIGUSR2, lambda _s, _f: setattr(self, "resize_asked", True))
+        except ValueError:      # not the main thread: a resize is then seen by polling the request file
+            pass
+        try:
+            report = super().run()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGUSR2, previous)
         self.refill_standbys()
         return report
+
+    # ------------------------------------------------------------------ resize (cluster/resize.py)
+    def between_turns(self) -> None:
+        if not self.resize_asked:
+            return
+        self.resize_asked = False
+        request = resize.take_request(self.store, self.name)
+        if request is None:
+            return
+        try:
+            text = self.resize(request)
+        except PsclusterError as exc:
+            resize.post_result(self.store, self.name, ok=False, message=exc.message)
+            raise self.fail(exc, "the resize failed") from None
+        resize.post_result(self.store, self.name, ok=True, message=text)
+
+    def resize(self, request: "resize.ResizeRequest") -> str:
+        """Checkpoint, stop the job's processes, bring the servers in line with the new plan, and
+        start the training processes again from the checkpoint at the new size."""
+        old, new = self.plan, request.plan
+        diff = resize.diff_plans(old, new)
+        resize.check_resize(old, new, diff, job_live=True)
+        began = self.clock()
+        self.reporter.emit("message", text=f"resizing: {resize.describe(diff, new)}; "
+                                           f"the job checkpoints first (up to {self.options.stop_grace:g} s)")
+        self.set_job(state=JobState.RESTARTING, message="resizing")
+        first = first_to_stop(old, self.state.live_records())
+        if first and self.options.stop_grace > 0:
+            self.stop(first, grace=self.options.stop_grace)
+            self.read_final_events(first)
+        self.forget_and_stop([w for w in self.watched.values()
+                              if w.kind is not ProcessKind.SERVER or w.task.name in diff.stop])
+        resize.apply_plan(self.writer, self.pool, self.reporter, old, new, diff, self.secrets, root=self.root,
+                          standbys=False)
+        self.plan = new
+        self.leader = leader_task(new)
+        workers_before, workers_after = len(old.tasks_of("worker")), len(new.tasks_of("worker"))
+        if new.mode != Mode.ASYNC and not request.keep_global_batch and workers_after != workers_before:
+            # Each worker keeps its batch (torchrun's model): the global batch follows the size.
+            global_batch = self.progress.global_batch_size or 0
+            if global_batch:
+                per_worker = max(1, global_batch // workers_before)
+                self.trainer_options = replace(self.trainer_options, batch_size=per_worker * workers_after)
+        self.prepare_new_hosts()
+        self.watch_servers()
+        self.set_job(workers=workers_after, message=None)
+        self.launch_many(new.training_tasks + new.evaluator_tasks, lambda task: self.launch_train(task, resume=True))
+        self.retarget()
+        self.set_job(state=JobState.RUNNING)
+        text = (f"resized ({request.reason}): {resize.describe(diff, new)}; {workers_before} -> {workers_after} "
+                f"worker(s), resuming from step {self.progress.checkpoint_step} "
+                f"({self.clock() - began:.1f} s to restart)")
+        self.reporter.emit("message", text=text)
+        self.announce("resized", {"old": resize.membership(old), "new": resize.membership(new),
+                                  "reason": request.reason, "workers": workers_after,
+                                  "checkpoint_step": self.progress.checkpoint_step})
+        return text
+
+    def prepare_new_hosts(self) -> None:
+        """The job's files on hosts that just joined (the code itself came with apply_plan)."""
+        if not self.job.example and any(needs_sync(h, self.root) for h in self.plan.hosts):
+            sync_files(self.plan, self.pool, self.reporter, job_files(self.job, self.plan), self.root)
 
     def refill_standbys(self) -> None:
         """A standby (roles/standby.py) for each training task whose own this job took (a

@@ -123,6 +123,9 @@ class JobExecutor:
     def prepare(self) -> None:
         """Before the first launch (sync code, check ports, ...)."""
 
+    def between_turns(self) -> None:
+        """Once per turn of the loop, before the streams are read (a resize, for ``train``)."""
+
     def launch_group(self) -> None:
         """Start the job's processes."""
         raise NotImplementedError
@@ -305,6 +308,7 @@ class JobExecutor:
     def loop(self) -> None:
         while True:
             now = self.clock()
+            self.between_turns()
             for host, link in list(self.links.items()):
                 for update in link.poll(now):
                     self.absorb(update, now)

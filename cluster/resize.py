@@ -1,0 +1,314 @@
+"""Resizing a cluster that is up: ``pscluster scale INVENTORY``.
+
+Membership is a value that changes. A resize is a new plan of the same cluster, computed by the
+pure planner from the edited inventory (same name, mode and port base); :func:`diff_plans` says
+which tasks start (new, or moved: another host, port or GPU mask), which stop (gone or moved) and
+which stay; :func:`check_resize` refuses what cannot be done, before anything changes.
+
+Carrying the diff out (:func:`apply_plan`) is the same with or without a job: stop the servers and
+standbys of the tasks that stop, record the new plan, sync the code to new hosts, start the new
+standing servers and wait until they answer, start the standbys the new plan wants (not under a
+running job: its relaunch takes the standbys that are there, and the job leaves new ones after). With a live
+``train`` job its supervisor does it between two turns of its loop (cluster/supervisor.py
+``Supervisor.resize``): the job checkpoints first (every mode: cluster/jobstop.py), its processes
+stop, the plan changes, and the training processes start again from that checkpoint at the new
+size (``--resume``). TensorFlow 2.21 cannot change a running ClusterCoordinator's workers in place
+(``ClusterCoordinator`` builds its worker list once, from the strategy's cluster resolver, and
+``context.update_server_def`` only serves a new coordinator), so async mode restarts the chief
+too; the standing servers that stay are not touched.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterator
+
+from .codesync import sync_code
+from .contracts import Mode, ProcessKind
+from .errors import PsclusterError, UsageError
+from .events import Reporter
+from .launcher import (new_record, report_standbys, start_standbys, start_tasks, stop_records, task_env,
+                       wait_ready)
+from .plan import ClusterPlan, TaskSpec
+from .probe import Prober
+from .secrets import Secrets
+from .state import RunState, StateStore, StateWriter, plan_from_json, plan_to_json
+from .training import leader_task
+from .transport import TransportPool
+
+RESIZE_SUFFIX = ".resize.json"          # a request to a job's supervisor, beside the state
+RESULT_SUFFIX = ".resize-result.json"   # its answer
+
+
+@dataclass(frozen=True)
+class PlanDiff:
+    """What a resize changes: tasks by name (``worker:2``)."""
+
+    start: tuple[str, ...]      # in the new plan only, or moved
+    stop: tuple[str, ...]       # in the old plan only, or moved
+    keep: tuple[str, ...]
+
+    @property
+    def empty(self) -> bool:
+        return not self.start and not self.stop
+
+
+def _where(task: TaskSpec) -> tuple:
+    """What makes a task the same process after a resize (its TF_CONFIG lists the whole
+    cluster and changes with every resize: standing servers take the cluster from the
+    coordinator's context, so it is not part of it)."""
+    return (task.role, task.host, task.address, task.port, task.cuda_visible_devices, task.workdir, task.standing)
+
+
+def diff_plans(old: ClusterPlan, new: ClusterPlan) -> PlanDiff:
+    before = {task.name: task for task in old.tasks}
+    after = {task.name: task for task in new.tasks}
+    keep = tuple(name for name, task in after.items() if name in before and _where(before[name]) == _where(task))
+    start = tuple(name for name in after if name not in keep)
+    stop = tuple(name for name in before if name not in keep)
+    return PlanDiff(start=start, stop=stop, keep=keep)
+
+
+def membership(plan: ClusterPlan) -> dict[str, list[str]]:
+    """``{"worker": ["worker:0@h1", ...], ...}``: who is in the cluster, for the ``resized`` event."""
+    found: dict[str, list[str]] = {}
+    for task in plan.tasks:
+        found.setdefault(task.role, []).append(f"{task.name}@{task.host}")
+    return found
+
+
+def describe(diff: PlanDiff, new: ClusterPlan) -> str:
+    parts = []
+    if diff.start:
+        parts.append("start " + ", ".join(f"{name}@{new.task(name).host}" for name in diff.start))
+    if diff.stop:
+        parts.append("stop " + ", ".join(diff.stop))
+    return "; ".join(parts) or "no change"
+
+
+def check_resize(old: ClusterPlan, new: ClusterPlan, diff: PlanDiff, *, job_live: bool) -> None:
+    """Refuse what a resize cannot do, before anything changes.
+
+    Raises:
+        UsageError: naming what and why, with what to do instead.
+    """
+    hint = "edit the inventory back, or 'pscluster down' and 'up' the new one"
+    if new.mode != old.mode:
+        raise UsageError(f"scale keeps the mode: cluster {old.name!r} runs {old.mode}, the plan would run {new.mode}",
+                         hint=hint)
+    if not new.tasks_of("worker"):
+        raise UsageError(f"the edited inventory leaves cluster {old.name!r} without a worker: a resize keeps at "
+                         "least one", hint=hint)
+    if old.firewall:
+        raise UsageError(f"cluster {old.name!r} runs with --firewall: scale does not rewrite its tables yet",
+                         hint="'pscluster down', then 'up --firewall' the edited inventory")
+    leader_old = leader_task(old) if any(t.name == leader_task(old).name for t in old.tasks) else None
+    if job_live and leader_old is not None:
+        moved = leader_old.name in diff.stop
+        if moved:
+            raise UsageError(f"{leader_old.name} on {leader_old.host} keeps the running job's checkpoints: a resize "
+                             "cannot remove or move it while the job runs",
+                             hint=f"keep {leader_old.name} on {leader_old.host}, or 'pscluster stop-job' first and "
+                                  "'train --resume --checkpoint-dir' a folder the new leader reads")
+    if new.mode == Mode.ASYNC and not new.tasks_of("chief"):
+        raise UsageError("async mode needs a chief; the edited inventory has none", hint=hint)
+
+
+def plan_changes_for(new: ClusterPlan, diff: PlanDiff) -> ClusterPlan:
+    """The part of ``new`` that starts: what preflight checks before a resize (ports, TensorFlow,
+    GPUs on the hosts that get tasks), so that the servers that stay are not in its way."""
+    tasks = tuple(task for task in new.tasks if task.name in diff.start)
+    hosts = tuple(host for host in new.hosts if any(task.host == host.name for task in tasks))
+    return replace(new, tasks=tasks, hosts=hosts)
+
+
+def apply_plan(writer: StateWriter, pool: TransportPool, reporter: Reporter, old: ClusterPlan, new: ClusterPlan,
+               diff: PlanDiff, secrets: Secrets | None, *, root: Path | None = None, timeout: float = 120.0,
+               standbys: bool = True) -> None:
+    """Bring the processes in line with ``new`` (module docstring); the job's own processes must
+    be stopped already.
+
+    Raises:
+        PsclusterError: a server did not start or answer (the state records what runs).
+    """
+    state: RunState = writer.state
+    going = [r for r in state.live_records() if r.task in diff.stop and r.kind in (ProcessKind.SERVER, ProcessKind.STANDBY)]
+    if standbys:    # standbys of the tasks that stay were started with the old cluster's TF_CONFIG: new ones
+        going += [r for r in state.live_records() if r.kind == ProcessKind.STANDBY and r.task not in diff.stop]
+    if going:
+        reporter.emit("phase", name="stop", detail=f"{len(going)} process(es) the new membership leaves out")
+        stopped, errors = stop_records(old, going, pool, reporter, grace=10.0)
+        writer.change(lambda s: s.replace_records(stopped))
+        if errors:
+            host, error = next(iter(errors.items()))
+            raise PsclusterError(f"could not stop the processes on {host} that the resize leaves out: "
+                                 f"{error.message.splitlines()[0]}", hint="'pscluster down' stops what is left")
+    writer.change(lambda s: setattr(s, "plan", new))
+    sync_code(new, pool, reporter, root)
+    standing = [new.task(name) for name in diff.start if new.task(name).standing]
+    if standing:
+        attempts = {t.name: 1 + sum(1 for r in state.processes if r.task == t.name and r.kind == ProcessKind.SERVER)
+                    for t in standing}
+        reporter.emit("phase", name="start", detail=f"{len(standing)} new server(s)")
+        records, failures = start_tasks(writer, pool, new, [
+            (task, new_record(task, kind="server", attempt=attempts[task.name]), task.argv,
+             task_env(task, secrets, standing=True)) for task in standing], reporter)
+        if failures:
+            raise failures[0].error
+        with Prober() as prober:
+            wait_ready(new, records, pool, prober, reporter, timeout=timeout)
+    if standbys:
+        report_standbys(reporter, *start_standbys(writer, pool, new, secrets))
+
+
+# ------------------------------------------------------------------ the request to a supervisor
+
+@contextmanager
+def resize_lock(store: StateStore, name: str) -> Iterator[None]:
+    """One resize of a cluster at a time: a second ``scale`` is refused while one runs."""
+    path = store.root / f"{name}.resize.lock"
+    store.root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"another 'pscluster scale' of cluster {name!r} is running",
+                             hint="wait for it to finish, then run this one again") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class ResizeRequest:
+    """What ``scale`` asks a job's supervisor to carry out."""
+
+    plan: ClusterPlan
+    keep_global_batch: bool = False
+    reason: str = "scale"
+
+    def to_json(self) -> dict:
+        return {"plan": plan_to_json(self.plan), "keep_global_batch": self.keep_global_batch, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ResizeRequest":
+        return cls(plan_from_json(data["plan"]), bool(data.get("keep_global_batch")), str(data.get("reason", "scale")))
+
+
+def _write_private(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle)
+    os.replace(tmp, path)
+
+
+def post_request(store: StateStore, name: str, request: ResizeRequest) -> None:
+    (store.root / f"{name}{RESULT_SUFFIX}").unlink(missing_ok=True)
+    _write_private(store.root / f"{name}{RESIZE_SUFFIX}", request.to_json())
+
+
+def take_request(store: StateStore, name: str) -> ResizeRequest | None:
+    """The pending request (removed as it is read), if any."""
+    path = store.root / f"{name}{RESIZE_SUFFIX}"
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    path.unlink(missing_ok=True)
+    return ResizeRequest.from_json(data)
+
+
+def post_result(store: StateStore, name: str, *, ok: bool, message: str) -> None:
+    _write_private(store.root / f"{name}{RESULT_SUFFIX}", {"ok": ok, "message": message})
+
+
+def read_result(store: StateStore, name: str) -> dict | None:
+    try:
+        return json.loads((store.root / f"{name}{RESULT_SUFFIX}").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------ `pscluster scale`
+
+@dataclass(frozen=True)
+class ScaleResult:
+    diff: PlanDiff
+    message: str
+    through_job: bool           # carried out by the running job's supervisor
+
+
+def scale_cluster(store: StateStore, name: str, new: ClusterPlan, *, pool: TransportPool, reporter: Reporter,
+                  secrets: Secrets | None, keep_global_batch: bool = False, allow_busy_gpus: bool = False,
+                  timeout: float = 600.0, sleep=None) -> ScaleResult:
+    """Resize cluster ``name`` to ``new`` (module docstring).
+
+    Raises:
+        UsageError: the cluster is not up, the resize is refused (check_resize), a job runs with no
+            supervisor here, or another scale runs.
+        MultiHostError: preflight failed on a host that gets tasks (nothing changed).
+        PsclusterError: the resize failed under way (the job's failure names why).
+    """
+    import time
+    from .detach import orchestrator_alive, signal_supervisor
+    from .preflight import run_preflight
+    sleep = sleep or time.sleep
+    with resize_lock(store, name):
+        state = store.load(name)
+        if state is None:
+            raise UsageError(f"no cluster named {name!r}", hint="'pscluster status' lists the clusters that are up")
+        if state.phase != "up":
+            raise UsageError(f"cluster {name!r} is {state.phase}: only a cluster that is up can be resized",
+                             hint="wait for 'up' or 'down' to finish")
+        old = state.plan
+        diff = diff_plans(old, new)
+        job = state.job
+        job_live = job is not None and job.live
+        check_resize(old, new, diff, job_live=job_live)
+        if diff.empty:
+            return ScaleResult(diff, f"cluster {name!r} already matches the inventory: nothing to change", False)
+        if diff.start:
+            # Only the hosts that get tasks, and only their new tasks' ports: what stays is not in the way.
+            report = run_preflight(plan_changes_for(new, diff), pool, reporter, allow_busy_gpus=allow_busy_gpus)
+            if not report.ok:
+                report.raise_for_failures()
+        if not job_live:
+            writer = StateWriter(store, state, expect_phase="up")
+            apply_plan(writer, pool, reporter, old, new, diff, secrets)
+            return ScaleResult(diff, f"cluster {name!r} resized: {describe(diff, new)}", False)
+        info = job.orchestrator if job is not None else None
+        if job is None:
+            raise UsageError(f"cluster {name!r} has no job record")
+        if job.entry != "train":
+            raise UsageError(f"job {job.id} is a 'pscluster run' program: scale resizes 'train' jobs and idle clusters",
+                             hint="stop the program ('pscluster stop-job'), scale, and run it again")
+        if info is None or not orchestrator_alive(info):
+            raise UsageError(f"job {job.id} runs without a supervisor on this machine: nobody can restart it at the "
+                             "new size", hint="'pscluster stop-job' (it checkpoints), scale, then 'train --resume'")
+        post_request(store, name, ResizeRequest(new, keep_global_batch))
+        signal_supervisor(info, signal.SIGUSR2)
+        reporter.emit("message", text=f"asked job {job.id}'s supervisor (pid {info.pid}) to resize it: "
+                                      f"{describe(diff, new)}")
+        deadline = time.monotonic() + timeout
+        while True:
+            result = read_result(store, name)
+            if result is not None:
+                if not result.get("ok"):
+                    raise PsclusterError(f"the resize failed: {result.get('message')}",
+                                         hint="'pscluster status' shows what runs now")
+                return ScaleResult(diff, str(result.get("message")), True)
+            current = store.load(name)
+            if current is None or current.job is None or not current.job.live or not orchestrator_alive(info):
+                raise PsclusterError(f"job {job.id} ended before it was resized",
+                                     hint="'pscluster status' shows what runs now")
+            if time.monotonic() > deadline:
+                raise PsclusterError(f"job {job.id}'s supervisor has not resized it after {timeout:.0f} s",
+                                     hint="'pscluster status' shows what runs now")
+            sleep(0.3)

@@ -1,0 +1,152 @@
+"""`pscluster scale` (issue 23, item 2) on real TensorFlow processes, local cluster.
+
+A running `train` job is resized to the edited inventory: it checkpoints, its training processes
+start again from that step at the new size, and the new worker trains; a removed worker's server
+is stopped and nothing of it is left; a host that fails preflight changes nothing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, port_base
+from testbed.procs import cluster_pids
+
+LOCAL = REPO / "inventories" / "local.yaml"
+
+pytestmark = pytest.mark.tf
+
+
+def inventory(tmp_path, mode: str, workers: int):
+    path = tmp_path / f"{mode}-{workers}.yaml"
+    path.write_text(LOCAL.read_text().replace("worker_tasks: 2", f"worker_tasks: {workers}")
+                    .replace("pscluster_mode: async", f"pscluster_mode: {mode}"))
+    return path
+
+
+def cli(state_dir, *args, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(cli_argv(args), cwd=REPO, env=cli_env(state_dir), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def state_of(state_dir, name) -> dict:
+    return json.loads((state_dir / f"{name}.json").read_text())
+
+
+def wait_for_steps(state_dir, name, train, steps: int) -> dict:
+    end = time.monotonic() + 600
+    while True:
+        assert train.poll() is None, train.stderr.read()[-3000:]
+        job = state_of(state_dir, name).get("job") or {}
+        if (job.get("step") or 0) >= steps and job.get("state") == "running":
+            return job
+        assert time.monotonic() < end, job
+        time.sleep(0.3)
+
+
+def events_of(record: dict) -> list[dict]:
+    with open(record["events"]) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+class Cluster:
+    def __init__(self, tmp_path, mode: str, workers: int):
+        self.name = f"resize-{mode}-{os.getpid()}"
+        self.state_dir, self.ckpt, self.mode = tmp_path / "state", tmp_path / "ckpt", mode
+        self.port_base = port_base()
+        up = cli(self.state_dir, "up", inventory(tmp_path, mode, workers), "--name", self.name,
+                 "--port-base", self.port_base)
+        assert up.returncode == 0, up.stderr
+
+    def train(self, steps: int) -> subprocess.Popen:
+        return subprocess.Popen(cli_argv(["train", "distributed_mnist", "--name", self.name, "--steps", str(steps),
+                                          "--checkpoint-dir", str(self.ckpt), "--json"]),
+                                cwd=REPO, env=cli_env(self.state_dir), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def scale_mid_train(self, steps: int, inventory_path, before_scale=None) -> tuple[dict, str]:
+        """Train ``steps``; once 300 ran, ``before_scale()`` then ``scale`` to ``inventory_path``;
+        the final report and train's stderr once the job is done."""
+        train = self.train(steps)
+        try:
+            wait_for_steps(self.state_dir, self.name, train, 300)
+            if before_scale is not None:
+                before_scale()
+            scale = cli(self.state_dir, "scale", inventory_path, "--name", self.name)
+            assert scale.returncode == 0, scale.stderr
+            out, err = train.communicate(timeout=900)
+        finally:
+            if train.poll() is None:
+                train.kill()
+        assert train.returncode == 0, err
+        return json.loads(out), err
+
+    def close(self) -> None:
+        cli(self.state_dir, "down", "--name", self.name, "--now", "--grace", "2", timeout=300)
+        for pid in cluster_pids(self.name):
+            os.kill(pid, signal.SIGKILL)
+        assert_no_survivors(self.name)
+
+
+@pytest.mark.parametrize("mode, steps", [("async", 6000), ("sync", 3000)])
+def test_scale_adds_a_worker_to_a_running_job(tmp_path, mode, steps):
+    cluster = Cluster(tmp_path, mode, 2)
+    try:
+        report, err = cluster.scale_mid_train(steps, inventory(tmp_path, mode, 3))
+        said = " ".join(err.split())
+        assert "resized (scale): start worker:2@localhost; 2 -> 3 worker(s)" in said, err
+        assert report["workers"] == 3 and report["restored_step"] and report["steps_redone"] == 0, report
+        print(f"{mode}: accuracy {report['val_accuracy']} after {report['global_step']} steps")
+        assert report["val_accuracy"] >= 0.985, report
+        state = state_of(cluster.state_dir, cluster.name)
+        # The new worker trained: async, the chief's per-worker rates; sync, worker 2's own steps.
+        if mode == "async":
+            assert report["per_worker_examples_per_second"]["worker:2"] > 0, report
+        else:
+            record = next(r for r in state["processes"] if r["task"] == "worker:2" and r["kind"] == "train")
+            assert max(e.get("step") or 0 for e in events_of(record)) > report["restored_step"]
+        # Plan, state and status agree with the new inventory.
+        planned = cli(cluster.state_dir, "plan", inventory(tmp_path, mode, 3), "--name", cluster.name,
+                      "--port-base", cluster.port_base, "--json")
+        assert [t["port"] for t in json.loads(planned.stdout)["tasks"]] == [t["port"] for t in state["plan"]["tasks"]]
+        status = json.loads(cli(cluster.state_dir, "status", "--name", cluster.name, "--json").stdout)
+        assert [f"{t['role']}:{t['index']}" for t in status["tasks"] if t["role"] == "worker"] == \
+            ["worker:0", "worker:1", "worker:2"]
+    finally:
+        cluster.close()
+
+
+def test_scale_removes_a_worker_and_a_host_that_fails_preflight_changes_nothing(tmp_path):
+    cluster = Cluster(tmp_path, "async", 3)
+    seen: dict = {}
+    try:
+        def refused_then_running() -> None:
+            # A new worker whose port is taken: preflight refuses, the job goes on as it was.
+            before = state_of(cluster.state_dir, cluster.name)
+            busy_port = int(cluster.port_base) + 6           # worker:3's port in the 4-worker plan
+            with socket.socket() as blocker:
+                blocker.bind(("127.0.0.1", busy_port))
+                blocker.listen()
+                refused = cli(cluster.state_dir, "scale", inventory(tmp_path, "async", 4), "--name", cluster.name)
+            assert refused.returncode != 0 and "localhost" in refused.stderr and str(busy_port) in refused.stderr, \
+                refused.stderr
+            after = state_of(cluster.state_dir, cluster.name)
+            assert after["plan"] == before["plan"] and after["job"]["state"] == "running"
+            seen["worker2"] = next(r for r in after["processes"] if r["task"] == "worker:2" and r["kind"] == "server")
+
+        report, _ = cluster.scale_mid_train(5000, inventory(tmp_path, "async", 2), refused_then_running)
+        worker2 = seen["worker2"]
+        assert report["workers"] == 2 and report["steps_redone"] == 0 and report["val_accuracy"] >= 0.985, report
+        assert "worker:2" not in (report.get("per_worker_examples_per_second") or {})
+        state = state_of(cluster.state_dir, cluster.name)
+        assert worker2["pid"] not in cluster_pids(cluster.name), "the removed worker's server is still running"
+        assert not [r for r in state["processes"] if r["task"] == "worker:2" and not r.get("stopped")]
+        assert [t for t in state["plan"]["tasks"] if t["role"] == "worker"][-1]["index"] == 1
+    finally:
+        cluster.close()
