@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .errors import InventoryError
-from .hostnames import MAX_RANGE_HOSTS, check_host_name, expand_host_pattern  # noqa: F401 (re-exported)
+from .hostnames import MAX_RANGE_HOSTS, check_host_name, expand_host_pattern, split_host_port  # noqa: F401
 from .inventory_source import read_source
 from .yamlsrc import KeyPath, SourceMap, display_path
 
@@ -182,10 +182,11 @@ def _parse_group(raw: _Raw, name: str, data: Any, path: KeyPath) -> None:
             raise _err(raw, host_path, f"host name {pattern!r} is read by YAML as "
                                        f"{raw.source.key_types[host_path]}, not text",
                        hint=f"quote it: \"{pattern}\": (as Ansible requires)")
+        name_pattern, port = split_host_port(pattern)       # "node-a:2200" as Ansible reads it
         try:
-            names = expand_host_pattern(pattern)
+            names = expand_host_pattern(name_pattern)
         except ValueError as exc:
-            raise _err(raw, host_path, str(exc), hint="ranges are [01:04], [a:d] or [0:10:2], at most "
+            raise _err(raw, host_path, str(exc), hint="ranges are [01:04], [:4], [a:d] or [0:10:2], at most "
                                                       f"{MAX_RANGE_HOSTS} hosts in all") from None
         for host in names:
             problem = check_host_name(host)
@@ -200,6 +201,8 @@ def _parse_group(raw: _Raw, name: str, data: Any, path: KeyPath) -> None:
             if host not in known:
                 known.add(host)
                 group.hosts.append(host)
+            if port is not None and "ansible_port" not in (host_vars or {}):
+                raw.host_vars.setdefault(host, []).append(("ansible_port", port, host_path))
             for key, value in (host_vars or {}).items():
                 raw.host_vars.setdefault(host, []).append((key, value, host_path + (key,)))
             raw.host_vars.setdefault(host, [])
@@ -264,9 +267,17 @@ def _depths(raw: _Raw) -> dict[str, int]:
 
 # ----------------------------------------------------------------------------- validation
 
+_INT_TEXT = re.compile(r"^\s*[+-]?[0-9]+\s*$")
+
+
 def _as_int(raw: _Raw, path: KeyPath, value: Any, low: int, high: int, what: str) -> int:
+    """An integer, or a string of one: Ansible converts ``ansible_port: "2222"`` (or INI's
+    ``ansible_port='2222'``) to 2222, so pscluster does too, for every integer setting."""
+    if isinstance(value, str) and _INT_TEXT.match(value) and len(value) < 100:
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _err(raw, path, f"expected {what}, got {_describe(value)}")
+        raise _err(raw, path, f"expected {what}, got {_describe(value)}",
+                   hint=f"write a whole number, e.g. {max(low, min(high, 22 if 'port' in what else 1))}")
     if not low <= value <= high:
         raise _err(raw, path, f"expected {what} between {low} and {high}, got {value}")
     return value
