@@ -121,8 +121,11 @@ class Inventory:
     firewall: bool
     # "file:line: key: ... ignored" for ansible_* keys pscluster does not use (the CLI prints them).
     warnings: tuple[str, ...] = ()
-    # Every group (roles and others, e.g. "gpu") with its hosts, for --limit patterns.
+    # Every group (roles and others, e.g. "gpu") with its hosts, for --limit patterns: as Ansible
+    # holds them ("all", "ungrouped", then in definition order; hosts in Group.get_hosts order).
     groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Host names in the order the files define them (Ansible's order when a pattern matches names).
+    defined: tuple[str, ...] = ()
     # pscluster_notify: URLs that train and run POST job state changes to (cluster.notify).
     notify: tuple[str, ...] = ()
 
@@ -674,6 +677,7 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
         raise InventoryError(source.file, None, "", "the inventory is empty",
                              hint="see inventories/local.yaml for the format")
     all_group = raw.groups.setdefault("all", _Group("all", ("all",)))
+    explicit_all_children = list(all_group.children)
     for data, root in inventory_source.documents:
         for name in data or ():
             if name != "all" and name not in all_group.children:
@@ -730,7 +734,42 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
     notify = _url_list(raw, notify_item[1], notify_item[0]) if notify_item and notify_item[0] is not None else ()
     return Inventory(path=display_name or path, name=inventory_source.name, hosts=tuple(hosts), role_hosts=role_hosts,
                      mode=mode, mode_origin=mode_origin, firewall=firewall, warnings=tuple(raw.warnings),
-                     groups=tuple((name, tuple(members)) for name, members in membership.items()), notify=notify)
+                     groups=_ansible_groups(raw, explicit_all_children, groups_by_host), notify=notify,
+                     defined=tuple(raw.host_first))
+
+
+def _ansible_groups(raw: _Raw, all_children: list[str], groups_by_host: dict[str, list[str]]
+                    ) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Groups and their hosts in the order Ansible's InventoryManager holds them, for ``--limit``
+    subscripts (``worker[0]``): ``all`` and ``ungrouped`` first, the others in definition order; a
+    group's hosts as its Group.get_hosts() lists them: its own, then its children's, level by level
+    (Ansible walks the third level and deeper in set order: there pscluster takes definition order)."""
+    names = ["all", "ungrouped"] + [name for name in raw.groups if name not in ("all", "ungrouped")]
+    has_parent = {child for group in raw.groups.values() for child in group.children if group.name != "all"}
+    children = {name: list(raw.groups[name].children) if name in raw.groups else [] for name in names}
+    children["all"] = list(dict.fromkeys(
+        ["ungrouped"] + all_children + [name for name in names[2:] if name not in has_parent]))
+    own = {name: list(raw.groups[name].hosts) if name in raw.groups else [] for name in names}
+    # Ansible puts a host that is in no group but all (and ungrouped) into ungrouped, and takes
+    # ungrouped away from a host that is in another group.
+    lone = [host for host in raw.host_first if set(groups_by_host.get(host, ())) <= {"all", "ungrouped"}]
+    own["ungrouped"] = list(dict.fromkeys([host for host in own["ungrouped"] if host in lone] + lone))
+    result = []
+    for name in names:
+        ordered, level, seen = [name, *children[name]], [name, *children[name]], set()
+        while level:
+            seen.update(level)
+            following: list[str] = []
+            for group in level:
+                for child in children.get(group, ()):
+                    if child not in following:
+                        following.append(child)
+                    if child not in seen and child not in ordered:
+                        ordered.append(child)
+            level = [group for group in following if group not in seen]
+        hosts = dict.fromkeys(host for group in ordered for host in own.get(group, ()))
+        result.append((name, tuple(hosts)))
+    return tuple(result)
 
 
 def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], roles: list[str]) -> HostConfig:
