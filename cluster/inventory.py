@@ -103,6 +103,12 @@ class HostConfig:
     secret_env_roles: tuple[str, ...] = ()
     # pscluster_standby: `up` starts a standby (TensorFlow imported) for this host's training tasks.
     standby: bool = True
+    # Where each connection and placement setting of this host was written (ORIGIN_KEYS), for
+    # `plan` and for errors found after loading (an SSH port a task would take).
+    origins: tuple[tuple[str, Origin], ...] = ()
+
+    def origin_of(self, key: str) -> Origin | None:
+        return dict(self.origins).get(key)
 
     def slots_for(self, role: str) -> RoleSlots | None:
         return next((slot for slot in self.slots if slot.role == role), None)
@@ -404,6 +410,12 @@ PSCLUSTER_KEYS: dict[str, Validator] = {
     "pscluster_standby": _boolean,
     "pscluster_notify": _url_list,
 }
+# Keys whose file and line `plan` shows for each host (how it is reached, where code runs).
+ORIGIN_KEYS = ("ansible_host", "ansible_ssh_host", "ansible_port", "ansible_ssh_port", "ansible_user",
+               "ansible_ssh_user", "ansible_ssh_private_key_file", "ansible_ssh_common_args",
+               "ansible_ssh_extra_args", "ansible_become", "ansible_become_user", "ansible_connection",
+               "pscluster_transport", "ansible_python_interpreter", "pscluster_python", "pscluster_workdir",
+               "pscluster_port_base", "ansible_ssh_timeout", "pscluster_connect_timeout")
 # Settings of the whole cluster: only `all.vars` may set them.
 CLUSTER_WIDE_KEYS = ("pscluster_mode", "pscluster_firewall", "pscluster_notify")
 
@@ -831,4 +843,6 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
         jump=jump,
         gpu_busy_mib=get("pscluster_gpu_busy_mib", PSCLUSTER_KEYS, 1024),
         standby=get("pscluster_standby", PSCLUSTER_KEYS, True),
+        origins=tuple((key, _origin(raw, merged[key][1])) for key in ORIGIN_KEYS
+                      if merged.get(key) is not None and merged[key][0] is not None),
     )
