@@ -77,7 +77,8 @@ def _inventory(env: Env | None, path: str, limit: str | None, mode: str | None,
     inventory = load_inventory(path)
     if env is not None:
         ui.render_warnings(env.err, inventory.warnings)
-    return apply_limit(inventory, limit, required_roles(mode, inventory, roles))
+    warn = None if env is None else (lambda warning: ui.render_warnings(env.err, [warning]))
+    return apply_limit(inventory, limit, required_roles(mode, inventory, roles), warn=warn)
 
 
 def _secrets(*plans: ClusterPlan) -> secrets_rule.Secrets:

@@ -25,7 +25,7 @@ from . import liveview
 from .errors import PsclusterError
 from .events import Reporter
 from .notify import mask_url
-from .plan import ClusterPlan
+from .plan import ClusterPlan, HostSpec
 from .preflight import CheckReport
 from .progress import JobProgress
 from .runspec import program_name
@@ -90,6 +90,9 @@ def render_plan(console: Console, plan: ClusterPlan, *, secret_names: Sequence[s
         console.print(Text(_plain(f"{role} tasks in the inventory are not used: {reason}"), "dim"))
     if plan.notify:
         console.print(Text(_plain("notify (pscluster_notify): " + ", ".join(mask_url(url) for url in plan.notify))))
+    console.print("[bold]hosts[/] (how each is reached; where the inventory set it)")
+    for spec in plan.hosts:
+        console.print(_plain("  " + host_line(spec)), soft_wrap=True, markup=False)
     console.print("[bold]ClusterSpec[/]")
     console.print_json(json.dumps(plan.cluster_spec))
     for task in plan.tasks:
@@ -104,6 +107,21 @@ def render_plan(console: Console, plan: ClusterPlan, *, secret_names: Sequence[s
         shown += "".join(f" {key}=****" for key in given if key not in env)
         console.print(_plain(f"  env: {shown}"), soft_wrap=True, markup=False)
         console.print(_plain(f"  argv: {' '.join(task.argv)}"), soft_wrap=True, markup=False)
+
+
+def host_line(host: HostSpec) -> str:
+    """One line: ``node-b: ssh pi@10.0.0.2:2200 key ~/.ssh/k via hop as root, python P, workdir W``,
+    then where the inventory set each value (``ansible_port hosts:9``)."""
+    if host.connection == "ssh":
+        user = f"{host.user}@" if host.user else ""
+        reach = f"ssh {user}{host.address}:{host.ssh_port or 22}"
+        reach += f" key {host.key_file}" if host.key_file else ""
+        reach += "".join(f" via {hop}" for hop in host.jump)
+    else:
+        reach = f"{host.connection} ({host.address})"
+    reach += f" as {host.become_user}" if host.become_user else ""
+    sources = ", ".join(f"{key} {where}" for key, where in host.origins)
+    return f"{host.name}: {reach}, python {host.python}, workdir {host.workdir}" + (f"  [{sources}]" if sources else "")
 
 
 COMPACT_CHECKS_ABOVE = 8     # hosts; beyond this a host whose checks all pass takes one row

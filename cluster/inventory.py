@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .errors import InventoryError
-from .hostnames import MAX_RANGE_HOSTS, check_host_name, expand_host_pattern  # noqa: F401 (re-exported)
+from .hostnames import MAX_RANGE_HOSTS, check_host_name, expand_host_pattern, split_host_port  # noqa: F401
 from .inventory_source import read_source
 from .yamlsrc import KeyPath, SourceMap, display_path
 
@@ -103,6 +103,12 @@ class HostConfig:
     secret_env_roles: tuple[str, ...] = ()
     # pscluster_standby: `up` starts a standby (TensorFlow imported) for this host's training tasks.
     standby: bool = True
+    # Where each connection and placement setting of this host was written (ORIGIN_KEYS), for
+    # `plan` and for errors found after loading (an SSH port a task would take).
+    origins: tuple[tuple[str, Origin], ...] = ()
+
+    def origin_of(self, key: str) -> Origin | None:
+        return dict(self.origins).get(key)
 
     def slots_for(self, role: str) -> RoleSlots | None:
         return next((slot for slot in self.slots if slot.role == role), None)
@@ -121,8 +127,11 @@ class Inventory:
     firewall: bool
     # "file:line: key: ... ignored" for ansible_* keys pscluster does not use (the CLI prints them).
     warnings: tuple[str, ...] = ()
-    # Every group (roles and others, e.g. "gpu") with its hosts, for --limit patterns.
+    # Every group (roles and others, e.g. "gpu") with its hosts, for --limit patterns: as Ansible
+    # holds them ("all", "ungrouped", then in definition order; hosts in Group.get_hosts order).
     groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Host names in the order the files define them (Ansible's order when a pattern matches names).
+    defined: tuple[str, ...] = ()
     # pscluster_notify: URLs that train and run POST job state changes to (cluster.notify).
     notify: tuple[str, ...] = ()
 
@@ -182,10 +191,11 @@ def _parse_group(raw: _Raw, name: str, data: Any, path: KeyPath) -> None:
             raise _err(raw, host_path, f"host name {pattern!r} is read by YAML as "
                                        f"{raw.source.key_types[host_path]}, not text",
                        hint=f"quote it: \"{pattern}\": (as Ansible requires)")
+        name_pattern, port = split_host_port(pattern)       # "node-a:2200" as Ansible reads it
         try:
-            names = expand_host_pattern(pattern)
+            names = expand_host_pattern(name_pattern)
         except ValueError as exc:
-            raise _err(raw, host_path, str(exc), hint="ranges are [01:04], [a:d] or [0:10:2], at most "
+            raise _err(raw, host_path, str(exc), hint="ranges are [01:04], [:4], [a:d] or [0:10:2], at most "
                                                       f"{MAX_RANGE_HOSTS} hosts in all") from None
         for host in names:
             problem = check_host_name(host)
@@ -200,6 +210,8 @@ def _parse_group(raw: _Raw, name: str, data: Any, path: KeyPath) -> None:
             if host not in known:
                 known.add(host)
                 group.hosts.append(host)
+            if port is not None and "ansible_port" not in (host_vars or {}):
+                raw.host_vars.setdefault(host, []).append(("ansible_port", port, host_path))
             for key, value in (host_vars or {}).items():
                 raw.host_vars.setdefault(host, []).append((key, value, host_path + (key,)))
             raw.host_vars.setdefault(host, [])
@@ -264,9 +276,17 @@ def _depths(raw: _Raw) -> dict[str, int]:
 
 # ----------------------------------------------------------------------------- validation
 
+_INT_TEXT = re.compile(r"^\s*[+-]?[0-9]+\s*$")
+
+
 def _as_int(raw: _Raw, path: KeyPath, value: Any, low: int, high: int, what: str) -> int:
+    """An integer, or a string of one: Ansible converts ``ansible_port: "2222"`` (or INI's
+    ``ansible_port='2222'``) to 2222, so pscluster does too, for every integer setting."""
+    if isinstance(value, str) and _INT_TEXT.match(value) and len(value) < 100:
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _err(raw, path, f"expected {what}, got {_describe(value)}")
+        raise _err(raw, path, f"expected {what}, got {_describe(value)}",
+                   hint=f"write a whole number, e.g. {max(low, min(high, 22 if 'port' in what else 1))}")
     if not low <= value <= high:
         raise _err(raw, path, f"expected {what} between {low} and {high}, got {value}")
     return value
@@ -390,6 +410,12 @@ PSCLUSTER_KEYS: dict[str, Validator] = {
     "pscluster_standby": _boolean,
     "pscluster_notify": _url_list,
 }
+# Keys whose file and line `plan` shows for each host (how it is reached, where code runs).
+ORIGIN_KEYS = ("ansible_host", "ansible_ssh_host", "ansible_port", "ansible_ssh_port", "ansible_user",
+               "ansible_ssh_user", "ansible_ssh_private_key_file", "ansible_ssh_common_args",
+               "ansible_ssh_extra_args", "ansible_become", "ansible_become_user", "ansible_connection",
+               "pscluster_transport", "ansible_python_interpreter", "pscluster_python", "pscluster_workdir",
+               "pscluster_port_base", "ansible_ssh_timeout", "pscluster_connect_timeout")
 # Settings of the whole cluster: only `all.vars` may set them.
 CLUSTER_WIDE_KEYS = ("pscluster_mode", "pscluster_firewall", "pscluster_notify")
 
@@ -663,6 +689,7 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
         raise InventoryError(source.file, None, "", "the inventory is empty",
                              hint="see inventories/local.yaml for the format")
     all_group = raw.groups.setdefault("all", _Group("all", ("all",)))
+    explicit_all_children = list(all_group.children)
     for data, root in inventory_source.documents:
         for name in data or ():
             if name != "all" and name not in all_group.children:
@@ -719,7 +746,42 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
     notify = _url_list(raw, notify_item[1], notify_item[0]) if notify_item and notify_item[0] is not None else ()
     return Inventory(path=display_name or path, name=inventory_source.name, hosts=tuple(hosts), role_hosts=role_hosts,
                      mode=mode, mode_origin=mode_origin, firewall=firewall, warnings=tuple(raw.warnings),
-                     groups=tuple((name, tuple(members)) for name, members in membership.items()), notify=notify)
+                     groups=_ansible_groups(raw, explicit_all_children, groups_by_host), notify=notify,
+                     defined=tuple(raw.host_first))
+
+
+def _ansible_groups(raw: _Raw, all_children: list[str], groups_by_host: dict[str, list[str]]
+                    ) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Groups and their hosts in the order Ansible's InventoryManager holds them, for ``--limit``
+    subscripts (``worker[0]``): ``all`` and ``ungrouped`` first, the others in definition order; a
+    group's hosts as its Group.get_hosts() lists them: its own, then its children's, level by level
+    (Ansible walks the third level and deeper in set order: there pscluster takes definition order)."""
+    names = ["all", "ungrouped"] + [name for name in raw.groups if name not in ("all", "ungrouped")]
+    has_parent = {child for group in raw.groups.values() for child in group.children if group.name != "all"}
+    children = {name: list(raw.groups[name].children) if name in raw.groups else [] for name in names}
+    children["all"] = list(dict.fromkeys(
+        ["ungrouped"] + all_children + [name for name in names[2:] if name not in has_parent]))
+    own = {name: list(raw.groups[name].hosts) if name in raw.groups else [] for name in names}
+    # Ansible puts a host that is in no group but all (and ungrouped) into ungrouped, and takes
+    # ungrouped away from a host that is in another group.
+    lone = [host for host in raw.host_first if set(groups_by_host.get(host, ())) <= {"all", "ungrouped"}]
+    own["ungrouped"] = list(dict.fromkeys([host for host in own["ungrouped"] if host in lone] + lone))
+    result = []
+    for name in names:
+        ordered, level, seen = [name, *children[name]], [name, *children[name]], set()
+        while level:
+            seen.update(level)
+            following: list[str] = []
+            for group in level:
+                for child in children.get(group, ()):
+                    if child not in following:
+                        following.append(child)
+                    if child not in seen and child not in ordered:
+                        ordered.append(child)
+            level = [group for group in following if group not in seen]
+        hosts = dict.fromkeys(host for group in ordered for host in own.get(group, ()))
+        result.append((name, tuple(hosts)))
+    return tuple(result)
 
 
 def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], roles: list[str]) -> HostConfig:
@@ -781,4 +843,6 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
         jump=jump,
         gpu_busy_mib=get("pscluster_gpu_busy_mib", PSCLUSTER_KEYS, 1024),
         standby=get("pscluster_standby", PSCLUSTER_KEYS, True),
+        origins=tuple((key, _origin(raw, merged[key][1])) for key in ORIGIN_KEYS
+                      if merged.get(key) is not None and merged[key][0] is not None),
     )

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InventoryError
+from .hostnames import split_host_port
 from .yamlsrc import FileRoot, KeyPath, SourceMap, load_yaml_with_lines, read_text
 
 YAML_EXTENSIONS = (".yaml", ".yml", ".json")
@@ -175,15 +176,12 @@ def _ini_host(body: dict, source: SourceMap, group: str, line: str, number: int,
     except ValueError as exc:
         raise InventoryError(name, number, group + ".hosts", f"cannot split the line: {exc}",
                              hint="check the quotes") from None
-    host = words[0]
-    port = None
-    if host.count(":") == 1 and host.rsplit(":", 1)[1].isdigit():
-        host, port = host.rsplit(":", 1)
+    host, port = split_host_port(words[0])
     path = (group, "hosts", host)
     source.lines.setdefault(path, number)
     host_vars = body.setdefault(host, None) or {}
     if port is not None:
-        _ini_set(host_vars, source, path + ("ansible_port",), int(port), number, name)
+        _ini_set(host_vars, source, path + ("ansible_port",), port, number, name)
     for word in words[1:]:
         key, equals, value = word.partition("=")
         if not equals or not key:

@@ -83,6 +83,8 @@ class HostSpec:
     # A standby (roles/standby.py) for this host's training tasks: pscluster_standby, never on
     # Slurm (a step's cgroup and GPUs are fixed when it starts, before the job is known).
     standby: bool = True
+    # (inventory key, "file:line") for each connection and placement setting the inventory wrote.
+    origins: tuple[tuple[str, str], ...] = ()
 
     @property
     def is_local(self) -> bool:
@@ -184,6 +186,12 @@ class ClusterPlan:
                 "standing": task.standing, "env": dict(task.env), "workdir": task.workdir,
                 "log_path": task.log_path,
             } for task in self.tasks],
+            "hosts": [{
+                "name": host.name, "address": host.address, "transport": host.connection,
+                "ssh_port": host.ssh_port, "user": host.user, "key_file": host.key_file,
+                "jump": list(host.jump), "become_user": host.become_user, "python": host.python,
+                "workdir": host.workdir, "sources": dict(host.origins),
+            } for host in self.hosts],
             "unused": [{"role": role, "reason": reason} for role, reason in self.unused],
             "notify": [mask_url(url) for url in self.notify],
         }
@@ -231,7 +239,8 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
     name = check_cluster_name(options.name) if options.name else \
         check_cluster_name(inventory.name, source=inventory.path)
     slots = _slots(inventory)
-    ports = _assign_ports(slots, options.port_base)
+    ports = _assign_ports(slots, options.port_base,
+                          [host for host in inventory.hosts if host.connection == "ssh"])
     host_specs = {host.name: _host_spec(host, options) for host in inventory.hosts}
 
     role_table = MODE_ROLES[mode] + ((EVALUATOR, False),) if options.roles is None else \
@@ -291,7 +300,9 @@ def _host_spec(host: HostConfig, options: PlanOptions) -> HostSpec:
                     workdir=workdir, host_key_policy=host.host_key_policy, known_hosts=host.known_hosts,
                     connect_timeout=host.connect_timeout, secret_env=host.secret_env,
                     secret_env_roles=host.secret_env_roles, jump=host.jump, become_user=host.become_user,
-                    gpu_busy_mib=host.gpu_busy_mib, standby=host.standby and host.connection != "slurm")
+                    gpu_busy_mib=host.gpu_busy_mib, standby=host.standby and host.connection != "slurm",
+                    origins=tuple((key, f"{origin.file}:{origin.line}" if origin.line else origin.file)
+                                  for key, origin in host.origins))
 
 
 def _slots(inventory: Inventory) -> list[_Slot]:
@@ -318,10 +329,15 @@ def _slots(inventory: Inventory) -> list[_Slot]:
     return result
 
 
-def _assign_ports(slots: list[_Slot], port_base: int | None) -> dict[tuple[str, int], int]:
+def _assign_ports(slots: list[_Slot], port_base: int | None,
+                  ssh_hosts: list[HostConfig]) -> dict[tuple[str, int], int]:
     """Ports per (role, index): explicit ones first, then the next free port from the host's base.
 
     Deterministic in (host, role, index) and never colliding on one address.
+
+    Raises:
+        InventoryError: two tasks given one port, or a task on a port SSH uses at its address
+            (``ssh_hosts``: the SSH hosts of the inventory), named by the inventory line.
     """
     by_address: dict[str, list[_Slot]] = {}
     for slot in slots:
@@ -332,6 +348,7 @@ def _assign_ports(slots: list[_Slot], port_base: int | None) -> dict[tuple[str, 
         for slot in address_slots:
             if slot.explicit_port is None:
                 continue
+            _check_ssh_port(slot, slot.explicit_port, ssh_hosts)
             if slot.explicit_port in taken:
                 other = taken[slot.explicit_port]
                 raise slot.slots.origin.error(
@@ -348,9 +365,25 @@ def _assign_ports(slots: list[_Slot], port_base: int | None) -> dict[tuple[str, 
                 next_port += 1
             if next_port > 65535:
                 raise PlanError(f"ran out of ports on {address}", hint="lower pscluster_port_base")
+            _check_ssh_port(slot, next_port, ssh_hosts)
             taken[next_port] = slot
             ports[(slot.role, slot.index)] = next_port
     return ports
+
+
+def _check_ssh_port(slot: _Slot, port: int, ssh_hosts: list[HostConfig]) -> None:
+    """A task must not be planned on the port SSH answers on at its address (pi-cluster's tunnel:
+    ansible_port=2222 on a shared VPS address, and pscluster_port_base 2222)."""
+    for host in ssh_hosts:
+        if host.address == slot.host.address and (host.ssh_port or 22) == port:
+            origin = host.origin_of("ansible_port") or host.origin_of("ansible_ssh_port") or slot.slots.origin
+            fixed = slot.explicit_port is not None
+            raise origin.error(
+                f"{slot.role}:{slot.index} would listen on {host_port(slot.host.address, port)}, the SSH port "
+                f"of host {host.name}",
+                hint=(f"give {slot.role}:{slot.index} another port in {slot.role}_ports" if fixed else
+                      f"set pscluster_port_base (now {slot.host.port_base}) or {slot.role}_ports so that no "
+                      f"task takes port {port}, e.g. pscluster_port_base: {port + 100}"))
 
 
 def _check_counts(inventory: Inventory, slots: list[_Slot], mode: str,

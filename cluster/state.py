@@ -136,7 +136,8 @@ def plan_from_json(data: dict) -> ClusterPlan:
     hosts = tuple(HostSpec(**dict(host, secret_env=tuple(host.get("secret_env", ())),
                                     secret_env_roles=tuple(host.get("secret_env_roles", ())),
                                     jump=tuple(host.get("jump", ())), become_user=host.get("become_user"),
-                                    gpu_busy_mib=host.get("gpu_busy_mib", 1024)))
+                                    gpu_busy_mib=host.get("gpu_busy_mib", 1024),
+                                    origins=tuple(tuple(item) for item in host.get("origins", ()))))
                   for host in data["hosts"])
     cluster = tuple((job, tuple(addresses)) for job, addresses in data["cluster"])
     unused = tuple((role, reason) for role, reason in data.get("unused", ()))

@@ -257,15 +257,31 @@ def test_duplicate_key_names_both_lines(write_inventory):
     ("n[a:e:2]", ["na", "nc", "ne"]),
     ("r[1:2]-n[a:b]", ["r1-na", "r1-nb", "r2-na", "r2-nb"]),
     ("n[3:3]", ["n3"]),
+    # issue 29 item 2: every form Ansible expands (checked with ansible-inventory)
+    ("mail[:2].example.com", ["mail0.example.com", "mail1.example.com", "mail2.example.com"]),
+    ("n[:04:2]", ["n0", "n2", "n4"]),
+    ("n[0:10:5]", ["n0", "n5", "n10"]),
+    ("h[y:B]", ["hy", "hz", "hA", "hB"]),
+    ("n[008:010]", ["n008", "n009", "n010"]),
 ])
 def test_expand_host_pattern(pattern, expected):
     assert expand_host_pattern(pattern) == expected
 
 
-@pytest.mark.parametrize("pattern", ["node-[04:01]", "node-[c:a]", "node-[a:01]", "node-[1:4:0]", "node-[aa:bb]"])
+@pytest.mark.parametrize("pattern", ["node-[04:01]", "node-[c:a]", "node-[a:01]", "node-[1:4:0]", "node-[aa:bb]",
+                                     "node-[01:4]", "node-[1:]", "node-[1:2:3:4]", "node-[1:3"])
 def test_expand_host_pattern_rejects_bad_ranges(pattern):
     with pytest.raises(ValueError):
         expand_host_pattern(pattern)
+
+
+@pytest.mark.parametrize("written, expected", [
+    ("node-a:2200", ("node-a", 2200)), ("10.0.0.5:22", ("10.0.0.5", 22)), ("[::1]:2222", ("::1", 2222)),
+    ("node[1:3]:22", ("node[1:3]", 22)), ("::1", ("::1", None)), ("node-a", ("node-a", None)),
+])
+def test_host_port_suffix_as_ansible_reads_it(written, expected):
+    from cluster.hostnames import split_host_port
+    assert split_host_port(written) == expected
 
 
 def test_host_range_in_inventory(write_inventory):
@@ -609,7 +625,7 @@ def test_all_settings_are_read(write_inventory):
     ("ansible_port: ssh", "worker.hosts.node-a.ansible_port", 'expected an SSH port, got "ssh"'),
     ("pscluster_port_base: 80", "worker.hosts.node-a.pscluster_port_base",
      "expected a port number between 1024 and 65000, got 80"),
-    ("pscluster_port_base: '2222'", "worker.hosts.node-a.pscluster_port_base", 'expected a port number, got "2222"'),
+    ("pscluster_port_base: '22x22'", "worker.hosts.node-a.pscluster_port_base", 'expected a port number, got "22x22"'),
     ("pscluster_port_base: true", "worker.hosts.node-a.pscluster_port_base", "expected a port number, got true"),
     ("worker_ports: [99999]", "worker.hosts.node-a.worker_ports[0]",
      "expected a port number between 1 and 65535, got 99999"),
@@ -620,6 +636,20 @@ def test_bad_ports(write_inventory, line_text, key_path, message):
                                         f"          {line_text}\n")
     assert (error.file, error.line, error.key_path) == ("lab.yaml", 6, key_path)
     assert first_line(error) == f"lab.yaml:6: {key_path}: {message}"
+    assert error.hint or "between" in message            # e.g. "write a whole number, e.g. 22"
+
+
+def test_integer_strings_are_integers_as_in_ansible(write_inventory):
+    """Issue 29 item 1: Ansible converts "2222" where it wants a number; so does pscluster."""
+    inventory = load_inventory(write_inventory("""\
+        all:
+          vars: {ansible_port: "2200", ansible_ssh_timeout: "7", pscluster_port_base: " 3000 "}
+          children:
+            worker: {hosts: {node-a: {worker_tasks: "2", worker_ports: ["4001", 4002]}}}
+        """))
+    host = inventory.hosts[0]
+    assert (host.ssh_port, host.connect_timeout, host.port_base) == (2200, 7, 3000)
+    assert (host.slots[0].count, host.slots[0].ports) == (2, (4001, 4002))
 
 
 @pytest.mark.parametrize("line_text, key_path, message", [

@@ -81,3 +81,11 @@ def test_warnings_are_printed_once_on_stderr(tmp_path):
     assert err.count("ansible_ssh_pipelining") == 1
     assert f"warning: {path}:4: all.vars.ansible_ssh_pipelining: ignored by pscluster" in err
     assert "ansible_ssh_pipelining" not in cli.stdout.getvalue()
+
+
+def test_limit_warns_as_ansible_does(tmp_path):
+    """Issue 29 item 5: a part that matches nothing is ignored with Ansible's warning, on stderr."""
+    cli = Captured(tmp_path)
+    assert cli.run("plan", FOLDER, "--json", "--mode", "sync", "--limit", "nosuchhost:node-c") == 0
+    assert "Could not match supplied host pattern, ignoring: nosuchhost" in cli.stderr.getvalue()
+    assert {task["host"] for task in json.loads(cli.stdout.getvalue())["tasks"]} == {"node-c"}

@@ -19,7 +19,8 @@ from .test_inventory import _ansible_members as _members
 
 FIXTURES = Path(__file__).resolve().parent / "inventories"
 SHIPPED = sorted([*INVENTORIES.glob("*.yaml"), *(path for path in INVENTORIES.iterdir() if path.is_dir())])
-CHECKED = [*SHIPPED, FIXTURES / "vars-folder", FIXTURES / "hosts.ini", FIXTURES / "ini-folder"]
+CHECKED = [*SHIPPED, FIXTURES / "vars-folder", FIXTURES / "hosts.ini", FIXTURES / "ini-folder",
+           FIXTURES / "ansible_styles"]
 ANSIBLE_INVENTORY = Path(sys.executable).with_name("ansible-inventory")
 
 
@@ -113,26 +114,55 @@ def test_empty_folder_and_script_are_refused(tmp_path):
 # ----------------------------------------------------------------------------- ansible-inventory agrees
 
 def _expected_vars(host) -> dict:
-    """The variables ansible-inventory must report for ``host``, from what pscluster loaded."""
+    """The variables ansible-inventory must report for ``host``, from what pscluster loaded: every
+    value the plan uses (address, SSH port, user, key, become user, timeout, interpreter, workdir,
+    port base, transport, task counts, GPU masks, ports)."""
     expected = {"ansible_host": host.address, "pscluster_port_base": host.port_base,
                 "pscluster_workdir": host.workdir, "ansible_port": host.ssh_port, "ansible_user": host.user,
-                "pscluster_python": host.python}
+                "pscluster_python": host.python, "ansible_ssh_private_key_file": host.key_file,
+                "become_user": host.become_user, "timeout": host.connect_timeout}
     if host.connection == "local":
         expected["ansible_connection"] = "local"
     for slot in host.slots:
         if slot.gpus is None and not slot.auto_gpus and slot.count != 1:
             expected[f"{slot.role}_tasks"] = slot.count
+        if slot.gpus is not None:
+            expected[f"{slot.role}_gpus"] = list(slot.gpus)
+        if slot.ports is not None:
+            expected[f"{slot.role}_ports"] = list(slot.ports)
     return expected
 
 
+def _number(value):
+    """Ansible reports INI's ansible_port='2222' and YAML's "2222" as strings; pscluster reads 2222."""
+    return int(value) if isinstance(value, str) and value.strip().lstrip("+-").isdigit() else value
+
+
+def _mask(value) -> str:
+    return ",".join(str(gpu) for gpu in (value if isinstance(value, list) else [value]))
+
+
 def _actual_vars(name: str, values: dict) -> dict:
-    return {"ansible_host": values.get("ansible_host", name),
-            "pscluster_port_base": values.get("pscluster_port_base", 2222),
-            "pscluster_workdir": values.get("pscluster_workdir"), "ansible_port": values.get("ansible_port"),
-            "ansible_user": values.get("ansible_user"),
-            "pscluster_python": values.get("pscluster_python", values.get("ansible_python_interpreter")),
-            **{key: value for key, value in values.items()
-               if key == "ansible_connection" and value == "local" or key.endswith("_tasks") and value != 1}}
+    values = {key: _number(value) for key, value in values.items()}
+    become = str(values.get("ansible_become", False)).lower() in ("true", "yes", "1", "on", "y")
+    actual = {"ansible_host": values.get("ansible_host", name),
+              "pscluster_port_base": values.get("pscluster_port_base", 2222),
+              "pscluster_workdir": values.get("pscluster_workdir"), "ansible_port": values.get("ansible_port"),
+              "ansible_user": values.get("ansible_user"),
+              "pscluster_python": values.get("pscluster_python", values.get("ansible_python_interpreter")),
+              "ansible_ssh_private_key_file": values.get("ansible_ssh_private_key_file"),
+              "become_user": values.get("ansible_become_user", "root") if become else None,
+              "timeout": values.get("pscluster_connect_timeout") or values.get("ansible_ssh_timeout", 10)}
+    for key, value in values.items():
+        if key == "ansible_connection" and value == "local":
+            actual[key] = value
+        elif key.endswith("_tasks") and value != 1 and key[:-6] + "_gpus" not in values:   # masks fix the count
+            actual[key] = value
+        elif key.endswith("_gpus") and value != "auto":
+            actual[key] = [_mask(item) for item in value]
+        elif key.endswith("_ports"):
+            actual[key] = [_number(item) for item in (value if isinstance(value, list) else [value])]
+    return actual
 
 
 def run_ansible_inventory(tmp_path_factory, jobs: dict) -> dict:

@@ -507,3 +507,66 @@ def test_loopback_addresses_single_address_after_mode(write_inventory):
                 node-d: {ansible_host: 127.0.0.1}
         """, mode="sync")
     assert loopback_addresses(plan) == []
+
+
+# ----------------------------------------------------------------------------- SSH port collisions (issue 29)
+
+TUNNEL = """\
+    # pi-cluster's tunnel: every host is reached through one VPS address, each on its own SSH port
+    [ps]
+    pi1 ansible_host=vps.example.org ansible_port=2222
+    [worker]
+    pi2 ansible_host=vps.example.org ansible_port=2223
+    [all:vars]
+    pscluster_port_base='{base}'
+    """
+
+
+def test_a_task_on_the_ssh_port_of_its_address_is_an_error(write_inventory):
+    with pytest.raises(InventoryError) as caught:
+        plan_file(write_inventory(TUNNEL.format(base=2222), "hosts"), mode="sync-ps")
+    error = caught.value
+    assert (error.file, error.line, error.key_path) == ("hosts", 3, "ps.hosts.pi1.ansible_port")
+    assert "ps:0 would listen on vps.example.org:2222, the SSH port of host pi1" in error.message
+    assert "pscluster_port_base" in error.hint
+    with pytest.raises(InventoryError, match="ps:0 would listen on vps.example.org:2223, the SSH port of host pi2"):
+        plan_file(write_inventory(TUNNEL.format(base=2223), "hosts"), mode="sync-ps")
+    plan = plan_file(write_inventory(TUNNEL.format(base=2300), "hosts"), mode="sync-ps")
+    assert [task.target for task in plan.tasks] == ["vps.example.org:2300", "vps.example.org:2301"]
+
+
+def test_an_explicit_port_on_the_default_ssh_port_is_an_error(write_inventory):
+    with pytest.raises(InventoryError, match="worker:0 would listen on node-a:22, the SSH port") as caught:
+        plan_text(write_inventory, "worker: {hosts: {node-a: {worker_ports: 22}}}\n", mode="sync")
+    assert "worker_ports" in caught.value.hint
+
+
+# ----------------------------------------------------------------------------- how hosts are reached (issue 29)
+
+def test_plan_json_shows_how_each_host_is_reached_and_where_it_was_set(write_inventory):
+    plan = plan_text(write_inventory, """\
+        all:
+          vars: {ansible_user: pi, ansible_ssh_private_key_file: ~/.ssh/k}
+          children:
+            worker:
+              hosts:
+                node-a:
+                  ansible_port: "2200"
+                  ansible_become: yes
+                  ansible_become_user: trainer
+                  ansible_ssh_common_args: -J ops@bastion.example.org
+                here: {ansible_connection: local}
+        """, mode="sync")
+    hosts = {host["name"]: host for host in plan.to_json()["hosts"]}
+    assert {key: value for key, value in hosts["node-a"].items() if key != "sources"} == {
+        "name": "node-a", "address": "node-a", "transport": "ssh", "ssh_port": 2200, "user": "pi",
+        "key_file": "~/.ssh/k", "jump": ["ops@bastion.example.org"], "become_user": "trainer",
+        "python": "python3", "workdir": "~/pscluster"}
+    assert hosts["node-a"]["sources"] == {
+        "ansible_port": "lab.yaml:7", "ansible_user": "lab.yaml:2", "ansible_ssh_private_key_file": "lab.yaml:2",
+        "ansible_ssh_common_args": "lab.yaml:10", "ansible_become": "lab.yaml:8", "ansible_become_user": "lab.yaml:9"}
+    assert (hosts["here"]["transport"], hosts["here"]["workdir"]) == ("local", "/here/checkout")
+    from cluster.console import host_line
+    assert host_line(plan.host("node-a")).startswith(
+        "node-a: ssh pi@node-a:2200 key ~/.ssh/k via ops@bastion.example.org as trainer, python python3, "
+        "workdir ~/pscluster  [ansible_port lab.yaml:7, ")
