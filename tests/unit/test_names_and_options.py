@@ -95,6 +95,7 @@ FLOAT_OPTIONS = [
     (["run", LOCAL], "--timeout"),
     (["stop-job"], "--timeout"),
     (["stop-job"], "--grace"),
+    (["scale", LOCAL], "--timeout"),
     (["tensorboard"], "--timeout"),
 ]
 
