@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 from typing import Any, Sequence
 
@@ -34,16 +35,66 @@ STATE_STYLES = {"ready": "green", "running": "green", "starting": "yellow", "exi
                 "not started": "dim", "stopped": "dim", "failed": "red", "up": "green", "done": "green"}
 
 
+class OutputStream:
+    """``sys.stdout`` or ``sys.stderr`` (looked up at each write, as rich does) for a console,
+    where an output error never reaches the caller.
+
+    A closed terminal (SIGHUP, then EIO on every write) or a reader that went away (EPIPE)
+    must not stop a clean-up halfway: the rollback prints before it stops anything. On the
+    first such error the stream's file descriptor is pointed at ``/dev/null``, so later
+    writes, from rich, click, a traceback or the interpreter's flush at exit, succeed too.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+
+    @property
+    def stream(self):
+        return getattr(sys, self.name)
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError:
+            self._gone()
+
+    def _gone(self) -> None:
+        try:
+            fd = self.stream.fileno()
+            null = os.open(os.devnull, os.O_WRONLY)
+        except (OSError, ValueError, AttributeError):    # no descriptor (a test's StringIO): nothing to redirect
+            return
+        try:
+            os.dup2(null, fd)
+        finally:
+            os.close(null)
+        try:
+            self.stream.flush()      # what the failed write left in the buffer goes to /dev/null
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name: str) -> Any:      # isatty, fileno, encoding...: the stream's own
+        return getattr(self.stream, name)
+
+
 def make_consoles(*, no_color: bool = False) -> tuple[Console, Console]:
     """(stdout console, stderr console). Output to a pipe or file is 200 columns wide rather
     than rich's 80 (the bench table needs ~180), so tables stay readable in CI logs and
-    benchmark files; $COLUMNS still wins."""
+    benchmark files; $COLUMNS still wins. Output errors are swallowed (:class:`OutputStream`)."""
     consoles = []
-    for stderr in (False, True):
+    for name in ("stdout", "stderr"):
         # emoji=False: ":fire:" in a path or host output stays text
-        console = Console(stderr=stderr, no_color=no_color, highlight=False, emoji=False)
+        file: Any = OutputStream(name)
+        console = Console(file=file, no_color=no_color, highlight=False, emoji=False)
         if not console.is_terminal and not os.environ.get("COLUMNS"):
-            console = Console(stderr=stderr, no_color=no_color, highlight=False, emoji=False, width=200)
+            console = Console(file=file, no_color=no_color, highlight=False, emoji=False, width=200)
         consoles.append(console)
     return consoles[0], consoles[1]
 

@@ -2,10 +2,13 @@
 processes: the same clean-up as Ctrl-C, exit code 128 + signal, nothing left running."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import select
 import signal
 import subprocess
+import termios
 import time
 
 import pytest
@@ -106,3 +109,45 @@ def test_sigterm_to_train_mid_job_stops_the_job_and_keeps_the_servers(tmp_path, 
                               capture_output=True, text=True, timeout=300)
         assert down.returncode == 0, down.stderr
     assert_no_survivors(name)
+
+
+def test_closed_terminal_mid_up_still_rolls_back(tmp_path, reap):
+    """`up` on a real terminal that closes mid-start (an ssh session dropped, a terminal window
+    closed): SIGHUP, then every write to the terminal fails with EIO. Before: the rollback's
+    first message raised `OSError: [Errno 5] Input/output error`, the servers stayed up and
+    the state stayed 'starting'. No output error may stop a clean-up."""
+    name, state_dir, flag = "sig-pty", tmp_path / "state", tmp_path / "go"
+    reap(name)
+    master, slave = os.openpty()
+    env = cli_env(state_dir, {"PSCLUSTER_TEST_PAUSE": f"after-start:{flag}", "TERM": "xterm"})
+    env.pop("NO_COLOR", None)
+    env.pop("COLUMNS", None)
+    up = subprocess.Popen(cli_argv(["up", LOCAL, "--name", name, "--port-base", port_base()]), cwd=REPO, env=env,
+                          stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+                          preexec_fn=lambda: fcntl_ioctl_set_ctty(0))
+    os.close(slave)
+    try:
+        output = bytearray()
+        deadline = time.monotonic() + 120
+        while not os.path.exists(f"{flag}.waiting"):    # keep the terminal drained until the pause
+            assert up.poll() is None and time.monotonic() < deadline, output.decode(errors="replace")
+            readable, _, _ = select.select([master], [], [], 0.1)
+            if readable:
+                output += os.read(master, 65536)
+        os.close(master)            # the terminal goes: SIGHUP to its session, EIO on every write
+        flag.touch()
+        up.wait(timeout=300)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 128 + signal.SIGHUP, output.decode(errors="replace")
+    state = json.loads((state_dir / f"{name}.json").read_text())
+    assert state["phase"] == "failed" and "terminated by SIGHUP" in state["message"]
+    assert state["processes"] and all(record["stopped"] for record in state["processes"])
+    assert_no_survivors(name)
+
+
+def fcntl_ioctl_set_ctty(fd: int) -> None:
+    """In the child, after setsid: make the pty on ``fd`` its controlling terminal, so closing
+    the terminal sends it SIGHUP as a login shell's children get it."""
+    fcntl.ioctl(fd, termios.TIOCSCTTY, 0)
