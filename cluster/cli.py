@@ -269,7 +269,8 @@ def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: 
                 cluster = _replace(cluster, firewall=True)
             secrets = _secrets(cluster)
             result = bring_up(cluster, store=env.store, reporter=reporter, timeout=timeout, pool=pool,
-                              secrets=secrets, allow_busy_gpus=allow_busy_gpus, standby=True, port_base=port_base)
+                              secrets=secrets, allow_busy_gpus=allow_busy_gpus, standby=True, port_base=port_base,
+                              limit=limit)
             reporter.close()
         _show_status(env, result.state, rows_after_up(result.state, result.devices), as_json=as_json)
     finally:
@@ -441,6 +442,8 @@ def scale(env: Env, inventory: str, name: str | None, port_base: int | None, lim
     state = _existing(env, resolved)
     if port_base is None:       # what `up --port-base` gave, if it did (else the inventory's)
         port_base = state.port_base
+    if limit is None:
+        limit = state.limit
     reporter = ui.RichReporter(env.err)
     try:
         with env.pool_factory() as pool:
@@ -547,6 +550,14 @@ class DurationParam(click.ParamType):
                    "within SECONDS (0: kill at once).")
 @click.option("--deadline", type=DurationParam(), metavar="DURATION",
               help="Checkpoint and stop this long after the start (90s, 45m, 2h); exit 4.")
+@click.option("--min-workers", type=click.IntRange(1), metavar="N",
+              help="Elastic: a worker host lost beyond --host-timeout, or whose worker used up its restarts, drops "
+                   "out and training goes on while N workers remain; it rejoins when it answers again.")
+@click.option("--hosts-from", metavar="COMMAND",
+              help="Elastic: a discovery command (run here) printing 'host' or 'host:workers' lines; the job "
+                   "grows or shrinks to match (hosts of the inventory's worker group).")
+@click.option("--hosts-every", type=FiniteFloat(1, 3600), default=10.0, show_default=True, metavar="SECONDS",
+              help="How often --hosts-from runs.")
 @notify_opts
 @click.option("--json", "as_json", is_flag=True, help="Print only the final report, as JSON.")
 @detach_opt
@@ -554,9 +565,10 @@ class DurationParam(click.ParamType):
 @click.pass_obj
 def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learning_rate, scale_lr, checkpoint_dir,
           checkpoint_every, resume, data, steps_per_execution, eval_every, warmup_steps, summary_every, restart_policy,
-          max_restarts, start_timeout, collective_timeout, host_timeout, stop_grace, deadline, notify_urls, notify_cmds, as_json: bool,
-          detach: bool, replace: bool) -> None:
+          max_restarts, start_timeout, collective_timeout, host_timeout, stop_grace, deadline, min_workers, hosts_from,
+          hosts_every, notify_urls, notify_cmds, as_json: bool, detach: bool, replace: bool) -> None:
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
+    from .resize import Elastic
     from .supervisor import Supervisor
     from .training import TrainOptions, resolve_job
     if epochs is not None and steps is not None:
@@ -574,6 +586,11 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
     state = _existing(env, resolved)
     if warmup_steps and state.plan.mode != "async":
         raise UsageError(f"--warmup-steps applies to async mode only; cluster {resolved!r} runs {state.plan.mode}")
+    workers = len(state.plan.tasks_of("worker"))
+    if min_workers is not None and min_workers > workers:
+        raise UsageError(f"--min-workers {min_workers} is larger than cluster {resolved!r}, which has {workers} worker(s)",
+                         hint=f"give at most --min-workers {workers}")
+    elastic = (Elastic(min_workers, hosts_from, hosts_every) if min_workers is not None or hosts_from else None)
     if detach:
         _detach(env, resolved, state, replace=replace, as_json=as_json)
         return
@@ -583,7 +600,8 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
         with env.pool_factory() as pool:
             summary = Supervisor(store=env.store, name=resolved, job=job_ref, options=options,
                                  reporter=_with_notifier(display, notifier), pool=pool, root=project_root(),
-                                 secrets=_secrets(state.plan), detached=env.detached, replace=replace).run()
+                                 secrets=_secrets(state.plan), detached=env.detached, replace=replace,
+                                 elastic=elastic).run()
     finally:
         if notifier is not None:
             notifier.close()

@@ -26,7 +26,7 @@ import signal
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Collection, Iterator, Mapping
 
 from .codesync import sync_code
 from .contracts import Mode, ProcessKind
@@ -34,10 +34,11 @@ from .errors import PsclusterError, UsageError
 from .events import Reporter
 from .launcher import (new_record, report_standbys, start_standbys, start_tasks, stop_records, task_env,
                        wait_ready)
+from .inventory import Inventory
 from .plan import ClusterPlan, TaskSpec
 from .probe import Prober
 from .secrets import Secrets
-from .state import RunState, StateStore, StateWriter, plan_from_json, plan_to_json
+from .state import ProcessRecord, RunState, StateStore, StateWriter, plan_from_json, plan_to_json
 from .training import leader_task
 from .transport import TransportPool
 
@@ -129,7 +130,7 @@ def plan_changes_for(new: ClusterPlan, diff: PlanDiff) -> ClusterPlan:
 
 def apply_plan(writer: StateWriter, pool: TransportPool, reporter: Reporter, old: ClusterPlan, new: ClusterPlan,
                diff: PlanDiff, secrets: Secrets | None, *, root: Path | None = None, timeout: float = 120.0,
-               standbys: bool = True) -> None:
+               standbys: bool = True, unreachable: Collection[str] = ()) -> None:
     """Bring the processes in line with ``new`` (module docstring); the job's own processes must
     be stopped already.
 
@@ -137,9 +138,17 @@ def apply_plan(writer: StateWriter, pool: TransportPool, reporter: Reporter, old
         PsclusterError: a server did not start or answer (the state records what runs).
     """
     state: RunState = writer.state
-    going = [r for r in state.live_records() if r.task in diff.stop and r.kind in (ProcessKind.SERVER, ProcessKind.STANDBY)]
-    if standbys:    # standbys of the tasks that stay were started with the old cluster's TF_CONFIG: new ones
-        going += [r for r in state.live_records() if r.kind == ProcessKind.STANDBY and r.task not in diff.stop]
+
+    def stays(record: ProcessRecord) -> bool:
+        if record.task not in diff.keep or record.host != new.task(record.task).host:
+            return False        # its task goes or moved, or a leftover of a host that was lost
+        if record.kind == ProcessKind.SERVER:
+            return True
+        # Standbys of the tasks that stay were started with the old cluster's TF_CONFIG: new ones.
+        return record.kind == ProcessKind.STANDBY and not standbys
+    # Any training process still recorded live here is a leftover of a lost host (the job's own
+    # were stopped before); a lost host's processes are left for later (its rejoin, or `down`).
+    going = [r for r in state.live_records() if not stays(r) and r.host not in unreachable]
     if going:
         reporter.emit("phase", name="stop", detail=f"{len(going)} process(es) the new membership leaves out")
         stopped, errors = stop_records(old, going, pool, reporter, grace=10.0)
@@ -164,6 +173,126 @@ def apply_plan(writer: StateWriter, pool: TransportPool, reporter: Reporter, old
             wait_ready(new, records, pool, prober, reporter, timeout=timeout)
     if standbys:
         report_standbys(reporter, *start_standbys(writer, pool, new, secrets))
+
+
+# ------------------------------------------------------------------ membership from the inventory
+
+def with_workers(inventory: Inventory, counts: Mapping[str, int]) -> Inventory:
+    """``inventory`` with the worker tasks of some hosts changed: ``{"h3": 0}`` leaves h3 out of
+    the worker group, ``{"h2": 1}`` gives h2 one worker (a GPU list or port list is cut to match).
+    Hosts not named keep theirs.
+
+    Raises:
+        UsageError: a host that is not a worker host of the inventory, or more workers than its
+            GPU or port list holds.
+    """
+    workers = set(inventory.hosts_of("worker"))
+    unknown = sorted(set(counts) - workers)
+    if unknown:
+        raise UsageError(f"{', '.join(unknown)}: not a worker host of {inventory.path}",
+                         hint="add it to the inventory's worker group (with how to reach it)")
+    hosts = []
+    for host in inventory.hosts:
+        count = counts.get(host.name)
+        slot = host.slots_for("worker")
+        if count is None or slot is None:
+            hosts.append(host)
+            continue
+        for sized in (slot.gpus, slot.ports):
+            if sized is not None and count > len(sized):
+                raise UsageError(f"{host.name} can run at most {len(sized)} worker(s): its inventory lists that "
+                                 f"many GPUs or ports, not {count}", hint="give it fewer workers")
+        kept = tuple(other for other in host.slots if other.role != "worker")
+        if count > 0:
+            kept += (replace(slot, count=count, gpus=slot.gpus[:count] if slot.gpus is not None else None,
+                             ports=slot.ports[:count] if slot.ports is not None else None),)
+        hosts.append(replace(host, slots=kept))
+    left = {name for name in workers if counts.get(name, 1) > 0}
+    role_hosts = tuple((role, tuple(h for h in names if role != "worker" or h in left))
+                       for role, names in inventory.role_hosts)
+    return replace(inventory, hosts=tuple(hosts), role_hosts=role_hosts)
+
+
+def replan(plan: ClusterPlan, *, port_base: int | None, limit: str | None, counts: Mapping[str, int],
+           pool: TransportPool | None) -> ClusterPlan:
+    """The cluster's plan again from its inventory file, with the worker counts of
+    :func:`with_workers` (a lost host left out, a host back taken in, a discovery command's list)."""
+    import sys
+    from .codesync import local_workdir
+    from .inventory import load_inventory
+    from .patterns import apply_limit, required_roles
+    from .plan import PlanOptions, plan_cluster
+    inventory = load_inventory(plan.inventory_path)
+    inventory = with_workers(apply_limit(inventory, limit, required_roles(plan.mode, inventory, None)), counts)
+    options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=plan.name,
+                          mode=plan.mode, port_base=port_base)
+    new = plan_cluster(inventory, options)
+    if pool is not None and new.auto_gpu_hosts:
+        from .preflight import resolve_auto_gpus
+        new = plan_cluster(resolve_auto_gpus(inventory, new, pool), options)
+    return replace(new, firewall=plan.firewall)
+
+
+def worker_counts(plan: ClusterPlan) -> dict[str, int]:
+    """Worker tasks per host in ``plan``."""
+    counts: dict[str, int] = {}
+    for task in plan.tasks_of("worker"):
+        counts[task.host] = counts.get(task.host, 0) + 1
+    return counts
+
+
+def parse_host_list(text: str, *, source: str) -> dict[str, int | None]:
+    """A discovery command's output (``--hosts-from``): one ``host`` or ``host:workers`` per line,
+    as horovodrun's ``--host-discovery-script`` prints them; blank lines and ``#`` comments are
+    skipped. ``None``: the inventory's count for that host.
+
+    Raises:
+        UsageError: a line that is neither.
+    """
+    hosts: dict[str, int | None] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, count = line.rpartition(":")
+        if not sep:
+            name, count = line, ""
+        bad = (not name or any(c.isspace() or not c.isprintable() for c in name)
+               or (sep and not (count.isdigit() and int(count) <= 1024)))
+        if bad:
+            raise UsageError(f"{source}, line {number}: expected 'host' or 'host:workers', got {raw[:80]!r}")
+        hosts[name] = int(count) if sep else None
+    return hosts
+
+
+@dataclass(frozen=True)
+class Elastic:
+    """``train --min-workers N`` and ``--hosts-from CMD`` (every ``--hosts-every`` seconds)."""
+
+    min_workers: int | None = None
+    hosts_from: str | None = None
+    hosts_every: float = 10.0
+
+
+def discover(command: str, reporter: Reporter, timeout: float = 30.0) -> dict[str, int | None] | None:
+    """Run the discovery command (a shell line, on this machine) and read its host list; None,
+    with a warning, if it failed (the membership then stays as it is)."""
+    import subprocess
+    try:
+        done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        reporter.emit("message", level="warning", text=f"--hosts-from: {exc}; membership unchanged")
+        return None
+    if done.returncode != 0:
+        reporter.emit("message", level="warning", text=f"--hosts-from exited with {done.returncode}: "
+                                                       f"{done.stderr.strip()[-200:]!r}; membership unchanged")
+        return None
+    try:
+        return parse_host_list(done.stdout, source="--hosts-from")
+    except UsageError as exc:
+        reporter.emit("message", level="warning", text=f"{exc.message}; membership unchanged")
+        return None
 
 
 # ------------------------------------------------------------------ the request to a supervisor

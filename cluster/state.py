@@ -78,6 +78,7 @@ class RunState:
     synced: dict[str, str] = field(default_factory=dict)
     firewall: dict[str, str] = field(default_factory=dict)
     port_base: int | None = None      # `up --port-base`, which `scale` plans the edited inventory with
+    limit: str | None = None          # `up --limit`, likewise (and an elastic job's re-plans)
 
     @property
     def mode(self) -> str:
@@ -110,6 +111,7 @@ class RunState:
             "updated": self.updated, "message": self.message,
             "job": self.job.to_json() if self.job is not None else None,
             "restarts": self.restarts, "synced": self.synced, "firewall": self.firewall, "port_base": self.port_base,
+            "limit": self.limit,
             "plan": plan_to_json(self.plan),
             "processes": [dataclasses.asdict(record) for record in self.processes],
         }
@@ -120,7 +122,8 @@ class RunState:
                    processes=[ProcessRecord(**record) for record in data["processes"]],
                    created=data["created"], updated=data["updated"], message=data.get("message"),
                    job=JobProgress.from_json(data["job"]) if data.get("job") else None, restarts=data.get("restarts", {}), synced=data.get("synced", {}),
-                   firewall=data.get("firewall", {}), port_base=data.get("port_base"))
+                   firewall=data.get("firewall", {}), port_base=data.get("port_base"),
+                   limit=data.get("limit"))
 
 
 def plan_to_json(plan: ClusterPlan) -> dict:

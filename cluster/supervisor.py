@@ -41,6 +41,7 @@ from .plan import TaskSpec
 from .state import ProcessRecord, StateStore
 from .supervision import core
 from .supervision.executor import JobExecutor, JobFailed, JobInterrupted, Watched, restart_rules
+from .supervision.links import HostLink
 from .layout import exit_file
 from .training import (EventTail, JobRef, TrainOptions, host_layout, job_files, job_path_on, leader_layout, leader_task,
                        path_on, summarize, train_argv, with_evaluator)
@@ -55,7 +56,8 @@ class Supervisor(JobExecutor):
     job_kind = "train"
 
     def __init__(self, *, store: StateStore, name: str, job: JobRef, options: TrainOptions, reporter: Reporter,
-                 pool: TransportPool, root: Path, secrets: Secrets | None = None, **clocks):
+                 pool: TransportPool, root: Path, secrets: Secrets | None = None,
+                 elastic: "resize.Elastic | None" = None, **clocks):
         super().__init__(store=store, name=name, reporter=reporter, pool=pool, root=root,
                          rules=restart_rules(options.restart_policy, options.max_restarts, options.backoff),
                          host_timeout=options.host_timeout, grace=options.grace, secrets=secrets, **clocks)
@@ -72,6 +74,9 @@ class Supervisor(JobExecutor):
         self.evaluated_step: int | None = None    # the evaluator's newest evaluated checkpoint step
         self.standby_tasks: set[str] = set()      # tasks whose standby a launch took (or passed over)
         self.resize_asked = False                 # SIGUSR2: `pscluster scale` posted a request
+        self.elastic = elastic                    # --min-workers / --hosts-from
+        self.dropped: dict[str, HostLink] = {}    # worker hosts left out while lost: watched until they answer
+        self.next_discovery = 0.0
 
     def interrupt(self) -> None:
         """Checkpoint on stop (:func:`cluster.jobstop.first_to_stop`): the leader (async chief,
@@ -128,6 +133,8 @@ class Supervisor(JobExecutor):
 
     # ------------------------------------------------------------------ resize (cluster/resize.py)
     def between_turns(self) -> None:
+        if self.elastic is not None:
+            self.elastic_turn()
         if not self.resize_asked:
             return
         self.resize_asked = False
@@ -141,7 +148,7 @@ class Supervisor(JobExecutor):
             raise self.fail(exc, "the resize failed") from None
         resize.post_result(self.store, self.name, ok=True, message=text)
 
-    def resize(self, request: "resize.ResizeRequest") -> str:
+    def resize(self, request: "resize.ResizeRequest", unreachable: frozenset[str] | set[str] = frozenset()) -> str:
         """Checkpoint, stop the job's processes, bring the servers in line with the new plan, and
         start the training processes again from the checkpoint at the new size."""
         old, new = self.plan, request.plan
@@ -151,14 +158,14 @@ class Supervisor(JobExecutor):
         self.reporter.emit("message", text=f"resizing: {resize.describe(diff, new)}; "
                                            f"the job checkpoints first (up to {self.options.stop_grace:g} s)")
         self.set_job(state=JobState.RESTARTING, message="resizing")
-        first = first_to_stop(old, self.state.live_records())
+        first = [r for r in first_to_stop(old, self.state.live_records()) if r.host not in unreachable]
         if first and self.options.stop_grace > 0:
             self.stop(first, grace=self.options.stop_grace)
             self.read_final_events(first)
         self.forget_and_stop([w for w in self.watched.values()
                               if w.kind is not ProcessKind.SERVER or w.task.name in diff.stop])
         resize.apply_plan(self.writer, self.pool, self.reporter, old, new, diff, self.secrets, root=self.root,
-                          standbys=False)
+                          standbys=False, unreachable=unreachable)
         self.plan = new
         self.leader = leader_task(new)
         workers_before, workers_after = len(old.tasks_of("worker")), len(new.tasks_of("worker"))
@@ -182,6 +189,95 @@ class Supervisor(JobExecutor):
                                   "reason": request.reason, "workers": workers_after,
                                   "checkpoint_step": self.progress.checkpoint_step})
         return text
+
+    # ------------------------------------------------------------------ elastic (train --min-workers, --hosts-from)
+    def drop_out(self, host: str, why: str, task: str | None = None) -> bool:
+        """A worker host lost beyond --host-timeout (``task`` None: all its tasks go, and it is
+        watched until it answers again), or a worker that used up its restarts (``task``: its
+        host runs one worker fewer): go on without it if at least --min-workers remain (True),
+        else let the job fail as before (False)."""
+        if self.elastic is None or self.elastic.min_workers is None:
+            return False
+        counts = resize.worker_counts(self.plan)
+        others = sorted({t.role for t in self.plan.tasks if t.host == host} - {"worker"})
+        verdict = core.drop_out(counts, host=host, other_roles=others, task=task, min_workers=self.elastic.min_workers)
+        if not verdict.drop:
+            self.reporter.emit("message", level="warning", text=f"cannot go on without {task or host}: {verdict.why}")
+            return False
+        fewer = counts.get(host, 0) if task is None else 1
+        dropped_left = {h: 0 for h in self.dropped}
+        new = resize.replan(self.plan, port_base=self.state.port_base, limit=self.state.limit,
+                            counts={**counts, **dropped_left, host: counts.get(host, 0) - fewer}, pool=None)
+        if task is None:
+            self.dropped[host] = HostLink(self.plan.host(host), self.pool, clock=self.clock)
+            self.dropped[host].set_targets([], [])
+        self.resize(resize.ResizeRequest(new, reason=f"{task or host} {why}"),
+                    unreachable={host} if task is None else set())
+        return True
+
+    def elastic_turn(self) -> None:
+        """Take back a dropped host that answers again; follow the discovery command."""
+        elastic = self.elastic
+        assert elastic is not None
+        now = self.clock()
+        for host, link in list(self.dropped.items()):
+            if link.poll(now):        # its watch stream answers: the host is back
+                self.rejoin({host: None}, f"{host} is back")
+                return
+        if elastic.hosts_from and now >= self.next_discovery:
+            self.next_discovery = now + elastic.hosts_every
+            wanted = resize.discover(elastic.hosts_from, self.reporter)
+            if wanted is not None:
+                self.follow_discovery(wanted)
+
+    def follow_discovery(self, wanted: dict[str, int | None]) -> None:
+        """Grow or shrink to the discovery command's host list (hosts of the inventory's worker group)."""
+        from .inventory import load_inventory
+        inventory_workers = load_inventory(self.plan.inventory_path).hosts_of("worker")
+        unknown = sorted(set(wanted) - set(inventory_workers))
+        if unknown:
+            self.reporter.emit("message", level="warning",
+                               text=f"--hosts-from names {', '.join(unknown)}, not in the inventory's worker group: "
+                                    "left out")
+        counts = resize.worker_counts(self.plan)
+        target = {host: (0 if host not in wanted else wanted[host]) for host in inventory_workers}
+        changed = {h: c for h, c in target.items() if (c if c is not None else -1) != counts.get(h, 0)
+                   and not (c is None and h in counts)}
+        if not changed or not any(c != 0 for c in target.values()):
+            return
+        self.rejoin(changed, "--hosts-from")
+
+    def rejoin(self, changes: dict[str, int | None], reason: str) -> None:
+        """Resize to the current plan with ``changes`` (None: the inventory's count), after a
+        preflight of the hosts that get tasks; a failed preflight waits for the next try."""
+        counts: dict[str, int] = dict(resize.worker_counts(self.plan))
+        for host in changes:
+            counts.pop(host, None)
+        fixed = {h: c for h, c in changes.items() if c is not None}
+        dropped_left = {h: 0 for h in self.dropped if h not in changes}
+        try:
+            new = resize.replan(self.plan, port_base=self.state.port_base, limit=self.state.limit,
+                                counts={**counts, **dropped_left, **fixed}, pool=self.pool)
+            diff = resize.diff_plans(self.plan, new)
+            if diff.empty:
+                return
+            resize.check_resize(self.plan, new, diff, job_live=True)
+            if diff.start:
+                from .preflight import run_preflight
+                report = run_preflight(resize.plan_changes_for(new, diff), self.pool, Reporter())
+                if not report.ok:
+                    failed = next(r for r in report.results if not r.ok)
+                    self.reporter.emit("message", level="warning",
+                                       text=f"{reason}: not yet ({failed.host}: {failed.check}: {failed.detail}); trying again later")
+                    return
+        except PsclusterError as exc:
+            self.reporter.emit("message", level="warning", text=f"{reason}: {exc.message.splitlines()[0]}")
+            return
+        for host in changes:
+            link = self.dropped.pop(host, None)
+            if link is not None:
+                link.close()
+        self.resize(resize.ResizeRequest(new, reason=reason))
 
     def prepare_new_hosts(self) -> None:
         """The job's files on hosts that just joined (the code itself came with apply_plan)."""

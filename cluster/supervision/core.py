@@ -289,6 +289,35 @@ def lost_host_failure(hosts: Sequence[HostView], *, now: float, host_timeout: fl
     return None
 
 
+# ----------------------------------------------------------------------------- elastic
+
+@dataclass(frozen=True)
+class DropOut:
+    """Whether a job goes on without a lost worker host, or without a worker that used up its
+    restarts (``train --min-workers``), and how many workers it then has."""
+
+    drop: bool
+    workers_left: int
+    why: str
+
+
+def drop_out(workers: Mapping[str, int], *, host: str, other_roles: Sequence[str], task: str | None,
+             min_workers: int | None) -> DropOut:
+    """``workers``: worker tasks per host now. A lost host (``task`` None) takes all its tasks
+    with it, so it may run only workers; a worker that used up its restarts (``task``) takes
+    only itself. The job goes on while at least ``min_workers`` remain; without
+    ``--min-workers`` it fails as before."""
+    fewer = 1 if task is not None else workers.get(host, 0)
+    left = sum(workers.values()) - fewer
+    if min_workers is None:
+        return DropOut(False, left, "no --min-workers")
+    if task is None and other_roles:
+        return DropOut(False, left, f"{host} also runs {', '.join(sorted(other_roles))}")
+    if left < min_workers:
+        return DropOut(False, left, f"{left} worker(s) would be left, fewer than --min-workers {min_workers}")
+    return DropOut(True, left, f"{left} worker(s) go on")
+
+
 # ----------------------------------------------------------------------------- completion
 
 @dataclass(frozen=True)

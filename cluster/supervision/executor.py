@@ -123,6 +123,10 @@ class JobExecutor:
     def prepare(self) -> None:
         """Before the first launch (sync code, check ports, ...)."""
 
+    def drop_out(self, host: str, why: str, task: str | None = None) -> bool:
+        """Go on without ``host`` (elastic training); False: the job fails as before."""
+        return False
+
     def between_turns(self) -> None:
         """Once per turn of the loop, before the streams are read (a resize, for ``train``)."""
 
@@ -348,6 +352,8 @@ class JobExecutor:
             if view.lost_since is not None:
                 self.on_host_lost(self.links[view.host])
         lost = core.lost_host_failure(views, now=now, host_timeout=self.host_timeout, policy=self.rules.policy)
+        if lost is not None and self.drop_out(lost.host, f"lost for over {self.host_timeout:.0f} s ({lost.error})"):
+            return False
         if lost is not None:
             tasks = self.tasks_on(lost.host)
             raise self.fail(HostError(lost.host, f"unreachable for {now - (lost.lost_since or now):.0f} s; its tasks "
@@ -393,6 +399,8 @@ class JobExecutor:
                 return
             if verdict.action is core.Action.FAIL:
                 if verdict.why and verdict.why.startswith("restart budget"):
+                    if self.drop_out(proc.host, f"used up its restarts ({reason})", task=proc.task):
+                        return
                     raise self.fail(exhausted(error, watched.task, self.rules.max_restarts))
                 raise self.fail(error, verdict.why)
             self.count_restart(proc.task, message=f"{proc.task}@{proc.host} {reason}; restart {used + 1}/"
@@ -404,6 +412,8 @@ class JobExecutor:
                 self.carry_out(self.recovery(incident))
             except (TaskError, HostError) as exc:      # the restart itself failed: try again, on budget
                 if isinstance(exc, HostError) and exc.host in self.links and self.links[exc.host].lost_since is not None:
+                    if self.drop_out(exc.host, f"lost while restarting {proc.task} ({exc.message.splitlines()[0]})"):
+                        return
                     raise
                 error, reason = exc, exc.message.split("\n")[0]
                 self.reporter.emit("task-failed", task=proc.task, host=proc.host, error=reason)

@@ -150,3 +150,31 @@ def test_scale_removes_a_worker_and_a_host_that_fails_preflight_changes_nothing(
         assert [t for t in state["plan"]["tasks"] if t["role"] == "worker"][-1]["index"] == 1
     finally:
         cluster.close()
+
+
+def test_min_workers_a_worker_that_used_up_its_restarts_drops_out_and_training_goes_on(tmp_path):
+    cluster = Cluster(tmp_path, "async", 3)
+    try:
+        train = subprocess.Popen(cli_argv(["train", "distributed_mnist", "--name", cluster.name, "--steps", "5000",
+                                           "--checkpoint-dir", str(cluster.ckpt), "--json", "--min-workers", "2",
+                                           "--max-restarts", "0"]),
+                                 cwd=REPO, env=cli_env(cluster.state_dir), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for_steps(cluster.state_dir, cluster.name, train, 300)
+            server = next(r for r in state_of(cluster.state_dir, cluster.name)["processes"]
+                          if r["task"] == "worker:2" and r["kind"] == "server" and not r.get("stopped"))
+            os.kill(server["pid"], signal.SIGKILL)
+            out, err = train.communicate(timeout=900)
+        finally:
+            if train.poll() is None:
+                train.kill()
+        assert train.returncode == 0, err
+        report = json.loads(out)
+        said = " ".join(err.split())
+        assert "resized (worker:2 used up its restarts" in said and "3 -> 2 worker(s)" in said, err
+        assert report["workers"] == 2 and report["val_accuracy"] >= 0.985, report
+        state = state_of(cluster.state_dir, cluster.name)
+        assert [t["index"] for t in state["plan"]["tasks"] if t["role"] == "worker"] == [0, 1]
+    finally:
+        cluster.close()

@@ -7,10 +7,13 @@ from dataclasses import replace
 import pytest
 
 from cluster.errors import PlanError, UsageError
-from cluster.resize import (ResizeRequest, check_resize, diff_plans, membership, plan_changes_for, resize_lock)
+from cluster.plan import plan_cluster
+from cluster.resize import (ResizeRequest, check_resize, diff_plans, membership, parse_host_list, plan_changes_for,
+                            resize_lock, with_workers)
+from cluster.supervision.core import drop_out
 from cluster.state import StateStore
 
-from .test_plan import local_plan, plan_text
+from .test_plan import OPTIONS, local_plan, plan_text
 
 LAB = """
 all:
@@ -109,3 +112,64 @@ def test_two_scales_at_once_the_second_is_refused(tmp_path):
 def test_a_request_survives_its_round_trip(write_inventory):
     request = ResizeRequest(lab(write_inventory, "h1", "h2"), keep_global_batch=True, reason="hosts-from")
     assert ResizeRequest.from_json(request.to_json()) == request
+
+
+# ----------------------------------------------------------------------------- elastic: the pure decisions
+
+@pytest.mark.parametrize("workers, host, others, task, min_workers, drop, left", [
+    ({"h1": 1, "h2": 1, "h3": 1}, "h3", (), None, 2, True, 2),          # a lost worker host, 2 remain
+    ({"h1": 1, "h2": 1, "h3": 1}, "h3", (), None, 3, False, 2),         # fewer than --min-workers
+    ({"h1": 1, "h2": 1, "h3": 1}, "h3", (), None, None, False, 2),      # not elastic: fail as before
+    ({"h1": 1, "h2": 1, "h3": 2}, "h3", (), None, 2, True, 2),          # a host takes all its workers
+    ({"h1": 1, "h2": 1}, "h1", ("chief", "ps"), None, 1, False, 1),     # the chief's host cannot go
+    ({"localhost": 3}, "localhost", ("chief", "ps"), "worker:2", 2, True, 2),  # one worker used up its restarts
+    ({"localhost": 2}, "localhost", ("chief", "ps"), "worker:1", 2, False, 1),
+])
+def test_drop_out_rows(workers, host, others, task, min_workers, drop, left):
+    verdict = drop_out(workers, host=host, other_roles=others, task=task, min_workers=min_workers)
+    assert (verdict.drop, verdict.workers_left) == (drop, left), verdict.why
+
+
+def test_with_workers_leaves_a_host_out_and_takes_it_back(write_inventory):
+    from cluster.inventory import load_inventory
+    full = lab(write_inventory, "h1", "h2", "h3")
+    inventory = load_inventory("lab.yaml")
+    shrunk = plan_cluster(with_workers(inventory, {"h3": 0}), OPTIONS)
+    assert [t.host for t in shrunk.tasks_of("worker")] == ["h1", "h2"]
+    assert diff_plans(full, shrunk).stop == ("worker:2",)
+    grown = plan_cluster(with_workers(inventory, {}), OPTIONS)
+    assert diff_plans(shrunk, grown).start == ("worker:2",) and not diff_plans(shrunk, grown).stop
+    with pytest.raises(UsageError, match="not a worker host"):
+        with_workers(inventory, {"elsewhere": 1})
+
+
+def test_with_workers_cuts_a_gpu_list_and_refuses_more_than_it_holds(write_inventory):
+    from cluster.inventory import load_inventory
+    write_inventory("""
+        all:
+          vars: {pscluster_port_base: 2222}
+          children:
+            chief: {hosts: {g: {ansible_host: 127.77.0.2}}}
+            ps: {hosts: {g: {ansible_host: 127.77.0.2}}}
+            worker: {hosts: {g: {ansible_host: 127.77.0.2, worker_gpus: [[0], [1]]}}}
+    """)
+    inventory = load_inventory("lab.yaml")
+    one = plan_cluster(with_workers(inventory, {"g": 1}), OPTIONS)
+    assert [t.cuda_visible_devices for t in one.tasks_of("worker")] == ["0"]
+    with pytest.raises(UsageError, match="at most 2 worker"):
+        with_workers(inventory, {"g": 3})
+
+
+@pytest.mark.parametrize("text, hosts", [
+    ("h1\nh2:2\n", {"h1": None, "h2": 2}),
+    ("# discovered\n\nh1  # first\n", {"h1": None}),
+    ("", {}),
+])
+def test_a_discovery_commands_host_list(text, hosts):
+    assert parse_host_list(text, source="--hosts-from") == hosts
+
+
+@pytest.mark.parametrize("text", ["h1:two", "h 1", "h1:99999", ":3", "h1\x1b[2J"])
+def test_a_bad_host_list_line_is_named(text):
+    with pytest.raises(UsageError, match="line 1"):
+        parse_host_list(text, source="--hosts-from")
