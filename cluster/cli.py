@@ -637,6 +637,9 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
                    "it checkpoints, takes the cluster down and requeues the job.")
 @click.option("--requeue/--no-requeue", "batch_requeue", default=True, show_default=True,
               help="sbatch: requeue the job itself after the time-limit warning.")
+@click.option("--max-nodes", type=click.IntRange(1, 100000), metavar="N",
+              help="sbatch: ask for the inventory's nodes up to N (--nodes=MIN-N); each run, a requeued one too, "
+                   "lays the cluster out on the nodes it got and resumes from the checkpoint at that size.")
 @click.option("--image", help="Container image of every replica (docker/Dockerfile builds one).  [default: "
                               "pscluster-node:tf2.21.0-cpu]")
 @click.option("--job", default="distributed_mnist", show_default=True,
@@ -649,7 +652,8 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
 @click.pass_obj
 def export(env: Env, inventory: str, fmt: str, time_limit: str | None, partition: str | None, gres: str | None,
            steps: int | None, run_program_text: str | None, batch_checkpoint_dir: str | None,
-           batch_checkpoint_every: int, warn_before: int, batch_requeue: bool, image: str | None, job: str,
+           batch_checkpoint_every: int, warn_before: int, batch_requeue: bool, max_nodes: int | None,
+           image: str | None, job: str,
            mode: str | None, name: str | None, restart_policy: str, output: str | None) -> None:
     """Write the cluster as a manifest for another launcher (Kubernetes TFJob, Slurm sbatch), touching no host."""
     import yaml
@@ -658,8 +662,10 @@ def export(env: Env, inventory: str, fmt: str, time_limit: str | None, partition
         _export_sbatch(env, inventory, mode=mode, name=name, job=job, steps=steps, time_limit=time_limit,
                        partition=partition, gres=gres, output=output, program_text=run_program_text,
                        checkpoint_dir=batch_checkpoint_dir, checkpoint_every=batch_checkpoint_every,
-                       warn_seconds=warn_before, requeue=batch_requeue)
+                       warn_seconds=warn_before, requeue=batch_requeue, max_nodes=max_nodes)
         return
+    if max_nodes is not None:
+        raise UsageError("--max-nodes applies to --format sbatch")
     if run_program_text is not None:
         raise UsageError("--run applies to --format sbatch", hint="a TFJob trains the job given by --job")
     shipped = project_root() / "examples"      # the image is built from this checkout
@@ -684,7 +690,7 @@ def export(env: Env, inventory: str, fmt: str, time_limit: str | None, partition
 def _export_sbatch(env: Env, inventory: str, *, mode: str | None, name: str | None, job: str, steps: int | None,
                    time_limit: str | None, partition: str | None, gres: str | None, output: str | None,
                    program_text: str | None, checkpoint_dir: str | None, checkpoint_every: int, warn_seconds: int,
-                   requeue: bool) -> None:
+                   requeue: bool, max_nodes: int | None = None) -> None:
     """The inventory's layout as a batch script that runs `up --slurm` inside (cluster.slurm.BatchJob)."""
     import shlex
     from .runspec import check_placeholders
@@ -703,7 +709,7 @@ def _export_sbatch(env: Env, inventory: str, *, mode: str | None, name: str | No
         **batch_shape(cluster), mode=cluster.mode, job=job, program=program, python=sys.executable,
         checkout=str(project_root()), steps=steps, time_limit=time_limit, partition=partition, gres=gres,
         name=cluster.name, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-        warn_seconds=warn_seconds, requeue=requeue))
+        warn_seconds=warn_seconds, requeue=requeue, max_nodes=max_nodes))
     _write_output(env, text, output, f"wrote a batch script to {output}; submit it with: sbatch {output}")
 
 

@@ -264,6 +264,7 @@ class BatchJob:
     stop_grace: float = 30.0
     warn_seconds: int = 120                # USR1 this long before the time limit (--signal=B:USR1@N)
     requeue: bool = True                   # on that warning: checkpoint, down, `scontrol requeue` itself
+    max_nodes: int | None = None           # `--nodes=N-MAX`: a run (a requeued one too) takes what Slurm grants
 
 
 def batch_shape(cluster: "ClusterPlan") -> dict:
@@ -322,7 +323,11 @@ def sbatch_script(batch: BatchJob) -> str:
         raise SlurmLayoutError(f"--warn-before {batch.warn_seconds} s leaves no time for the checkpoint on stop "
                                f"(up to {batch.stop_grace:g} s) and down before the time limit",
                                hint=f"give --warn-before more than {batch.stop_grace:g} s (default 120)")
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={batch.name}", f"#SBATCH --nodes={batch.nodes}",
+    if batch.max_nodes is not None and batch.max_nodes < batch.nodes:
+        raise SlurmLayoutError(f"--max-nodes {batch.max_nodes} is fewer than the inventory's {batch.nodes} node(s)",
+                               hint=f"give --max-nodes {batch.nodes} or more")
+    nodes = f"{batch.nodes}-{batch.max_nodes}" if batch.max_nodes and batch.max_nodes > batch.nodes else str(batch.nodes)
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={batch.name}", f"#SBATCH --nodes={nodes}",
              f"#SBATCH --ntasks-per-node={batch.workers_per_node}"]
     lines += [f"#SBATCH --time={batch.time_limit}"] * bool(batch.time_limit)
     lines += [f"#SBATCH --partition={batch.partition}"] * bool(batch.partition)

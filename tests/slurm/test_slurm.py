@@ -138,7 +138,8 @@ def _job_state(lab, job: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", detail))
 
 
-def _requeued_batch_job(lab, tmp_path, name: str, steps: int, checkpoint_every: int, ready, interrupt):
+def _requeued_batch_job(lab, tmp_path, name: str, steps: int, checkpoint_every: int, ready, interrupt,
+                        export_extra=()):
     """Submit an exported async batch job (MLP), wait until ``ready(job_progress)``, call
     ``interrupt(job_id)``, wait for the job to end after one requeue; the output of both runs."""
     inventory = tmp_path / "shape.yaml"
@@ -147,7 +148,8 @@ def _requeued_batch_job(lab, tmp_path, name: str, steps: int, checkpoint_every: 
     state_dir = tmp_path / "state"
     script = tmp_path / "job.sh"
     export = subprocess.run(cli_argv(["export", inventory, "--format", "sbatch", "--steps", steps, "--time", "0:30:00",
-                                      "--checkpoint-every", checkpoint_every, "--name", name, "-o", script]),
+                                      "--checkpoint-every", checkpoint_every, "--name", name, "-o", script,
+                                      *export_extra]),
                             env=cli_env(state_dir), capture_output=True, text=True, timeout=120)
     assert export.returncode == 0, export.stderr
     env = cli_env(state_dir, {**lab.env, "OMP_NUM_THREADS": "1", "MNIST_MODEL": "mlp"})

@@ -270,3 +270,12 @@ def test_a_step_that_never_answers_times_out_instead_of_hanging(tmp_path, monkey
     with pytest.raises(HostError, match="timed out after 1 s"):
         transport.run(["true"], timeout=1.0)
     assert time.monotonic() - began < 5
+
+
+def test_sbatch_script_asks_for_a_range_of_nodes_with_max_nodes(tmp_path):
+    from cluster.slurm import SlurmLayoutError
+    text, _ = _script(tmp_path, max_nodes=3)
+    assert "#SBATCH --nodes=2-3\n" in text
+    assert "#SBATCH --nodes=2\n" in _script(tmp_path, max_nodes=2)[0]
+    with pytest.raises(SlurmLayoutError, match="fewer than the inventory's 2"):
+        _script(tmp_path, max_nodes=1)

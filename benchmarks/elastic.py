@@ -1,0 +1,231 @@
+"""A cluster that changes (issue 23): what a resize costs, against the same change by hand.
+
+For each mode (async, sync), on the local cluster and, as root, on the 3-host SSH lab:
+
+* **planned resize** (`pscluster scale` to one more worker, mid-run): the *pause*, seconds from the
+  last step reported before the resize to the first step reported after it, and the *steps lost*
+  (the last step reached before, minus the step the job resumed from: the goal is 0);
+* **`down` mid-run**: steps lost (the step reached, minus the step `train --resume` restores);
+* **by hand** (`stop-job`, edit the inventory, `down`, `up`, `train --resume`): the same pause;
+  the goal is a planned pause of at most a quarter of it;
+* **unplanned host loss** (lab, async, `--min-workers 2 --host-timeout 5`): seconds from cutting a
+  worker host's link to the first step after the job went on without it; the goal is at most
+  ``--host-timeout`` + 10 s.
+
+Steps are read from the cluster's job record, which the supervisor updates from the leader's
+progress events (about once a second), so each pause is measured to about a second.
+
+Usage: ``python -m benchmarks.elastic [--modes async,sync] [--no-lab] [--json]``
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.common import cli, print_columns  # noqa: E402
+from testbed.procs import cluster_pids  # noqa: E402
+
+LOCAL = REPO / "inventories" / "local.yaml"
+STEPS = 1_000_000          # the job never ends by itself: each scenario stops it
+RUN_BEFORE = 400           # steps trained before each change
+
+
+class Job:
+    """A `pscluster train` in the background and the steps its job record shows over time."""
+
+    def __init__(self, state_dir: Path, name: str, *extra: str):
+        self.state_dir, self.name = state_dir, name
+        self.checkpoints = state_dir.parent / f"ckpt-{name}"
+        env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), PYTHONPATH=str(REPO))
+        self.proc = subprocess.Popen([sys.executable, "-m", "cluster", "train", "distributed_mnist", "--name", name,
+                                      "--steps", str(STEPS), "--checkpoint-every", "1000",
+                                      "--checkpoint-dir", str(self.checkpoints), *extra],
+                                     cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.seen: list[tuple[float, int]] = []       # (time, step) at each change of the step
+
+    def record(self) -> dict:
+        try:
+            return json.loads((self.state_dir / f"{self.name}.json").read_text()).get("job") or {}
+        except (FileNotFoundError, ValueError):
+            return {}
+
+    def watch_until(self, what: str, done: Callable[[dict], bool], timeout: float = 900) -> dict:
+        end = time.monotonic() + timeout
+        while True:
+            job = self.record()
+            step = job.get("step")
+            if step is not None and (not self.seen or self.seen[-1][1] != step):
+                self.seen.append((time.monotonic(), step))
+            if done(job):
+                return job
+            if self.proc.poll() is not None or time.monotonic() > end:
+                raise RuntimeError(f"{self.name}: never {what}: {job}\n{(self.proc.stderr.read() if self.proc.stderr else '')[-2000:]}")
+            time.sleep(0.05)
+
+    def pause_after(self, began: float, resumed_from: int) -> float:
+        """Seconds from the last step seen before ``began`` to the first step seen after it past
+        ``resumed_from``."""
+        before = max(t for t, _ in self.seen if t <= began)
+        after = min(t for t, step in self.seen if t > began and step > resumed_from)
+        return after - before
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _inventory(work: Path, mode: str, workers: int) -> Path:
+    path = work / f"{mode}-{workers}.yaml"
+    path.write_text(LOCAL.read_text().replace("worker_tasks: 2", f"worker_tasks: {workers}")
+                    .replace("pscluster_mode: async", f"pscluster_mode: {mode}"))
+    return path
+
+
+def _up(inventory: Path, name: str, state_dir: Path, port_base: int) -> None:
+    cli(["up", inventory, "--name", name, "--port-base", port_base], state_dir)
+
+
+def _down(name: str, state_dir: Path) -> None:
+    cli(["down", "--name", name, "--now", "--grace", "2"], state_dir, check=False)
+    for pid in cluster_pids(name):
+        os.kill(pid, 9)
+
+
+def planned(mode: str, grow: Path, shrink: Path, work: Path, port_base: int) -> dict:
+    """`scale` from ``shrink`` to ``grow`` mid-run; then `down` mid-run."""
+    name, state_dir = f"elastic-{mode}", work / f"state-{mode}"
+    _up(shrink, name, state_dir, port_base)
+    job = Job(state_dir, name)
+    try:
+        job.watch_until(f"trained {RUN_BEFORE} steps", lambda j: (j.get("step") or 0) >= RUN_BEFORE)
+        reached = job.seen[-1][1]
+        began = time.monotonic()
+        seconds, _ = cli(["scale", grow, "--name", name], state_dir)
+        after = job.watch_until("resumed", lambda j: j.get("state") == "running" and
+                                (j.get("step") or 0) > (j.get("restored_step") or 1 << 60))
+        restored = after["restored_step"]
+        reached = max(step for t, step in job.seen if t <= began) if job.seen else reached
+        pause = job.pause_after(began, restored)
+        job.watch_until("trained after the resize", lambda j: (j.get("step") or 0) >= restored + RUN_BEFORE)
+        last = job.seen[-1][1]
+        cli(["down", "--name", name], state_dir)          # checkpoint first
+        job.proc.wait(timeout=300)
+    finally:
+        job.stop()
+        _down(name, state_dir)
+    saved = _latest_checkpoint(job.checkpoints)
+    return {"pause": pause, "scale_seconds": seconds, "steps_lost_resize": max(0, reached - restored),
+            "steps_lost_down": max(0, last - saved) if saved is not None else None}
+
+
+def _latest_checkpoint(folder: Path) -> int | None:
+    """The step of the newest checkpoint in ``folder`` (TensorFlow's index file)."""
+    index = folder / "checkpoint"
+    if not index.exists():
+        return None
+    line = next(line for line in index.read_text().splitlines() if line.startswith("model_checkpoint_path"))
+    return int(line.split("ckpt-")[-1].strip().strip('"'))
+
+
+def by_hand(mode: str, grow: Path, shrink: Path, work: Path, port_base: int) -> dict:
+    """stop-job, down, up the edited inventory, train --resume: the pause a user sees."""
+    name, state_dir = f"elastic-hand-{mode}", work / f"state-hand-{mode}"
+    _up(shrink, name, state_dir, port_base)
+    job = Job(state_dir, name)
+    try:
+        job.watch_until(f"trained {RUN_BEFORE} steps", lambda j: (j.get("step") or 0) >= RUN_BEFORE)
+        began = time.monotonic()
+        cli(["stop-job", "--name", name], state_dir)
+        job.proc.wait(timeout=300)
+        cli(["down", "--name", name], state_dir)
+        _up(grow, name, state_dir, port_base)
+        resumed = Job(state_dir, name, "--resume")
+        resumed.seen = list(job.seen)
+        try:
+            after = resumed.watch_until("resumed", lambda j: j.get("state") == "running" and
+                                        (j.get("step") or 0) > (j.get("restored_step") or 1 << 60))
+            pause = resumed.pause_after(began, after["restored_step"])
+        finally:
+            resumed.stop()
+    finally:
+        job.stop()
+        _down(name, state_dir)
+    return {"pause": pause}
+
+
+def host_loss(work: Path) -> dict:
+    """Lab: cut a worker host's link under --min-workers 2 --host-timeout 5 (async)."""
+    from testbed.netlab import Lab, write_inventory
+    name, state_dir, timeout = "elastic-cut", work / "state-cut", 5
+    with Lab(3, work / "lab3") as lab:
+        groups = {"chief": ["node-1"], "ps": ["node-1"], "worker": ["node-1", "node-2", "node-3"]}
+        inventory = write_inventory(lab, work / "cut.yaml", groups, {
+            "pscluster_port_base": 35000, "pscluster_mode": "async", "pscluster_env": {"OMP_NUM_THREADS": 1},
+            "pscluster_workdir": str(REPO)})
+        cli(["up", inventory, "--name", name], state_dir)
+        job = Job(state_dir, name, "--min-workers", "2", "--host-timeout", str(timeout))
+        try:
+            job.watch_until(f"trained {RUN_BEFORE} steps", lambda j: (j.get("step") or 0) >= RUN_BEFORE)
+            began = time.monotonic()
+            lab.cut("node-3")
+            after = job.watch_until("went on without node-3", lambda j: j.get("workers") == 2 and j.get("state") ==
+                                    "running" and (j.get("step") or 0) > (j.get("restored_step") or 1 << 60))
+            first = min(t for t, step in job.seen if t > began and step > after["restored_step"])
+            lab.heal("node-3")
+        finally:
+            lab.heal_all()
+            job.stop()
+            _down(name, state_dir)
+    return {"continue_seconds": first - began, "host_timeout": timeout}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.elastic", description=__doc__.split("\n")[0])
+    parser.add_argument("--modes", default="async,sync")
+    parser.add_argument("--no-lab", action="store_true", help="skip the SSH lab (host loss)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="pscluster-elastic-") as tmp:
+        work = Path(tmp)
+        for number, mode in enumerate(args.modes.split(",")):
+            grow, shrink = _inventory(work, mode, 3), _inventory(work, mode, 2)
+            base = 36000 + 100 * number
+            results[mode] = {"planned": planned(mode, grow, shrink, work, base),
+                             "by_hand": by_hand(mode, grow, shrink, work, base + 50)}
+            results[mode]["ratio"] = results[mode]["planned"]["pause"] / results[mode]["by_hand"]["pause"]
+        if not args.no_lab and os.geteuid() == 0:
+            results["host_loss"] = host_loss(work)
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    rows = []
+    for mode in args.modes.split(","):
+        r = results[mode]
+        rows.append([mode, f"{r['planned']['pause']:.1f}", f"{r['by_hand']['pause']:.1f}", f"{r['ratio']:.2f}",
+                     str(r["planned"]["steps_lost_resize"]), str(r["planned"]["steps_lost_down"])])
+    print_columns(["mode (local)", "scale pause s", "by hand s", "ratio", "steps lost: scale", "steps lost: down"],
+                  rows)
+    if "host_loss" in results:
+        loss = results["host_loss"]
+        print(f"unplanned host loss (lab, async): went on after {loss['continue_seconds']:.1f} s "
+              f"(goal <= --host-timeout {loss['host_timeout']} + 10 s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
