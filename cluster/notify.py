@@ -36,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 from .errors import UsageError
 from .events import Reporter
 
-EVENTS = ("started", "restarted", "failed", "finished", "deadline", "stopped")
+EVENTS = ("started", "restarted", "resized", "failed", "finished", "deadline", "stopped")
 DELIVERY_TIMEOUT = 5.0             # seconds for one POST or one command run
 RETRY_DELAYS = (1.0, 4.0)          # backoff before the 2nd and 3rd attempt
 FLUSH_SECONDS = 8.0                # close(): longest wait for events still queued

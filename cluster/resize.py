@@ -120,10 +120,13 @@ def check_resize(old: ClusterPlan, new: ClusterPlan, diff: PlanDiff, *, job_live
         raise UsageError("async mode needs a chief; the edited inventory has none", hint=hint)
 
 
-def plan_changes_for(new: ClusterPlan, diff: PlanDiff) -> ClusterPlan:
+def plan_changes_for(new: ClusterPlan, diff: PlanDiff, old: ClusterPlan | None = None) -> ClusterPlan:
     """The part of ``new`` that starts: what preflight checks before a resize (ports, TensorFlow,
-    GPUs on the hosts that get tasks), so that the servers that stay are not in its way."""
-    tasks = tuple(task for task in new.tasks if task.name in diff.start)
+    GPUs on the hosts that get tasks), so that the servers that stay are not in its way. A task
+    that takes the address and port of an ``old`` task that stops (a worker renumbered after a
+    host left: ``worker:2@h3`` becomes ``worker:1@h3``) is left out: its port is ours until then."""
+    freed = {(task.host, task.port) for task in (old.tasks if old is not None else ()) if task.name in diff.stop}
+    tasks = tuple(task for task in new.tasks if task.name in diff.start and (task.host, task.port) not in freed)
     hosts = tuple(host for host in new.hosts if any(task.host == host.name for task in tasks))
     return replace(new, tasks=tasks, hosts=hosts)
 
@@ -405,8 +408,9 @@ def scale_cluster(store: StateStore, name: str, new: ClusterPlan, *, pool: Trans
             return ScaleResult(diff, f"cluster {name!r} already matches the inventory: nothing to change", False)
         if diff.start:
             # Only the hosts that get tasks, and only their new tasks' ports: what stays is not in the way.
-            report = run_preflight(plan_changes_for(new, diff), pool, reporter, allow_busy_gpus=allow_busy_gpus)
-            if not report.ok:
+            changes = plan_changes_for(new, diff, old)
+            report = run_preflight(changes, pool, reporter, allow_busy_gpus=allow_busy_gpus) if changes.tasks else None
+            if report is not None and not report.ok:
                 report.raise_for_failures()
         if not job_live:
             writer = StateWriter(store, state, expect_phase="up")

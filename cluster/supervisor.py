@@ -262,9 +262,10 @@ class Supervisor(JobExecutor):
             if diff.empty:
                 return
             resize.check_resize(self.plan, new, diff, job_live=True)
-            if diff.start:
+            to_check = resize.plan_changes_for(new, diff, self.plan)
+            if to_check.tasks:
                 from .preflight import run_preflight
-                report = run_preflight(resize.plan_changes_for(new, diff), self.pool, Reporter())
+                report = run_preflight(to_check, self.pool, Reporter())
                 if not report.ok:
                     failed = next(r for r in report.results if not r.ok)
                     self.reporter.emit("message", level="warning",

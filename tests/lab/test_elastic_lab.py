@@ -32,7 +32,7 @@ def write(lab3, tmp_path, mode: str, workers: tuple[str, ...], base: int):
         groups = {"chief": at("node-1"), "ps": at("node-1"), **groups}
     return write_inventory(lab3, tmp_path / f"{mode}-{'-'.join(workers)}.yaml", groups, {
         "pscluster_port_base": base, "pscluster_mode": mode, "pscluster_env": {"OMP_NUM_THREADS": 1},
-        "pscluster_intra_op_threads": 1, "ansible_ssh_common_args": "-o ServerAliveInterval=1"})
+        "pscluster_intra_op_threads": 1})
 
 
 @contextlib.contextmanager

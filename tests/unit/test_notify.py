@@ -151,10 +151,10 @@ def test_events_arrive_in_order_while_a_hanging_target_waits(servers):
     warnings: list[str] = []
     notifier = Notifier([Target(url=servers.url("/ok")), Target(url=servers.url("/hang/services/T0123ABCD"))],
                         warn=warnings.append, send=fast_send, flush_seconds=0.5)
-    for event in ("started", "restarted", "finished"):
+    for event in ("started", "restarted", "resized", "finished"):
         notifier.emit("job-state", **job_state(event, step=1))      # returns at once: delivery is in the background
-    bodies = servers.wait_for(3)
-    assert [body["event"] for body in bodies] == ["started", "restarted", "finished"]
+    bodies = servers.wait_for(4)
+    assert [body["event"] for body in bodies] == ["started", "restarted", "resized", "finished"]
     assert bodies[0] == {"cluster": "c1", "job": "distributed_mnist", "event": "started",
                          "time": "2025-11-24T20:31:05Z", "report": {"step": 1}}
     assert not servers.release.is_set()          # the hanging target still holds its first event

@@ -49,6 +49,8 @@ def test_removing_a_middle_host_renumbers_the_workers_after_it(write_inventory):
     # worker:1 is h3's task now: the old worker:1 (h2) and worker:2 (h3) stop, the new worker:1 starts.
     assert diff.stop == ("worker:1", "worker:2") and diff.start == ("worker:1",)
     check_resize(old, new, diff, job_live=True)
+    # The new worker:1 takes h3's address and port, which the old worker:2 frees: not preflighted.
+    assert plan_changes_for(new, diff).tasks and not plan_changes_for(new, diff, old).tasks
 
 
 def test_same_inventory_is_no_change():
