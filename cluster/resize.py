@@ -26,7 +26,7 @@ import signal
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Collection, Iterator, Mapping
+from typing import Collection, Iterator, Mapping, Sequence
 
 from .codesync import sync_code
 from .contracts import Mode, ProcessKind
@@ -35,7 +35,7 @@ from .events import Reporter
 from .launcher import (new_record, report_standbys, start_standbys, start_tasks, stop_records, task_env,
                        wait_ready)
 from .inventory import Inventory
-from .plan import ClusterPlan, TaskSpec
+from .plan import ClusterPlan, HostSpec, TaskSpec
 from .probe import Prober
 from .secrets import Secrets
 from .state import ProcessRecord, RunState, StateStore, StateWriter, plan_from_json, plan_to_json
@@ -120,6 +120,16 @@ def check_resize(old: ClusterPlan, new: ClusterPlan, diff: PlanDiff, *, job_live
         raise UsageError("async mode needs a chief; the edited inventory has none", hint=hint)
 
 
+def knowing_hosts(plan: ClusterPlan, *others: ClusterPlan | HostSpec) -> ClusterPlan:
+    """``plan`` that also knows how to reach the hosts of ``others`` (plans or hosts): processes
+    are stopped through the plan, and a host that left it may still run some."""
+    hosts = {host.name: host for host in plan.hosts}
+    for other in others:
+        for host in (other.hosts if isinstance(other, ClusterPlan) else (other,)):
+            hosts.setdefault(host.name, host)
+    return replace(plan, hosts=tuple(hosts.values()))
+
+
 def plan_changes_for(new: ClusterPlan, diff: PlanDiff, old: ClusterPlan | None = None) -> ClusterPlan:
     """The part of ``new`` that starts: what preflight checks before a resize (ports, TensorFlow,
     GPUs on the hosts that get tasks), so that the servers that stay are not in its way. A task
@@ -133,7 +143,7 @@ def plan_changes_for(new: ClusterPlan, diff: PlanDiff, old: ClusterPlan | None =
 
 def apply_plan(writer: StateWriter, pool: TransportPool, reporter: Reporter, old: ClusterPlan, new: ClusterPlan,
                diff: PlanDiff, secrets: Secrets | None, *, root: Path | None = None, timeout: float = 120.0,
-               standbys: bool = True, unreachable: Collection[str] = ()) -> None:
+               standbys: bool = True, unreachable: Collection[str] = (), known_hosts: Sequence[HostSpec] = ()) -> None:
     """Bring the processes in line with ``new`` (module docstring); the job's own processes must
     be stopped already.
 
@@ -154,7 +164,7 @@ def apply_plan(writer: StateWriter, pool: TransportPool, reporter: Reporter, old
     going = [r for r in state.live_records() if not stays(r) and r.host not in unreachable]
     if going:
         reporter.emit("phase", name="stop", detail=f"{len(going)} process(es) the new membership leaves out")
-        stopped, errors = stop_records(old, going, pool, reporter, grace=10.0)
+        stopped, errors = stop_records(knowing_hosts(old, new, *known_hosts), going, pool, reporter, grace=10.0)
         writer.change(lambda s: s.replace_records(stopped))
         if errors:
             host, error = next(iter(errors.items()))

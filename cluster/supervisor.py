@@ -35,7 +35,7 @@ from .contracts import JobState, Mode, ProcessKind
 from .errors import Failure, HostError, PsclusterError, UsageError
 from .events import Reporter
 from .jobstop import first_to_stop
-from .launcher import report_standbys, start_standbys, task_env
+from .launcher import report_standbys, start_standbys, stop_records, task_env
 from .secrets import Secrets
 from .plan import TaskSpec
 from .state import ProcessRecord, StateStore
@@ -48,6 +48,8 @@ from .training import (EventTail, JobRef, TrainOptions, host_layout, job_files, 
 from .transport import TransportPool
 
 __all__ = ["Supervisor", "JobFailed", "JobInterrupted"]
+
+REJOIN_RETRY = 5.0      # seconds between two tries to take a host back (each runs preflight there)
 
 
 class Supervisor(JobExecutor):
@@ -77,6 +79,7 @@ class Supervisor(JobExecutor):
         self.elastic = elastic                    # --min-workers / --hosts-from
         self.dropped: dict[str, HostLink] = {}    # worker hosts left out while lost: watched until they answer
         self.next_discovery = 0.0
+        self.next_rejoin = 0.0
 
     def interrupt(self) -> None:
         """Checkpoint on stop (:func:`cluster.jobstop.first_to_stop`): the leader (async chief,
@@ -165,7 +168,8 @@ class Supervisor(JobExecutor):
         self.forget_and_stop([w for w in self.watched.values()
                               if w.kind is not ProcessKind.SERVER or w.task.name in diff.stop])
         resize.apply_plan(self.writer, self.pool, self.reporter, old, new, diff, self.secrets, root=self.root,
-                          standbys=False, unreachable=unreachable)
+                          standbys=False, unreachable=unreachable,
+                          known_hosts=[link.host for link in self.dropped.values()])
         self.plan = new
         self.leader = leader_task(new)
         workers_before, workers_after = len(old.tasks_of("worker")), len(new.tasks_of("worker"))
@@ -221,7 +225,9 @@ class Supervisor(JobExecutor):
         assert elastic is not None
         now = self.clock()
         for host, link in list(self.dropped.items()):
-            if link.poll(now):        # its watch stream answers: the host is back
+            if link.poll(now) and now >= self.next_rejoin:        # its watch stream answers: the host is back
+                self.next_rejoin = now + REJOIN_RETRY
+                self.stop_leftovers(host)
                 self.rejoin({host: None}, f"{host} is back")
                 return
         if elastic.hosts_from and now >= self.next_discovery:
@@ -229,6 +235,20 @@ class Supervisor(JobExecutor):
             wanted = resize.discover(elastic.hosts_from, self.reporter)
             if wanted is not None:
                 self.follow_discovery(wanted)
+
+    def stop_leftovers(self, host: str) -> None:
+        """What a lost host still runs of this cluster (its processes lived on behind the cut: a
+        server would hold its port): stopped before the host rejoins."""
+        left = [r for r in self.state.live_records() if r.host == host and r.key not in self.watched]
+        if left:
+            self.reporter.emit("message", text=f"{host} answers again: stopping {len(left)} process(es) it still "
+                                               "runs from before it was lost")
+            plan = resize.knowing_hosts(self.plan, self.dropped[host].host) if host in self.dropped else self.plan
+            stopped, errors = stop_records(plan, left, self.pool, self.reporter, grace=3.0)
+            self.writer.change(lambda s: s.replace_records(stopped))
+            for where, error in errors.items():
+                self.reporter.emit("message", level="warning",
+                                   text=f"could not stop what {where} still runs: {error.message.splitlines()[0]}")
 
     def follow_discovery(self, wanted: dict[str, int | None]) -> None:
         """Grow or shrink to the discovery command's host list (hosts of the inventory's worker group)."""
