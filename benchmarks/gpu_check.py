@@ -379,7 +379,9 @@ def step_masks(setup: Setup) -> StepResult:
         report = None
     step.data = {"command": argv[2:], "exit_code": done.returncode, "tasks": seen, "run_report": report,
                  "stderr_tail": done.stderr[-3000:]}
-    step.checks.append(plain("pscluster run exits 0", done.returncode == 0, f"exit {done.returncode}"))
+    said = [line.strip() for line in done.stderr.splitlines() if line.strip().startswith(("error:", "Root cause"))]
+    step.checks.append(plain("pscluster run exits 0", done.returncode == 0,
+                             f"exit {done.returncode}" + (f": {said[0][:300]}" if said and done.returncode else "")))
     step.checks.extend(judge_tasks(seen, {"worker:0": ("0", 1), "worker:1": ("", 0)}, real=setup.real))
     return step
 

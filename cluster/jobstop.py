@@ -45,6 +45,8 @@ def first_to_stop(plan: ClusterPlan, records: Iterable[ProcessRecord]) -> list[P
     trainers = [r for r in records if r.kind == ProcessKind.TRAIN and not r.stopped]
     if plan.mode == Mode.SYNC:
         return [r for r in trainers if r.task.startswith("worker:")]
+    if not trainers:
+        return []
     leader = leader_task(plan).name
     return [r for r in trainers if r.task == leader]
 
@@ -62,9 +64,10 @@ def stop_running_job(name: str, *, store: StateStore, reporter: Reporter, pool: 
     info = job.orchestrator
     stop_grace = job.stop_grace if job.stop_grace is not None else DEFAULT_STOP_GRACE
     if info is not None and orchestrator_alive(info):
-        reporter.emit("message", text=f"asking job {job.id}'s supervisor (pid {info.pid}) to stop it; "
-                                      f"the leader checkpoints first (up to {stop_grace:g} s)")
-        if stop_supervisor(info, timeout=stop_grace + grace + SUPERVISOR_MARGIN):
+        training = job.entry == "train"
+        reporter.emit("message", text=f"asking job {job.id}'s supervisor (pid {info.pid}) to stop it"
+                                      + (f"; the leader checkpoints first (up to {stop_grace:g} s)" if training else ""))
+        if stop_supervisor(info, timeout=(stop_grace if training else 0) + grace + SUPERVISOR_MARGIN):
             fresh = store.load(name)
             return fresh.job if fresh is not None else None
         reporter.emit("message", level="warning",
@@ -132,6 +135,8 @@ def stop_orphaned_job(name: str, *, store: StateStore, reporter: Reporter, grace
 def _last_checkpoint(state: RunState, records: list[ProcessRecord], pool: TransportPool) -> dict | None:
     """The newest ``checkpoint`` event the leader wrote (read from its events file), if newer
     than the job's recorded one."""
+    if not records:
+        return None
     leader = leader_task(state.plan).name
     recorded = state.job.checkpoint_step if state.job is not None else None
     for record in records:

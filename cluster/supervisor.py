@@ -50,6 +50,7 @@ from .transport import TransportPool
 __all__ = ["Supervisor", "JobFailed", "JobInterrupted"]
 
 REJOIN_RETRY = 5.0      # seconds between two tries to take a host back (each runs preflight there)
+LOST_HOST_GRACE = 5.0   # the leader's time to save when a resize leaves a lost host out
 
 
 class Supervisor(JobExecutor):
@@ -152,6 +153,9 @@ class Supervisor(JobExecutor):
         resize.post_result(self.store, self.name, ok=True, message=text)
 
     def resize(self, request: "resize.ResizeRequest", unreachable: frozenset[str] | set[str] = frozenset()) -> str:
+        # With a host lost the leader usually cannot save: its coordinator waits on the lost
+        # worker's closure (measured: the chief never got to its checkpoint within 30 s), so it gets
+        # a short grace and the job goes back to its last periodic checkpoint.
         """Checkpoint, stop the job's processes, bring the servers in line with the new plan, and
         start the training processes again from the checkpoint at the new size."""
         old, new = self.plan, request.plan
@@ -162,8 +166,9 @@ class Supervisor(JobExecutor):
                                            f"the job checkpoints first (up to {self.options.stop_grace:g} s)")
         self.set_job(state=JobState.RESTARTING, message="resizing")
         first = [r for r in first_to_stop(old, self.state.live_records()) if r.host not in unreachable]
-        if first and self.options.stop_grace > 0:
-            self.stop(first, grace=self.options.stop_grace)
+        grace = min(self.options.stop_grace, LOST_HOST_GRACE) if unreachable else self.options.stop_grace
+        if first and grace > 0:
+            self.stop(first, grace=grace)
             self.read_final_events(first)
         self.forget_and_stop([w for w in self.watched.values()
                               if w.kind is not ProcessKind.SERVER or w.task.name in diff.stop])

@@ -108,7 +108,8 @@ def test_down_mid_train_checkpoints_first_and_resume_redoes_no_step(tmp_path, mo
             assert status.returncode == 0, status.stderr
             shown = json.loads(status.stdout)["job"]
             assert shown["checkpoint_step"] >= before["checkpoint_step"], shown
-            assert shown["steps_since_checkpoint"] == shown["step"] - shown["checkpoint_step"] >= 0, shown
+            # (a checkpoint event can be recorded before the progress event of its step)
+            assert shown["steps_since_checkpoint"] == max(0, shown["step"] - shown["checkpoint_step"]), shown
             down = cli(state_dir, "down", "--name", name)      # another terminal; no --now
             _, train_err = train.communicate(timeout=300)
         finally:

@@ -50,7 +50,18 @@ def start_standby(tmp_path, env, name="chief-0.1"):
                                "inherit_env": True})
     assert "error" not in record, record
     _wait(lambda: os.path.exists(log + ".fifo"), "the standby's FIFO")
+    # Listening: blocked opening its FIFO for the next request (a request before that finds
+    # nobody to read it, as a standby that is frozen or gone would).
+    _wait(lambda: _blocked_on_a_fifo(record["pid"]), "the standby listens on its FIFO")
     return dict(record, key="chief:0#s1", fifo=log + ".fifo")
+
+
+def _blocked_on_a_fifo(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/wchan") as handle:
+            return handle.read().strip() == "wait_for_partner"      # the kernel's fifo_open wait
+    except OSError:
+        return False
 
 
 def adopt(tmp_path, standby, env, job="job-1"):
