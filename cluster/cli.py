@@ -195,7 +195,7 @@ def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base
         if firewall or cluster.firewall:
             from .firewall import ruleset_for
             document["firewall"] = {host.name: ruleset_for(cluster, host.name) for host in cluster.hosts}
-        env.out.print_json(json.dumps(document))
+        ui.print_json(env.out, document)
         return
     ui.render_plan(env.out, cluster, secret_names=secret_names)
     if firewall or cluster.firewall:

@@ -19,6 +19,7 @@ Every error names file, line and key path (:class:`~cluster.errors.InventoryErro
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -39,6 +40,9 @@ PASSWORD_KEYS = ("ansible_password", "ansible_ssh_pass", "ansible_ssh_password",
 # Set by pscluster per task; a user value would silently break the cluster.
 RESERVED_ENV = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Hosts in one inventory, every pattern and file together (the range cap is per pattern: 30
+# ranges of 10,000 in 640 bytes ran past 60 s). Tasks are capped in cluster.plan (MAX_TASKS).
+MAX_HOSTS = 10_000
 
 
 @dataclass(frozen=True)
@@ -136,7 +140,11 @@ class Inventory:
     notify: tuple[str, ...] = ()
 
     def host(self, name: str) -> HostConfig:
-        return next(host for host in self.hosts if host.name == name)
+        return self._by_name[name]
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, HostConfig]:
+        return {host.name: host for host in self.hosts}
 
     def hosts_of(self, role: str) -> tuple[str, ...]:
         return dict(self.role_hosts).get(role, ())
@@ -151,6 +159,7 @@ class _Group:
     hosts: list[str] = field(default_factory=list)
     vars: dict[str, tuple[Any, KeyPath]] = field(default_factory=dict)
     children: list[str] = field(default_factory=list)
+    known: set[str] = field(default_factory=set)      # hosts, as a set (was rebuilt per pattern: O(N^2))
 
 
 @dataclass
@@ -204,9 +213,13 @@ def _parse_group(raw: _Raw, name: str, data: Any, path: KeyPath) -> None:
                                                          "set the address with ansible_host")
         if host_vars is not None and not isinstance(host_vars, dict):
             raise _err(raw, host_path, f"host variables must be a mapping, got {_describe(host_vars)}")
-        known = set(group.hosts)
         for host in names:
             raw.host_first.setdefault(host, host_path)
+        if len(raw.host_first) > MAX_HOSTS:
+            raise _err(raw, host_path, f"the inventory names more than {MAX_HOSTS} hosts",
+                       hint=f"pscluster plans at most {MAX_HOSTS} hosts from one inventory; split it")
+        known = group.known
+        for host in names:
             if host not in known:
                 known.add(host)
                 group.hosts.append(host)
@@ -718,10 +731,7 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
 
     depth = _depths(raw)
     membership = {name: _members(raw, name) for name in raw.groups}
-    all_hosts = list(membership["all"])
-    for host in raw.host_first:
-        if host not in all_hosts:
-            all_hosts.append(host)
+    all_hosts = list(dict.fromkeys([*membership["all"], *raw.host_first]))    # (a set: N4, was O(N^2))
     role_hosts = tuple((role, tuple(membership[role])) for role in ROLES if membership.get(role))
     groups_by_host: dict[str, list[str]] = {host: [] for host in all_hosts}
     for name, members in membership.items():

@@ -3,7 +3,6 @@ program per mode and with --on, what each process gets, python substitution, fil
 where the program runs on each host."""
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -92,7 +91,7 @@ def test_one_shot_plans_every_role_it_is_given_and_nothing_stands():
     assert sorted(plan.cluster_spec) == ["chief", "ps", "worker"]
     only = lab_plan("async", roles=("ps", "worker"))
     assert sorted(only.cluster_spec) == ["ps", "worker"]              # with --on, the roles that take part
-    tf_config = json.loads(dict(only.task("worker:1").env)["TF_CONFIG"])
+    tf_config = only.tf_config(only.task("worker:1"))
     assert tf_config == {"cluster": only.cluster_spec, "task": {"type": "worker", "index": 1}}
     assert ("chief", "not among the roles that run the program (ps, worker)") in only.unused
 
@@ -109,7 +108,7 @@ def test_the_evaluator_is_not_part_of_the_cluster_spec(tmp_path):
                          "    evaluator: {hosts: {a: }}\n")
     plan = plan_cluster(load_inventory(str(inventory)), replace(OPTIONS, roles=("worker", "evaluator")))
     assert plan.cluster_spec == {"worker": [plan.task("worker:0").target]}
-    assert plan.task("evaluator:0").tf_config["task"] == {"type": "evaluator", "index": 0}
+    assert plan.tf_config(plan.task("evaluator:0"))["task"] == {"type": "evaluator", "index": 0}
     assert plan.task("evaluator:0").port != plan.task("worker:0").port
 
 
