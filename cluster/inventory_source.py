@@ -218,7 +218,7 @@ def _read_vars_folder(inventory: InventorySource, folder: str, shown: str,
         files: list[tuple[str, str]] = []
         for extension in VARS_EXTENSIONS:
             full = os.path.join(folder, owner + extension)
-            if os.path.isfile(full):
+            if os.path.lexists(full) and not os.path.isdir(full):   # a FIFO too: read_text refuses it
                 files.append((full, os.path.join(shown, owner + extension)))
         if os.path.isdir(os.path.join(folder, owner)):
             files.extend(_folder_files(os.path.join(folder, owner), os.path.join(shown, owner), False))
