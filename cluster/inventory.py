@@ -37,9 +37,15 @@ HOST_KEY_POLICIES = ("reject", "accept-new")
 DEFAULT_PORT_BASE = 2222
 PASSWORD_KEYS = ("ansible_password", "ansible_ssh_pass", "ansible_ssh_password",
                  "ansible_become_password", "ansible_become_pass", "ansible_sudo_pass")
-# Set by pscluster per task; a user value would silently break the cluster.
+# Set by pscluster per task; a user value would silently break the cluster. (PSCLUSTER_* names
+# pscluster does not set, such as PSCLUSTER_TRACE_STEPS, are settings the user may give.)
 RESERVED_ENV = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PLANNED_PSCLUSTER_ENV = (   # cluster.plan._task_env, pscluster_*_op_threads, cluster.runspec.program_env
+    "PSCLUSTER_CLUSTER", "PSCLUSTER_TASK", "PSCLUSTER_INTRA_OP_THREADS", "PSCLUSTER_INTER_OP_THREADS",
+    "PSCLUSTER_TASK_TYPE", "PSCLUSTER_TASK_INDEX", "PSCLUSTER_NUM_WORKERS", "PSCLUSTER_NUM_PS",
+    "PSCLUSTER_PS_HOSTS", "PSCLUSTER_WORKER_HOSTS", "PSCLUSTER_CHIEF_HOSTS", "PSCLUSTER_HOST", "PSCLUSTER_PORT")
+# \Z, not $: "$" also matches before a final newline, which let "TF_CONFIG\n" through (N12).
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Hosts in one inventory, every pattern and file together (the range cap is per pattern: 30
 # ranges of 10,000 in 640 bytes ran past 60 s). Tasks are capped in cluster.plan (MAX_TASKS).
 MAX_HOSTS = 10_000
@@ -339,14 +345,20 @@ def _env_map(raw: _Raw, path: KeyPath, value: Any) -> tuple[tuple[str, str], ...
                    hint="e.g. pscluster_env: {OMP_NUM_THREADS: 2}")
     result = []
     for name, item in value.items():
-        if not _ENV_NAME.match(name):
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
             raise _err(raw, path + (name,), f"{name!r} is not a valid environment variable name")
-        if name in RESERVED_ENV:
+        if name in RESERVED_ENV or name in PLANNED_PSCLUSTER_ENV:
             raise _err(raw, path + (name,), f"{name} is set by pscluster for each task",
-                       hint="use <role>_gpus for CUDA_VISIBLE_DEVICES; TF_CONFIG comes from the plan")
+                       hint="use <role>_gpus for CUDA_VISIBLE_DEVICES, pscluster_intra_op_threads/"
+                            "pscluster_inter_op_threads for the thread counts; TF_CONFIG and PSCLUSTER_TASK, "
+                            "_CLUSTER... come from the plan")
         if item is None or isinstance(item, (dict, list)):
             raise _err(raw, path + (name,), f"expected a string or number, got {_describe(item)}")
-        result.append((name, str(item).lower() if isinstance(item, bool) else str(item)))
+        text = str(item).lower() if isinstance(item, bool) else str(item)
+        if "\0" in text:      # the process could not start (Popen's ValueError): refuse it here, by name
+            raise _err(raw, path + (name,), f"the value of {name} holds a NUL character",
+                       hint="an environment value cannot hold \\0")
+        result.append((name, text))
     return tuple(result)
 
 

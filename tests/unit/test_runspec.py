@@ -217,3 +217,12 @@ def test_where_the_program_runs(tmp_path):
 def test_one_shot_roles_follow_an_explicit_mode(mode, roles):
     from cluster.runspec import one_shot_roles
     assert one_shot_roles(load_inventory(str(INVENTORIES / "lab.yaml")), mode) == roles
+
+
+def test_every_pscluster_variable_pscluster_sets_is_refused_in_pscluster_env():
+    """N12 (issue 25): pscluster_env could override PSCLUSTER_TASK and PSCLUSTER_CLUSTER."""
+    from cluster.inventory import PLANNED_PSCLUSTER_ENV
+    plan = lab_plan("async", roles=("chief", "ps", "worker"))
+    for task in plan.tasks:
+        names = [*program_env(plan, task), *plan.task_env(task)]
+        assert {name for name in names if name.startswith("PSCLUSTER_")} <= set(PLANNED_PSCLUSTER_ENV)
