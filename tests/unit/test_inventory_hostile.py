@@ -100,7 +100,16 @@ def test_bad_addresses_are_refused(tmp_path, address):
     assert error.line == 6 and error.key_path == "worker.hosts.a.ansible_host"
 
 
-@pytest.mark.parametrize("name", ["node-a", "NODE_1.lab.example", "10.0.0.1", "::1", "fe80::1", "a" * 63])
+@pytest.mark.parametrize("name", ["fe80::1%eth0\nflush ruleset", "fe80::1%a b", "fe80::1%a;b", "fe80::1%$(id)",
+                                  "fe80::1%`id`", "fe80::1%[x]", "fe80::1%" + "e" * 16, "fe80::1%\x1b", "fe80::1%é"])
+def test_ipv6_scope_ids_are_interface_names_or_numbers(name):
+    """N6 (issue 25): Python accepts any text after '%' as a scope id; it passed host-name
+    validation with newlines, spaces, ';', '$()', backticks and brackets."""
+    assert "scope id" in (check_host_name(name) or "")
+
+
+@pytest.mark.parametrize("name", ["node-a", "NODE_1.lab.example", "10.0.0.1", "::1", "fe80::1", "a" * 63,
+                                  "fe80::1%eth0", "fe80::1%2", "fe80::1%br-lab.7"])
 def test_good_host_names(name):
     assert check_host_name(name) is None
 
