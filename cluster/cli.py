@@ -364,9 +364,9 @@ def logs(env: Env, task: str | None, name: str | None, follow: bool, lines: int 
     state = _existing(env, env.store.resolve_name(name))
     tasks = select_tasks(state, task)
 
-    def write(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+    def write(text: str) -> None:      # remote bytes: control characters shown as \x1b (N13), never raw
+        env.out.file.write(ui.visible(text))
+        env.out.file.flush()
 
     with env.pool_factory() as pool:
         try:

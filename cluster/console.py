@@ -109,6 +109,12 @@ def _plain(value: Any) -> str:
     return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", str(value))
 
 
+def visible(value: Any) -> str:
+    """Text (remote output) for a plain stream, with its control characters but newline and tab
+    made visible, so a log cannot recolour, move the cursor of or retitle the terminal."""
+    return _plain(value)
+
+
 def escape(value: Any) -> str:
     """Data (a name, path or remote text) for a string read as rich markup: shown as it is."""
     return _markup_escape(_plain(value))
