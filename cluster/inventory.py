@@ -697,6 +697,7 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
     inventory_source = read_source(path, display_name)
     source = inventory_source.source
     raw = _Raw(source)
+    raw.warnings.update(dict.fromkeys(inventory_source.warnings))
     for data, root in inventory_source.documents:
         if data is None:
             continue

@@ -20,8 +20,10 @@ its defaults are replaced on purpose:
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import socket
+import stat as stat_module
 import threading
 import time
 from typing import Sequence
@@ -66,6 +68,41 @@ def _known_host_keys(path: str) -> paramiko.HostKeys | None:
             cached = (stamp, paramiko.HostKeys(path))
             _HOST_KEYS[path] = cached
         return cached[1]
+
+
+# One known_hosts line: [@marker] hostnames keytype base64-key [comment] (sshd(8), "SSH_KNOWN_HOSTS
+# FILE FORMAT"). /etc/passwd or /etc/shadow matches none of its lines.
+_KNOWN_HOSTS_LINE = re.compile(r"(@(cert-authority|revoked)\s+)?\S+\s+[a-z][a-z0-9@.+-]*\s+[A-Za-z0-9+/]+={0,3}(\s.*)?")
+_KNOWN_HOSTS_CHECKED: dict[str, tuple[tuple[int, int], str | None]] = {}
+
+
+def known_hosts_problem(path: str) -> str | None:
+    """Why ``path`` is not a known-hosts file (None: it is one, or it does not exist yet).
+
+    With ``accept-new`` the file is appended to, as root too: ``pscluster_known_hosts:
+    /etc/passwd`` was accepted and would have been written (issue 25, "Also")."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot read it: {exc.strerror}"
+    with open(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat_module.S_ISREG(info.st_mode):
+            return "not a regular file"
+        stamp = (info.st_mtime_ns, info.st_size)
+        cached = _KNOWN_HOSTS_CHECKED.get(path)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        problem = None
+        for number, raw in enumerate(handle, 1):
+            line = raw.decode("utf-8", "replace").strip()
+            if line and not line.startswith("#") and not _KNOWN_HOSTS_LINE.fullmatch(line):
+                problem = f"line {number} is not a known-hosts entry"
+                break
+        _KNOWN_HOSTS_CHECKED[path] = (stamp, problem)
+        return problem
 
 
 class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
@@ -242,6 +279,11 @@ class SSHTransport(Transport):
     def _open(self) -> fabric.Connection:
         timeout = self.host.connect_timeout
         known_hosts = self.known_hosts_path()
+        problem = known_hosts_problem(known_hosts)
+        if problem:
+            raise UnreachableHostError(self.host.name, f"{known_hosts} is not a known-hosts file: {problem}",
+                                       hint="pscluster_known_hosts names a file of 'host keytype key' lines "
+                                            "(default ~/.ssh/known_hosts)")
         gateway = None
         for hop in self.jumps():
             address, port, user = parse_hop(hop, self.host.user)

@@ -83,3 +83,24 @@ def test_hops_give_address_port_and_user():
     assert parse_hop("[2001:db8::1]:2222", None) == ("2001:db8::1", 2222, None)
     assert parse_hop("carol@[2001:db8::1]", "bob") == ("2001:db8::1", None, "carol")
     assert parse_hop("2001:db8::1", None) == ("2001:db8::1", None, None)
+
+
+def test_a_known_hosts_file_that_is_not_one_is_refused_before_connecting(tmp_path):
+    """Issue 25, "Also": `pscluster_known_hosts: /etc/passwd` with accept-new was accepted, and
+    as root that file would have been appended to."""
+    import pytest
+    from cluster.errors import UnreachableHostError
+    from cluster.transport.ssh import known_hosts_problem
+    passwd = tmp_path / "passwd"
+    passwd.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    before = passwd.read_bytes()
+    transport = SSHTransport(host(known_hosts=str(passwd), host_key_policy="accept-new", address="127.77.250.1"))
+    with pytest.raises(UnreachableHostError, match="is not a known-hosts file: line 1 is not a known-hosts entry"):
+        transport.connect()
+    assert passwd.read_bytes() == before
+    assert known_hosts_problem("/dev/null") == "not a regular file"
+    good = tmp_path / "known_hosts"
+    good.write_text("# comment\n\n[127.77.0.2]:22,node-a ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIH+x/y=\n"
+                    "@cert-authority *.lab ecdsa-sha2-nistp256 AAAAE2VjZHNh comment here\n|1|abc=|def= ssh-rsa AAAAB3==\n")
+    assert known_hosts_problem(str(good)) is None
+    assert known_hosts_problem(str(tmp_path / "absent")) is None       # accept-new creates it

@@ -230,3 +230,18 @@ def test_a_fifo_anywhere_in_the_inventory_is_refused_without_blocking(tmp_path, 
 def test_devices_are_refused_as_inventories(special):
     with pytest.raises(InventoryError, match="not a regular file"):
         load_inventory(special)
+
+
+def test_group_vars_read_from_outside_the_inventory_folder_are_warned(tmp_path):
+    """Issue 25, "Also": a symlinked group_vars/all.yml -> /etc/shadow was followed and parsed
+    without a word."""
+    outside = tmp_path / "elsewhere.yml"
+    outside.write_text("pscluster_port_base: 3000\n")
+    folder = tmp_path / "inv"
+    (folder / "group_vars").mkdir(parents=True)
+    (folder / "hosts.yml").write_text("worker:\n  hosts: {b: }\n")
+    (folder / "group_vars" / "all.yml").symlink_to(outside)
+    (folder / "group_vars" / "worker.yml").write_text("worker_tasks: 1\n")
+    inventory = load_inventory(str(folder))
+    warned = [text for text in inventory.warnings if "outside the inventory folder" in text]
+    assert len(warned) == 1 and "group_vars/all.yml" in warned[0] and str(outside) in warned[0]
