@@ -182,7 +182,7 @@ def render_plan(console: Console, plan: ClusterPlan, *, secret_names: Sequence[s
     details = []
     for task in plan.tasks:
         host = plan.host(task.host)
-        how = (f" as {host.become_user}" if host.become_user else "") + "".join(f" via {hop}" for hop in host.jump)
+        how = (f" as {host.become_user}" if host.become_user else "") + "".join(f" via {hop}" for hop in host.jump if hop.lower() != "none")
         title = (task.name, f" on {task.host}{how}  (cwd {task.workdir}, log {task.log_path})")
         env = dict(task.env)
         env.pop("TF_CONFIG", None)
@@ -210,7 +210,7 @@ def host_line(host: HostSpec) -> str:
         user = f"{host.user}@" if host.user else ""
         reach = f"ssh {user}{host.address}:{host.ssh_port or 22}"
         reach += f" key {host.key_file}" if host.key_file else ""
-        reach += "".join(f" via {hop}" for hop in host.jump)
+        reach += "".join(f" via {hop}" for hop in host.jump if hop.lower() != "none")
     else:
         reach = f"{host.connection} ({host.address})"
     reach += f" as {host.become_user}" if host.become_user else ""

@@ -532,7 +532,7 @@ def _jump_hops(name: str, setting: str) -> tuple[str, ...] | None:
     if name not in ("proxyjump", "-J"):
         return None
     if setting.lower() == "none":
-        return ()
+        return ("none",)        # said outright: no hop, not even ~/.ssh/config's (the transport reads it)
     return tuple(hop.strip() for hop in setting.split(",") if hop.strip())
 
 

@@ -245,8 +245,14 @@ class SSHTransport(Transport):
                 self._conn = self._open()
             return self._conn
 
+    def _config_entry(self, address: str) -> dict:
+        """What the ssh config (this transport's, else the one Fabric loaded) says for ``address``."""
+        config = _fabric_config().base_ssh_config if self.ssh_config is None else \
+            paramiko.SSHConfig.from_path(self.ssh_config)
+        return dict(config.lookup(address))
+
     def _connection(self, address: str, port: int | None, user: str | None,
-                    gateway: fabric.Connection | None) -> fabric.Connection:
+                    gateway: fabric.Connection | bool | None) -> fabric.Connection:
         """An unopened connection to one hop (or the host itself) with our host-key policy:
         every hop is checked against known_hosts like the target, never auto-added."""
         timeout = self.host.connect_timeout
@@ -255,6 +261,10 @@ class SSHTransport(Transport):
         if self.host.key_file:
             connect_kwargs["key_filename"] = [os.path.expanduser(self.host.key_file)]
             connect_kwargs["look_for_keys"] = False
+        if gateway is None and "proxyjump" in self._config_entry(address):
+            # Fabric would build this hop's ProxyJump itself, with AutoAddPolicy (N10): jumps()
+            # already put those hops first, built here with our policy; False: no gateway of Fabric's.
+            gateway = False
         conn = fabric.Connection(host=address, user=user, port=port, connect_timeout=timeout,
                                  connect_kwargs=connect_kwargs, config=_fabric_config(), gateway=gateway)
         known_hosts = self.known_hosts_path()
@@ -272,9 +282,21 @@ class SSHTransport(Transport):
     def jumps(self) -> tuple[str, ...]:
         """ProxyJump hops: the inventory's, else the ssh config's for this host (~/.ssh/config;
         Fabric would follow the latter itself, but with AutoAddPolicy on the hop)."""
-        if self.host.jump:
-            return self.host.jump
-        return config_jumps(self.host.address, self.ssh_config)
+        if self.host.jump:      # the inventory's; ProxyJump=none: no hop, not even ~/.ssh/config's (N10)
+            hops = tuple(hop for hop in self.host.jump if hop.lower() != "none")
+        else:
+            hops = config_jumps(self.host.address, self.ssh_config)
+        # The first hop's own ProxyJump (~/.ssh/config), recursively: Fabric would otherwise open
+        # those hops itself, trusting any host key (N10).
+        seen: set[str] = set()
+        while hops and len(hops) < 16:
+            first = parse_hop(hops[0], self.host.user)[0]
+            before = config_jumps(first, self.ssh_config)
+            if first in seen or not before:
+                break
+            seen.add(first)
+            hops = before + hops
+        return hops
 
     def _open(self) -> fabric.Connection:
         timeout = self.host.connect_timeout
@@ -284,10 +306,12 @@ class SSHTransport(Transport):
             raise UnreachableHostError(self.host.name, f"{known_hosts} is not a known-hosts file: {problem}",
                                        hint="pscluster_known_hosts names a file of 'host keytype key' lines "
                                             "(default ~/.ssh/known_hosts)")
-        gateway = None
+        gateway: fabric.Connection | bool | None = None
         for hop in self.jumps():
             address, port, user = parse_hop(hop, self.host.user)
             gateway = self._connection(address, port, user, gateway)
+        if gateway is None and any(hop.lower() == "none" for hop in self.host.jump):
+            gateway = False      # ProxyJump=none in the inventory: not ~/.ssh/config's hops either
         conn = self._connection(self.host.address, self.host.ssh_port, self.host.user, gateway)
         try:
             conn.open()

@@ -104,3 +104,38 @@ def test_a_known_hosts_file_that_is_not_one_is_refused_before_connecting(tmp_pat
                     "@cert-authority *.lab ecdsa-sha2-nistp256 AAAAE2VjZHNh comment here\n|1|abc=|def= ssh-rsa AAAAB3==\n")
     assert known_hosts_problem(str(good)) is None
     assert known_hosts_problem(str(tmp_path / "absent")) is None       # accept-new creates it
+
+
+HOP_CONFIG = """\
+Host bastion
+    ProxyJump outer
+Host target.lab
+    ProxyJump bastion
+"""
+
+
+def test_a_hops_own_proxyjump_is_built_here_with_host_key_checks(tmp_path, monkeypatch):
+    """N10 (issue 25): the first hop got gateway=None, so Fabric built that hop's own ProxyJump
+    from ~/.ssh/config with AutoAddPolicy (any host key trusted)."""
+    import fabric
+    from cluster.transport import ssh
+    config = tmp_path / "ssh_config"
+    config.write_text(HOP_CONFIG)
+    monkeypatch.setattr(ssh, "_CONFIG", fabric.Config(runtime_ssh_path=str(config)))
+    transport = SSHTransport(host(jump=("root@bastion",)), ssh_config=str(config))
+    assert transport.jumps() == ("outer", "root@bastion")
+    first = transport._connection("bastion", None, "root", None)
+    assert first.gateway is False          # not a Connection of Fabric's own making
+    assert isinstance(first.client._policy, ssh.paramiko.RejectPolicy)
+
+
+def test_proxyjump_none_in_the_inventory_means_no_hop_at_all(tmp_path, monkeypatch):
+    """N10: an inventory ProxyJump=none fell back to ~/.ssh/config's hops."""
+    import fabric
+    from cluster.transport import ssh
+    config = tmp_path / "ssh_config"
+    config.write_text(HOP_CONFIG)
+    monkeypatch.setattr(ssh, "_CONFIG", fabric.Config(runtime_ssh_path=str(config)))
+    transport = SSHTransport(host(address="target.lab", jump=("none",)), ssh_config=str(config))
+    assert transport.jumps() == ()
+    assert transport._connection("target.lab", None, "bob", None).gateway is False
