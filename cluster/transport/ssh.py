@@ -22,8 +22,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import socket
 import stat as stat_module
+import tempfile
 import threading
 import time
 from typing import Sequence
@@ -151,14 +153,36 @@ class _Watchdog(threading.Thread):
 
 
 class _Tunnel(threading.Thread):
-    """A local listener on 127.0.0.1 whose connections are carried to ``address:port`` over
-    the transport's SSH connection (like ``ssh -L``), two pump threads per connection."""
+    """A local listener whose connections are carried to ``address:port`` over the transport's
+    SSH connection (like ``ssh -L``), two pump threads per connection.
 
-    def __init__(self, owner: "SSHTransport", address: str, port: int, local_port: int = 0):
+    ``unix=True`` (the probes of TF ports behind a bastion): a Unix socket, 0600 in a 0700
+    folder of its own, so no other local user can reach the task's gRPC through it. A TCP
+    listener on 127.0.0.1 let anyone on a shared login node who found it with ``ss -ltn`` reach
+    the task from a member address, past ``--firewall``, and run graphs as the task's user (N1).
+    ``unix=False``: 127.0.0.1 (``forward``, for a port the user asks for, e.g. TensorBoard)."""
+
+    def __init__(self, owner: "SSHTransport", address: str, port: int, local_port: int = 0, *, unix: bool = False):
         super().__init__(name=f"ssh-tunnel-{owner.host.name}-{port}", daemon=True)
         self.owner, self.target = owner, (address, port)
-        self.listener = socket.create_server(("127.0.0.1", local_port))
-        self.port = self.listener.getsockname()[1]
+        self.folder: str | None = None
+        if unix:
+            self.folder = tempfile.mkdtemp(prefix="pscluster-tunnel-")      # 0700
+            path = os.path.join(self.folder, "s")
+            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            old = os.umask(0o177)
+            try:
+                self.listener.bind(path)
+            finally:
+                os.umask(old)
+            os.chmod(path, 0o600)
+            self.listener.listen(64)
+            self.port = 0
+            self.address = f"unix:{path}"
+        else:
+            self.listener = socket.create_server(("127.0.0.1", local_port))
+            self.port = self.listener.getsockname()[1]
+            self.address = f"127.0.0.1:{self.port}"
 
     def run(self) -> None:
         while True:
@@ -178,6 +202,8 @@ class _Tunnel(threading.Thread):
 
     def stop(self) -> None:
         self.listener.close()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _pump(source, sink, client: socket.socket, channel) -> None:
@@ -222,7 +248,7 @@ class SSHTransport(Transport):
         super().__init__(host)
         self.ssh_config = ssh_config      # an ssh config file instead of the one Fabric loads (tests)
         self._conn: fabric.Connection | None = None
-        self._tunnels: dict[tuple[str, int], _Tunnel] = {}
+        self._tunnels: dict[tuple[str, int, bool], _Tunnel] = {}
         self._lock = threading.Lock()
         self._sftp_lock = threading.Lock()
 
@@ -408,23 +434,27 @@ class SSHTransport(Transport):
         channel per probe connection), so the control machine needs to reach only the bastion."""
         if not self.jumps():
             return None
-        return self.forward(address, port)
+        return self._listen(address, port, unix=True)      # a 0600 Unix socket, never a TCP port (N1)
 
     def forward(self, address: str, port: int, *, local_port: int = 0) -> str | None:
         """A direct-tcpip channel over this connection per accepted local connection."""
+        return self._listen(address, port, local_port=local_port)
+
+    def _listen(self, address: str, port: int, *, local_port: int = 0, unix: bool = False) -> str:
+        key = (address, port, unix)
         with self._lock:
-            tunnel = self._tunnels.get((address, port))
+            tunnel = self._tunnels.get(key)
             if tunnel is None or not tunnel.is_alive() or (local_port and tunnel.port != local_port):
                 try:
-                    tunnel = _Tunnel(self, address, port, local_port)
+                    tunnel = _Tunnel(self, address, port, local_port, unix=unix)
                 except OSError as exc:
                     raise UsageError(f"cannot listen on 127.0.0.1:{local_port} here: {exc.strerror or exc}",
                                      hint="choose another local port (--port)") from None
-                old, self._tunnels[(address, port)] = self._tunnels.get((address, port)), tunnel
+                old, self._tunnels[key] = self._tunnels.get(key), tunnel
                 if old is not None:
                     old.stop()
                 tunnel.start()
-        return f"127.0.0.1:{tunnel.port}"
+        return tunnel.address
 
     def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
         self.connect()
