@@ -29,7 +29,8 @@ class Recorder(Transport):
         return CommandResult(self.host.name, tuple(argv), 0, json.dumps({"ok": True}), "")
 
     def stream(self, argv, *, stdin=None):
-        raise AssertionError("no streams here")
+        self.calls.append((tuple(argv), stdin or b""))
+        return None
 
     def put_files(self, files, *, mode=None):
         raise AssertionError("no files here")
@@ -43,6 +44,15 @@ def test_become_runs_every_host_operation_through_sudo_without_a_password():
     assert argv == ("sudo", "-n", "-H", "-u", "alice", "/opt/py/bin/python3", "-I", "-S", "-c",
                     hostops.BOOTSTRAP, str(len(program)), "status")
     assert stdin == program + b'{"records": []}'      # the request (and any secret) on stdin, never argv
+
+
+def test_the_watch_stream_runs_as_the_become_user_too():
+    """N14 (issue 25): the watch stream lacked the sudo prefix every other host call has, so it
+    could not read the become user's 0700 run folders: become clusters could not be supervised."""
+    transport = Recorder(host(become_user="alice"))
+    hostops.watch(transport, [], [])
+    (argv, _), = transport.calls
+    assert argv[:5] == ("sudo", "-n", "-H", "-u", "alice") and argv[-1] == "watch"
 
 
 def test_without_become_the_interpreter_is_the_command():
