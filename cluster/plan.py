@@ -385,8 +385,12 @@ def _assign_ports(slots: list[_Slot], port_base: int | None,
     by_address: dict[str, list[_Slot]] = {}
     for slot in slots:
         by_address.setdefault(slot.host.address, []).append(slot)
+    ssh_by_address: dict[str, list[HostConfig]] = {}      # (each task scanned every host: O(N^2), N4)
+    for host in ssh_hosts:
+        ssh_by_address.setdefault(host.address, []).append(host)
     ports: dict[tuple[str, int], int] = {}
     for address, address_slots in by_address.items():
+        ssh_hosts = ssh_by_address.get(address, [])
         taken: dict[int, _Slot] = {}
         for slot in address_slots:
             if slot.explicit_port is None:
