@@ -44,6 +44,7 @@ PLANNED_PSCLUSTER_ENV = (   # cluster.plan._task_env, pscluster_*_op_threads, cl
     "PSCLUSTER_CLUSTER", "PSCLUSTER_TASK", "PSCLUSTER_INTRA_OP_THREADS", "PSCLUSTER_INTER_OP_THREADS",
     "PSCLUSTER_TASK_TYPE", "PSCLUSTER_TASK_INDEX", "PSCLUSTER_NUM_WORKERS", "PSCLUSTER_NUM_PS",
     "PSCLUSTER_PS_HOSTS", "PSCLUSTER_WORKER_HOSTS", "PSCLUSTER_CHIEF_HOSTS", "PSCLUSTER_HOST", "PSCLUSTER_PORT")
+_CONTROL_CHAR = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")     # C0 but tab, DEL, C1
 # \Z, not $: "$" also matches before a final newline, which let "TF_CONFIG\n" through (N12).
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Hosts in one inventory, every pattern and file together (the range cap is per pattern: 30
@@ -295,7 +296,9 @@ def _depths(raw: _Raw) -> dict[str, int]:
 
 # ----------------------------------------------------------------------------- validation
 
-_INT_TEXT = re.compile(r"^\s*[+-]?[0-9]+\s*$")
+# Spaces and tabs only: \s also takes \x1c-\x1f, which int() refuses ("2222\x1d" was a ValueError
+# traceback), and $ a final newline.
+_INT_TEXT = re.compile(r"[ \t]*[+-]?[0-9]+[ \t]*\Z")
 
 
 def _as_int(raw: _Raw, path: KeyPath, value: Any, low: int, high: int, what: str) -> int:
@@ -317,6 +320,9 @@ def _as_str(raw: _Raw, path: KeyPath, value: Any, what: str = "a string") -> str
     text = str(value)
     if not text.strip():
         raise _err(raw, path, f"expected {what}, got an empty value")
+    bad = _CONTROL_CHAR.search(text)
+    if bad:     # (issue 25: they reached argv, paths and the output; nothing needs them)
+        raise _err(raw, path, f"expected {what}, got a control character ({bad.group()!r})")
     return text
 
 
