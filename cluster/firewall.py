@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import queue
 import re
 import socket
+import threading
+import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -51,16 +54,58 @@ def _literal(address: str) -> str | None:
         return None
 
 
-def resolve(address: str) -> list[str]:
-    """Every IP address of a host name on this machine (an IP stays itself). Unresolvable: []."""
-    literal = _literal(address)
-    if literal is not None:
-        return [literal]
-    try:
-        infos = socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError):
-        return []
-    return sorted({str(info[4][0]).split("%")[0] for info in infos})
+RESOLVE_SECONDS = 5.0      # a name the resolver has not answered by then is unresolved (item 12)
+
+
+def resolve(address: str, *, timeout: float = RESOLVE_SECONDS) -> list[str]:
+    """Every IP address of a host name on this machine (an IP stays itself). Unresolvable, or
+    no answer within ``timeout``: []."""
+    return resolve_many([address], timeout=timeout)[address]
+
+
+def resolve_many(names: Sequence[str], *, timeout: float = RESOLVE_SECONDS) -> dict[str, list[str]]:
+    """:func:`resolve` for many names at once, in daemon threads (at most 32), all within
+    ``timeout``: getaddrinfo has no timeout of its own, and a dead DNS server stalled ``up``
+    and ``plan --firewall`` for minutes; a thread still waiting on it never holds up the exit."""
+    result: dict[str, list[str]] = {}
+    pending = []
+    for name in dict.fromkeys(names):
+        literal = _literal(name)
+        if literal is not None:
+            result[name] = [literal]
+        else:
+            pending.append(name)
+    if not pending:
+        return result
+    work: queue.Queue[str] = queue.Queue()
+    for name in pending:
+        work.put(name)
+    answers: dict[str, list[str]] = {}
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            try:
+                name = work.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+                found = sorted({str(info[4][0]).split("%")[0] for info in infos})
+            except (socket.gaierror, UnicodeError, OSError):
+                found = []
+            with lock:
+                answers[name] = found
+
+    threads = [threading.Thread(target=worker, name="resolve", daemon=True) for _ in range(min(32, len(pending)))]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    with lock:
+        result.update({name: answers.get(name, []) for name in pending})
+    return result
 
 
 def control_source(host: HostSpec) -> tuple[str, ...]:
@@ -120,7 +165,7 @@ def control_sources(control: Sequence[str], host: str) -> list[Source]:
 
 def resolved_here(plan: ClusterPlan) -> dict[str, list[str]]:
     """Member addresses as this machine resolves them (``plan --firewall``, and part of ``up``)."""
-    return {host.address: resolve(host.address) for host in plan.hosts}
+    return resolve_many([host.address for host in plan.hosts])
 
 
 def ruleset_for(plan: ClusterPlan, host: str, *, sources: Sequence[Source] | None = None) -> str:

@@ -200,3 +200,26 @@ def test_plan_ruleset_names_what_this_machine_cannot_resolve(plan):
     ruleset = firewall.ruleset_for(replace(plan, hosts=tuple(replace(h, address="no-such-host.invalid")
                                                              for h in plan.hosts)), "alpha")
     assert "#   not resolvable here: no-such-host.invalid (up resolves it on each host, or fails)" in ruleset
+
+
+def test_a_resolver_that_never_answers_is_given_up_on_here_and_on_the_host(monkeypatch):
+    """Item 12 (first round): getaddrinfo has no timeout; a dead DNS server stalled `up --firewall`
+    and `plan --firewall` (1,000 unresolvable names: minutes)."""
+    import socket
+    import time
+    from cluster import firewall
+    from roles import hostctl
+    real = socket.getaddrinfo
+
+    def getaddrinfo(name, *args, **kwargs):
+        if name.startswith("stuck"):
+            time.sleep(30)
+        return real("127.0.0.1", *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    began = time.monotonic()
+    found = firewall.resolve_many(["stuck-1", "fine", "stuck-2", "198.51.100.4"], timeout=0.5)
+    assert found == {"stuck-1": [], "fine": ["127.0.0.1"], "stuck-2": [], "198.51.100.4": ["198.51.100.4"]}
+    answer = hostctl.op_resolve({"names": ["stuck-3", "fine"], "timeout": 0.5})["resolved"]
+    assert answer == {"stuck-3": {"error": "no answer within 0.5 s"}, "fine": {"addresses": ["127.0.0.1"]}}
+    assert time.monotonic() - began < 5
