@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from . import hostops
-from .errors import Aborted, HostError, PsclusterError
+from .errors import Aborted, Failure, HostError, MultiHostError, PsclusterError
 from .events import Reporter
 from .fanout import fan_out
 from .plan import ClusterPlan, HostSpec
@@ -262,6 +262,29 @@ def install_rules(plan: ClusterPlan, pool: TransportPool, writer, reporter: Repo
         if isinstance(error, Aborted):
             raise error     # `down` took over: not a firewall failure to roll back
     result.raise_for_failures()
+    check_members_reach(plan, pool, reporter)
+
+
+def check_members_reach(plan: ClusterPlan, pool: TransportPool, reporter: Reporter) -> None:
+    """Preflight's host-to-host check again, with the rules in place: preflight ran before them,
+    so a member the rules drop (an address of it that no name resolves to, a NAT between two
+    hosts) would only show as a training that hangs (item 12 of the first round).
+
+    Raises:
+        MultiHostError: each blocked path (nothing started yet; rollback removes the tables).
+    """
+    from .preflight import check_reach
+    hosts = list(plan.hosts)
+    if len(hosts) < 2:
+        return
+    blocked = [result for result in check_reach(plan, pool, hosts) if not result.ok]
+    if blocked:
+        raise MultiHostError(
+            "members cannot reach each other through the firewall just installed",
+            [Failure(result.host, HostError(result.host, result.detail, hint=result.hint)) for result in blocked],
+            hint="a member connects from an address the rules do not list (another interface, a NAT); "
+                 "'pscluster plan --firewall' shows what each host accepts")
+    reporter.emit("message", text=f"  members reach each other through the firewall ({len(hosts)} hosts)")
 
 
 def remove_rules(state: RunState, pool: TransportPool, reporter: Reporter) -> dict[str, PsclusterError]:

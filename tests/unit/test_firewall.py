@@ -100,9 +100,10 @@ def test_control_address_is_the_route_source_not_ssh_connection(monkeypatch):
 class FakeHost(Transport):
     """Answers hostctl calls from a script: ``nft`` per host, ``resolve`` from a table."""
 
-    def __init__(self, host: HostSpec, log: list, *, nft_exit: int = 0, resolves=None, on_nft=None):
+    def __init__(self, host: HostSpec, log: list, *, nft_exit: int = 0, resolves=None, on_nft=None, blocked=()):
         super().__init__(host)
         self.log, self.nft_exit, self.resolves, self.on_nft = log, nft_exit, resolves or {}, on_nft
+        self.blocked = blocked      # (from host, to address) pairs the installed rules drop
 
     def run(self, argv, *, stdin=None, timeout=60.0) -> CommandResult:
         operation = argv[-1]
@@ -114,6 +115,13 @@ class FakeHost(Transport):
             tables = re.findall(r"^table inet (\S+) \{", request["ruleset"], re.M)
             answer = {"exit_code": self.nft_exit, "stderr": "Error: refused" if self.nft_exit else "",
                       "tables": [f"table inet {t}" for t in tables]}
+        elif operation == "listen":
+            answer = {"bound": request["ports"], "failed": [], "pid": 1, "starttime": 1}
+        elif operation == "unlisten":
+            answer = {"stopped": True}
+        elif operation == "connect":
+            answer = {"results": {f"{address}:{port}": "timed out" if (self.host.name, address) in self.blocked
+                                  else "ok" for address, port in request["targets"]}}
         elif operation == "resolve":
             answer = {"resolved": {name: ({"addresses": self.resolves[name]} if name in self.resolves
                                           else {"error": "Name or service not known"}) for name in request["names"]}}
@@ -223,3 +231,24 @@ def test_a_resolver_that_never_answers_is_given_up_on_here_and_on_the_host(monke
     answer = hostctl.op_resolve({"names": ["stuck-3", "fine"], "timeout": 0.5})["resolved"]
     assert answer == {"stuck-3": {"error": "no answer within 0.5 s"}, "fine": {"addresses": ["127.0.0.1"]}}
     assert time.monotonic() - began < 5
+
+
+def test_members_that_the_installed_rules_block_fail_up(tmp_path, plan):
+    """Item 12 (first round): preflight's reach check ran before the rules; a member the rules
+    drop (say, one that connects from an address no name resolves to) showed only as a hang."""
+    plan = replace(plan, hosts=tuple(replace(h, address={"alpha": "127.0.0.2", "beta": "127.0.0.3"}[h.name])
+                                     for h in plan.hosts),
+                   tasks=tuple(replace(t, address={"alpha": "127.0.0.2", "beta": "127.0.0.3"}[t.host])
+                               for t in plan.tasks))
+    store = StateStore(tmp_path)
+    state = RunState(name=plan.name, plan=plan)
+    store.save(state)
+    log: list = []
+    pool = TransportPool(lambda host: FakeHost(host, log, blocked={("beta", "127.0.0.2")}))
+    with pytest.raises(MultiHostError, match="through the firewall just installed") as caught:
+        firewall.install_rules(plan, pool, StateWriter(store, state, expect_phase="starting"), Reporter())
+    assert "beta → alpha:4000" in str(caught.value)
+    operations = [op for _, op, _ in log]
+    assert operations.index("connect") > max(i for i, op in enumerate(operations) if op == "nft")   # after the rules
+    pool = TransportPool(lambda host: FakeHost(host, []))
+    firewall.install_rules(plan, pool, StateWriter(store, state, expect_phase="starting"), Reporter())   # no block
