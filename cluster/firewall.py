@@ -142,8 +142,11 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._:@-]", "?", text)[:80]
 
 
-def member_sources(plan: ClusterPlan, resolved: Mapping[str, Sequence[str]]) -> tuple[list[Source], list[str]]:
-    """Every address of every member host (``resolved``: member address -> its addresses).
+def member_sources(plan: ClusterPlan, resolved: Mapping[str, Sequence[str]],
+                   interfaces: Mapping[str, Sequence[str]] | None = None) -> tuple[list[Source], list[str]]:
+    """Every address of every member host (``resolved``: member address -> its addresses;
+    ``interfaces``: host name -> the addresses of its own interfaces, for a multi-homed member
+    that connects from one no name resolves to).
 
     Returns the sources and the member addresses that resolved to nothing (pure).
     """
@@ -155,6 +158,8 @@ def member_sources(plan: ClusterPlan, resolved: Mapping[str, Sequence[str]]) -> 
             missing.append(host.address)
         for address in addresses:
             sources.setdefault(address, Source(address, f"member {_safe(host.name)} ({_safe(host.address)})"))
+        for address in [a for a in (_literal(a) for a in (interfaces or {}).get(host.name, ())) if a]:
+            sources.setdefault(address, Source(address, f"member {_safe(host.name)} (an address of its interfaces)"))
     return sorted(sources.values(), key=lambda s: _order(s.address)), missing
 
 
@@ -213,7 +218,8 @@ def removal_for(table: str) -> str:
     return f"add table inet {table}\ndelete table inet {table}\n"
 
 
-def host_sources(plan: ClusterPlan, host: HostSpec, pool: TransportPool, here: Mapping[str, Sequence[str]]) -> list[Source]:
+def host_sources(plan: ClusterPlan, host: HostSpec, pool: TransportPool, here: Mapping[str, Sequence[str]],
+                 interfaces: Mapping[str, Sequence[str]] | None = None) -> list[Source]:
     """What ``host``'s table accepts: members as resolved there and here, and this machine.
 
     Raises:
@@ -224,7 +230,7 @@ def host_sources(plan: ClusterPlan, host: HostSpec, pool: TransportPool, here: M
     resolved = {address: sorted(set(here.get(address, ())) |
                                 set(there.get(address, ()) if not isinstance(there.get(address), str) else ()))
                 for address in {h.address for h in plan.hosts}}
-    members, missing = member_sources(plan, resolved)
+    members, missing = member_sources(plan, resolved, interfaces)
     if missing:
         why = "; ".join(f"{name}: {there.get(name) or 'no address'}" for name in missing)
         raise HostError(host.name, f"cannot resolve member address(es) {', '.join(missing)} ({why})",
@@ -246,9 +252,13 @@ def install_rules(plan: ClusterPlan, pool: TransportPool, writer, reporter: Repo
     table = table_name(plan.name)
     reporter.emit("phase", name="firewall", detail=f"nftables table {table} on {len(plan.hosts)} host(s)")
     here = resolved_here(plan)
+    # Every member's own interface addresses (item 12: a multi-homed member may connect from an
+    # address no name resolves to); a host that cannot say fails below, in its own step.
+    interfaces = fan_out(plan.hosts, lambda host: hostops.interface_addresses(pool.get(host)),
+                         name="member addresses", catch=PsclusterError).ok
 
     def one(host) -> list[str]:
-        ruleset = ruleset_for(plan, host.name, sources=host_sources(plan, host, pool, here))
+        ruleset = ruleset_for(plan, host.name, sources=host_sources(plan, host, pool, here, interfaces))
         writer.change(lambda s: s.firewall.__setitem__(host.name, table))
         tables = hostops.nft_apply(pool.get(host), ruleset)
         if not any(table in line for line in tables):

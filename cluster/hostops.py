@@ -349,6 +349,12 @@ def parse_watch_line(line: str) -> WatchUpdate | None:
     return WatchUpdate(data["ts"], states, reads)
 
 
+def interface_addresses(transport: Transport) -> tuple[str, ...]:
+    """The addresses of the host's own interfaces, loopback excepted (a multi-homed member
+    may connect from any of them)."""
+    return tuple(call(transport, "addresses", {})["addresses"])
+
+
 def resolve(transport: Transport, names: Sequence[str]) -> dict[str, tuple[str, ...] | str]:
     """Every address of each name as the host resolves it; an error text for a name it cannot."""
     answer = call(transport, "resolve", {"names": list(names)})

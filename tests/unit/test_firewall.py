@@ -100,8 +100,10 @@ def test_control_address_is_the_route_source_not_ssh_connection(monkeypatch):
 class FakeHost(Transport):
     """Answers hostctl calls from a script: ``nft`` per host, ``resolve`` from a table."""
 
-    def __init__(self, host: HostSpec, log: list, *, nft_exit: int = 0, resolves=None, on_nft=None, blocked=()):
+    def __init__(self, host: HostSpec, log: list, *, nft_exit: int = 0, resolves=None, on_nft=None, blocked=(),
+                 interfaces=None):
         super().__init__(host)
+        self.interfaces = interfaces or {}
         self.log, self.nft_exit, self.resolves, self.on_nft = log, nft_exit, resolves or {}, on_nft
         self.blocked = blocked      # (from host, to address) pairs the installed rules drop
 
@@ -115,6 +117,8 @@ class FakeHost(Transport):
             tables = re.findall(r"^table inet (\S+) \{", request["ruleset"], re.M)
             answer = {"exit_code": self.nft_exit, "stderr": "Error: refused" if self.nft_exit else "",
                       "tables": [f"table inet {t}" for t in tables]}
+        elif operation == "addresses":
+            answer = {"addresses": self.interfaces.get(self.host.name, [])}
         elif operation == "listen":
             answer = {"bound": request["ports"], "failed": [], "pid": 1, "starttime": 1}
         elif operation == "unlisten":
@@ -252,3 +256,25 @@ def test_members_that_the_installed_rules_block_fail_up(tmp_path, plan):
     assert operations.index("connect") > max(i for i, op in enumerate(operations) if op == "nft")   # after the rules
     pool = TransportPool(lambda host: FakeHost(host, []))
     firewall.install_rules(plan, pool, StateWriter(store, state, expect_phase="starting"), Reporter())   # no block
+
+
+def test_a_multi_homed_members_other_addresses_are_accepted(tmp_path, plan):
+    """Item 12 (first round): only the addresses a member's name resolves to were accepted; one
+    that connects from its other interface was dropped."""
+    plan = ssh_plan(plan)
+    store = StateStore(tmp_path)
+    state = RunState(name=plan.name, plan=plan)
+    store.save(state)
+    log: list = []
+    pool = TransportPool(lambda host: FakeHost(host, log, resolves={"beta.example": ["10.9.0.2"]},
+                                               interfaces={"beta": ["10.9.0.2", "192.0.2.77", "fd09::77"]}))
+    firewall.install_rules(plan, pool, StateWriter(store, state, expect_phase="starting"), Reporter())
+    alpha = next(req["ruleset"] for host, op, req in log if op == "nft" and host == "alpha")
+    assert "192.0.2.77: member beta (an address of its interfaces)" in alpha and "fd09::77" in alpha
+    assert "192.0.2.77" in next(line for line in alpha.splitlines() if line.strip().startswith("ip saddr"))
+
+
+def test_hostctl_lists_this_hosts_interface_addresses_but_loopback():
+    from roles import hostctl
+    addresses = hostctl.op_addresses({})["addresses"]
+    assert addresses and not any(a.startswith("127.") or a == "::1" for a in addresses)
