@@ -195,7 +195,7 @@ def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base
         if firewall or cluster.firewall:
             from .firewall import ruleset_for
             document["firewall"] = {host.name: ruleset_for(cluster, host.name) for host in cluster.hosts}
-        env.out.print_json(json.dumps(document))
+        ui.print_json(env.out, document)
         return
     ui.render_plan(env.out, cluster, secret_names=secret_names)
     if firewall or cluster.firewall:
@@ -364,9 +364,9 @@ def logs(env: Env, task: str | None, name: str | None, follow: bool, lines: int 
     state = _existing(env, env.store.resolve_name(name))
     tasks = select_tasks(state, task)
 
-    def write(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+    def write(text: str) -> None:      # remote bytes: control characters shown as \x1b (N13), never raw
+        env.out.file.write(ui.visible(text))
+        env.out.file.flush()
 
     with env.pool_factory() as pool:
         try:
@@ -497,10 +497,12 @@ EXIT_DEADLINE = 4
 
 
 class DurationParam(click.ParamType):
-    """A duration as seconds: 90, 90s, 45m, 2h, 1d."""
+    """A duration as seconds: 90, 90s, 45m, 2h, 1d; finite and at most a year (``nan``, ``inf`` and
+    ``1e400s`` parsed as floats and meant "no deadline")."""
 
     name = "duration"
     units = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    longest = 366 * 86400
 
     def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
         text = str(value).strip().lower()
@@ -509,8 +511,8 @@ class DurationParam(click.ParamType):
             seconds = float(number) * self.units[unit]
         except (ValueError, KeyError):
             self.fail(f"{value!r} is not a duration; write e.g. 90s, 45m, 2h", param, ctx)
-        if seconds <= 0:
-            self.fail(f"{value!r}: a duration must be > 0", param, ctx)
+        if not math.isfinite(seconds) or seconds <= 0 or seconds > self.longest:
+            self.fail(f"{value!r}: a duration must be > 0 and at most 366d", param, ctx)
         return seconds
 
 

@@ -109,6 +109,12 @@ def _plain(value: Any) -> str:
     return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", str(value))
 
 
+def visible(value: Any) -> str:
+    """Text (remote output) for a plain stream, with its control characters but newline and tab
+    made visible, so a log cannot recolour, move the cursor of or retitle the terminal."""
+    return _plain(value)
+
+
 def escape(value: Any) -> str:
     """Data (a name, path or remote text) for a string read as rich markup: shown as it is."""
     return _markup_escape(_plain(value))
@@ -129,14 +135,41 @@ def _texts(*values: Any) -> list[Text]:
     return [value if isinstance(value, Text) else Text(_plain(value)) for value in values]
 
 
+PLAIN_JSON_ABOVE = 64 * 1024     # characters: rich's JSON highlighting took 24 s for a 7 MB plan
+
+
+def print_json(console: Console, document: Any) -> None:
+    """``document`` as indented JSON; a big one as plain text (rich's highlighting is quadratic-ish
+    in practice: a 10,000-task plan took 24 s and 1 GB through it)."""
+    text = json.dumps(document, indent=2)
+    if len(text) <= PLAIN_JSON_ABOVE:
+        console.print_json(text)
+        return
+    console.file.write(text + "\n")
+    console.file.flush()
+
+
 def render_plan(console: Console, plan: ClusterPlan, *, secret_names: Sequence[str] = ()) -> None:
-    table = Table(title=Text(f"cluster {plan.name!r}: mode {plan.mode}"), box=box.SIMPLE_HEAVY)
-    for column in ("task", "host", "address:port", "CUDA_VISIBLE_DEVICES", "started by"):
-        table.add_column(column)
-    for task in plan.tasks:
-        table.add_row(*_texts(task.name, task.host, task.target, _mask(task.cuda_visible_devices),
-                              "up (standing server)" if task.standing else "train"))
-    console.print(table)
+    """The plan as a table, the ClusterSpec and each task's details. Beyond
+    INLINE_TF_CONFIG_TASKS tasks, plain text written at once (rich took ~6 s for 10,000 rows) with
+    each task's TF_CONFIG naming the ClusterSpec instead of repeating it (N4)."""
+    rows = [(task.name, task.host, task.target, _mask(task.cuda_visible_devices),
+             "up (standing server)" if task.standing else "train") for task in plan.tasks]
+    header = ("task", "host", "address:port", "CUDA_VISIBLE_DEVICES", "started by")
+    inline = plan.inline_tf_config
+    if inline:
+        table = Table(title=Text(f"cluster {plan.name!r}: mode {plan.mode}"), box=box.SIMPLE_HEAVY)
+        for column in header:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*_texts(*row))
+        console.print(table)
+    else:
+        widths = [max(len(_plain(row[i])) for row in [header, *rows]) for i in range(len(header))]
+        lines = [_plain(f"cluster {plan.name!r}: mode {plan.mode}, {len(rows)} tasks")]
+        lines += ["  ".join(_plain(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
+                  for row in [header, *rows]]
+        console.file.write("\n".join(lines) + "\n")
     for role, reason in plan.unused:
         console.print(Text(_plain(f"{role} tasks in the inventory are not used: {reason}"), "dim"))
     if plan.notify:
@@ -145,19 +178,29 @@ def render_plan(console: Console, plan: ClusterPlan, *, secret_names: Sequence[s
     for spec in plan.hosts:
         console.print(_plain("  " + host_line(spec)), soft_wrap=True, markup=False)
     console.print("[bold]ClusterSpec[/]")
-    console.print_json(json.dumps(plan.cluster_spec))
+    print_json(console, plan.cluster_spec)
+    details = []
     for task in plan.tasks:
         host = plan.host(task.host)
-        how = (f" as {host.become_user}" if host.become_user else "") + "".join(f" via {hop}" for hop in host.jump)
-        console.print(f"\n[bold]{escape(task.name)}[/] on {escape(task.host)}{escape(how)}  "
-                      f"(cwd {escape(task.workdir)}, log {escape(task.log_path)})")
+        how = (f" as {host.become_user}" if host.become_user else "") + "".join(f" via {hop}" for hop in host.jump if hop.lower() != "none")
+        title = (task.name, f" on {task.host}{how}  (cwd {task.workdir}, log {task.log_path})")
         env = dict(task.env)
-        console.print(_plain(f"  TF_CONFIG={env.pop('TF_CONFIG')}"), markup=False)
+        env.pop("TF_CONFIG", None)
+        tf_config = plan.tf_config_text(task) if inline else \
+            f'{{"cluster": <the ClusterSpec above>, "task": {{"type": "{task.role}", "index": {task.index}}}}}'
         shown = " ".join(f"{key}={'****' if key in secret_names else value}" for key, value in env.items())
         given = host.secret_env if not task.standing or task.role in host.secret_env_roles else ()
         shown += "".join(f" {key}=****" for key in given if key not in env)
-        console.print(_plain(f"  env: {shown}"), soft_wrap=True, markup=False)
-        console.print(_plain(f"  argv: {' '.join(task.argv)}"), soft_wrap=True, markup=False)
+        body = [_plain(f"  TF_CONFIG={tf_config}"), _plain(f"  env: {shown}"), _plain(f"  argv: {' '.join(task.argv)}")]
+        if inline:
+            console.print(f"\n[bold]{escape(title[0])}[/]{escape(title[1])}")
+            for line in body:
+                console.print(line, soft_wrap=True, markup=False)
+        else:
+            details += ["", _plain(title[0] + title[1]), *body]
+    if details:
+        console.file.write("\n".join(details) + "\n")
+        console.file.flush()
 
 
 def host_line(host: HostSpec) -> str:
@@ -167,7 +210,7 @@ def host_line(host: HostSpec) -> str:
         user = f"{host.user}@" if host.user else ""
         reach = f"ssh {user}{host.address}:{host.ssh_port or 22}"
         reach += f" key {host.key_file}" if host.key_file else ""
-        reach += "".join(f" via {hop}" for hop in host.jump)
+        reach += "".join(f" via {hop}" for hop in host.jump if hop.lower() != "none")
     else:
         reach = f"{host.connection} ({host.address})"
     reach += f" as {host.become_user}" if host.become_user else ""

@@ -44,7 +44,7 @@ from .errors import PsclusterError
 from .events import Reporter
 from .layout import DaemonLayout
 from .progress import JobProgress, Orchestrator
-from .state import StateStore
+from .state import StateStore, open_private, private_dir
 
 POLL_SECONDS = 0.25
 
@@ -211,7 +211,7 @@ class EventLog(Reporter):
             for old in Path(folder or ".").glob(f"{prefix}*.events"):
                 if old.name != own:
                     old.unlink(missing_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")
+            self._file = os.fdopen(open_private(self.path), "a", encoding="utf-8")     # 0600 (N11)
         self._file.write(json.dumps({"kind": kind, "data": data}, default=str) + "\n")
         self._file.flush()
 
@@ -264,13 +264,13 @@ def spawn_supervisor(root: Path, name: str, request: dict) -> Spawned:
     The daemon imports the same code as this process (its package folder first on sys.path),
     and inherits this environment, which holds the inventory's secrets (never the command line).
     """
-    root.mkdir(parents=True, exist_ok=True)
+    private_dir(root)
     log = DaemonLayout(root, name).log
     package_parent = str(Path(__file__).resolve().parent.parent)
     bootstrap = "import sys; sys.path.insert(0, sys.argv.pop(1)); from cluster.cli import main; main()"
     argv = [sys.executable, "-c", bootstrap, package_parent, "--state-dir", str(root), "--no-color",
             "supervise", "--name", name]
-    with open(log, "ab") as out:
+    with os.fdopen(open_private(log), "ab") as out:     # 0600: it holds tails of the tasks' 0600 logs (N11)
         offset = out.tell()
         out.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} pscluster {request['command']} --detach on "
                   f"{name!r}\n".encode())

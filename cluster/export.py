@@ -167,8 +167,29 @@ def _replica_spec(plan: ClusterPlan, tasks: tuple[TaskSpec, ...], *, image: str,
 
 
 def _env(plan: ClusterPlan, tasks: tuple[TaskSpec, ...], secret_name: str) -> list[dict]:
-    """The environment the tasks share, secrets as Secret references."""
+    """The environment the tasks share, secrets as Secret references: a secret goes to a role's
+    replicas only if cluster.secrets' rule gives it to every task of the role (a host that names
+    it; for a standing server, only with pscluster_secret_env_roles), as ``up`` and ``train`` do.
+    Before (N3), a role's replicas got the union of its hosts' secrets, standing servers included.
+
+    Raises:
+        PlanError: the rule gives a secret to some of the role's tasks only (one template
+        cannot say so).
+    """
+    from .secrets import Secrets
     secret = {env for task in tasks for env in plan.host(task.host).secret_env}
+    rule = Secrets(names={host.name: host.secret_env for host in plan.hosts},
+                   standing_roles={host.name: host.secret_env_roles for host in plan.hosts})
+    given = [set(rule.names_for(task, standing=task.standing)) for task in tasks]
+    shared = set.intersection(*given)
+    for name in sorted(set.union(*given) - shared):
+        with_it = [task.name for task, names in zip(tasks, given) if name in names]
+        without = [task.name for task, names in zip(tasks, given) if name not in names]
+        raise PlanError(f"secret {name} goes to {', '.join(with_it)} but not to {', '.join(without)}; a TFJob "
+                        f"gives all {tasks[0].role} replicas one environment",
+                        hint="name it in pscluster_secret_env for every host of the role or for none"
+                             + (" (and in pscluster_secret_env_roles: servers get secrets only where it asks)"
+                                if tasks[0].standing else ""))
     per_task = [{key: value for key, value in task.env if key not in PER_TASK_ENV and key not in secret}
                 for task in tasks]
     merged: dict[str, str] = {}
@@ -190,5 +211,5 @@ def _env(plan: ClusterPlan, tasks: tuple[TaskSpec, ...], secret_name: str) -> li
         merged["CUDA_VISIBLE_DEVICES"] = ""
     items: list[dict] = [{"name": key, "value": value} for key, value in merged.items()]
     items += [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": key}}}
-            for key in sorted(secret)]
+              for key in sorted(shared)]
     return items

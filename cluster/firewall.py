@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import queue
 import re
 import socket
+import threading
+import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from . import hostops
-from .errors import Aborted, HostError, PsclusterError
+from .errors import Aborted, Failure, HostError, MultiHostError, PsclusterError
 from .events import Reporter
 from .fanout import fan_out
 from .plan import ClusterPlan, HostSpec
@@ -51,16 +54,58 @@ def _literal(address: str) -> str | None:
         return None
 
 
-def resolve(address: str) -> list[str]:
-    """Every IP address of a host name on this machine (an IP stays itself). Unresolvable: []."""
-    literal = _literal(address)
-    if literal is not None:
-        return [literal]
-    try:
-        infos = socket.getaddrinfo(address, None, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError):
-        return []
-    return sorted({str(info[4][0]).split("%")[0] for info in infos})
+RESOLVE_SECONDS = 5.0      # a name the resolver has not answered by then is unresolved (item 12)
+
+
+def resolve(address: str, *, timeout: float = RESOLVE_SECONDS) -> list[str]:
+    """Every IP address of a host name on this machine (an IP stays itself). Unresolvable, or
+    no answer within ``timeout``: []."""
+    return resolve_many([address], timeout=timeout)[address]
+
+
+def resolve_many(names: Sequence[str], *, timeout: float = RESOLVE_SECONDS) -> dict[str, list[str]]:
+    """:func:`resolve` for many names at once, in daemon threads (at most 32), all within
+    ``timeout``: getaddrinfo has no timeout of its own, and a dead DNS server stalled ``up``
+    and ``plan --firewall`` for minutes; a thread still waiting on it never holds up the exit."""
+    result: dict[str, list[str]] = {}
+    pending = []
+    for name in dict.fromkeys(names):
+        literal = _literal(name)
+        if literal is not None:
+            result[name] = [literal]
+        else:
+            pending.append(name)
+    if not pending:
+        return result
+    work: queue.Queue[str] = queue.Queue()
+    for name in pending:
+        work.put(name)
+    answers: dict[str, list[str]] = {}
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            try:
+                name = work.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+                found = sorted({str(info[4][0]).split("%")[0] for info in infos})
+            except (socket.gaierror, UnicodeError, OSError):
+                found = []
+            with lock:
+                answers[name] = found
+
+    threads = [threading.Thread(target=worker, name="resolve", daemon=True) for _ in range(min(32, len(pending)))]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    with lock:
+        result.update({name: answers.get(name, []) for name in pending})
+    return result
 
 
 def control_source(host: HostSpec) -> tuple[str, ...]:
@@ -97,8 +142,11 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._:@-]", "?", text)[:80]
 
 
-def member_sources(plan: ClusterPlan, resolved: Mapping[str, Sequence[str]]) -> tuple[list[Source], list[str]]:
-    """Every address of every member host (``resolved``: member address -> its addresses).
+def member_sources(plan: ClusterPlan, resolved: Mapping[str, Sequence[str]],
+                   interfaces: Mapping[str, Sequence[str]] | None = None) -> tuple[list[Source], list[str]]:
+    """Every address of every member host (``resolved``: member address -> its addresses;
+    ``interfaces``: host name -> the addresses of its own interfaces, for a multi-homed member
+    that connects from one no name resolves to).
 
     Returns the sources and the member addresses that resolved to nothing (pure).
     """
@@ -110,6 +158,8 @@ def member_sources(plan: ClusterPlan, resolved: Mapping[str, Sequence[str]]) -> 
             missing.append(host.address)
         for address in addresses:
             sources.setdefault(address, Source(address, f"member {_safe(host.name)} ({_safe(host.address)})"))
+        for address in [a for a in (_literal(a) for a in (interfaces or {}).get(host.name, ())) if a]:
+            sources.setdefault(address, Source(address, f"member {_safe(host.name)} (an address of its interfaces)"))
     return sorted(sources.values(), key=lambda s: _order(s.address)), missing
 
 
@@ -120,7 +170,7 @@ def control_sources(control: Sequence[str], host: str) -> list[Source]:
 
 def resolved_here(plan: ClusterPlan) -> dict[str, list[str]]:
     """Member addresses as this machine resolves them (``plan --firewall``, and part of ``up``)."""
-    return {host.address: resolve(host.address) for host in plan.hosts}
+    return resolve_many([host.address for host in plan.hosts])
 
 
 def ruleset_for(plan: ClusterPlan, host: str, *, sources: Sequence[Source] | None = None) -> str:
@@ -168,7 +218,8 @@ def removal_for(table: str) -> str:
     return f"add table inet {table}\ndelete table inet {table}\n"
 
 
-def host_sources(plan: ClusterPlan, host: HostSpec, pool: TransportPool, here: Mapping[str, Sequence[str]]) -> list[Source]:
+def host_sources(plan: ClusterPlan, host: HostSpec, pool: TransportPool, here: Mapping[str, Sequence[str]],
+                 interfaces: Mapping[str, Sequence[str]] | None = None) -> list[Source]:
     """What ``host``'s table accepts: members as resolved there and here, and this machine.
 
     Raises:
@@ -179,7 +230,7 @@ def host_sources(plan: ClusterPlan, host: HostSpec, pool: TransportPool, here: M
     resolved = {address: sorted(set(here.get(address, ())) |
                                 set(there.get(address, ()) if not isinstance(there.get(address), str) else ()))
                 for address in {h.address for h in plan.hosts}}
-    members, missing = member_sources(plan, resolved)
+    members, missing = member_sources(plan, resolved, interfaces)
     if missing:
         why = "; ".join(f"{name}: {there.get(name) or 'no address'}" for name in missing)
         raise HostError(host.name, f"cannot resolve member address(es) {', '.join(missing)} ({why})",
@@ -201,9 +252,13 @@ def install_rules(plan: ClusterPlan, pool: TransportPool, writer, reporter: Repo
     table = table_name(plan.name)
     reporter.emit("phase", name="firewall", detail=f"nftables table {table} on {len(plan.hosts)} host(s)")
     here = resolved_here(plan)
+    # Every member's own interface addresses (item 12: a multi-homed member may connect from an
+    # address no name resolves to); a host that cannot say fails below, in its own step.
+    interfaces = fan_out(plan.hosts, lambda host: hostops.interface_addresses(pool.get(host)),
+                         name="member addresses", catch=PsclusterError).ok
 
     def one(host) -> list[str]:
-        ruleset = ruleset_for(plan, host.name, sources=host_sources(plan, host, pool, here))
+        ruleset = ruleset_for(plan, host.name, sources=host_sources(plan, host, pool, here, interfaces))
         writer.change(lambda s: s.firewall.__setitem__(host.name, table))
         tables = hostops.nft_apply(pool.get(host), ruleset)
         if not any(table in line for line in tables):
@@ -217,6 +272,29 @@ def install_rules(plan: ClusterPlan, pool: TransportPool, writer, reporter: Repo
         if isinstance(error, Aborted):
             raise error     # `down` took over: not a firewall failure to roll back
     result.raise_for_failures()
+    check_members_reach(plan, pool, reporter)
+
+
+def check_members_reach(plan: ClusterPlan, pool: TransportPool, reporter: Reporter) -> None:
+    """Preflight's host-to-host check again, with the rules in place: preflight ran before them,
+    so a member the rules drop (an address of it that no name resolves to, a NAT between two
+    hosts) would only show as a training that hangs (item 12 of the first round).
+
+    Raises:
+        MultiHostError: each blocked path (nothing started yet; rollback removes the tables).
+    """
+    from .preflight import check_reach
+    hosts = list(plan.hosts)
+    if len(hosts) < 2:
+        return
+    blocked = [result for result in check_reach(plan, pool, hosts) if not result.ok]
+    if blocked:
+        raise MultiHostError(
+            "members cannot reach each other through the firewall just installed",
+            [Failure(result.host, HostError(result.host, result.detail, hint=result.hint)) for result in blocked],
+            hint="a member connects from an address the rules do not list (another interface, a NAT); "
+                 "'pscluster plan --firewall' shows what each host accepts")
+    reporter.emit("message", text=f"  members reach each other through the firewall ({len(hosts)} hosts)")
 
 
 def remove_rules(state: RunState, pool: TransportPool, reporter: Reporter) -> dict[str, PsclusterError]:

@@ -105,6 +105,9 @@ def _check_budget(count: int, budget: int, pattern: str) -> None:
         raise ValueError(f"{pattern!r} expands to more than {MAX_RANGE_HOSTS} hosts")
 
 
+_SCOPE_ID = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+
+
 def check_host_name(name: str) -> str | None:
     """Why ``name`` is not a host name, IPv4 or IPv6 literal (None: it is one).
 
@@ -115,9 +118,15 @@ def check_host_name(name: str) -> str | None:
         return "the host name is empty"
     try:
         ipaddress.ip_address(name)
-        return None
     except ValueError:
         pass
+    else:
+        # Python accepts any text after "%" as an IPv6 scope id (newlines, ';', '$()'...): only
+        # an interface name (at most 15 characters, Linux's IFNAMSIZ) or index passes (N6).
+        scope = name.partition("%")[2]
+        if scope and not _SCOPE_ID.fullmatch(scope):
+            return f"{name!r} is not an IPv6 address (its scope id {scope!r} is not an interface name or number)"
+        return None
     if len(name) > 253:
         return "a host name has at most 253 characters"
     bad = next((char for char in name if not (char.isascii() and (char.isalnum() or char in "-_."))), None)

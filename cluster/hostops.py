@@ -43,6 +43,14 @@ def packed_source() -> bytes:
 BOOTSTRAP = "import sys,zlib;exec(zlib.decompress(sys.stdin.buffer.read(int(sys.argv[1]))))"
 
 
+def hostctl_argv(transport: Transport, operation: str, program: bytes) -> list[str]:
+    """The command that runs hostctl's ``operation``: as the become user when the host has one
+    (ansible_become: every host operation, so every task and the watch stream, runs as that user)."""
+    argv = [transport.host.python, "-I", "-S", "-c", BOOTSTRAP, str(len(program)), operation]
+    become = getattr(transport.host, "become_user", None)
+    return ["sudo", "-n", "-H", "-u", become, *argv] if become else argv
+
+
 def call(transport: Transport, operation: str, request: dict, *, timeout: float = 60.0) -> dict:
     """Run one hostctl operation on the transport's host and return its JSON answer.
 
@@ -52,10 +60,7 @@ def call(transport: Transport, operation: str, request: dict, *, timeout: float 
     """
     python = transport.host.python
     program = packed_source()
-    argv = [python, "-I", "-S", "-c", BOOTSTRAP, str(len(program)), operation]
-    become = getattr(transport.host, "become_user", None)
-    if become:      # ansible_become: every host operation (so every task) runs as that user
-        argv = ["sudo", "-n", "-H", "-u", become, *argv]
+    argv = hostctl_argv(transport, operation, program)
     result = transport.run(argv, stdin=program + json.dumps(request).encode(), timeout=timeout)
     shown = [python, "-c", "<pscluster hostctl>", operation]
     if result.exit_code == 127 or "No such file or directory" in result.stderr and not result.stdout:
@@ -324,8 +329,9 @@ def watch(transport: Transport, records: Sequence[ProcessRecord], files: Sequenc
     request = {"tasks": [record.to_hostctl() for record in records],
                "files": [{"path": path, "offset": offset} for path, offset in files],
                "interval": interval, "heartbeat": heartbeat}
-    argv = [transport.host.python, "-I", "-S", "-c", BOOTSTRAP, str(len(program)), "watch"]
-    return transport.stream(argv, stdin=program + json.dumps(request).encode())
+    # As the become user too: it reads that user's 0700 run folders (N14: without the prefix,
+    # become clusters could not be supervised).
+    return transport.stream(hostctl_argv(transport, "watch", program), stdin=program + json.dumps(request).encode())
 
 
 def parse_watch_line(line: str) -> WatchUpdate | None:
@@ -341,6 +347,12 @@ def parse_watch_line(line: str) -> WatchUpdate | None:
     reads = tuple(FileChunk(r["exists"], r["size"], r["offset"], r["end"], r["data"], r["path"])
                   for r in data["reads"])
     return WatchUpdate(data["ts"], states, reads)
+
+
+def interface_addresses(transport: Transport) -> tuple[str, ...]:
+    """The addresses of the host's own interfaces, loopback excepted (a multi-homed member
+    may connect from any of them)."""
+    return tuple(call(transport, "addresses", {})["addresses"])
 
 
 def resolve(transport: Transport, names: Sequence[str]) -> dict[str, tuple[str, ...] | str]:

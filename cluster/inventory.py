@@ -19,6 +19,7 @@ Every error names file, line and key path (:class:`~cluster.errors.InventoryErro
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -36,9 +37,19 @@ HOST_KEY_POLICIES = ("reject", "accept-new")
 DEFAULT_PORT_BASE = 2222
 PASSWORD_KEYS = ("ansible_password", "ansible_ssh_pass", "ansible_ssh_password",
                  "ansible_become_password", "ansible_become_pass", "ansible_sudo_pass")
-# Set by pscluster per task; a user value would silently break the cluster.
+# Set by pscluster per task; a user value would silently break the cluster. (PSCLUSTER_* names
+# pscluster does not set, such as PSCLUSTER_TRACE_STEPS, are settings the user may give.)
 RESERVED_ENV = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PLANNED_PSCLUSTER_ENV = (   # cluster.plan._task_env, pscluster_*_op_threads, cluster.runspec.program_env
+    "PSCLUSTER_CLUSTER", "PSCLUSTER_TASK", "PSCLUSTER_INTRA_OP_THREADS", "PSCLUSTER_INTER_OP_THREADS",
+    "PSCLUSTER_TASK_TYPE", "PSCLUSTER_TASK_INDEX", "PSCLUSTER_NUM_WORKERS", "PSCLUSTER_NUM_PS",
+    "PSCLUSTER_PS_HOSTS", "PSCLUSTER_WORKER_HOSTS", "PSCLUSTER_CHIEF_HOSTS", "PSCLUSTER_HOST", "PSCLUSTER_PORT")
+_CONTROL_CHAR = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")     # C0 but tab, DEL, C1
+# \Z, not $: "$" also matches before a final newline, which let "TF_CONFIG\n" through (N12).
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# Hosts in one inventory, every pattern and file together (the range cap is per pattern: 30
+# ranges of 10,000 in 640 bytes ran past 60 s). Tasks are capped in cluster.plan (MAX_TASKS).
+MAX_HOSTS = 10_000
 
 
 @dataclass(frozen=True)
@@ -136,7 +147,11 @@ class Inventory:
     notify: tuple[str, ...] = ()
 
     def host(self, name: str) -> HostConfig:
-        return next(host for host in self.hosts if host.name == name)
+        return self._by_name[name]
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, HostConfig]:
+        return {host.name: host for host in self.hosts}
 
     def hosts_of(self, role: str) -> tuple[str, ...]:
         return dict(self.role_hosts).get(role, ())
@@ -151,6 +166,7 @@ class _Group:
     hosts: list[str] = field(default_factory=list)
     vars: dict[str, tuple[Any, KeyPath]] = field(default_factory=dict)
     children: list[str] = field(default_factory=list)
+    known: set[str] = field(default_factory=set)      # hosts, as a set (was rebuilt per pattern: O(N^2))
 
 
 @dataclass
@@ -204,9 +220,13 @@ def _parse_group(raw: _Raw, name: str, data: Any, path: KeyPath) -> None:
                                                          "set the address with ansible_host")
         if host_vars is not None and not isinstance(host_vars, dict):
             raise _err(raw, host_path, f"host variables must be a mapping, got {_describe(host_vars)}")
-        known = set(group.hosts)
         for host in names:
             raw.host_first.setdefault(host, host_path)
+        if len(raw.host_first) > MAX_HOSTS:
+            raise _err(raw, host_path, f"the inventory names more than {MAX_HOSTS} hosts",
+                       hint=f"pscluster plans at most {MAX_HOSTS} hosts from one inventory; split it")
+        known = group.known
+        for host in names:
             if host not in known:
                 known.add(host)
                 group.hosts.append(host)
@@ -276,7 +296,9 @@ def _depths(raw: _Raw) -> dict[str, int]:
 
 # ----------------------------------------------------------------------------- validation
 
-_INT_TEXT = re.compile(r"^\s*[+-]?[0-9]+\s*$")
+# Spaces and tabs only: \s also takes \x1c-\x1f, which int() refuses ("2222\x1d" was a ValueError
+# traceback), and $ a final newline.
+_INT_TEXT = re.compile(r"[ \t]*[+-]?[0-9]+[ \t]*\Z")
 
 
 def _as_int(raw: _Raw, path: KeyPath, value: Any, low: int, high: int, what: str) -> int:
@@ -298,6 +320,9 @@ def _as_str(raw: _Raw, path: KeyPath, value: Any, what: str = "a string") -> str
     text = str(value)
     if not text.strip():
         raise _err(raw, path, f"expected {what}, got an empty value")
+    bad = _CONTROL_CHAR.search(text)
+    if bad:     # (issue 25: they reached argv, paths and the output; nothing needs them)
+        raise _err(raw, path, f"expected {what}, got a control character ({bad.group()!r})")
     return text
 
 
@@ -326,14 +351,20 @@ def _env_map(raw: _Raw, path: KeyPath, value: Any) -> tuple[tuple[str, str], ...
                    hint="e.g. pscluster_env: {OMP_NUM_THREADS: 2}")
     result = []
     for name, item in value.items():
-        if not _ENV_NAME.match(name):
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
             raise _err(raw, path + (name,), f"{name!r} is not a valid environment variable name")
-        if name in RESERVED_ENV:
+        if name in RESERVED_ENV or name in PLANNED_PSCLUSTER_ENV:
             raise _err(raw, path + (name,), f"{name} is set by pscluster for each task",
-                       hint="use <role>_gpus for CUDA_VISIBLE_DEVICES; TF_CONFIG comes from the plan")
+                       hint="use <role>_gpus for CUDA_VISIBLE_DEVICES, pscluster_intra_op_threads/"
+                            "pscluster_inter_op_threads for the thread counts; TF_CONFIG and PSCLUSTER_TASK, "
+                            "_CLUSTER... come from the plan")
         if item is None or isinstance(item, (dict, list)):
             raise _err(raw, path + (name,), f"expected a string or number, got {_describe(item)}")
-        result.append((name, str(item).lower() if isinstance(item, bool) else str(item)))
+        text = str(item).lower() if isinstance(item, bool) else str(item)
+        if "\0" in text:      # the process could not start (Popen's ValueError): refuse it here, by name
+            raise _err(raw, path + (name,), f"the value of {name} holds a NUL character",
+                       hint="an environment value cannot hold \\0")
+        result.append((name, text))
     return tuple(result)
 
 
@@ -507,7 +538,7 @@ def _jump_hops(name: str, setting: str) -> tuple[str, ...] | None:
     if name not in ("proxyjump", "-J"):
         return None
     if setting.lower() == "none":
-        return ()
+        return ("none",)        # said outright: no hop, not even ~/.ssh/config's (the transport reads it)
     return tuple(hop.strip() for hop in setting.split(",") if hop.strip())
 
 
@@ -672,6 +703,7 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
     inventory_source = read_source(path, display_name)
     source = inventory_source.source
     raw = _Raw(source)
+    raw.warnings.update(dict.fromkeys(inventory_source.warnings))
     for data, root in inventory_source.documents:
         if data is None:
             continue
@@ -718,10 +750,7 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
 
     depth = _depths(raw)
     membership = {name: _members(raw, name) for name in raw.groups}
-    all_hosts = list(membership["all"])
-    for host in raw.host_first:
-        if host not in all_hosts:
-            all_hosts.append(host)
+    all_hosts = list(dict.fromkeys([*membership["all"], *raw.host_first]))    # (a set: N4, was O(N^2))
     role_hosts = tuple((role, tuple(membership[role])) for role in ROLES if membership.get(role))
     groups_by_host: dict[str, list[str]] = {host: [] for host in all_hosts}
     for name, members in membership.items():

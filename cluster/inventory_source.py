@@ -43,6 +43,7 @@ class InventorySource:
     # read by vars_of() only for groups and hosts the inventory has, as Ansible does.
     group_vars: list[tuple[str, str, str]] = field(default_factory=list)
     host_vars: list[tuple[str, str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)      # shown like Inventory.warnings
 
     def vars_of(self, files: list[tuple[str, str, str]], owners) -> list[tuple[str, dict, KeyPath]]:
         """(owner, mapping, key-path root) of each vars file whose owner is in ``owners``.
@@ -97,6 +98,13 @@ def read_source(path: str, display_name: str | None = None) -> InventorySource:
     display_base = name if os.path.isdir(path) else os.path.dirname(name)
     for kind, target in (("group_vars", first.group_vars), ("host_vars", first.host_vars)):
         _read_vars_folder(first, os.path.join(basedir, kind), os.path.join(display_base, kind), target)
+    inside = os.path.realpath(basedir)
+    for _, full, shown in first.group_vars + first.host_vars:
+        target_path = os.path.realpath(full)
+        if os.path.commonpath([inside, target_path]) != inside:
+            # (a symlinked group_vars/all.yml -> /etc/shadow was read and parsed without a word)
+            first.warnings.append(f"{shown}: read from {target_path}, outside the inventory folder {inside} "
+                                  "(a symlink)")
     return first
 
 
@@ -218,7 +226,7 @@ def _read_vars_folder(inventory: InventorySource, folder: str, shown: str,
         files: list[tuple[str, str]] = []
         for extension in VARS_EXTENSIONS:
             full = os.path.join(folder, owner + extension)
-            if os.path.isfile(full):
+            if os.path.lexists(full) and not os.path.isdir(full):   # a FIFO too: read_text refuses it
                 files.append((full, os.path.join(shown, owner + extension)))
         if os.path.isdir(os.path.join(folder, owner)):
             files.extend(_folder_files(os.path.join(folder, owner), os.path.join(shown, owner), False))

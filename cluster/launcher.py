@@ -160,7 +160,7 @@ def standby_starts(plan: ClusterPlan, state: RunState, secrets: Secrets | None, 
         record = ProcessRecord(key=f"{task.name}#s{attempt}", task=task.name, host=task.host,
                                kind=ProcessKind.STANDBY, attempt=attempt, log=log, exit_file=exit_file(log))
         argv = [task.argv[0], "-m", "roles.standby", "--fifo", fifo_file(log), "--ready", ready_file(log)]
-        items.append((task, record, argv, task_env(task, secrets, standing=True)))
+        items.append((task, record, argv, task_env(plan, task, secrets, standing=True)))
     return items
 
 
@@ -182,10 +182,10 @@ def report_standbys(reporter: Reporter, records: dict[str, ProcessRecord], failu
                       text=f"no standby for {failure.where}: {failure.error.message.splitlines()[0]}")
 
 
-def task_env(task: TaskSpec, secrets: Secrets | None, *, standing: bool) -> dict[str, str]:
-    """The environment of ``task``: its planned variables plus the secrets it may have
-    (see cluster/secrets.py: ``standing`` servers get none unless pscluster_secret_env_roles asks)."""
-    env = dict(task.env)
+def task_env(plan: ClusterPlan, task: TaskSpec, secrets: Secrets | None, *, standing: bool) -> dict[str, str]:
+    """The environment of ``task``: its planned variables and TF_CONFIG, plus the secrets it may
+    have (see cluster/secrets.py: ``standing`` servers get none unless pscluster_secret_env_roles asks)."""
+    env = plan.task_env(task)
     env.update(secrets.env_for(task, standing=standing) if secrets else {})
     return env
 
@@ -335,7 +335,7 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
         standing = plan.standing_tasks
         reporter.emit("phase", name="start", detail=f"{len(standing)} server(s)")
         records, failures = start_tasks(writer, pool, plan, [
-            (task, new_record(task, kind="server", attempt=1), task.argv, task_env(task, secrets, standing=True))
+            (task, new_record(task, kind="server", attempt=1), task.argv, task_env(plan, task, secrets, standing=True))
             for task in standing], reporter)
         if failures:
             raise failures[0].error if len(failures) == 1 else \

@@ -18,6 +18,7 @@ cluster and ``{"type": "evaluator", "index": 0}``.
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 from dataclasses import dataclass
@@ -51,6 +52,12 @@ DEFAULT_REMOTE_PYTHON = "python3"
 # (benchmarks/onednn.py). pscluster_env: {TF_ENABLE_ONEDNN_OPTS: 0} turns them off.
 BASE_ENV = (("GRPC_FAIL_FAST", "use_caller"), ("TF_CPP_MIN_LOG_LEVEL", "1"), ("PYTHONUNBUFFERED", "1"),
             ("TF_ENABLE_ONEDNN_OPTS", "1"))
+# Every TF_CONFIG holds the whole cluster, so N tasks' TF_CONFIGs are O(N^2): 10,000 tasks
+# made 1.3 GB of `plan` text and a 23 GB `plan --json`. A task's TF_CONFIG is therefore not
+# stored in its TaskSpec (ClusterPlan.tf_config builds it from the one cluster spec when a
+# process starts), and `plan` shows it in full per task only up to this many tasks.
+INLINE_TF_CONFIG_TASKS = 100
+MAX_TASKS = 20_000      # a cluster's tasks, all roles (caps what one inventory can ask for)
 
 
 def host_port(address: str, port: int) -> str:
@@ -102,7 +109,7 @@ class TaskSpec:
     port: int
     cuda_visible_devices: str | None
     standing: bool
-    env: tuple[tuple[str, str], ...]
+    env: tuple[tuple[str, str], ...]      # planned variables but TF_CONFIG (ClusterPlan.task_env adds it)
     argv: tuple[str, ...]
     workdir: str
     log_path: str
@@ -115,10 +122,6 @@ class TaskSpec:
     @property
     def target(self) -> str:
         return host_port(self.address, self.port)
-
-    @property
-    def tf_config(self) -> dict:
-        return json.loads(dict(self.env)["TF_CONFIG"])
 
 
 @dataclass(frozen=True)
@@ -141,14 +144,47 @@ class ClusterPlan:
         return tuple(dict.fromkeys(t.host for t in self.tasks if t.cuda_visible_devices == AUTO_GPUS))
 
     def host(self, name: str) -> HostSpec:
-        return next(host for host in self.hosts if host.name == name)
+        return self._hosts_by_name[name]
 
     def task(self, name: str) -> TaskSpec:
-        return next(task for task in self.tasks if task.name == name)
+        return self._tasks_by_name[name]
+
+    # Indexes built on first use (a frozen dataclass may cache in its __dict__): a lookup per
+    # task must not scan every task (10,000 tasks made `plan` quadratic).
+    @functools.cached_property
+    def _hosts_by_name(self) -> dict[str, HostSpec]:
+        return {host.name: host for host in self.hosts}
+
+    @functools.cached_property
+    def _tasks_by_name(self) -> dict[str, TaskSpec]:
+        return {task.name: task for task in self.tasks}
+
+    @functools.cached_property
+    def _cluster_json(self) -> str:
+        return _compact_json(self.cluster_spec)
 
     @property
     def cluster_spec(self) -> dict[str, list[str]]:
         return {job: list(addresses) for job, addresses in self.cluster}
+
+    def tf_config_text(self, task: TaskSpec) -> str:
+        """``task``'s TF_CONFIG: the cluster spec and its own type and index (an evaluator's
+        names the cluster it is not part of, as TensorFlow expects)."""
+        return f'{{"cluster":{self._cluster_json},"task":{_compact_json({"type": task.role, "index": task.index})}}}'
+
+    def tf_config(self, task: TaskSpec) -> dict:
+        return json.loads(self.tf_config_text(task))
+
+    def task_env(self, task: TaskSpec) -> dict[str, str]:
+        """``task``'s planned environment, TF_CONFIG included (secrets are added at start)."""
+        env = {key: value for key, value in task.env if key != "TF_CONFIG"}   # (a state of an older version)
+        env["TF_CONFIG"] = self.tf_config_text(task)
+        return env
+
+    @property
+    def inline_tf_config(self) -> bool:
+        """Whether ``plan`` shows each task's TF_CONFIG in full (see INLINE_TF_CONFIG_TASKS)."""
+        return len(self.tasks) <= INLINE_TF_CONFIG_TASKS
 
     def tasks_of(self, role: str) -> tuple[TaskSpec, ...]:
         return tuple(task for task in self.tasks if task.role == role)
@@ -172,19 +208,24 @@ class ClusterPlan:
         return len({task.address for task in self.tasks}) > 1
 
     def to_json(self) -> dict:
-        """The ``plan --json`` document."""
+        """The ``plan --json`` document. Beyond INLINE_TF_CONFIG_TASKS tasks, a task's
+        ``tf_config`` holds only its ``task`` (its cluster is the document's ``cluster``) and its
+        ``env`` no TF_CONFIG; ``tf_config_inline`` says which."""
+        inline = self.inline_tf_config
         return {
             "name": self.name,
             "mode": self.mode,
             "inventory": self.inventory_path,
             "cluster": self.cluster_spec,
+            "tf_config_inline": inline,
             "tasks": [{
                 "role": task.role, "index": task.index, "host": task.host,
                 "address": task.address, "port": task.port,
                 "cuda_visible_devices": task.cuda_visible_devices,
-                "tf_config": task.tf_config, "argv": list(task.argv),
-                "standing": task.standing, "env": dict(task.env), "workdir": task.workdir,
-                "log_path": task.log_path,
+                "tf_config": self.tf_config(task) if inline else {"task": {"type": task.role, "index": task.index}},
+                "argv": list(task.argv),
+                "standing": task.standing, "env": self.task_env(task) if inline else dict(task.env),
+                "workdir": task.workdir, "log_path": task.log_path,
             } for task in self.tasks],
             "hosts": [{
                 "name": host.name, "address": host.address, "transport": host.connection,
@@ -252,18 +293,15 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
                      for slot in slots if slot.role == role))
         for role, _ in role_table if role != EVALUATOR
     )
-    cluster_json = {job: list(addresses) for job, addresses in cluster}
     tasks = []
     for slot in slots:
         if slot.role not in used_roles:
             continue
         host = host_specs[slot.host.name]
         port = ports[(slot.role, slot.index)]
-        tf_config = json.dumps({"cluster": cluster_json, "task": {"type": slot.role, "index": slot.index}},
-                               sort_keys=True, separators=(",", ":"))
         standing = used_roles[slot.role]
         layout = HostLayout(host.workdir, name)
-        env = _task_env(slot, tf_config, name)
+        env = _task_env(slot, name)
         if options.roles is not None:
             argv: tuple[str, ...] = ()        # the user's program, given to `run`
         elif standing:
@@ -307,14 +345,19 @@ def _host_spec(host: HostConfig, options: PlanOptions) -> HostSpec:
 
 def _slots(inventory: Inventory) -> list[_Slot]:
     """Every task the inventory asks for, indexed per role in host order."""
-    result = []
+    result: list[_Slot] = []
+    hosts = {host.name: host for host in inventory.hosts}
     for role in ROLES:
         index = 0
         for host_name in inventory.hosts_of(role):
-            host = inventory.host(host_name)
+            host = hosts[host_name]
             role_slots = host.slots_for(role)
             if role_slots is None:
                 continue
+            if len(result) + role_slots.count > MAX_TASKS:
+                raise role_slots.origin.error(
+                    f"the inventory asks for more than {MAX_TASKS} tasks",
+                    hint=f"pscluster plans at most {MAX_TASKS} tasks in one cluster; split it, or use --limit")
             for local_index in range(role_slots.count):
                 gpus: str | None
                 if role_slots.auto_gpus:
@@ -342,8 +385,12 @@ def _assign_ports(slots: list[_Slot], port_base: int | None,
     by_address: dict[str, list[_Slot]] = {}
     for slot in slots:
         by_address.setdefault(slot.host.address, []).append(slot)
+    ssh_by_address: dict[str, list[HostConfig]] = {}      # (each task scanned every host: O(N^2), N4)
+    for host in ssh_hosts:
+        ssh_by_address.setdefault(host.address, []).append(host)
     ports: dict[tuple[str, int], int] = {}
     for address, address_slots in by_address.items():
+        ssh_hosts = ssh_by_address.get(address, [])
         taken: dict[int, _Slot] = {}
         for slot in address_slots:
             if slot.explicit_port is None:
@@ -420,9 +467,12 @@ def _check_counts(inventory: Inventory, slots: list[_Slot], mode: str,
                             hint=f"add a '{role}' group with at least one host")
 
 
-def _task_env(slot: _Slot, tf_config: str, name: str) -> tuple[tuple[str, str], ...]:
+def _compact_json(value) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _task_env(slot: _Slot, name: str) -> tuple[tuple[str, str], ...]:
     env = dict(BASE_ENV)
-    env["TF_CONFIG"] = tf_config
     env["PSCLUSTER_CLUSTER"] = name
     env["PSCLUSTER_TASK"] = f"{slot.role}:{slot.index}"
     if slot.gpus is not None and slot.gpus != AUTO_GPUS:

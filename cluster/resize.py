@@ -179,7 +179,7 @@ def apply_plan(writer: StateWriter, pool: TransportPool, reporter: Reporter, old
         reporter.emit("phase", name="start", detail=f"{len(standing)} new server(s)")
         records, failures = start_tasks(writer, pool, new, [
             (task, new_record(task, kind="server", attempt=attempts[task.name]), task.argv,
-             task_env(task, secrets, standing=True)) for task in standing], reporter)
+             task_env(new, task, secrets, standing=True)) for task in standing], reporter)
         if failures:
             raise failures[0].error
         with Prober() as prober:

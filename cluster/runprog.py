@@ -141,7 +141,7 @@ class ProgramSupervisor(JobExecutor):
                                kind=str(ProcessKind.PROGRAM), attempt=attempt, log=log, exit_file=exit_file(log))
         host = self.plan.host(task.host)
         argv = host_argv(expand(self.argv, placeholder_values(self.plan, task)), host)
-        env = {**task_env(task, self.secrets, standing=False), **program_env(self.plan, task)}
+        env = {**task_env(self.plan, task, self.secrets, standing=False), **program_env(self.plan, task)}
         launch_task = _in_dir(task, self.space.host_cwd(host))
         watched = self.launch(launch_task, record, argv=argv, env=env, kind=ProcessKind.PROGRAM, files=(log,))
         watched.task = task

@@ -300,6 +300,25 @@ def layout_options(layout: Layout) -> list[str]:
     return options
 
 
+# What each #SBATCH value may be (N8: a newline in --time ended the directive block with a
+# shell line of its own, and sbatch then ignored the --signal and --requeue after it). Slurm's
+# time formats: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or UNLIMITED.
+SBATCH_VALUES = {
+    "time": (re.compile(r"(\d{1,7}-)?\d{1,7}(:\d{1,2}){0,2}|unlimited|infinite", re.IGNORECASE), "1:00:00 or 2-12:00:00"),
+    "partition": (re.compile(r"[A-Za-z0-9_.-]{1,64}(,[A-Za-z0-9_.-]{1,64}){0,15}"), "gpu or short,long"),
+    "gres": (re.compile(r"[A-Za-z0-9_.:,()=/-]{1,200}"), "gpu:2 or gpu:a100:1"),
+}
+
+
+def check_sbatch_value(option: str, value: str) -> str:
+    """``value`` for ``#SBATCH --OPTION=``, or a SlurmLayoutError naming it (no space, newline or
+    other control character reaches the script)."""
+    pattern, example = SBATCH_VALUES[option]
+    if not pattern.fullmatch(value):
+        raise SlurmLayoutError(f"--{option} {value!r} is not a Slurm {option} value", hint=f"e.g. --{option} {example}")
+    return value
+
+
 def sbatch_script(batch: BatchJob) -> str:
     """A batch script that brings a cluster up inside its allocation, trains (or runs a program), takes it down.
 
@@ -329,9 +348,9 @@ def sbatch_script(batch: BatchJob) -> str:
     nodes = f"{batch.nodes}-{batch.max_nodes}" if batch.max_nodes and batch.max_nodes > batch.nodes else str(batch.nodes)
     lines = ["#!/bin/bash", f"#SBATCH --job-name={batch.name}", f"#SBATCH --nodes={nodes}",
              f"#SBATCH --ntasks-per-node={batch.workers_per_node}"]
-    lines += [f"#SBATCH --time={batch.time_limit}"] * bool(batch.time_limit)
-    lines += [f"#SBATCH --partition={batch.partition}"] * bool(batch.partition)
-    lines += [f"#SBATCH --gres={batch.gres}"] * bool(batch.gres)
+    for option, value in (("time", batch.time_limit), ("partition", batch.partition), ("gres", batch.gres)):
+        if value:
+            lines.append(f"#SBATCH --{option}={check_sbatch_value(option, value)}")
     lines += [f"#SBATCH --signal=B:USR1@{batch.warn_seconds}", "#SBATCH --requeue", "#SBATCH --open-mode=append"]
     pscluster = f"{quote(batch.python)} -m cluster"
     name = quote(batch.name)

@@ -15,6 +15,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -149,6 +150,30 @@ def plan_from_json(data: dict) -> ClusterPlan:
                        firewall=data.get("firewall", False), notify=tuple(data.get("notify", ())))
 
 
+def private_dir(path: Path) -> None:
+    """Create ``path`` 0700, and make an existing one of this user 0700 (N11: the state directory
+    was 0755; its supervisor logs and event files hold the tails of tasks' 0600 logs). A folder
+    of another user, or a shared sticky one such as /tmp, is left as it is."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid == os.getuid() and not info.st_mode & stat.S_ISVTX and stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(path, stat.S_IMODE(info.st_mode) & 0o700)
+
+
+def open_private(path: str | Path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND) -> int:
+    """A descriptor on ``path``, created 0600 (an existing file of this user is made 0600 too);
+    a symlink there is refused (O_NOFOLLOW)."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        info = os.fstat(fd)
+        if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & 0o077:
+            os.fchmod(fd, 0o600)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
 def default_state_dir() -> Path:
     if os.environ.get("PSCLUSTER_STATE_DIR"):
         return Path(os.environ["PSCLUSTER_STATE_DIR"])
@@ -183,7 +208,7 @@ class StateStore:
 
     def save(self, state: RunState) -> None:
         state.updated = time.time()
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         path = self.path(state.name)
         tmp = path.with_suffix(f".json.tmp{os.getpid()}")
         # 0600: the plan may hold notification URLs with tokens in them (pscluster_notify)
@@ -202,7 +227,7 @@ class StateStore:
     @contextlib.contextmanager
     def lock(self, name: str, *, wait: float = 10.0) -> Iterator[None]:
         """Exclusive lock on one cluster's state (released if this process dies)."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         handle = open(self.root / f"{check_cluster_name(name)}.lock", "a+")
         deadline = time.monotonic() + wait
         try:

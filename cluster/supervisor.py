@@ -380,7 +380,7 @@ class Supervisor(JobExecutor):
         standby = self.state.standby(task.name) if task.role != "evaluator" else None
         if standby is not None:
             self.standby_tasks.add(task.name)
-        return self.launch(task, record, argv=argv, env=task_env(task, self.secrets, standing=False), kind=ProcessKind.TRAIN,
+        return self.launch(task, record, argv=argv, env=task_env(self.plan, task, self.secrets, standing=False), kind=ProcessKind.TRAIN,
                            files=(events,), standby=standby)
 
     def recovery(self, incident: core.Incident) -> core.Recovery:

@@ -6,6 +6,8 @@ a map from key path (a tuple of str keys and int indexes) to 1-based line number
 """
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,16 +138,32 @@ class _DepthLimitedLoader(yaml.SafeLoader):
 def read_text(path: str, name: str, *, hint: str) -> str:
     """The text of an inventory or vars file: UTF-8, at most MAX_FILE_BYTES.
 
+    Only a regular file is read: the open does not block (a FIFO given as the inventory, or in
+    host_vars/, hung every command until killed), and anything else (FIFO, device, socket) is
+    refused before a byte is read.
+
     Raises:
-        InventoryError: missing, unreadable, too big, or not UTF-8 (UTF-16 named as such).
+        InventoryError: missing, unreadable, not a regular file, too big, or not UTF-8 (UTF-16
+        named as such).
     """
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_FILE_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise InventoryError(name, None, "", "no such file", hint=hint) from None
     except OSError as exc:
         raise InventoryError(name, None, "", f"cannot read: {exc.strerror}") from None
+    with open(fd, "rb") as handle:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a directory" if stat.S_ISDIR(mode) else \
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else \
+                "not a plain file"
+            raise InventoryError(name, None, "", f"not a regular file ({kind})",
+                                 hint="an inventory and its vars files are plain files")
+        try:
+            data = handle.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            raise InventoryError(name, None, "", f"cannot read: {exc.strerror}") from None
     if len(data) > MAX_FILE_BYTES:
         raise InventoryError(name, None, "", f"file larger than {MAX_FILE_BYTES // (1024 * 1024)} MiB",
                              hint="is this really an inventory? real ones are a few KiB")

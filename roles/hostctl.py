@@ -224,21 +224,47 @@ def op_facts(req):
 
 def _private_dirs(path):
     """Create ``path`` and make every folder from ``.pscluster`` down owner-only (0700): they
-    hold logs (which may show data or tracebacks), pid files and events."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    hold logs (which may show data or tracebacks), pid files and events.
+
+    In a shared workdir another user could plant a symlink where a task's log goes, or own the
+    ``.pscluster`` folder: so each folder from ``.pscluster`` down must be a real folder of this
+    user, and the workdir one of this user or root (a workdir someone else owns can have its
+    ``.pscluster`` swapped); files inside are opened O_NOFOLLOW (first round, item 17)."""
+    import stat
     parts = path.split(os.sep)
-    if RUN_ROOT in parts:
-        for end in range(parts.index(RUN_ROOT) + 1, len(parts) + 1):
-            try:
-                os.chmod(os.sep.join(parts[:end]), 0o700)
-            except OSError:
-                pass    # not ours (a shared folder): leave it
+    if RUN_ROOT not in parts:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return
+    top = parts.index(RUN_ROOT)
+    workdir = os.sep.join(parts[:top]) or os.sep
+    os.makedirs(workdir, exist_ok=True)
+    owner = os.stat(workdir).st_uid
+    if owner not in (os.geteuid(), 0):
+        raise PermissionError("the workdir %s belongs to uid %d, not to this user (uid %d) or root: its owner could "
+                              "redirect the tasks' logs; use a workdir of your own" % (workdir, owner, os.geteuid()))
+    for end in range(top + 1, len(parts) + 1):    # one level at a time, never through a symlink
+        folder = os.sep.join(parts[:end])
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+        info = os.lstat(folder)
+        if not stat.S_ISDIR(info.st_mode):
+            raise PermissionError("%s is not a folder (a symlink?): refusing to write logs through it" % folder)
+        if info.st_uid != os.geteuid():
+            raise PermissionError("%s belongs to uid %d, not to this user (uid %d): refusing to write logs in it"
+                                  % (folder, info.st_uid, os.geteuid()))
+        if stat.S_IMODE(info.st_mode) != 0o700:
+            os.chmod(folder, 0o700)
+
+
+_PRIVATE = os.O_NOFOLLOW | os.O_CLOEXEC     # a symlink planted where a log or pid file goes is refused
 
 
 def _start_lock(log):
     """Exclusive lock of one log's start/cancel (held by a start until its pid file exists)."""
     import fcntl
-    fd = os.open(log + LOCK_SUFFIX, os.O_WRONLY | os.O_CREAT, 0o600)
+    fd = os.open(log + LOCK_SUFFIX, os.O_WRONLY | os.O_CREAT | _PRIVATE, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
 
@@ -260,6 +286,8 @@ def _under_start_lock(req, start):
     log = _expand(req["log"])
     token = req.get("token")
     _private_dirs(os.path.dirname(log))
+    if os.path.islink(log):
+        raise PermissionError("%s is a symlink: refusing to write the task's log through it" % log)
     lock_fd = _start_lock(log)
     try:
         # A stop that came first (the orchestrator's record was saved, then `down` ran before
@@ -312,7 +340,7 @@ def _spawn(req, cwd, log, exit_file, token, lock_fd):
             devnull = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
-            log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+            log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | _PRIVATE, 0o600)
             os.fchmod(log_fd, 0o600)     # an older log of the same name may have been 0644
             os.write(log_fd, ("pscluster: %s starting %s\n" % (
                 time.strftime("%Y-%m-%d %H:%M:%S"), " ".join(req["argv"]))).encode())
@@ -407,7 +435,7 @@ def _hand_over(req, standby, log):
     try:
         _remove_stale(req, log, reply)
         env = _start_env(req)           # leaves through the FIFO: never on disk
-        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | _PRIVATE, 0o600)
         os.fchmod(log_fd, 0o600)
         os.write(log_fd, ("pscluster: %s starting %s (standby pid %d: TensorFlow already imported)\n" % (
             time.strftime("%Y-%m-%d %H:%M:%S"), " ".join(req["argv"]), standby["pid"])).encode())
@@ -441,7 +469,7 @@ def op_start_many(req):
 
 def _write_json(path, data):
     tmp = path + ".tmp%d" % os.getpid()
-    with open(tmp, "w") as handle:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _PRIVATE, 0o600), "w") as handle:
         json.dump(data, handle)
     os.replace(tmp, path)
 
@@ -620,7 +648,8 @@ def _cancel_start(rec):
         resolved = _resolve(dict(rec, log=log))
         if resolved.get("pgid") is not None:
             return resolved, False
-        with open(log + CANCEL_SUFFIX, "a") as handle:
+        with os.fdopen(os.open(log + CANCEL_SUFFIX, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _PRIVATE, 0o600),
+                       "a") as handle:
             handle.write(rec["token"] + "\n")
         return rec, True
     finally:
@@ -864,23 +893,87 @@ def op_nft(req):
 
 
 def op_resolve(req):
-    """Every address (all A and AAAA results) of each name, as this host resolves it."""
+    """Every address (all A and AAAA results) of each name, as this host resolves it, each name
+    in a thread of its own and all within ``timeout`` seconds (getaddrinfo has no timeout: a dead
+    DNS server held ``up`` for minutes); a name without an answer by then is an error."""
     import socket
+    import threading
     resolved = {}
-    for name in req["names"]:
+    timeout = float(req.get("timeout", 5.0))
+
+    todo = list(req["names"])
+
+    def worker():
+        while True:
+            try:
+                name = todo.pop()
+            except IndexError:
+                return
+            try:
+                infos = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
+            except (socket.gaierror, UnicodeError, OSError) as exc:
+                resolved[name] = {"error": getattr(exc, "strerror", None) or str(exc)}
+                continue
+            resolved[name] = {"addresses": sorted({info[4][0].split("%")[0] for info in infos})}
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(32, len(todo)))]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    answers = dict(resolved)       # a late answer must not change the dict while it is copied
+    return {"resolved": {name: answers.get(name, {"error": "no answer within %g s" % timeout})
+                         for name in req["names"]}}
+
+
+def op_addresses(req):
+    """The addresses of this host's interfaces but loopback: ``ip -o addr`` (every address, the
+    secondary ones too), else /proc/net/if_inet6 and the interfaces' primary IPv4 addresses."""
+    import ipaddress
+    import subprocess
+    found = set()
+    try:
+        out = subprocess.run(["ip", "-o", "addr", "show"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             universal_newlines=True, timeout=10).stdout
+        for line in out.splitlines():
+            words = line.split()
+            found.update(words[i + 1].split("/")[0] for i, word in enumerate(words[:-1]) if word in ("inet", "inet6"))
+    except (OSError, subprocess.SubprocessError):
+        pass
+    if not found:
         try:
-            infos = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
-        except (socket.gaierror, UnicodeError) as exc:
-            resolved[name] = {"error": getattr(exc, "strerror", None) or str(exc)}
+            with open("/proc/net/if_inet6") as handle:
+                for line in handle:
+                    raw = line.split()[0]
+                    found.add(":".join(raw[i:i + 4] for i in range(0, 32, 4)))
+        except OSError:
+            pass
+        import fcntl
+        import socket
+        import struct
+        for _, name in socket.if_nameindex():
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                try:
+                    packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+                except OSError:
+                    continue
+                found.add(socket.inet_ntoa(packed[20:24]))
+    addresses = set()
+    for text in found:
+        try:
+            address = ipaddress.ip_address(text.split("%")[0])
+        except ValueError:
             continue
-        resolved[name] = {"addresses": sorted({info[4][0].split("%")[0] for info in infos})}
-    return {"resolved": resolved}
+        if not address.is_loopback:
+            addresses.add(str(address))
+    return {"addresses": sorted(addresses)}
 
 
 OPERATIONS = {"facts": op_facts, "start": op_start, "adopt": op_adopt, "start_many": op_start_many, "status": op_status, "stop": op_stop,
               "signal": op_signal, "read": op_read, "find": op_find, "hashes": op_hashes, "remove": op_remove, "fsid": op_fsid, "listen": op_listen,
               "connect": op_connect, "unlisten": op_unlisten,
-              "nft": op_nft, "watch": op_watch, "resolve": op_resolve}
+              "nft": op_nft, "watch": op_watch, "resolve": op_resolve, "addresses": op_addresses}
 
 
 def main():

@@ -490,7 +490,7 @@ class JobExecutor:
     def launch_server(self, task: TaskSpec) -> Watched:
         from ..launcher import new_record
         record = new_record(task, kind="server", attempt=self.attempt(task, ProcessKind.SERVER))
-        watched = self.launch(task, record, argv=task.argv, env=task_env(task, self.secrets, standing=True), kind=ProcessKind.SERVER)
+        watched = self.launch(task, record, argv=task.argv, env=task_env(self.plan, task, self.secrets, standing=True), kind=ProcessKind.SERVER)
         try:
             with Prober() as prober:
                 wait_ready(self.plan, {task.name: watched.record}, self.pool, prober, self.reporter,

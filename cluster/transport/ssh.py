@@ -20,8 +20,12 @@ its defaults are replaced on purpose:
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import shutil
 import socket
+import stat as stat_module
+import tempfile
 import threading
 import time
 from typing import Sequence
@@ -66,6 +70,41 @@ def _known_host_keys(path: str) -> paramiko.HostKeys | None:
             cached = (stamp, paramiko.HostKeys(path))
             _HOST_KEYS[path] = cached
         return cached[1]
+
+
+# One known_hosts line: [@marker] hostnames keytype base64-key [comment] (sshd(8), "SSH_KNOWN_HOSTS
+# FILE FORMAT"). /etc/passwd or /etc/shadow matches none of its lines.
+_KNOWN_HOSTS_LINE = re.compile(r"(@(cert-authority|revoked)\s+)?\S+\s+[a-z][a-z0-9@.+-]*\s+[A-Za-z0-9+/]+={0,3}(\s.*)?")
+_KNOWN_HOSTS_CHECKED: dict[str, tuple[tuple[int, int], str | None]] = {}
+
+
+def known_hosts_problem(path: str) -> str | None:
+    """Why ``path`` is not a known-hosts file (None: it is one, or it does not exist yet).
+
+    With ``accept-new`` the file is appended to, as root too: ``pscluster_known_hosts:
+    /etc/passwd`` was accepted and would have been written (issue 25, "Also")."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot read it: {exc.strerror}"
+    with open(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat_module.S_ISREG(info.st_mode):
+            return "not a regular file"
+        stamp = (info.st_mtime_ns, info.st_size)
+        cached = _KNOWN_HOSTS_CHECKED.get(path)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        problem = None
+        for number, raw in enumerate(handle, 1):
+            line = raw.decode("utf-8", "replace").strip()
+            if line and not line.startswith("#") and not _KNOWN_HOSTS_LINE.fullmatch(line):
+                problem = f"line {number} is not a known-hosts entry"
+                break
+        _KNOWN_HOSTS_CHECKED[path] = (stamp, problem)
+        return problem
 
 
 class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
@@ -114,14 +153,36 @@ class _Watchdog(threading.Thread):
 
 
 class _Tunnel(threading.Thread):
-    """A local listener on 127.0.0.1 whose connections are carried to ``address:port`` over
-    the transport's SSH connection (like ``ssh -L``), two pump threads per connection."""
+    """A local listener whose connections are carried to ``address:port`` over the transport's
+    SSH connection (like ``ssh -L``), two pump threads per connection.
 
-    def __init__(self, owner: "SSHTransport", address: str, port: int, local_port: int = 0):
+    ``unix=True`` (the probes of TF ports behind a bastion): a Unix socket, 0600 in a 0700
+    folder of its own, so no other local user can reach the task's gRPC through it. A TCP
+    listener on 127.0.0.1 let anyone on a shared login node who found it with ``ss -ltn`` reach
+    the task from a member address, past ``--firewall``, and run graphs as the task's user (N1).
+    ``unix=False``: 127.0.0.1 (``forward``, for a port the user asks for, e.g. TensorBoard)."""
+
+    def __init__(self, owner: "SSHTransport", address: str, port: int, local_port: int = 0, *, unix: bool = False):
         super().__init__(name=f"ssh-tunnel-{owner.host.name}-{port}", daemon=True)
         self.owner, self.target = owner, (address, port)
-        self.listener = socket.create_server(("127.0.0.1", local_port))
-        self.port = self.listener.getsockname()[1]
+        self.folder: str | None = None
+        if unix:
+            self.folder = tempfile.mkdtemp(prefix="pscluster-tunnel-")      # 0700
+            path = os.path.join(self.folder, "s")
+            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            old = os.umask(0o177)
+            try:
+                self.listener.bind(path)
+            finally:
+                os.umask(old)
+            os.chmod(path, 0o600)
+            self.listener.listen(64)
+            self.port = 0
+            self.address = f"unix:{path}"
+        else:
+            self.listener = socket.create_server(("127.0.0.1", local_port))
+            self.port = self.listener.getsockname()[1]
+            self.address = f"127.0.0.1:{self.port}"
 
     def run(self) -> None:
         while True:
@@ -141,6 +202,8 @@ class _Tunnel(threading.Thread):
 
     def stop(self) -> None:
         self.listener.close()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _pump(source, sink, client: socket.socket, channel) -> None:
@@ -185,7 +248,7 @@ class SSHTransport(Transport):
         super().__init__(host)
         self.ssh_config = ssh_config      # an ssh config file instead of the one Fabric loads (tests)
         self._conn: fabric.Connection | None = None
-        self._tunnels: dict[tuple[str, int], _Tunnel] = {}
+        self._tunnels: dict[tuple[str, int, bool], _Tunnel] = {}
         self._lock = threading.Lock()
         self._sftp_lock = threading.Lock()
 
@@ -208,8 +271,14 @@ class SSHTransport(Transport):
                 self._conn = self._open()
             return self._conn
 
+    def _config_entry(self, address: str) -> dict:
+        """What the ssh config (this transport's, else the one Fabric loaded) says for ``address``."""
+        config = _fabric_config().base_ssh_config if self.ssh_config is None else \
+            paramiko.SSHConfig.from_path(self.ssh_config)
+        return dict(config.lookup(address))
+
     def _connection(self, address: str, port: int | None, user: str | None,
-                    gateway: fabric.Connection | None) -> fabric.Connection:
+                    gateway: fabric.Connection | bool | None) -> fabric.Connection:
         """An unopened connection to one hop (or the host itself) with our host-key policy:
         every hop is checked against known_hosts like the target, never auto-added."""
         timeout = self.host.connect_timeout
@@ -218,6 +287,10 @@ class SSHTransport(Transport):
         if self.host.key_file:
             connect_kwargs["key_filename"] = [os.path.expanduser(self.host.key_file)]
             connect_kwargs["look_for_keys"] = False
+        if gateway is None and "proxyjump" in self._config_entry(address):
+            # Fabric would build this hop's ProxyJump itself, with AutoAddPolicy (N10): jumps()
+            # already put those hops first, built here with our policy; False: no gateway of Fabric's.
+            gateway = False
         conn = fabric.Connection(host=address, user=user, port=port, connect_timeout=timeout,
                                  connect_kwargs=connect_kwargs, config=_fabric_config(), gateway=gateway)
         known_hosts = self.known_hosts_path()
@@ -235,17 +308,36 @@ class SSHTransport(Transport):
     def jumps(self) -> tuple[str, ...]:
         """ProxyJump hops: the inventory's, else the ssh config's for this host (~/.ssh/config;
         Fabric would follow the latter itself, but with AutoAddPolicy on the hop)."""
-        if self.host.jump:
-            return self.host.jump
-        return config_jumps(self.host.address, self.ssh_config)
+        if self.host.jump:      # the inventory's; ProxyJump=none: no hop, not even ~/.ssh/config's (N10)
+            hops = tuple(hop for hop in self.host.jump if hop.lower() != "none")
+        else:
+            hops = config_jumps(self.host.address, self.ssh_config)
+        # The first hop's own ProxyJump (~/.ssh/config), recursively: Fabric would otherwise open
+        # those hops itself, trusting any host key (N10).
+        seen: set[str] = set()
+        while hops and len(hops) < 16:
+            first = parse_hop(hops[0], self.host.user)[0]
+            before = config_jumps(first, self.ssh_config)
+            if first in seen or not before:
+                break
+            seen.add(first)
+            hops = before + hops
+        return hops
 
     def _open(self) -> fabric.Connection:
         timeout = self.host.connect_timeout
         known_hosts = self.known_hosts_path()
-        gateway = None
+        problem = known_hosts_problem(known_hosts)
+        if problem:
+            raise UnreachableHostError(self.host.name, f"{known_hosts} is not a known-hosts file: {problem}",
+                                       hint="pscluster_known_hosts names a file of 'host keytype key' lines "
+                                            "(default ~/.ssh/known_hosts)")
+        gateway: fabric.Connection | bool | None = None
         for hop in self.jumps():
             address, port, user = parse_hop(hop, self.host.user)
             gateway = self._connection(address, port, user, gateway)
+        if gateway is None and any(hop.lower() == "none" for hop in self.host.jump):
+            gateway = False      # ProxyJump=none in the inventory: not ~/.ssh/config's hops either
         conn = self._connection(self.host.address, self.host.ssh_port, self.host.user, gateway)
         try:
             conn.open()
@@ -342,23 +434,27 @@ class SSHTransport(Transport):
         channel per probe connection), so the control machine needs to reach only the bastion."""
         if not self.jumps():
             return None
-        return self.forward(address, port)
+        return self._listen(address, port, unix=True)      # a 0600 Unix socket, never a TCP port (N1)
 
     def forward(self, address: str, port: int, *, local_port: int = 0) -> str | None:
         """A direct-tcpip channel over this connection per accepted local connection."""
+        return self._listen(address, port, local_port=local_port)
+
+    def _listen(self, address: str, port: int, *, local_port: int = 0, unix: bool = False) -> str:
+        key = (address, port, unix)
         with self._lock:
-            tunnel = self._tunnels.get((address, port))
+            tunnel = self._tunnels.get(key)
             if tunnel is None or not tunnel.is_alive() or (local_port and tunnel.port != local_port):
                 try:
-                    tunnel = _Tunnel(self, address, port, local_port)
+                    tunnel = _Tunnel(self, address, port, local_port, unix=unix)
                 except OSError as exc:
                     raise UsageError(f"cannot listen on 127.0.0.1:{local_port} here: {exc.strerror or exc}",
                                      hint="choose another local port (--port)") from None
-                old, self._tunnels[(address, port)] = self._tunnels.get((address, port)), tunnel
+                old, self._tunnels[key] = self._tunnels.get(key), tunnel
                 if old is not None:
                     old.stop()
                 tunnel.start()
-        return f"127.0.0.1:{tunnel.port}"
+        return tunnel.address
 
     def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
         self.connect()

@@ -56,3 +56,56 @@ def test_a_task_runs_as_the_become_user_and_stop_ends_it(lab3, task_user):
     finally:
         transport.close()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _hostctl_watchers() -> dict[int, int]:
+    """pid -> uid of every hostctl watch process (the lab's hosts share this PID space)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+            with open(f"/proc/{entry}/status") as handle:
+                uid = next(int(line.split()[1]) for line in handle if line.startswith("Uid:"))
+        except (OSError, StopIteration):
+            continue
+        # /usr/bin/python3: this test's interpreter (other lab clusters run the virtualenv's)
+        if argv[0] == b"/usr/bin/python3" and b"-S" in argv and argv[-2:] == [b"watch", b""]:
+            found[int(entry)] = uid
+    return found
+
+
+def test_the_watch_stream_runs_as_the_become_user(lab3, task_user):
+    """N14 (issue 25): the supervisor's watch stream ran as the SSH user, not through
+    `sudo -n -H -u`, so it could not read the become user's 0700 run folders."""
+    workdir = tempfile.mkdtemp(prefix="psc-become-")
+    os.chown(workdir, task_user.pw_uid, task_user.pw_gid)
+    host = replace(_spec(lab3, "node-2"), python="/usr/bin/python3", workdir=workdir, become_user=USER)
+    transport = SSHTransport(host)
+    task = TaskSpec(role="worker", index=0, host="node-2", address=host.address, port=1, cuda_visible_devices=None,
+                    standing=True, env=(), argv=("sh", "-c", "echo hello; sleep 300"), workdir=workdir,
+                    log_path=f"{workdir}/.pscluster/become/worker-0.log",
+                    events_path=f"{workdir}/.pscluster/become/worker-0.events.jsonl")
+    stream = started = None
+    try:
+        started = hostops.start(transport, task, new_record(task, kind="server", attempt=1), argv=task.argv, env={})
+        stream = hostops.watch(transport, [started], [(started.log, 0)])
+        data = ""
+        deadline = time.monotonic() + 30
+        while "hello" not in data and time.monotonic() < deadline and not stream.closed:
+            for line in stream.lines():
+                update = hostops.parse_watch_line(line)
+                data += "".join(read.data for read in update.reads) if update else ""
+            time.sleep(0.1)
+        watchers = _hostctl_watchers()
+        assert "hello" in data, (data, stream.error)     # it read the task's log in the 0700 run folder
+        assert watchers and set(watchers.values()) == {task_user.pw_uid}, watchers
+    finally:
+        if stream is not None:
+            stream.close()
+        if started is not None:
+            hostops.stop(transport, [started], grace=2.0)      # before the fixture removes the user
+        transport.close()
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -1,7 +1,9 @@
 """Reaching hosts over real SSH: a host that vanishes is reported within a bounded time."""
 from __future__ import annotations
 
+import io
 import json
+import os
 import threading
 import time
 
@@ -109,4 +111,72 @@ def test_preflight_names_a_blocked_path_between_two_hosts_and_starts_nothing(lab
     assert "node-2 → node-3:" in text and "timed out" in text, text
     assert "node-1 → node-3" not in text                     # only the blocked path is named
     assert "nothing was started" in text
+    assert_no_survivors(name)
+
+
+def _own_tcp_listeners() -> list[str]:
+    """The TCP sockets this process listens on (local address:port in hex, as /proc shows them)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as handle:
+            for line in list(handle)[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:
+                    found.append(fields[1])
+    return found
+
+
+@pytest.mark.tf
+def test_status_of_a_host_behind_a_bastion_opens_no_tcp_listener_here(lab3, tmp_path, write_lab_inventory,
+                                                                         monkeypatch):
+    """N1 (issue 25): probes of a host behind a jump host went through a listener on
+    127.0.0.1:<ephemeral> with no authentication: any local user who found it reached the
+    task's gRPC from a member address (past --firewall). Now a 0600 Unix socket."""
+    from cluster import cli
+    from cluster.cli import Env
+    from cluster.probe import Prober
+    from cluster.state import StateStore
+    from rich.console import Console
+    name, state_dir = "lab-n1", tmp_path / "state"
+    bastion = lab3.host("node-1").address
+    groups = {"chief": {"node-1": {"pscluster_workdir": str(tmp_path / "work-1")}},
+              "ps": {"node-1": {"pscluster_workdir": str(tmp_path / "work-1")}},
+              "worker": {"node-3": {"ansible_ssh_common_args": f"-o ProxyJump=root@{bastion}",
+                                    "pscluster_workdir": str(tmp_path / "work-3")}}}
+    inventory = write_lab_inventory(lab3, tmp_path / "n1.yaml", groups, {
+        "pscluster_port_base": port_base(), "pscluster_mode": "async", "pscluster_standby": False,
+        "pscluster_env": {"OMP_NUM_THREADS": 1}})
+    lab3.hide_behind("node-3", "node-1")
+    try:
+        up = run_cli(["up", inventory, "--name", name], state_dir=state_dir)
+        assert up.returncode == 0, up.stdout + up.stderr
+        seen: list[tuple[str, bool, list[str]]] = []
+        real_probe = Prober.probe
+
+        def probe(self, target, **options):
+            result = real_probe(self, target, **options)
+            seen.append((target, result.ok, _own_tcp_listeners()))     # while the tunnel is open
+            return result
+
+        monkeypatch.setattr(Prober, "probe", probe)
+        out = io.StringIO()
+        env = Env(out=Console(file=out, width=300, color_system=None), err=Console(file=io.StringIO()),
+                  store=StateStore(state_dir))
+        assert cli.run(["status", "--name", name, "--json"], env=env) == 0
+        hidden = next(item for item in seen if item[0].startswith(lab3.host("node-3").address))
+        assert hidden[1], seen                        # reached through the bastion...
+        assert all(not listeners for _, _, listeners in seen), seen   # ...with no TCP listener here
+    finally:
+        if (state_dir / f"{name}.json").exists():
+            down = run_cli(["down", "--name", name], state_dir=state_dir)
+            assert down.returncode == 0, down.stdout + down.stderr
+        lab3.unhide("node-3")
     assert_no_survivors(name)

@@ -29,7 +29,8 @@ class Recorder(Transport):
         return CommandResult(self.host.name, tuple(argv), 0, json.dumps({"ok": True}), "")
 
     def stream(self, argv, *, stdin=None):
-        raise AssertionError("no streams here")
+        self.calls.append((tuple(argv), stdin or b""))
+        return None
 
     def put_files(self, files, *, mode=None):
         raise AssertionError("no files here")
@@ -43,6 +44,15 @@ def test_become_runs_every_host_operation_through_sudo_without_a_password():
     assert argv == ("sudo", "-n", "-H", "-u", "alice", "/opt/py/bin/python3", "-I", "-S", "-c",
                     hostops.BOOTSTRAP, str(len(program)), "status")
     assert stdin == program + b'{"records": []}'      # the request (and any secret) on stdin, never argv
+
+
+def test_the_watch_stream_runs_as_the_become_user_too():
+    """N14 (issue 25): the watch stream lacked the sudo prefix every other host call has, so it
+    could not read the become user's 0700 run folders: become clusters could not be supervised."""
+    transport = Recorder(host(become_user="alice"))
+    hostops.watch(transport, [], [])
+    (argv, _), = transport.calls
+    assert argv[:5] == ("sudo", "-n", "-H", "-u", "alice") and argv[-1] == "watch"
 
 
 def test_without_become_the_interpreter_is_the_command():
@@ -83,3 +93,59 @@ def test_hops_give_address_port_and_user():
     assert parse_hop("[2001:db8::1]:2222", None) == ("2001:db8::1", 2222, None)
     assert parse_hop("carol@[2001:db8::1]", "bob") == ("2001:db8::1", None, "carol")
     assert parse_hop("2001:db8::1", None) == ("2001:db8::1", None, None)
+
+
+def test_a_known_hosts_file_that_is_not_one_is_refused_before_connecting(tmp_path):
+    """Issue 25, "Also": `pscluster_known_hosts: /etc/passwd` with accept-new was accepted, and
+    as root that file would have been appended to."""
+    import pytest
+    from cluster.errors import UnreachableHostError
+    from cluster.transport.ssh import known_hosts_problem
+    passwd = tmp_path / "passwd"
+    passwd.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    before = passwd.read_bytes()
+    transport = SSHTransport(host(known_hosts=str(passwd), host_key_policy="accept-new", address="127.77.250.1"))
+    with pytest.raises(UnreachableHostError, match="is not a known-hosts file: line 1 is not a known-hosts entry"):
+        transport.connect()
+    assert passwd.read_bytes() == before
+    assert known_hosts_problem("/dev/null") == "not a regular file"
+    good = tmp_path / "known_hosts"
+    good.write_text("# comment\n\n[127.77.0.2]:22,node-a ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIH+x/y=\n"
+                    "@cert-authority *.lab ecdsa-sha2-nistp256 AAAAE2VjZHNh comment here\n|1|abc=|def= ssh-rsa AAAAB3==\n")
+    assert known_hosts_problem(str(good)) is None
+    assert known_hosts_problem(str(tmp_path / "absent")) is None       # accept-new creates it
+
+
+HOP_CONFIG = """\
+Host bastion
+    ProxyJump outer
+Host target.lab
+    ProxyJump bastion
+"""
+
+
+def test_a_hops_own_proxyjump_is_built_here_with_host_key_checks(tmp_path, monkeypatch):
+    """N10 (issue 25): the first hop got gateway=None, so Fabric built that hop's own ProxyJump
+    from ~/.ssh/config with AutoAddPolicy (any host key trusted)."""
+    import fabric
+    from cluster.transport import ssh
+    config = tmp_path / "ssh_config"
+    config.write_text(HOP_CONFIG)
+    monkeypatch.setattr(ssh, "_CONFIG", fabric.Config(runtime_ssh_path=str(config)))
+    transport = SSHTransport(host(jump=("root@bastion",)), ssh_config=str(config))
+    assert transport.jumps() == ("outer", "root@bastion")
+    first = transport._connection("bastion", None, "root", None)
+    assert first.gateway is False          # not a Connection of Fabric's own making
+    assert isinstance(first.client._policy, ssh.paramiko.RejectPolicy)
+
+
+def test_proxyjump_none_in_the_inventory_means_no_hop_at_all(tmp_path, monkeypatch):
+    """N10: an inventory ProxyJump=none fell back to ~/.ssh/config's hops."""
+    import fabric
+    from cluster.transport import ssh
+    config = tmp_path / "ssh_config"
+    config.write_text(HOP_CONFIG)
+    monkeypatch.setattr(ssh, "_CONFIG", fabric.Config(runtime_ssh_path=str(config)))
+    transport = SSHTransport(host(address="target.lab", jump=("none",)), ssh_config=str(config))
+    assert transport.jumps() == ()
+    assert transport._connection("target.lab", None, "bob", None).gateway is False

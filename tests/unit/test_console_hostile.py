@@ -8,6 +8,7 @@ data objects directly. Each hostile string must appear exactly (control characte
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 
@@ -145,3 +146,23 @@ def test_consoles_do_not_turn_text_into_emoji():
     out.file = buffer
     out.print(ui.escape(":fire: /data/:thumbs_up:/x"))
     assert ":fire: /data/:thumbs_up:/x" in buffer.getvalue()
+
+
+def test_logs_shows_control_characters_visibly(monkeypatch, tmp_path):
+    """N13 (issue 25): `pscluster logs` wrote remote bytes raw, escape sequences included."""
+    from cluster import cli, logs
+    from cluster.cli import Env
+    from cluster.state import StateStore
+
+    def stream_logs(state, tasks, pool, write, **options):
+        write("[worker:0@a] step 1\x1b]0;owned\x07\x1b[2J\r\tok\n")
+
+    monkeypatch.setattr(cli, "_existing", lambda env, name: None)
+    monkeypatch.setattr(StateStore, "resolve_name", lambda self, name: name)
+    monkeypatch.setattr(logs, "select_tasks", lambda state, task: [])
+    monkeypatch.setattr(logs, "stream_logs", stream_logs)
+    out = io.StringIO()
+    env = Env(out=Console(file=out, width=200, color_system=None), err=Console(file=io.StringIO()),
+              store=StateStore(tmp_path), pool_factory=lambda: contextlib.nullcontext())
+    assert cli.run(["logs", "--name", "c1"], env=env) == 0
+    assert out.getvalue() == "[worker:0@a] step 1\\x1b]0;owned\\x07\\x1b[2J\\x0d\tok\n"

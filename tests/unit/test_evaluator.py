@@ -48,7 +48,7 @@ def test_every_mode_plans_the_evaluator_as_a_job_process_outside_the_cluster(wri
     assert [t.name for t in planned.training_tasks] == trainers            # the evaluator is not a trainer
     assert not evaluator.standing and "evaluator" not in planned.cluster_spec
     assert evaluator.argv == ("/venv/bin/python", "-m", "roles.evaluate", "--mode", mode)
-    assert evaluator.tf_config == {"cluster": planned.cluster_spec, "task": {"type": "evaluator", "index": 0}}
+    assert planned.tf_config(evaluator) == {"cluster": planned.cluster_spec, "task": {"type": "evaluator", "index": 0}}
     assert "evaluator" not in dict(planned.unused)
     assert evaluator.port not in {t.port for t in planned.tasks if t is not evaluator}
 

@@ -217,12 +217,59 @@ def test_secret_values_are_referenced_never_written(write_inventory, monkeypatch
     assert_valid_tfjob(manifest)
     text = yaml.safe_dump(manifest)
     assert "from-this-shell" not in text
-    for spec in manifest["spec"]["tfReplicaSpecs"].values():
+    reference = {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "exp-env", "key": "WANDB_API_KEY"}}}
+    for replica, spec in manifest["spec"]["tfReplicaSpecs"].items():
         env = spec["template"]["spec"]["containers"][0]["env"]
-        assert {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "exp-env", "key": "WANDB_API_KEY"}}} \
-            in env
+        assert (reference in env) == (replica == "Chief")       # the trainer; ps/worker stand (async)
         assert {"name": "OMP_NUM_THREADS", "value": "2"} in env
     assert secret_refs(manifest) == {"exp-env": ("WANDB_API_KEY",)}
+
+
+def _replica_secrets(manifest) -> dict[str, list[str]]:
+    return {replica: [item["name"] for item in spec["template"]["spec"]["containers"][0]["env"] if "valueFrom" in item]
+            for replica, spec in manifest["spec"]["tfReplicaSpecs"].items()}
+
+
+def test_standing_servers_get_no_secret_they_were_not_given(write_inventory):
+    """N3 (issue 25): only host b names the secret; the PS and both Worker replicas (standing
+    servers, roles.server) got WANDB_API_KEY, host c's too, which never named it."""
+    path = write_inventory("""\
+        all:
+          children:
+            chief: {hosts: {b: {ansible_host: 198.51.100.2}}}
+            ps: {hosts: {b: }}
+            worker: {hosts: {b: , c: {ansible_host: 198.51.100.3}}}
+          vars: {pscluster_env: {OMP_NUM_THREADS: 2}}
+        """.replace("b: {ansible_host", "b: {pscluster_secret_env: [WANDB_API_KEY], ansible_host"), name="exp.yaml")
+    manifest = tfjob_manifest(plan_of(path), image=DEFAULT_IMAGE)
+    assert _replica_secrets(manifest) == {"Chief": ["WANDB_API_KEY"], "PS": [], "Worker": []}
+
+
+def test_servers_get_secrets_where_secret_env_roles_asks(write_inventory):
+    path = write_inventory("""\
+        all:
+          vars: {ansible_connection: local, pscluster_secret_env: [WANDB_API_KEY], pscluster_secret_env_roles: [ps]}
+          children:
+            chief: {hosts: {here: }}
+            ps: {hosts: {here: }}
+            worker: {hosts: {here: }}
+        """, name="exp.yaml")
+    assert _replica_secrets(tfjob_manifest(plan_of(path), image=DEFAULT_IMAGE)) == \
+        {"Chief": ["WANDB_API_KEY"], "PS": ["WANDB_API_KEY"], "Worker": []}
+
+
+def test_a_secret_for_some_trainers_only_is_refused(write_inventory):
+    path = write_inventory("""\
+        all:
+          vars: {pscluster_mode: sync}
+          children:
+            worker:
+              hosts:
+                b: {ansible_host: 198.51.100.2, pscluster_secret_env: [WANDB_API_KEY]}
+                c: {ansible_host: 198.51.100.3}
+        """, name="exp.yaml")
+    with pytest.raises(PlanError, match="secret WANDB_API_KEY goes to worker:0 but not to worker:1"):
+        tfjob_manifest(plan_of(path), image=DEFAULT_IMAGE)
 
 
 def test_an_environment_that_differs_within_a_role_is_refused(write_inventory):

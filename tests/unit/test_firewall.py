@@ -100,9 +100,12 @@ def test_control_address_is_the_route_source_not_ssh_connection(monkeypatch):
 class FakeHost(Transport):
     """Answers hostctl calls from a script: ``nft`` per host, ``resolve`` from a table."""
 
-    def __init__(self, host: HostSpec, log: list, *, nft_exit: int = 0, resolves=None, on_nft=None):
+    def __init__(self, host: HostSpec, log: list, *, nft_exit: int = 0, resolves=None, on_nft=None, blocked=(),
+                 interfaces=None):
         super().__init__(host)
+        self.interfaces = interfaces or {}
         self.log, self.nft_exit, self.resolves, self.on_nft = log, nft_exit, resolves or {}, on_nft
+        self.blocked = blocked      # (from host, to address) pairs the installed rules drop
 
     def run(self, argv, *, stdin=None, timeout=60.0) -> CommandResult:
         operation = argv[-1]
@@ -114,6 +117,15 @@ class FakeHost(Transport):
             tables = re.findall(r"^table inet (\S+) \{", request["ruleset"], re.M)
             answer = {"exit_code": self.nft_exit, "stderr": "Error: refused" if self.nft_exit else "",
                       "tables": [f"table inet {t}" for t in tables]}
+        elif operation == "addresses":
+            answer = {"addresses": self.interfaces.get(self.host.name, [])}
+        elif operation == "listen":
+            answer = {"bound": request["ports"], "failed": [], "pid": 1, "starttime": 1}
+        elif operation == "unlisten":
+            answer = {"stopped": True}
+        elif operation == "connect":
+            answer = {"results": {f"{address}:{port}": "timed out" if (self.host.name, address) in self.blocked
+                                  else "ok" for address, port in request["targets"]}}
         elif operation == "resolve":
             answer = {"resolved": {name: ({"addresses": self.resolves[name]} if name in self.resolves
                                           else {"error": "Name or service not known"}) for name in request["names"]}}
@@ -200,3 +212,69 @@ def test_plan_ruleset_names_what_this_machine_cannot_resolve(plan):
     ruleset = firewall.ruleset_for(replace(plan, hosts=tuple(replace(h, address="no-such-host.invalid")
                                                              for h in plan.hosts)), "alpha")
     assert "#   not resolvable here: no-such-host.invalid (up resolves it on each host, or fails)" in ruleset
+
+
+def test_a_resolver_that_never_answers_is_given_up_on_here_and_on_the_host(monkeypatch):
+    """Item 12 (first round): getaddrinfo has no timeout; a dead DNS server stalled `up --firewall`
+    and `plan --firewall` (1,000 unresolvable names: minutes)."""
+    import socket
+    import time
+    from cluster import firewall
+    from roles import hostctl
+    real = socket.getaddrinfo
+
+    def getaddrinfo(name, *args, **kwargs):
+        if name.startswith("stuck"):
+            time.sleep(30)
+        return real("127.0.0.1", *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    began = time.monotonic()
+    found = firewall.resolve_many(["stuck-1", "fine", "stuck-2", "198.51.100.4"], timeout=0.5)
+    assert found == {"stuck-1": [], "fine": ["127.0.0.1"], "stuck-2": [], "198.51.100.4": ["198.51.100.4"]}
+    answer = hostctl.op_resolve({"names": ["stuck-3", "fine"], "timeout": 0.5})["resolved"]
+    assert answer == {"stuck-3": {"error": "no answer within 0.5 s"}, "fine": {"addresses": ["127.0.0.1"]}}
+    assert time.monotonic() - began < 5
+
+
+def test_members_that_the_installed_rules_block_fail_up(tmp_path, plan):
+    """Item 12 (first round): preflight's reach check ran before the rules; a member the rules
+    drop (say, one that connects from an address no name resolves to) showed only as a hang."""
+    plan = replace(plan, hosts=tuple(replace(h, address={"alpha": "127.0.0.2", "beta": "127.0.0.3"}[h.name])
+                                     for h in plan.hosts),
+                   tasks=tuple(replace(t, address={"alpha": "127.0.0.2", "beta": "127.0.0.3"}[t.host])
+                               for t in plan.tasks))
+    store = StateStore(tmp_path)
+    state = RunState(name=plan.name, plan=plan)
+    store.save(state)
+    log: list = []
+    pool = TransportPool(lambda host: FakeHost(host, log, blocked={("beta", "127.0.0.2")}))
+    with pytest.raises(MultiHostError, match="through the firewall just installed") as caught:
+        firewall.install_rules(plan, pool, StateWriter(store, state, expect_phase="starting"), Reporter())
+    assert "beta → alpha:4000" in str(caught.value)
+    operations = [op for _, op, _ in log]
+    assert operations.index("connect") > max(i for i, op in enumerate(operations) if op == "nft")   # after the rules
+    pool = TransportPool(lambda host: FakeHost(host, []))
+    firewall.install_rules(plan, pool, StateWriter(store, state, expect_phase="starting"), Reporter())   # no block
+
+
+def test_a_multi_homed_members_other_addresses_are_accepted(tmp_path, plan):
+    """Item 12 (first round): only the addresses a member's name resolves to were accepted; one
+    that connects from its other interface was dropped."""
+    plan = ssh_plan(plan)
+    store = StateStore(tmp_path)
+    state = RunState(name=plan.name, plan=plan)
+    store.save(state)
+    log: list = []
+    pool = TransportPool(lambda host: FakeHost(host, log, resolves={"beta.example": ["10.9.0.2"]},
+                                               interfaces={"beta": ["10.9.0.2", "192.0.2.77", "fd09::77"]}))
+    firewall.install_rules(plan, pool, StateWriter(store, state, expect_phase="starting"), Reporter())
+    alpha = next(req["ruleset"] for host, op, req in log if op == "nft" and host == "alpha")
+    assert "192.0.2.77: member beta (an address of its interfaces)" in alpha and "fd09::77" in alpha
+    assert "192.0.2.77" in next(line for line in alpha.splitlines() if line.strip().startswith("ip saddr"))
+
+
+def test_hostctl_lists_this_hosts_interface_addresses_but_loopback():
+    from roles import hostctl
+    addresses = hostctl.op_addresses({})["addresses"]
+    assert addresses and not any(a.startswith("127.") or a == "::1" for a in addresses)

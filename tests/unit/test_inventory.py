@@ -684,6 +684,14 @@ def test_bad_setting_values(write_inventory, line_text, key_path, message):
     ("    pscluster_env:\n      A:\n", 4, "all.vars.pscluster_env.A", "expected a string or number, got None"),
     ("    pscluster_secret_env: [OK, 2BAD]\n", 3, "all.vars.pscluster_secret_env[1]",
      "'2BAD' is not a valid environment variable name"),
+    # N12 (issue 25): "$" matched before a final newline, so these passed
+    ('    pscluster_env:\n      "TF_CONFIG\\n": x\n', 4, "all.vars.pscluster_env.'TF_CONFIG\\n'",
+     "'TF_CONFIG\\n' is not a valid environment variable name"),
+    ('    pscluster_secret_env: ["KEY\\n"]\n', 3, "all.vars.pscluster_secret_env[0]",
+     "'KEY\\n' is not a valid environment variable name"),
+    # ... a NUL in a value passed loading, then Popen's ValueError left only "monitor process died"
+    ('    pscluster_env:\n      A: "x\\0y"\n', 4, "all.vars.pscluster_env.A", "the value of A holds a NUL character"),
+    ("    pscluster_env:\n      1: x\n", 4, "all.vars.pscluster_env.1", "'1' is not a valid environment variable name"),
 ])
 def test_bad_environment(write_inventory, env_text, line, key_path, message):
     error = load_error(write_inventory, "all:\n  vars:\n" + env_text +
@@ -692,7 +700,8 @@ def test_bad_environment(write_inventory, env_text, line, key_path, message):
     assert first_line(error) == f"lab.yaml:{line}: {key_path}: {message}"
 
 
-@pytest.mark.parametrize("name", ["TF_CONFIG", "CUDA_VISIBLE_DEVICES"])
+@pytest.mark.parametrize("name", ["TF_CONFIG", "CUDA_VISIBLE_DEVICES", "PSCLUSTER_TASK", "PSCLUSTER_CLUSTER",
+                                  "PSCLUSTER_INTRA_OP_THREADS", "PSCLUSTER_PORT"])
 def test_reserved_environment(write_inventory, name):
     error = load_error(write_inventory, f"""\
         all:

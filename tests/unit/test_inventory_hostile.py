@@ -2,6 +2,9 @@
 every one is an InventoryError naming file and line, in bounded time and memory."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import tracemalloc
 
@@ -10,6 +13,7 @@ import pytest
 from cluster.errors import InventoryError
 from cluster.inventory import check_host_name, expand_host_pattern, load_inventory
 from cluster.yamlsrc import MAX_FILE_BYTES
+from tests.helpers import REPO
 
 WORKER = "all:\n  children:\n    worker:\n      hosts:\n"
 # 9 levels of 9 aliases: 9**9 (387 million) values once expanded; 400 bytes of YAML.
@@ -96,7 +100,16 @@ def test_bad_addresses_are_refused(tmp_path, address):
     assert error.line == 6 and error.key_path == "worker.hosts.a.ansible_host"
 
 
-@pytest.mark.parametrize("name", ["node-a", "NODE_1.lab.example", "10.0.0.1", "::1", "fe80::1", "a" * 63])
+@pytest.mark.parametrize("name", ["fe80::1%eth0\nflush ruleset", "fe80::1%a b", "fe80::1%a;b", "fe80::1%$(id)",
+                                  "fe80::1%`id`", "fe80::1%[x]", "fe80::1%" + "e" * 16, "fe80::1%\x1b", "fe80::1%é"])
+def test_ipv6_scope_ids_are_interface_names_or_numbers(name):
+    """N6 (issue 25): Python accepts any text after '%' as a scope id; it passed host-name
+    validation with newlines, spaces, ';', '$()', backticks and brackets."""
+    assert "scope id" in (check_host_name(name) or "")
+
+
+@pytest.mark.parametrize("name", ["node-a", "NODE_1.lab.example", "10.0.0.1", "::1", "fe80::1", "a" * 63,
+                                  "fe80::1%eth0", "fe80::1%2", "fe80::1%br-lab.7"])
 def test_good_host_names(name):
     assert check_host_name(name) is None
 
@@ -183,3 +196,52 @@ def test_host_key_checking_true_is_silent(tmp_path):
 
 def test_passwords_stay_errors(tmp_path):
     refused(tmp_path, WORKER + "        a:\n          ansible_ssh_pass: x\n")
+
+
+# ----------------------------------------------------------------------------- N5: not regular files
+
+def _fifo(path) -> str:
+    os.mkfifo(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("where", ["inventory", "folder", "group_vars", "host_vars_file", "host_vars_folder"])
+def test_a_fifo_anywhere_in_the_inventory_is_refused_without_blocking(tmp_path, where):
+    """N5 (issue 25): before, a FIFO blocked every command until killed. Run in a child with a
+    deadline, so a regression fails the test instead of hanging the suite."""
+    folder = tmp_path / "inv"
+    (folder / "group_vars").mkdir(parents=True)
+    (folder / "host_vars" / "b").mkdir(parents=True)
+    (folder / "hosts.yml").write_text("worker:\n  hosts: {b: }\n")
+    target = {"inventory": tmp_path / "fifo.yaml", "folder": folder / "more.yml",
+              "group_vars": folder / "group_vars" / "all.yml", "host_vars_file": folder / "host_vars" / "b.yml",
+              "host_vars_folder": folder / "host_vars" / "b" / "x.yml"}[where]
+    _fifo(target)
+    path = target if where == "inventory" else folder
+    proc = subprocess.run([sys.executable, "-c", "import sys; from cluster.inventory import load_inventory\n"
+                           "try:\n    load_inventory(sys.argv[1])\nexcept Exception as exc:\n    print(exc)\n",
+                           str(path)], capture_output=True, text=True, timeout=20, cwd=REPO,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert "not a regular file (a FIFO)" in proc.stdout and target.name in proc.stdout
+
+
+@pytest.mark.parametrize("special", ["/dev/null", "/dev/zero", "/dev/stdin"])
+def test_devices_are_refused_as_inventories(special):
+    with pytest.raises(InventoryError, match="not a regular file"):
+        load_inventory(special)
+
+
+def test_group_vars_read_from_outside_the_inventory_folder_are_warned(tmp_path):
+    """Issue 25, "Also": a symlinked group_vars/all.yml -> /etc/shadow was followed and parsed
+    without a word."""
+    outside = tmp_path / "elsewhere.yml"
+    outside.write_text("pscluster_port_base: 3000\n")
+    folder = tmp_path / "inv"
+    (folder / "group_vars").mkdir(parents=True)
+    (folder / "hosts.yml").write_text("worker:\n  hosts: {b: }\n")
+    (folder / "group_vars" / "all.yml").symlink_to(outside)
+    (folder / "group_vars" / "worker.yml").write_text("worker_tasks: 1\n")
+    inventory = load_inventory(str(folder))
+    warned = [text for text in inventory.warnings if "outside the inventory folder" in text]
+    assert len(warned) == 1 and "group_vars/all.yml" in warned[0] and str(outside) in warned[0]

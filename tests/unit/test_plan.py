@@ -380,15 +380,16 @@ def test_at_most_one_chief(write_inventory):
 def test_tf_config_per_task(mode):
     plan = lab_plan(mode=mode)
     for task in plan.tasks:
-        tf_config = json.loads(dict(task.env)["TF_CONFIG"])
+        tf_config = json.loads(plan.task_env(task)["TF_CONFIG"])
         assert tf_config == {"cluster": plan.cluster_spec, "task": {"type": task.role, "index": task.index}}
-        assert task.tf_config == tf_config
+        assert plan.tf_config(task) == tf_config
+        assert "TF_CONFIG" not in dict(task.env)      # built when the process starts (N4: O(N^2) otherwise)
         assert tf_config["cluster"][task.role][task.index] == task.target
 
 
 def test_tf_config_hand_checked():
     plan = lab_plan(mode="sync-ps")
-    assert plan.task("worker:2").tf_config == {
+    assert plan.tf_config(plan.task("worker:2")) == {
         "cluster": {"ps": ["198.51.100.10:2223", "198.51.100.11:2222"],
                     "worker": ["198.51.100.10:2224", "198.51.100.11:2223", "198.51.100.11:2224"]},
         "task": {"type": "worker", "index": 2},
@@ -443,7 +444,7 @@ def test_to_json_matches_the_schema(mode):
             for t in document["tasks"]] == \
         [(t.role, t.index, t.host, t.address, t.port, t.cuda_visible_devices) for t in plan.tasks]
     for entry, task in zip(document["tasks"], plan.tasks):
-        assert entry["tf_config"] == task.tf_config
+        assert entry["tf_config"] == plan.tf_config(task) == json.loads(entry["env"]["TF_CONFIG"])
         assert entry["argv"] == list(task.argv)
 
 

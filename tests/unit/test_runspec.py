@@ -3,7 +3,6 @@ program per mode and with --on, what each process gets, python substitution, fil
 where the program runs on each host."""
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -92,7 +91,7 @@ def test_one_shot_plans_every_role_it_is_given_and_nothing_stands():
     assert sorted(plan.cluster_spec) == ["chief", "ps", "worker"]
     only = lab_plan("async", roles=("ps", "worker"))
     assert sorted(only.cluster_spec) == ["ps", "worker"]              # with --on, the roles that take part
-    tf_config = json.loads(dict(only.task("worker:1").env)["TF_CONFIG"])
+    tf_config = only.tf_config(only.task("worker:1"))
     assert tf_config == {"cluster": only.cluster_spec, "task": {"type": "worker", "index": 1}}
     assert ("chief", "not among the roles that run the program (ps, worker)") in only.unused
 
@@ -109,7 +108,7 @@ def test_the_evaluator_is_not_part_of_the_cluster_spec(tmp_path):
                          "    evaluator: {hosts: {a: }}\n")
     plan = plan_cluster(load_inventory(str(inventory)), replace(OPTIONS, roles=("worker", "evaluator")))
     assert plan.cluster_spec == {"worker": [plan.task("worker:0").target]}
-    assert plan.task("evaluator:0").tf_config["task"] == {"type": "evaluator", "index": 0}
+    assert plan.tf_config(plan.task("evaluator:0"))["task"] == {"type": "evaluator", "index": 0}
     assert plan.task("evaluator:0").port != plan.task("worker:0").port
 
 
@@ -218,3 +217,12 @@ def test_where_the_program_runs(tmp_path):
 def test_one_shot_roles_follow_an_explicit_mode(mode, roles):
     from cluster.runspec import one_shot_roles
     assert one_shot_roles(load_inventory(str(INVENTORIES / "lab.yaml")), mode) == roles
+
+
+def test_every_pscluster_variable_pscluster_sets_is_refused_in_pscluster_env():
+    """N12 (issue 25): pscluster_env could override PSCLUSTER_TASK and PSCLUSTER_CLUSTER."""
+    from cluster.inventory import PLANNED_PSCLUSTER_ENV
+    plan = lab_plan("async", roles=("chief", "ps", "worker"))
+    for task in plan.tasks:
+        names = [*program_env(plan, task), *plan.task_env(task)]
+        assert {name for name in names if name.startswith("PSCLUSTER_")} <= set(PLANNED_PSCLUSTER_ENV)

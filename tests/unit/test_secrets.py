@@ -51,7 +51,7 @@ def given(secrets: rule.Secrets, plan: ClusterPlan, *, standing: bool) -> dict[s
     """task name -> the secret variables it gets (only tasks that get some)."""
     result = {}
     for task in plan.tasks:
-        env = task_env(task, secrets, standing=standing)
+        env = task_env(plan, task, secrets, standing=standing)
         got = {key: env[key] for key in ENVIRON if key in env}
         if got:
             result[task.name] = got
@@ -96,7 +96,7 @@ def test_an_unset_secret_is_an_error_naming_it(write_inventory):
 def test_no_secrets_no_env_change(write_inventory):
     plan = make_plan(write_inventory)
     task = plan.tasks[0]
-    assert task_env(task, None, standing=False) == dict(task.env)
+    assert task_env(plan, task, None, standing=False) == plan.task_env(task)
 
 
 def test_roles_survive_the_state_file(write_inventory):

@@ -279,3 +279,51 @@ def test_sbatch_script_asks_for_a_range_of_nodes_with_max_nodes(tmp_path):
     assert "#SBATCH --nodes=2\n" in _script(tmp_path, max_nodes=2)[0]
     with pytest.raises(SlurmLayoutError, match="fewer than the inventory's 2"):
         _script(tmp_path, max_nodes=1)
+
+
+@pytest.mark.parametrize("option, value", [
+    ("time_limit", "1:00:00\nrm -rf ~"), ("time_limit", "1:00:00 --signal=B:KILL@1"), ("time_limit", "\x1b[2J"),
+    ("partition", "gpu\n#SBATCH --no-requeue"), ("partition", "a b"), ("partition", "$(id)"),
+    ("gres", "gpu:2\ntouch /tmp/x"), ("gres", "gpu:2;id"), ("gres", "gpu:`id`"), ("time_limit", "1:00:00\r"),
+])
+def test_sbatch_options_cannot_inject_lines(tmp_path, option, value):
+    """N8 (issue 25): --time, --partition and --gres went raw into the script; a newline
+    injected a shell line and sbatch then ignored the later --signal and --requeue."""
+    from cluster.slurm import SlurmLayoutError
+    with pytest.raises(SlurmLayoutError, match="is not a Slurm"):
+        _script(tmp_path, **{option: value})
+
+
+@pytest.mark.parametrize("option, value", [("time_limit", "30"), ("time_limit", "2-12:00:00"), ("time_limit", "UNLIMITED"),
+                                           ("partition", "short,long"), ("gres", "gpu:a100:1,mps:100")])
+def test_sbatch_options_slurm_accepts_still_pass(tmp_path, option, value):
+    text, _ = _script(tmp_path, **{option: value})
+    assert f"={value}\n" in text
+
+
+def test_sbatch_option_fuzz():
+    """2,000 random values per option from an alphabet of Slurm's characters, shell syntax,
+    whitespace and control characters: each is refused, or every directive stays one line in
+    the #SBATCH block, which still ends with --signal, --requeue and --open-mode."""
+    import random
+    from cluster.slurm import BatchJob, SlurmLayoutError, sbatch_script
+    rng = random.Random(25)
+    alphabet = "0123456789:-,._()=/abgpuUNLIMTED \t\n\r\x00\x1b\x7f\x85;$`'\"\\#|&<>*?[]{}~"
+    refused = accepted = 0
+    for index in range(6000):
+        option = ("time_limit", "partition", "gres")[index % 3]
+        value = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12)))
+        job = BatchJob(nodes=1, workers_per_node=1, mode="sync", python="/v/bin/python", checkout="/src",
+                       **{option: value})
+        try:
+            text = sbatch_script(job)
+        except SlurmLayoutError:
+            refused += 1
+            continue
+        accepted += 1
+        lines = text.split("\n")
+        block = lines[1:lines.index("#SBATCH --open-mode=append") + 1]
+        assert all(line.startswith("#SBATCH --") and " " not in line[8:] and line.isprintable() for line in block), value
+        assert block[-3:] == [f"#SBATCH --signal=B:USR1@{job.warn_seconds}", "#SBATCH --requeue",
+                              "#SBATCH --open-mode=append"]
+    assert refused and accepted

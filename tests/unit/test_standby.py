@@ -122,7 +122,7 @@ def test_a_standby_for_each_training_task_on_hosts_that_allow_one(tmp_path, mode
     assert record.log == f"/w/.pscluster/inv/standby/{task.role}-{task.index}.1.log"
     assert argv == ["/opt/venv/bin/python", "-m", "roles.standby", "--fifo", record.log + ".fifo",
                     "--ready", record.log + ".ready"]
-    assert env == dict(task.env)
+    assert env == plan.task_env(task)
 
 
 def test_only_the_tasks_asked_for(tmp_path):

@@ -84,7 +84,8 @@ def test_durations(text, seconds):
     assert DurationParam().convert(text, None, None) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "h", "2x", "-5m", "0s", "soon"])
+@pytest.mark.parametrize("text", ["", "h", "2x", "-5m", "0s", "soon",
+                                  "nans", "nan", "infs", "inf", "-inf", "1e400s", "1e400", "400d", "1e9"])  # N9
 def test_bad_durations_say_how_to_write_one(text):
     with pytest.raises(click.BadParameter, match="duration"):
         DurationParam().convert(text, None, None)

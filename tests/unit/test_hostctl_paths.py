@@ -1,0 +1,64 @@
+"""First round, item 17 (issue 25): logs and run folders were opened without O_NOFOLLOW and
+without checking who owns the workdir, so in a shared workdir another user could plant a
+symlink and redirect a task's log (as the task's user: into ~/.bashrc, say)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from roles import hostctl
+
+
+def start(workdir, name="c1"):
+    log = os.path.join(str(workdir), ".pscluster", name, "worker-0.log")
+    return _call(hostctl.op_start, {
+        "argv": ["true"], "env": {}, "cwd": str(workdir), "log": log, "token": "t1", "inherit_env": True}), log
+
+
+def _call(operation, request):
+    try:
+        return operation(request)
+    except Exception as exc:       # what hostctl.main reports
+        return {"error": "%s: %s" % (type(exc).__name__, exc)}
+
+
+def test_a_symlink_planted_for_the_log_is_not_followed(tmp_path):
+    victim = tmp_path / "bashrc"
+    victim.write_text("original\n")
+    run = tmp_path / "work" / ".pscluster" / "c1"
+    run.mkdir(parents=True)
+    (run / "worker-0.log").symlink_to(victim)
+    result, log = start(tmp_path / "work")
+    assert "is a symlink" in result["error"]
+    assert victim.read_text() == "original\n"
+
+
+@pytest.mark.parametrize("planted", ["run_root", "cluster"])
+def test_a_run_folder_that_is_a_symlink_is_refused(tmp_path, planted):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    work = tmp_path / "work"
+    if planted == "run_root":
+        work.mkdir()
+        (work / ".pscluster").symlink_to(elsewhere)
+    else:
+        (work / ".pscluster").mkdir(parents=True)
+        (work / ".pscluster" / "c1").symlink_to(elsewhere)
+    result, _ = start(work)
+    assert "is not a folder (a symlink?)" in result["error"]
+    assert os.listdir(elsewhere) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_a_workdir_or_run_folder_of_another_user_is_refused(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    os.chown(work, 54321, 54321)
+    result, _ = start(work)
+    assert "belongs to uid 54321" in result["error"]
+    os.chown(work, 0, 0)
+    (work / ".pscluster" / "c1").mkdir(parents=True, exist_ok=True)
+    os.chown(work / ".pscluster", 54321, 54321)
+    result, _ = start(work)
+    assert "belongs to uid 54321" in result["error"] and ".pscluster" in result["error"]
