@@ -186,10 +186,15 @@ def cli(ctx: click.Context, state_dir: str | None, traceback: bool, no_color: bo
 def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base: int | None, as_json: bool,
          firewall: bool, limit: str | None) -> None:
     """Show the cluster an inventory describes, touching no host."""
-    cluster = _plan(inventory, name=name, mode=mode, port_base=port_base, env=env, limit=limit)
+    selected = _inventory(env, inventory, limit, mode)
+    cluster = _planned(selected, PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=name,
+                                             mode=mode, port_base=port_base), None)
     secret_names = sorted({n for host in cluster.hosts for n in host.secret_env})
+    chosen = [host.name for host in selected.hosts]       # what --limit selected (some may get no task)
     if as_json:
         document = cluster.to_json()
+        if limit is not None:
+            document["limit"] = {"pattern": limit, "selected": chosen}
         for task in document["tasks"]:
             task["env"] = {key: ("****" if key in secret_names else value) for key, value in task["env"].items()}
         if firewall or cluster.firewall:
@@ -198,6 +203,10 @@ def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base
         ui.print_json(env.out, document)
         return
     ui.render_plan(env.out, cluster, secret_names=secret_names)
+    if limit is not None:
+        idle = [name for name in chosen if name not in {host.name for host in cluster.hosts}]
+        env.out.print(f"--limit {limit} selected {len(chosen)} host(s): {', '.join(chosen)}"
+                      + (f" ({', '.join(idle)}: no task)" if idle else ""), markup=False, highlight=False)
     if firewall or cluster.firewall:
         from .firewall import ruleset_for
         env.out.print("\n[bold]firewall[/]: each host's TF ports accept loopback, every address of every "

@@ -42,6 +42,16 @@ def test_plan_limit(tmp_path):
     tasks = json.loads(cli.stdout.getvalue())["tasks"]
     assert {task["host"] for task in tasks} == {"node-a"}
     assert sorted(task["role"] for task in tasks) == ["chief", "ps", "worker", "worker"]
+    assert json.loads(cli.stdout.getvalue())["limit"] == {"pattern": "node-a", "selected": ["node-a"]}
+
+
+def test_plan_says_what_the_limit_selected(tmp_path):
+    cli = Captured(tmp_path)
+    assert cli.run("plan", FOLDER, "--limit", "all:!node-c") == 0
+    assert "--limit all:!node-c selected 2 host(s): node-a, node-b" in " ".join(cli.stdout.getvalue().split())
+    cli = Captured(tmp_path)
+    assert cli.run("plan", FOLDER, "--json") == 0
+    assert "limit" not in json.loads(cli.stdout.getvalue())
 
 
 @pytest.mark.parametrize("argv", [["check"], ["up"], ["run", "--on", "worker"]])
