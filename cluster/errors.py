@@ -6,6 +6,8 @@ is needed to act on it (file and line, host, task, exit code, log tail) and rend
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -71,6 +73,34 @@ def tail_text(text: str, lines: int = 12) -> str:
     return "\n".join(kept[-lines:])
 
 
+_TRACEBACK = "Traceback (most recent call last):"
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b")
+
+
+def failure_tail(text: str, lines: int = 12, *, frames: int = 6, after: int = 3) -> tuple[str, bool]:
+    """What a failed task's log says about why, for error messages: from its last traceback
+    (its last ``frames`` lines before the exception, the exception and ``after`` lines after
+    it), or from its last ``...Error``/``...Exception`` line (with the line before it); else its
+    last ``lines`` lines. A log that ends in pages of output after the exception (a printed
+    array) still shows it. Returns (the excerpt, whether a failure was found)."""
+    kept = [line for line in text.splitlines() if line.strip()]
+    starts = [i for i, line in enumerate(kept) if line.strip() == _TRACEBACK]
+    if not starts:
+        errors = [i for i, line in enumerate(kept) if _EXCEPTION_LINE.match(line.strip())]
+        if not errors:
+            return "\n".join(kept[-lines:]), False
+        first = max(0, errors[-1] - 1)
+        rest = len(kept) - errors[-1] - 1 - after
+        return "\n".join(kept[first:errors[-1] + 1 + after] + ([f"... ({rest} more line(s))"] if rest > 0 else [])), True
+    block = kept[starts[-1]:]
+    exception = next((i for i, line in enumerate(block[1:], 1) if not line[:1].isspace()), len(block) - 1)
+    body = block[1:exception]
+    shown = [block[0]] + (["  ..."] + body[-frames:] if len(body) > frames else body)
+    shown += block[exception:exception + 1 + after]
+    rest = len(block) - exception - 1 - after
+    return "\n".join(shown + ([f"... ({rest} more line(s))"] if rest > 0 else [])), True
+
+
 class HostError(PsclusterError):
     """A command on a host failed or the host could not be reached."""
 
@@ -107,8 +137,9 @@ class TaskError(PsclusterError):
             text += f" (exit code {exit_code})"
         if log_tail.strip():
             where = f" ({log_path})" if log_path else ""
-            text += f"\n  last lines of its log{where}:\n    " + \
-                tail_text(log_tail, 12).replace("\n", "\n    ")
+            excerpt, at_failure = failure_tail(log_tail, 12)
+            text += (f"\n  its log{where}, at the failure:" if at_failure else
+                     f"\n  last lines of its log{where}:") + "\n    " + excerpt.replace("\n", "\n    ")
         super().__init__(text, hint=hint)
 
 

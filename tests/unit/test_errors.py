@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.errors import (Failure, HostError, InventoryError, MultiHostError, PlanError, PsclusterError,
+from cluster.errors import (failure_tail, Failure, HostError, InventoryError, MultiHostError, PlanError, PsclusterError,
                             StateError, TaskError, UnreachableHostError, UsageError, tail_text)
 
 LOG = "\n".join(f"line {number}" for number in range(1, 21))       # line 1 .. line 20
@@ -83,7 +83,7 @@ def test_multi_host_error_leads_with_the_root_cause():
     assert str(error).splitlines() == [
         "up failed; everything started was stopped",
         "Root cause (first observed failure): worker:1@node-b: exited (exit code 3)",
-        "  last lines of its log:",
+        "  its log, at the failure:",
         "    Traceback",
         "    ValueError: bad shape",
         "Also: node-c: unreachable",
@@ -109,3 +109,28 @@ def test_multi_host_error_without_failures():
     error = MultiHostError("nothing happened", [])
     assert error.root_cause is None
     assert str(error) == "nothing happened"
+
+
+NUMPY_AFTER = "\n".join(["epoch 1 ...", "Traceback (most recent call last):",
+                         *[f'  File "main.py", line {n}, in f{n}' for n in range(1, 10)],
+                         "    model.fit(dataset)",
+                         "ValueError: Attempt to convert a value (PerReplica:{0: <tf.Tensor ...>}) to a Tensor.",
+                         *[f" [{n}. {n}. {n}.]" for n in range(40)]])
+
+
+def test_the_root_cause_starts_at_the_exception_not_at_the_last_lines():
+    """Issue 24 item 4: a log whose last 12 lines are rows of an array still shows the exception."""
+    excerpt, found = failure_tail(NUMPY_AFTER)
+    lines = excerpt.splitlines()
+    assert found and lines[0] == "Traceback (most recent call last):" and lines[1] == "  ..."
+    assert "ValueError: Attempt to convert a value (PerReplica:" in excerpt
+    assert lines[-1] == "... (37 more line(s))" and len(lines) <= 14
+    assert "its log, at the failure:" in str(TaskError("worker:0", "h", "exited", exit_code=1, log_tail=NUMPY_AFTER))
+
+
+def test_an_error_line_without_a_traceback_is_found_too():
+    log = "start\nloading\ntensorflow.python.framework.errors_impl.UnavailableError: socket closed\nrow 1\nrow 2"
+    excerpt, found = failure_tail(log)
+    assert found and excerpt.splitlines() == ["loading", "tensorflow.python.framework.errors_impl.UnavailableError: "
+                                              "socket closed", "row 1", "row 2"]
+    assert failure_tail("a\nb\nc") == ("a\nb\nc", False)
