@@ -29,7 +29,8 @@ from .events import Reporter
 from .launcher import bring_down, bring_up, task_env
 from .secrets import Secrets
 from .plan import ClusterPlan, TaskSpec
-from .runspec import Workspace, expand, host_argv, placeholder_values, program_env, program_name, required_paths
+from .runspec import (Workspace, expand, host_argv, placeholder_values, program_env, program_name, required_paths,
+                      same_command_lines)
 from .state import ProcessRecord, StateStore
 from .supervision import core
 from .supervision.executor import JobExecutor, JobFailed, JobInterrupted, Watched
@@ -89,6 +90,8 @@ class ProgramSupervisor(JobExecutor):
         if self.files and any(needs_sync(host, self.root) for host in hosts):
             self.reporter.emit("phase", name="sync", detail=f"{len(self.files)} file(s) of the program")
             sync_files(self.plan, self.pool, self.reporter, self.files, self.root)
+        for warning in same_command_lines(self.plan, self.tasks, self.argv):
+            self.reporter.emit("message", level="warning", text=warning)
         self.check_program(hosts)
         check_ports_free(self.tasks, self.pool, self.plan)
 

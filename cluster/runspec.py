@@ -24,6 +24,7 @@ Every process also gets ``TF_CONFIG``, its ``CUDA_VISIBLE_DEVICES`` mask, the in
 from __future__ import annotations
 
 import os
+import re
 import string
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -81,6 +82,27 @@ def expand(argv: Sequence[str], values: Mapping[str, object]) -> list[str]:
         return [arg.format_map(values) for arg in argv]
     except (ValueError, KeyError, IndexError) as exc:      # a bad format spec such as {task_index:x.y}
         raise UsageError(f"cannot fill the placeholders of {list(argv)}: {exc}") from None
+
+
+_INDEX_FLAG = re.compile(r"^--?(task[_-]?index|task[_-]?id)(=|$)")
+
+
+def same_command_lines(plan: ClusterPlan, tasks: Sequence[TaskSpec], argv: Sequence[str]) -> list[str]:
+    """Warnings for tasks of one role that get the same command line while it passes a task
+    index flag (``--task_index=0`` left hard-coded: TensorFlow then says only "Could not start
+    gRPC server"). A TF_CONFIG program's command lines are the same by design: not warned."""
+    if not any(_INDEX_FLAG.match(arg) for arg in argv):
+        return []
+    seen: dict[tuple[str, tuple[str, ...]], str] = {}
+    warnings = []
+    for task in tasks:
+        key = (task.role, tuple(expand(argv, placeholder_values(plan, task))))
+        if key in seen:
+            warnings.append(f"{seen[key]} and {task.name} get the same command line; did you mean "
+                            "{task_index}?")
+        else:
+            seen[key] = task.name
+    return warnings
 
 
 def program_env(plan: ClusterPlan, task: TaskSpec) -> dict[str, str]:

@@ -12,8 +12,8 @@ from cluster.errors import PlanError, UsageError
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
 from cluster.runspec import (Workspace, check_placeholders, expand, host_argv, local_files, parse_roles,
-                             placeholder_values, program_env, program_name, required_paths, script_of,
-                             select_tasks)
+                             placeholder_values, program_env, program_name, required_paths, same_command_lines,
+                             script_of, select_tasks)
 
 from .conftest import INVENTORIES
 
@@ -226,3 +226,18 @@ def test_every_pscluster_variable_pscluster_sets_is_refused_in_pscluster_env():
     for task in plan.tasks:
         names = [*program_env(plan, task), *plan.task_env(task)]
         assert {name for name in names if name.startswith("PSCLUSTER_")} <= set(PLANNED_PSCLUSTER_ENV)
+
+
+def test_a_hard_coded_task_index_is_warned_once_per_duplicate():
+    """Issue 24 item 7: two workers with `--task_index=0` (TensorFlow: "Could not start gRPC server")."""
+    plan = lab_plan("sync-ps", roles=("ps", "worker"))
+    tasks = plan.tasks
+    warned = same_command_lines(plan, tasks, ["python", "train.py", "--job_name={job_name}", "--task_index=0"])
+    assert [t.name for t in tasks] == ["ps:0", "ps:1", "worker:0", "worker:1", "worker:2"]
+    assert warned == ["ps:0 and ps:1 get the same command line; did you mean {task_index}?",
+                      "worker:0 and worker:1 get the same command line; did you mean {task_index}?",
+                      "worker:0 and worker:2 get the same command line; did you mean {task_index}?"]
+    assert same_command_lines(plan, tasks, ["python", "train.py", "--job_name={job_name}",
+                                            "--task_index={task_index}"]) == []
+    # A TF_CONFIG program: the same command line everywhere is how it is written.
+    assert same_command_lines(plan, tasks, ["python", "train.py"]) == []
