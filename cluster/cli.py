@@ -889,12 +889,15 @@ class _ProgramCommand(click.Command):
 @notify_opts
 @detach_opt
 @replace_opt
+@click.option("--dry-run", is_flag=True,
+              help="Print each task's filled command line, folder, GPU mask, TF_CONFIG and environment (secrets "
+                   "masked), touching no host; start nothing.")
 @click.pass_context
 def run_program(ctx: click.Context, inventory: str | None, name: str | None, mode: str | None, port_base: int | None,
                 on_text: str | None, sync_paths: tuple[str, ...], restart_policy: str, max_restarts: int,
                 host_timeout: float, grace: float, timeout: float, firewall: bool, as_json: bool,
                 limit: str | None, allow_busy_gpus: bool, notify_urls: tuple[str, ...],
-                notify_cmds: tuple[str, ...], detach: bool, replace: bool) -> None:
+                notify_cmds: tuple[str, ...], detach: bool, replace: bool, dry_run: bool) -> None:
     """Run your own program on every task: pscluster run [INVENTORY] [OPTIONS] -- PROGRAM [ARG...]
 
     With INVENTORY: one shot (preflight, sync, start every task, wait, stop everything). Without:
@@ -943,6 +946,10 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
         current.append(item)
         return item
 
+    if dry_run:
+        _dry_run(env, inventory, name=name, mode=mode, port_base=port_base, limit=limit, on=on, program=program,
+                 space=space, as_json=as_json)
+        return
     try:
         with env.pool_factory() as pool:
             if inventory is not None:
@@ -984,6 +991,40 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 notifier.close()
         output.close()
     _show_run_report(env, report, as_json=as_json)
+
+def _dry_run(env: Env, inventory: str | None, *, name: str | None, mode: str | None, port_base: int | None,
+             limit: str | None, on, program, space, as_json: bool) -> None:
+    """``run --dry-run``: the one-shot plan of INVENTORY (as ``plan`` makes it: no host is asked,
+    so `<role>_gpus: auto` stays unresolved), or the plan of the cluster that is up."""
+    import shlex
+    from .runspec import dry_run, one_shot_roles, same_command_lines, select_tasks
+    if inventory is not None:
+        roles = on or one_shot_roles(load_inventory(inventory), mode)
+        cluster = _planned(_inventory(env, inventory, limit, mode, roles=roles),
+                           PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=name,
+                                       mode=mode, port_base=port_base, roles=roles), None)
+        tasks = cluster.tasks if on is None else select_tasks(cluster, on)
+    else:
+        cluster = _existing(env, env.store.resolve_name(name)).plan
+        tasks = select_tasks(cluster, on)
+    rows = dry_run(cluster, tasks, program, space)
+    warnings = same_command_lines(cluster, tasks, program)
+    if as_json:
+        ui.print_json(env.out, {"cluster": cluster.name, "tasks": rows, "warnings": warnings})
+        return
+    for row in rows:
+        env.out.print(f"{row['task']}@{row['host']} in {row['cwd']}: {shlex.join(row['argv'])}",
+                      markup=False, highlight=False)
+        mask = row["cuda_visible_devices"]
+        env.out.print(f"  CUDA_VISIBLE_DEVICES: {'(not set)' if mask is None else repr(mask)}",
+                      markup=False, highlight=False)
+        env.out.print("  env: " + " ".join(f"{key}={shlex.quote(value)}" for key, value in row["env"].items()),
+                      markup=False, highlight=False)
+    for warning in warnings:
+        env.err.print(f"warning: {warning}", markup=False, highlight=False)
+    env.err.print(f"dry run: {len(rows)} task(s) of cluster {cluster.name!r}; nothing was started",
+                  markup=False, highlight=False)
+
 
 # ----------------------------------------------------------------------------- detached jobs (cluster/detach.py)
 

@@ -23,6 +23,7 @@ Every process also gets ``TF_CONFIG``, its ``CUDA_VISIBLE_DEVICES`` mask, the in
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import string
@@ -103,6 +104,22 @@ def same_command_lines(plan: ClusterPlan, tasks: Sequence[TaskSpec], argv: Seque
         else:
             seen[key] = task.name
     return warnings
+
+
+def dry_run(plan: ClusterPlan, tasks: Sequence[TaskSpec], argv: Sequence[str], space: "Workspace") -> list[dict]:
+    """What ``run`` would start, per task, starting nothing: host, folder, the filled command
+    line, CUDA_VISIBLE_DEVICES, TF_CONFIG and the environment (``run --dry-run``). The secrets a
+    task gets are named with ``****`` for their values (they are read only when a run starts)."""
+    rows = []
+    for task in tasks:
+        host = plan.host(task.host)
+        env = {**plan.task_env(task), **program_env(plan, task)}
+        env.update({name: "****" for name in host.secret_env})
+        rows.append({"task": task.name, "host": task.host, "cwd": space.host_cwd(host),
+                     "argv": host_argv(expand(argv, placeholder_values(plan, task)), host),
+                     "cuda_visible_devices": task.cuda_visible_devices,
+                     "tf_config": json.loads(env["TF_CONFIG"]) if "TF_CONFIG" in env else None, "env": env})
+    return rows
 
 
 def program_env(plan: ClusterPlan, task: TaskSpec) -> dict[str, str]:

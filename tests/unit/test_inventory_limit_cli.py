@@ -99,3 +99,29 @@ def test_limit_warns_as_ansible_does(tmp_path):
     assert cli.run("plan", FOLDER, "--json", "--mode", "sync", "--limit", "nosuchhost:node-c") == 0
     assert "Could not match supplied host pattern, ignoring: nosuchhost" in cli.stderr.getvalue()
     assert {task["host"] for task in json.loads(cli.stdout.getvalue())["tasks"]} == {"node-c"}
+
+
+def test_run_dry_run_shows_each_task_and_starts_nothing(tmp_path, recorder, write_inventory):
+    """Issue 24 item 6: run --dry-run prints each task's filled command line, mask, TF_CONFIG and
+    environment, secrets masked, and starts nothing; the duplicate task index is warned."""
+    write_inventory("""
+        all:
+          vars: {pscluster_port_base: 2222, pscluster_secret_env: [WANDB_API_KEY]}
+          children:
+            chief: {hosts: {localhost: {ansible_connection: local}}}
+            ps: {hosts: {localhost: {ansible_connection: local}}}
+            worker: {hosts: {localhost: {ansible_connection: local, worker_tasks: 2, worker_gpus: [[0], [1]]}}}
+    """)
+    cli = Captured(tmp_path / "state")
+    code = cli.run("run", "lab.yaml", "--on", "worker", "--dry-run", "--json", "--",
+                   "python", "train.py", "--task_index=0", "--job_name={job_name}")
+    assert code == 0, cli.stderr.getvalue()
+    document = json.loads(cli.stdout.getvalue())
+    rows = {row["task"]: row for row in document["tasks"]}
+    assert sorted(rows) == ["worker:0", "worker:1"]
+    assert rows["worker:1"]["argv"][1:] == ["train.py", "--task_index=0", "--job_name=worker"]
+    assert rows["worker:1"]["cuda_visible_devices"] == "1"
+    assert rows["worker:1"]["tf_config"]["task"] == {"type": "worker", "index": 1}
+    assert rows["worker:1"]["env"]["WANDB_API_KEY"] == "****"
+    assert document["warnings"] == ["worker:0 and worker:1 get the same command line; did you mean {task_index}?"]
+    assert recorder == [] and not (tmp_path / "state").exists()      # nothing started, no state written
