@@ -199,14 +199,15 @@ def host_loss(work: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.elastic", description=__doc__.split("\n")[0])
-    parser.add_argument("--modes", default="async,sync")
+    parser.add_argument("--modes", default="async,sync", help="comma-separated; 'none' for the host loss alone")
     parser.add_argument("--no-lab", action="store_true", help="skip the SSH lab (host loss)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="pscluster-elastic-") as tmp:
         work = Path(tmp)
-        for number, mode in enumerate(args.modes.split(",")):
+        modes = [mode for mode in args.modes.split(",") if mode and mode != "none"]
+        for number, mode in enumerate(modes):
             grow, shrink = _inventory(work, mode, 3), _inventory(work, mode, 2)
             base = 36000 + 100 * number
             results[mode] = {"planned": planned(mode, grow, shrink, work, base),
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results, indent=2))
         return 0
     rows = []
-    for mode in args.modes.split(","):
+    for mode in modes:
         r = results[mode]
         rows.append([mode, f"{r['planned']['pause']:.1f}", f"{r['by_hand']['pause']:.1f}", f"{r['ratio']:.2f}",
                      str(r["planned"]["steps_lost_resize"]), str(r["planned"]["steps_lost_down"])])
