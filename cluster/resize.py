@@ -143,9 +143,10 @@ def plan_changes_for(new: ClusterPlan, diff: PlanDiff, old: ClusterPlan | None =
 
 def apply_plan(writer: StateWriter, pool: TransportPool, reporter: Reporter, old: ClusterPlan, new: ClusterPlan,
                diff: PlanDiff, secrets: Secrets | None, *, root: Path | None = None, timeout: float = 120.0,
-               standbys: bool = True, unreachable: Collection[str] = (), known_hosts: Sequence[HostSpec] = ()) -> None:
+               standbys: bool = True, unreachable: Collection[str] = (), known_hosts: Sequence[HostSpec] = (),
+               started: Collection[str] = ()) -> None:
     """Bring the processes in line with ``new`` (module docstring); the job's own processes must
-    be stopped already.
+    be stopped already. ``started``: new servers :func:`start_early` already started.
 
     Raises:
         PsclusterError: a server did not start or answer (the state records what runs).
@@ -153,6 +154,8 @@ def apply_plan(writer: StateWriter, pool: TransportPool, reporter: Reporter, old
     state: RunState = writer.state
 
     def stays(record: ProcessRecord) -> bool:
+        if record.kind == ProcessKind.SERVER and record.task in started and record.host == new.task(record.task).host:
+            return True
         if record.task not in diff.keep or record.host != new.task(record.task).host:
             return False        # its task goes or moved, or a leftover of a host that was lost
         if record.kind == ProcessKind.SERVER:
@@ -172,7 +175,33 @@ def apply_plan(writer: StateWriter, pool: TransportPool, reporter: Reporter, old
                                  f"{error.message.splitlines()[0]}", hint="'pscluster down' stops what is left")
     writer.change(lambda s: setattr(s, "plan", new))
     sync_code(new, pool, reporter, root)
-    standing = [new.task(name) for name in diff.start if new.task(name).standing]
+    standing = [new.task(name) for name in diff.start if new.task(name).standing and name not in started]
+    _start_servers(writer, pool, reporter, new, standing, secrets, timeout)
+    if standbys:
+        report_standbys(reporter, *start_standbys(writer, pool, new, secrets))
+
+
+def early_servers(old: ClusterPlan, new: ClusterPlan, diff: PlanDiff, unreachable: Collection[str] = ()) -> list[TaskSpec]:
+    """New standing servers that can start while the job still runs: on a host that answers, on
+    an address and port no task of ``old`` holds (a renumbered task waits for the old one to stop)."""
+    held = {(task.address, task.port) for task in old.tasks}
+    return [task for task in (new.task(name) for name in diff.start)
+            if task.standing and task.host not in unreachable and (task.address, task.port) not in held]
+
+
+def start_early(writer: StateWriter, pool: TransportPool, reporter: Reporter, new: ClusterPlan,
+                tasks: Sequence[TaskSpec], secrets: Secrets | None, *, root: Path | None = None,
+                timeout: float = 120.0) -> None:
+    """Start ``tasks`` (:func:`early_servers`) before the job stops for a resize: they import
+    TensorFlow and answer while it still trains, which keeps that out of its pause."""
+    if tasks:
+        sync_code(new, pool, reporter, root)
+        _start_servers(writer, pool, reporter, new, tasks, secrets, timeout)
+
+
+def _start_servers(writer: StateWriter, pool: TransportPool, reporter: Reporter, new: ClusterPlan,
+                   standing: Sequence[TaskSpec], secrets: Secrets | None, timeout: float) -> None:
+    state: RunState = writer.state
     if standing:
         attempts = {t.name: 1 + sum(1 for r in state.processes if r.task == t.name and r.kind == ProcessKind.SERVER)
                     for t in standing}
@@ -184,8 +213,6 @@ def apply_plan(writer: StateWriter, pool: TransportPool, reporter: Reporter, old
             raise failures[0].error
         with Prober() as prober:
             wait_ready(new, records, pool, prober, reporter, timeout=timeout)
-    if standbys:
-        report_standbys(reporter, *start_standbys(writer, pool, new, secrets))
 
 
 # ------------------------------------------------------------------ membership from the inventory

@@ -164,6 +164,9 @@ class Supervisor(JobExecutor):
         began = self.clock()
         self.reporter.emit("message", text=f"resizing: {resize.describe(diff, new)}; "
                                            f"the job checkpoints first (up to {self.options.stop_grace:g} s)")
+        early = resize.early_servers(old, new, diff, unreachable)
+        if early:      # while the job still trains: their import stays out of the pause
+            resize.start_early(self.writer, self.pool, self.reporter, new, early, self.secrets, root=self.root)
         self.set_job(state=JobState.RESTARTING, message="resizing")
         first = [r for r in first_to_stop(old, self.state.live_records()) if r.host not in unreachable]
         grace = min(self.options.stop_grace, LOST_HOST_GRACE) if unreachable else self.options.stop_grace
@@ -174,7 +177,8 @@ class Supervisor(JobExecutor):
                               if w.kind is not ProcessKind.SERVER or w.task.name in diff.stop])
         resize.apply_plan(self.writer, self.pool, self.reporter, old, new, diff, self.secrets, root=self.root,
                           standbys=False, unreachable=unreachable,
-                          known_hosts=[link.host for link in self.dropped.values()])
+                          known_hosts=[link.host for link in self.dropped.values()],
+                          started=[task.name for task in early])
         self.plan = new
         self.leader = leader_task(new)
         workers_before, workers_after = len(old.tasks_of("worker")), len(new.tasks_of("worker"))

@@ -175,3 +175,13 @@ def test_a_discovery_commands_host_list(text, hosts):
 def test_a_bad_host_list_line_is_named(text):
     with pytest.raises(UsageError, match="line 1"):
         parse_host_list(text, source="--hosts-from")
+
+
+def test_new_servers_that_can_start_before_the_job_stops(write_inventory):
+    from cluster.resize import early_servers
+    old, grown = lab(write_inventory, "h1", "h2"), lab(write_inventory, "h1", "h2", "h3")
+    assert [t.name for t in early_servers(old, grown, diff_plans(old, grown))] == ["worker:2"]
+    assert early_servers(old, grown, diff_plans(old, grown), unreachable={"h3"}) == []
+    # Removing h2 renumbers h3's worker onto the address and port the old worker:2 holds: it waits.
+    full, shrunk = lab(write_inventory, "h1", "h2", "h3"), lab(write_inventory, "h1", "h3")
+    assert early_servers(full, shrunk, diff_plans(full, shrunk)) == []
