@@ -161,12 +161,12 @@ class Supervisor(JobExecutor):
         old, new = self.plan, request.plan
         diff = resize.diff_plans(old, new)
         resize.check_resize(old, new, diff, job_live=True)
-        began = self.clock()
         self.reporter.emit("message", text=f"resizing: {resize.describe(diff, new)}; "
                                            f"the job checkpoints first (up to {self.options.stop_grace:g} s)")
         early = resize.early_servers(old, new, diff, unreachable)
         if early:      # while the job still trains: their import stays out of the pause
             resize.start_early(self.writer, self.pool, self.reporter, new, early, self.secrets, root=self.root)
+        began = self.clock()        # the pause: from here to the relaunch
         self.set_job(state=JobState.RESTARTING, message="resizing")
         first = [r for r in first_to_stop(old, self.state.live_records()) if r.host not in unreachable]
         grace = min(self.options.stop_grace, LOST_HOST_GRACE) if unreachable else self.options.stop_grace
