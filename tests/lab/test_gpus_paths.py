@@ -26,7 +26,13 @@ USER = "psc-become-test"
 def task_user():
     if shutil.which("sudo") is None or shutil.which("useradd") is None:
         pytest.skip("sudo and useradd are needed")
-    subprocess.run(["useradd", "--create-home", USER], check=True, capture_output=True)
+    try:        # left by a run that was killed before its clean-up (the name is this test's own)
+        pwd.getpwnam(USER)
+        subprocess.run(["userdel", "--remove", USER], check=True, capture_output=True)
+    except KeyError:
+        pass
+    created = subprocess.run(["useradd", "--create-home", USER], capture_output=True, text=True)
+    assert created.returncode == 0, created.stderr
     try:
         yield pwd.getpwnam(USER)
     finally:
