@@ -50,7 +50,8 @@ def test_short_link_cut_fails_at_once_under_policy_never(fault_cluster):
     """Scenario 8, policy never: the same cut fails the job with a message naming the host."""
     cluster = fault_cluster()
     cluster.up(ASYNC, "async")
-    training = cluster.train(*BUDGET, "--restart-policy", "never")
+    # A budget the job cannot finish before the cut is seen (500 steps: it ended first, exit 0).
+    training = cluster.train("--steps", 5000, "--checkpoint-every", 50, "--restart-policy", "never")
     training.wait_step(100)
     cluster.lab.cut("node-3")
     cut_at = time.monotonic()

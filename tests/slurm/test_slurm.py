@@ -139,7 +139,7 @@ def _job_state(lab, job: str) -> dict[str, str]:
 
 
 def _requeued_batch_job(lab, tmp_path, name: str, steps: int, checkpoint_every: int, ready, interrupt,
-                        export_extra=()):
+                        export_extra=(), requeued=None):
     """Submit an exported async batch job (MLP), wait until ``ready(job_progress)``, call
     ``interrupt(job_id)``, wait for the job to end after one requeue; the output of both runs."""
     inventory = tmp_path / "shape.yaml"
@@ -181,6 +181,8 @@ def _requeued_batch_job(lab, tmp_path, name: str, steps: int, checkpoint_every: 
             if not released and fields.get("JobState") == "PENDING" and int(fields.get("Restarts", "0")) >= 1:
                 # Slurm holds a requeued job back (BeginTime about two minutes ahead); the admin's
                 # StartTime=now lets the second run start at once, as an idle cluster would soon.
+                if requeued is not None:
+                    requeued(job)
                 subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=lab.env,
                                capture_output=True)
                 released = True
