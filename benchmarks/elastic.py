@@ -171,7 +171,7 @@ def host_loss(work: Path) -> dict:
     """Lab: cut a worker host's link under --min-workers 2 --host-timeout 5 (async)."""
     from testbed.netlab import Lab, write_inventory
     name, state_dir, timeout = "elastic-cut", work / "state-cut", 5
-    with Lab(3, work / "lab3") as lab:
+    with Lab(3, work / "lab3", subnet="auto") as lab:
         groups = {"chief": ["node-1"], "ps": ["node-1"], "worker": ["node-1", "node-2", "node-3"]}
         inventory = write_inventory(lab, work / "cut.yaml", groups, {
             "pscluster_port_base": 35000, "pscluster_mode": "async", "pscluster_env": {"OMP_NUM_THREADS": 1},
