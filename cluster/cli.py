@@ -565,7 +565,7 @@ class DurationParam(click.ParamType):
               help="Elastic: a worker host lost beyond --host-timeout, or whose worker used up its restarts, drops "
                    "out and training goes on while N workers remain; it rejoins when it answers again.")
 @click.option("--hosts-from", metavar="COMMAND",
-              help="Elastic: a discovery command (run here) printing 'host' or 'host:workers' lines; the job "
+              help="Elastic: a discovery command (run here, split like a shell line, no shell) printing 'host' or 'host:workers' lines; the job "
                    "grows or shrinks to match (hosts of the inventory's worker group).")
 @click.option("--hosts-every", type=FiniteFloat(1, 3600), default=10.0, show_default=True, metavar="SECONDS",
               help="How often --hosts-from runs.")

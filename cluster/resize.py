@@ -316,13 +316,15 @@ class Elastic:
 
 
 def discover(command: str, reporter: Reporter, timeout: float = 30.0) -> dict[str, int | None] | None:
-    """Run the discovery command (a shell line, on this machine) and read its host list; None,
-    with a warning, if it failed (the membership then stays as it is)."""
+    """Run the discovery command (on this machine, split like a shell line but with no shell, as
+    ``--notify-cmd``) and read its host list; None, with a warning, if it failed (the membership
+    then stays as it is)."""
+    import shlex
     import subprocess
     try:
-        done = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=timeout,
+        done = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
         reporter.emit("message", level="warning", text=f"--hosts-from: {exc}; membership unchanged")
         return None
     if done.returncode != 0:

@@ -1,6 +1,6 @@
 """A real Slurm 22.05 on this machine: munged, slurmctld and N slurmd, each node in its own netns.
 
-Follows ../shared/SLURM.md (traps T1-T13 there): nodes ``<tag>n1..N`` at 127.<a>.<b>.2.., the
+Follows the fact sheet of a real Slurm 22.05 on network namespaces (its traps T1-T13): nodes ``<tag>n1..N`` at 127.<a>.<b>.2.., the
 controller at .1 on a bridge; own munged socket, own ports, own temp dir, private /etc/hosts
 bind-mounted only inside the daemons' mount namespaces; fake GPUs as GRES (char devices).
 Every daemon is our child (Popen) and is stopped by PID; namespaces, links, the local-table route

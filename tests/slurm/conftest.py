@@ -12,8 +12,8 @@ import pytest
 from testbed.slurmlab import SlurmLab, missing_tools
 
 
-@pytest.fixture(scope="module")
-def slurm_lab():
+def running_slurm_lab(nodes: int):
+    """A started SlurmLab of ``nodes`` nodes (skips without root or the tools); stopped after."""
     if os.geteuid() != 0:
         pytest.skip("the Slurm lab needs root (network namespaces, mounts, slurmd)")
     missing = missing_tools()
@@ -21,9 +21,19 @@ def slurm_lab():
         pytest.skip(f"Slurm lab tools missing: {', '.join(missing)} (run scripts/bootstrap.sh)")
     if not os.path.isdir("/sys/fs/cgroup/freezer"):
         pytest.skip("proctrack/cgroup needs the cgroup v1 freezer at /sys/fs/cgroup/freezer")
-    lab = SlurmLab(nodes=2, gpus=2)
+    lab = SlurmLab(nodes=nodes, gpus=2)
     try:
         lab.start()
         yield lab
     finally:
         lab.stop()
+
+
+@pytest.fixture(scope="module")
+def slurm_lab():
+    yield from running_slurm_lab(2)
+
+
+@pytest.fixture(scope="module")
+def slurm_lab3():
+    yield from running_slurm_lab(3)

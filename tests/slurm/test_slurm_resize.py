@@ -12,28 +12,9 @@ import subprocess
 
 import pytest
 
-from testbed.slurmlab import SlurmLab, missing_tools
-
 from .test_slurm import _requeued_batch_job, _wait_gone
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def slurm_lab3():
-    if os.geteuid() != 0:
-        pytest.skip("the Slurm lab needs root (network namespaces, mounts, slurmd)")
-    missing = missing_tools()
-    if missing:
-        pytest.skip(f"Slurm lab tools missing: {', '.join(missing)} (run scripts/bootstrap.sh)")
-    if not os.path.isdir("/sys/fs/cgroup/freezer"):
-        pytest.skip("proctrack/cgroup needs the cgroup v1 freezer at /sys/fs/cgroup/freezer")
-    lab = SlurmLab(nodes=3, gpus=2)
-    try:
-        lab.start()
-        yield lab
-    finally:
-        lab.stop()
 
 
 def _node_state(lab, node: str, state: str, *, check: bool = True) -> None:
