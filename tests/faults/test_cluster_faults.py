@@ -70,7 +70,8 @@ def test_host_lost_for_good_fails_the_job_and_down_finishes_later(fault_cluster)
     second ``down`` cleans what was left there."""
     cluster = fault_cluster()
     cluster.up(ASYNC, "async")
-    training = cluster.train(*BUDGET, "--host-timeout", 10)
+    # A budget the job cannot finish before the loss is seen (500 steps: it ended first, exit 0).
+    training = cluster.train("--steps", 5000, "--checkpoint-every", 50, "--host-timeout", 10)
     training.wait_step(100)
     stranded = training.record("worker:1", "server")
     cluster.lab.cut("node-3")

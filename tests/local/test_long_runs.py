@@ -79,9 +79,11 @@ def test_sigterm_checkpoints_the_step_reached_and_resume_redoes_fewer_steps(clus
     # Without checkpoint on stop: the chief is killed; resume goes back to the last periodic checkpoint.
     code, _, job, stderr = stop_after_a_periodic_checkpoint(state_dir, tmp_path / "kill", "--stop-grace", "0")
     assert code == 143, stderr
-    periodic_step, reached_kill = job["checkpoint_step"], job["step"]
-    assert periodic_step % CHECKPOINT_EVERY == 0
-    redone_kill = reached_kill - resume(state_dir, tmp_path / "kill")["restored_step"]
+    assert job["checkpoint_step"] % CHECKPOINT_EVERY == 0
+    # Killed, it saved nothing: resume finds a periodic checkpoint (perhaps one written after the
+    # last step it reported: progress is reported about once a second, so no step count is compared).
+    restored_kill = resume(state_dir, tmp_path / "kill")["restored_step"]
+    assert restored_kill % CHECKPOINT_EVERY == 0 and restored_kill >= job["checkpoint_step"], (restored_kill, job)
 
     # With it: the chief saves the step it reached, newer than its last periodic checkpoint.
     code, signalled, job, stderr = stop_after_a_periodic_checkpoint(state_dir, tmp_path / "save")
@@ -92,8 +94,9 @@ def test_sigterm_checkpoints_the_step_reached_and_resume_redoes_fewer_steps(clus
     report = resume(state_dir, tmp_path / "save")
     assert report["restored_step"] == saved
     redone_save = job["step"] - report["restored_step"]
-    print(f"steps redone after SIGTERM: kill {redone_kill}, checkpoint-on-stop {redone_save}")
-    assert redone_save < redone_kill and redone_save <= 0
+    print(f"after SIGTERM: kill restored periodic step {restored_kill}; checkpoint-on-stop restored "
+          f"{report['restored_step']}, {redone_save} step(s) redone")
+    assert redone_save <= 0
 
 
 def test_deadline_checkpoints_and_exits_4(cluster, tmp_path):

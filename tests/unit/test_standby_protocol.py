@@ -107,6 +107,11 @@ def test_another_import_time_environment_is_declined_and_the_standby_is_gone(tmp
     assert "s3cr3t" not in open(standby["log"]).read() and not os.path.exists(log + ".pid")
 
 
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as handle:
+        return handle.read().rsplit(")", 1)[1].split()[0]
+
+
 def _children_ended(pid: int) -> bool:
     children = open(f"/proc/{pid}/task/{pid}/children").read().split()
     return all(gone(int(child)) for child in children)
@@ -125,6 +130,8 @@ def test_no_listener_is_declined_at_once(tmp_path, env):
     standby = start_standby(tmp_path, env)
     os.kill(standby["pid"], 19)       # SIGSTOP: its blocking open of the FIFO is interrupted
     try:
+        # Stopped ("T") only once it woke, left its open of the FIFO (no reader then) and took the stop.
+        _wait(lambda: _state(standby["pid"]) == "T", "the standby is stopped")
         began = time.monotonic()
         answer, _, _ = adopt(tmp_path, standby, env)
         assert answer == {"declined": "the standby is not listening"} and time.monotonic() - began < 5
