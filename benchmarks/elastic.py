@@ -4,7 +4,10 @@ For each mode (async, sync), on the local cluster and, as root, on the 3-host SS
 
 * **planned resize** (`pscluster scale` to one more worker, mid-run): the *pause*, seconds from the
   last step reported before the resize to the first step reported after it, and the *steps lost*
-  (the last step reached before, minus the step the job resumed from: the goal is 0);
+  (the last step reached before, minus the step the job resumed from: the goal is 0). Async
+  changes in place (roles/membership.py): the job never stops, so the pause is the longest gap
+  between two step reports from the last before ``scale`` to the first after it returned, and
+  the planned removal of that worker again (``scale`` back) is measured the same way;
 * **`down` mid-run**: steps lost (the step reached, minus the step `train --resume` restores);
 * **by hand** (`stop-job`, edit the inventory, `down`, `up`, `train --resume`): the same pause;
   the goal is a planned pause of at most a quarter of it;
@@ -114,12 +117,22 @@ def planned(mode: str, grow: Path, shrink: Path, work: Path, port_base: int) -> 
         job.watch_until(f"trained {RUN_BEFORE} steps", lambda j: (j.get("step") or 0) >= RUN_BEFORE)
         reached = job.seen[-1][1]
         began = time.monotonic()
-        seconds, _ = cli(["scale", grow, "--name", name], state_dir)
-        after = job.watch_until("resumed", lambda j: j.get("state") == "running" and
-                                (j.get("step") or 0) > (j.get("restored_step") or 1 << 60))
-        restored = after["restored_step"]
+        seconds, proc = cli(["scale", grow, "--name", name], state_dir)
         reached = max(step for t, step in job.seen if t <= began) if job.seen else reached
-        pause = job.pause_after(began, restored)
+        removal = None
+        if "in place" in proc.stdout + proc.stderr:
+            pause = _pause_around(job, began, time.monotonic())
+            restored = min(step for t, step in job.seen if t > began)     # it never went back
+            again = time.monotonic()
+            _, proc = cli(["scale", shrink, "--name", name], state_dir)
+            if "in place" not in proc.stdout + proc.stderr:
+                raise RuntimeError(f"the removal was not made in place: {proc.stderr[-2000:]}")
+            removal = _pause_around(job, again, time.monotonic())
+        else:
+            after = job.watch_until("resumed", lambda j: j.get("state") == "running" and
+                                    (j.get("step") or 0) > (j.get("restored_step") or 1 << 60))
+            restored = after["restored_step"]
+            pause = job.pause_after(began, restored)
         job.watch_until("trained after the resize", lambda j: (j.get("step") or 0) >= restored + RUN_BEFORE)
         last = job.seen[-1][1]
         cli(["down", "--name", name], state_dir)          # checkpoint first
@@ -129,7 +142,16 @@ def planned(mode: str, grow: Path, shrink: Path, work: Path, port_base: int) -> 
         _down(name, state_dir)
     saved = _latest_checkpoint(job.checkpoints)
     return {"pause": pause, "scale_seconds": seconds, "steps_lost_resize": max(0, reached - restored),
-            "steps_lost_down": max(0, last - saved) if saved is not None else None}
+            "steps_lost_down": max(0, last - saved) if saved is not None else None, "removal_pause": removal}
+
+
+def _pause_around(job: Job, began: float, ended: float) -> float:
+    """A change in place: the longest gap between two step reports, from the last one before
+    ``began`` to the first one after ``ended``."""
+    job.watch_until("trained after the resize", lambda j: any(t > ended for t, _ in job.seen))
+    times = [t for t, _ in job.seen]
+    window = [t for t in times if max(t for t in times if t <= began) <= t <= min(t for t in times if t > ended)]
+    return max(b - a for a, b in zip(window, window[1:]))
 
 
 def _latest_checkpoint(folder: Path) -> int | None:
@@ -222,10 +244,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for mode in modes:
         r = results[mode]
+        removal = r["planned"].get("removal_pause")
         rows.append([mode, f"{r['planned']['pause']:.1f}", f"{r['by_hand']['pause']:.1f}", f"{r['ratio']:.2f}",
+                     "-" if removal is None else f"{removal:.1f}",
                      str(r["planned"]["steps_lost_resize"]), str(r["planned"]["steps_lost_down"])])
-    print_columns(["mode (local)", "scale pause s", "by hand s", "ratio", "steps lost: scale", "steps lost: down"],
-                  rows)
+    print_columns(["mode (local)", "scale pause s", "by hand s", "ratio", "remove again s", "steps lost: scale",
+                   "steps lost: down"], rows)
     if "host_loss" in results:
         loss = results["host_loss"]
         print(f"unplanned host loss (lab, async): went on after {loss['continue_seconds']:.1f} s "

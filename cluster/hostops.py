@@ -309,6 +309,11 @@ def fsid(transport: Transport, root: str) -> tuple[str, str]:
     return answer["root"], answer["fsid"]
 
 
+def tell(transport: Transport, events: str, data: dict) -> None:
+    """Write ``data`` for the trainer whose events file is ``events`` (roles/membership.py)."""
+    call(transport, "tell", {"events": events, "data": data})
+
+
 def remove(transport: Transport, paths: Sequence[str]) -> list[str]:
     return call(transport, "remove", {"paths": list(paths)})["removed"]
 

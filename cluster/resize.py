@@ -145,9 +145,10 @@ def plan_changes_for(new: ClusterPlan, diff: PlanDiff, old: ClusterPlan | None =
 def apply_plan(writer: StateWriter, pool: TransportPool, reporter: Reporter, old: ClusterPlan, new: ClusterPlan,
                diff: PlanDiff, secrets: Secrets | None, *, root: Path | None = None, timeout: float = 120.0,
                standbys: bool = True, unreachable: Collection[str] = (), known_hosts: Sequence[HostSpec] = (),
-               started: Collection[str] = ()) -> None:
+               started: Collection[str] = (), running: Collection[str] = ()) -> None:
     """Bring the processes in line with ``new`` (module docstring); the job's own processes must
-    be stopped already. ``started``: new servers :func:`start_early` already started.
+    be stopped already, but for ``running`` (record keys: a chief that took the change in place).
+    ``started``: new servers :func:`start_early` already started.
 
     Raises:
         PsclusterError: a server did not start or answer (the state records what runs).
@@ -155,6 +156,8 @@ def apply_plan(writer: StateWriter, pool: TransportPool, reporter: Reporter, old
     state: RunState = writer.state
 
     def stays(record: ProcessRecord) -> bool:
+        if record.key in running:
+            return True
         if record.kind == ProcessKind.SERVER and record.task in started and record.host == new.task(record.task).host:
             return True
         if record.task not in diff.keep or record.host != new.task(record.task).host:
@@ -180,6 +183,23 @@ def apply_plan(writer: StateWriter, pool: TransportPool, reporter: Reporter, old
     _start_servers(writer, pool, reporter, new, standing, secrets, timeout)
     if standbys:
         report_standbys(reporter, *start_standbys(writer, pool, new, secrets))
+
+
+def in_place(old: ClusterPlan, new: ClusterPlan, diff: PlanDiff, early: Collection[TaskSpec]) -> bool:
+    """Whether the running async chief can take the change without a restart (roles/membership.py):
+    workers only, added after the last one (their servers started early) or the last ones removed;
+    no worker keeps its name at another index or address."""
+    if new.mode != Mode.ASYNC or old.mode != Mode.ASYNC or diff.empty or (diff.start and diff.stop):
+        return False
+    changed = [*diff.start, *diff.stop]
+    if any(not name.startswith("worker:") for name in changed):
+        return False
+    before, after = len(old.tasks_of("worker")), len(new.tasks_of("worker"))
+    if diff.start:
+        started = {task.name for task in early}
+        return (after > before and set(diff.start) == {f"worker:{i}" for i in range(before, after)}
+                and set(diff.start) <= started)
+    return 0 < after < before and set(diff.stop) == {f"worker:{i}" for i in range(after, before)}
 
 
 def early_servers(old: ClusterPlan, new: ClusterPlan, diff: PlanDiff, unreachable: Collection[str] = ()) -> list[TaskSpec]:

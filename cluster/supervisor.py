@@ -36,11 +36,12 @@ from .errors import Failure, HostError, PsclusterError, UsageError
 from .events import Reporter
 from .jobstop import first_to_stop
 from .launcher import report_standbys, start_standbys, stop_records, task_env
+from .resize import PlanDiff, ResizeRequest
 from .secrets import Secrets
 from .plan import TaskSpec
 from .state import ProcessRecord, StateStore
 from .supervision import core
-from .supervision.executor import JobExecutor, JobFailed, JobInterrupted, Watched, restart_rules
+from .supervision.executor import LOOP_SECONDS, JobExecutor, JobFailed, JobInterrupted, Watched, restart_rules
 from .supervision.links import HostLink
 from .layout import exit_file
 from .training import (EventTail, JobRef, TrainOptions, host_layout, job_files, job_path_on, leader_layout, leader_task,
@@ -51,6 +52,7 @@ __all__ = ["Supervisor", "JobFailed", "JobInterrupted"]
 
 REJOIN_RETRY = 5.0      # seconds between two tries to take a host back (each runs preflight there)
 LOST_HOST_GRACE = 5.0   # the leader's time to save when a resize leaves a lost host out
+IN_PLACE_TIMEOUT = 60.0  # for the async chief to take a change in place (it looks between closures)
 
 
 class Supervisor(JobExecutor):
@@ -81,6 +83,8 @@ class Supervisor(JobExecutor):
         self.dropped: dict[str, HostLink] = {}    # worker hosts left out while lost: watched until they answer
         self.next_discovery = 0.0
         self.next_rejoin = 0.0
+        self.membership_seq = 0                   # requests to the chief to change in place
+        self.membership_answers: dict[int, dict] = {}
 
     def interrupt(self) -> None:
         """Checkpoint on stop (:func:`cluster.jobstop.first_to_stop`): the leader (async chief,
@@ -161,11 +165,15 @@ class Supervisor(JobExecutor):
         old, new = self.plan, request.plan
         diff = resize.diff_plans(old, new)
         resize.check_resize(old, new, diff, job_live=True)
-        self.reporter.emit("message", text=f"resizing: {resize.describe(diff, new)}; "
-                                           f"the job checkpoints first (up to {self.options.stop_grace:g} s)")
         early = resize.early_servers(old, new, diff, unreachable)
         if early:      # while the job still trains: their import stays out of the pause
             resize.start_early(self.writer, self.pool, self.reporter, new, early, self.secrets, root=self.root)
+        if not unreachable and resize.in_place(old, new, diff, early):
+            text = self.resize_in_place(request, diff)
+            if text is not None:
+                return text
+        self.reporter.emit("message", text=f"resizing: {resize.describe(diff, new)}; "
+                                           f"the job checkpoints first (up to {self.options.stop_grace:g} s)")
         began = self.clock()        # the pause: from here to the relaunch
         self.set_job(state=JobState.RESTARTING, message="resizing")
         first = [r for r in first_to_stop(old, self.state.live_records()) if r.host not in unreachable]
@@ -202,6 +210,67 @@ class Supervisor(JobExecutor):
                                   "reason": request.reason, "workers": workers_after,
                                   "checkpoint_step": self.progress.checkpoint_step})
         return text
+
+    def resize_in_place(self, request: ResizeRequest, diff: PlanDiff) -> str | None:
+        """Async, workers added after the last one or the last ones removed: the running chief takes
+        the new cluster between two closures (roles/membership.py), with no checkpoint and no
+        restart. None if it did not (it refused, ended, or did not answer): then the caller
+        restarts the job from a checkpoint."""
+        old, new = self.plan, request.plan
+        chief = self.current(self.leader.name)
+        if chief is None or not chief.started or chief.done or chief.ended_at is not None or not chief.record.events:
+            return None
+        self.membership_seq += 1
+        seq = self.membership_seq
+        began = self.clock()
+        self.reporter.emit("message", text=f"resizing in place: {resize.describe(diff, new)}; "
+                                           "the chief takes the new cluster between two steps")
+        try:
+            hostops.tell(self.pool.get(self.plan.host(chief.task.host)), chief.record.events,
+                         {"seq": seq, "cluster": new.cluster_spec})
+        except PsclusterError as exc:
+            answer: dict | None = {"refused": exc.message.splitlines()[0]}
+        else:
+            answer = self.pump_until(lambda: self.membership_answers.get(seq), chief, timeout=IN_PLACE_TIMEOUT)
+        if answer is None or answer.get("refused"):
+            why = answer.get("refused") if answer else "it did not answer"
+            self.reporter.emit("message", level="warning",
+                               text=f"the chief did not take the change in place ({why}); restarting from a checkpoint")
+            return None
+        self.forget_and_stop([w for w in self.watched.values()
+                              if w.kind is ProcessKind.SERVER and w.task.name in diff.stop])
+        running = [w.record.key for w in self.watched.values() if w.kind is ProcessKind.TRAIN]
+        resize.apply_plan(self.writer, self.pool, self.reporter, old, new, diff, self.secrets, root=self.root,
+                          standbys=False, started=diff.start, running=running)
+        self.plan = new
+        self.watch_servers()
+        workers_before, workers_after = len(old.tasks_of("worker")), len(new.tasks_of("worker"))
+        self.set_job(workers=workers_after, message=None)
+        self.retarget()
+        text = (f"resized ({request.reason}) in place: {resize.describe(diff, new)}; {workers_before} -> "
+                f"{workers_after} worker(s) at step {answer.get('step')}, no restart "
+                f"({self.clock() - began:.1f} s; the chief paused {answer.get('seconds', 0):.1f} s)")
+        self.reporter.emit("message", text=text)
+        self.announce("resized", {"old": resize.membership(old), "new": resize.membership(new),
+                                  "reason": request.reason, "workers": workers_after, "in_place": True,
+                                  "step": answer.get("step")})
+        return text
+
+    def pump_until(self, found, chief: Watched, *, timeout: float) -> dict | None:
+        """Read the hosts' watch streams (as the loop does) until ``found()`` gives an answer, the
+        chief ends, or ``timeout`` passes (None)."""
+        deadline = self.clock() + timeout
+        while True:
+            now = self.clock()
+            for link in list(self.links.values()):
+                for update in link.poll(now):
+                    self.absorb(update, now)
+            answer = found()
+            if answer is not None:
+                return answer
+            if chief.ended_at is not None or now > deadline:
+                return None
+            self.sleep(LOOP_SECONDS)
 
     # ------------------------------------------------------------------ elastic (train --min-workers, --hosts-from)
     def drop_out(self, host: str, why: str, task: str | None = None) -> bool:
@@ -475,6 +544,8 @@ class Supervisor(JobExecutor):
                 self.result = event
         elif kind == "error":
             watched.error = event.get("message")
+        elif kind == "membership" and is_leader and isinstance(event.get("seq"), int):
+            self.membership_answers[event["seq"]] = event
 
 
     def on_eval(self, task: str, event: dict, now: float) -> None:

@@ -21,7 +21,11 @@ so the loop is ours:
   boundary is reached soon after it is scheduled;
 * checkpoints are written by the chief alone (``experimental_io_device``), after
   ``coordinator.join()`` so they hold a consistent step;
-* evaluation runs on the chief itself, reading the variables from the ps tasks.
+* evaluation runs on the chief itself, reading the variables from the ps tasks;
+* workers join and leave without a restart when the orchestrator asks, between two
+  closures (roles/membership.py): the chief waits for what is in flight, points its
+  context and the coordinator at the new cluster and creates the per-worker datasets
+  again, sharded by the new count.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from roles.datasets import eval_dataset, sample_batch, train_dataset
 from roles.evaluation import EVAL_BATCH_SIZE, make_evaluator, means
 from roles.jobs import Job, Shard
 from roles.lifecycle import TrainerLink
+from roles.membership import MembershipRefused, Requests, apply_change, control_path, plan_change
 from roles.plan import StepSchedule, TrainPlan
 from roles.raw_updates import fused_apply, unsupported
 from roles.reporting import FirstStep, ProgressMeter, Reporter, TrainResult, placements_of
@@ -100,14 +105,20 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     reporter.placement(placements_of(
         list(model.weights) + list(optimizer.variables) + [step_var]))
 
-    def dataset_fn() -> tf.data.Dataset:
-        index = tf.distribute.coordinator.experimental_get_current_worker_index()
-        shard = Shard(index=index, count=plan.workers, split="train", seed=plan.seed)
-        return train_dataset(job, shard, plan.worker_batch_size)
+    def per_worker_datasets(count: int) -> Any:
+        def dataset_fn() -> tf.data.Dataset:
+            index = tf.distribute.coordinator.experimental_get_current_worker_index()
+            shard = Shard(index=index, count=count, split="train", seed=plan.seed)
+            return train_dataset(job, shard, plan.worker_batch_size)
 
-    began = time.perf_counter()
-    per_worker_iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
-    log.info("per-worker datasets created in %.2f s", time.perf_counter() - began)
+        began = time.perf_counter()
+        iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+        _KEEP_UNTIL_EXIT.append(iterator)
+        log.info("per-worker datasets for %d worker(s) created in %.2f s", count, time.perf_counter() - began)
+        return iterator
+
+    workers = plan.workers
+    per_worker_iterator = per_worker_datasets(workers)
     apply = fused_apply(optimizer, model.trainable_variables)
     if apply is None:
         log.info("optimizer update: Keras' apply_gradients (no fused kernel: %s)",
@@ -115,7 +126,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     train_steps = _make_train_steps(job, plan, strategy, model, optimizer, step_var, apply)
 
     evaluator = make_evaluator(job, model, read_once=True)
-    _KEEP_UNTIL_EXIT.extend([coordinator, per_worker_iterator, train_steps, evaluator])
+    _KEEP_UNTIL_EXIT.extend([coordinator, train_steps, evaluator])
     test_data = eval_dataset(job, Shard(0, 1, "test", plan.seed), EVAL_BATCH_SIZE)
 
     def evaluate() -> tuple[float | None, float | None]:
@@ -133,7 +144,9 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     scheduled = start_step
     schedule = StepSchedule(plan, start_step)
     in_flight: collections.deque[tuple[Any, int]] = collections.deque()
-    max_in_flight = IN_FLIGHT_PER_WORKER * plan.workers
+    max_in_flight = IN_FLIGHT_PER_WORKER * workers
+    requests = Requests(control_path(reporter.writer.path))
+    cluster = resolver.cluster_spec().as_dict()
     last_checkpoint = keeper.latest() if keeper else None
     last_saved_step = -1
     first = FirstStep(deadline, meter)
@@ -174,6 +187,25 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     # deadline.stop_requested (SIGTERM or --deadline): stop scheduling, let what is in
     # flight finish, save below and skip the final evaluation.
     while scheduled < plan.steps_total and not deadline.stop_requested:
+        request = requests.poll() if first.done else None
+        if request is not None:
+            try:
+                added, removed = plan_change(cluster, request.get("cluster"))
+            except MembershipRefused as exc:
+                log.warning("membership change %d refused: %s", request["seq"], exc)
+                reporter.writer.emit("membership", seq=request["seq"], refused=str(exc))
+            else:
+                began = time.perf_counter()
+                while in_flight:        # a leaving worker finishes its closure first
+                    collect_one()
+                coordinator.join()
+                apply_change(strategy, coordinator, request["cluster"], added, removed)
+                cluster, workers = dict(request["cluster"]), len(request["cluster"]["worker"])
+                per_worker_iterator = per_worker_datasets(workers)
+                max_in_flight = IN_FLIGHT_PER_WORKER * workers
+                reporter.writer.emit("membership", seq=request["seq"], workers=workers,
+                                     step=int(step_var.numpy()), added=len(added), removed=removed,
+                                     seconds=round(time.perf_counter() - began, 3))
         n = schedule.chunk(scheduled)
         if scheduled <= plan.warmup_steps:
             # Warm start: the previous closure (the last one before the boundary too) ends
@@ -182,12 +214,12 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             while in_flight:
                 collect_one()
             if start_step < scheduled == plan.warmup_steps:   # StepSchedule cuts a chunk there
-                log.info("warm start over at step %d: all %d workers train", scheduled, plan.workers)
+                log.info("warm start over at step %d: all %d workers train", scheduled, workers)
         began = time.perf_counter()
         if scheduled == start_step and start_step < plan.warmup_steps:
             # Warm start: one worker trains; each other worker runs the function for zero
             # steps, which loads it there, so that all are ready when all train.
-            for _ in range(plan.workers - 1):
+            for _ in range(workers - 1):
                 in_flight.append((coordinator.schedule(
                     train_steps, args=(per_worker_iterator, tf.constant(0))), 0))
             log.info("warm start: steps %d-%d run one closure at a time", start_step, plan.warmup_steps)
@@ -201,12 +233,12 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         # function and input pipeline) at the same time, and the start deadline
         # measures the cluster, not a queue of work. Only the first closure stays out
         # of the rates (the others' warm-ups overlap it).
-        if not first.done and len(in_flight) == plan.workers:
+        if not first.done and len(in_flight) == workers:
             # The workers are busy with their first closures and the chief would only
             # wait: trace the evaluation now rather than in the first evaluation.
             evaluator.get_concrete_function(test_data)
         while in_flight and (len(in_flight) >= max_in_flight
-                             or (not first.done and len(in_flight) >= plan.workers)):
+                             or (not first.done and len(in_flight) >= workers)):
             collect_one()
         reached = schedule.reached(scheduled)
         if reached.checkpoint:
@@ -235,7 +267,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     val_loss, val_accuracy = (None, None) if deadline.stop_requested else evaluate()
     return TrainResult(global_step=final_step, val_loss=val_loss, val_accuracy=val_accuracy,
                        examples_per_second=rate, checkpoint=last_checkpoint,
-                       restored_step=restored_step, per_worker=meter.overall_per_worker())
+                       restored_step=restored_step, per_worker=meter.overall_per_worker(), workers=workers)
 
 
 def _make_train_steps(job: Job, plan: TrainPlan, strategy: Any, model: Any,

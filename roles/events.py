@@ -44,6 +44,10 @@ Field meanings:
   the log), ``exception`` the exception type, or ``Terminated`` / ``StartTimeout`` /
   ``Crashed`` when the guardian process reports for a trainer that could not; ``Stopped``
   when the trainer checkpointed and ended on SIGTERM (checkpoint on stop, roles/lifecycle.py).
+* ``membership`` (async chief): its answer to the orchestrator's request ``seq`` to change
+  the workers in place (roles/membership.py): ``workers`` (the new count), ``step`` (the
+  global step then), ``added``, ``removed``, ``seconds`` (the chief's pause), or only
+  ``refused`` (the reason; nothing changed).
 
 This module imports no TensorFlow, so the orchestrator's tests may use it to write or
 validate fixtures.
@@ -75,6 +79,7 @@ EVENT_FIELDS: Mapping[str, tuple[str, ...]] = {
         "examples_per_second", "checkpoint", "restored_step",
     ),
     "error": ("message", "exception"),
+    "membership": ("seq",),
 }
 
 

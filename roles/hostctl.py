@@ -880,6 +880,15 @@ def op_remove(req):
     return {"removed": removed}
 
 
+def op_tell(req):
+    """Hand a running trainer a request (roles/membership.py): ``data`` as JSON in the file
+    beside its events file, ``<events>.membership``, replaced at once (the trainer reads it whole
+    or not at all)."""
+    events = _expand(req["events"])
+    _write_json(events + ".membership", req["data"])
+    return {"told": events + ".membership"}
+
+
 def op_nft(req):
     """Apply an nftables ruleset (one atomic transaction), as root or through ``sudo -n``."""
     import subprocess
@@ -972,7 +981,7 @@ def op_addresses(req):
 
 OPERATIONS = {"facts": op_facts, "start": op_start, "adopt": op_adopt, "start_many": op_start_many, "status": op_status, "stop": op_stop,
               "signal": op_signal, "read": op_read, "find": op_find, "hashes": op_hashes, "remove": op_remove, "fsid": op_fsid, "listen": op_listen,
-              "connect": op_connect, "unlisten": op_unlisten,
+              "connect": op_connect, "unlisten": op_unlisten, "tell": op_tell,
               "nft": op_nft, "watch": op_watch, "resolve": op_resolve, "addresses": op_addresses}
 
 

@@ -39,6 +39,7 @@ class TrainResult:
     checkpoint: str | None
     restored_step: int | None
     per_worker: dict[str, float] | None = None   # examples/s per worker over the whole loop
+    workers: int | None = None     # at the end, when workers joined or left in place (roles/membership.py)
 
 
 class Reporter:

@@ -264,7 +264,7 @@ def run_trainer(options: TrainOptions, task: TaskInfo, guardian: TrainerLink, st
         return EXIT_FAILED
     if guardian.stop_requested and guardian.stop_reason != "deadline":
         return _stopped(result, writer, guardian, options, task)
-    writer.emit("done", mode=options.mode, workers=task.num_workers,
+    writer.emit("done", mode=options.mode, workers=result.workers or task.num_workers,
                 global_step=result.global_step, val_loss=result.val_loss,
                 val_accuracy=result.val_accuracy,
                 wall_seconds=round(time.time() - started, 2),

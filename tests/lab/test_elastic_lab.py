@@ -107,7 +107,9 @@ def test_scale_adds_node_3_mid_run(tmp_path, lab3, mode, steps):
         assert report["val_accuracy"] >= 0.985 and report["steps_redone"] == 0, report
         state = state_of(state_dir, name)
         assert workers_of(state) == list(HOSTS)
-        if mode == "async":      # the coordinator's count of what each worker trained
+        if mode == "async":      # in place (the chief was told over SSH); the coordinator's count of each worker's work
+            assert "resized (scale) in place: start worker:2@node-3" in " ".join(err.split()), err[-3000:]
+            assert not report["restored_step"], report
             assert report["per_worker_examples_per_second"]["worker:2"] > 0, report
         else:                    # node-3's own training process reported its steps
             record = next(r for r in state["processes"] if r["host"] == "node-3" and r["kind"] == "train")

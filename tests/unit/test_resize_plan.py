@@ -8,8 +8,8 @@ import pytest
 
 from cluster.errors import PlanError, UsageError
 from cluster.plan import plan_cluster
-from cluster.resize import (ResizeRequest, check_resize, diff_plans, membership, parse_host_list, plan_changes_for,
-                            resize_lock, with_workers)
+from cluster.resize import (ResizeRequest, check_resize, diff_plans, early_servers, in_place, membership,
+                            parse_host_list, plan_changes_for, resize_lock, with_workers)
 from cluster.supervision.core import drop_out
 from cluster.state import StateStore
 
@@ -51,6 +51,29 @@ def test_removing_a_middle_host_renumbers_the_workers_after_it(write_inventory):
     check_resize(old, new, diff, job_live=True)
     # The new worker:1 takes h3's address and port, which the old worker:2 frees: not preflighted.
     assert plan_changes_for(new, diff).tasks and not plan_changes_for(new, diff, old).tasks
+
+
+def _in_place(old, new) -> bool:
+    diff = diff_plans(old, new)
+    return in_place(old, new, diff, early_servers(old, new, diff))
+
+
+def test_async_workers_added_at_the_end_or_the_last_removed_change_in_place(write_inventory):
+    two, three = lab(write_inventory, "h1", "h2"), lab(write_inventory, "h1", "h2", "h3")
+    assert _in_place(two, three) and _in_place(three, two)
+    assert _in_place(lab(write_inventory, "h1"), three)            # two at once
+    # A middle host: the workers after it are renumbered, so they restart (and the chief with them).
+    assert not _in_place(three, lab(write_inventory, "h1", "h3"))
+    assert not _in_place(two, lab(write_inventory, "h1", "h3"))     # worker:1 moves to h3
+    assert not _in_place(two, two)
+    # Sync modes always restart at the new world size.
+    assert not _in_place(lab(write_inventory, "h1", "h2", mode="sync"), lab(write_inventory, "h1", "h2", "h3", mode="sync"))
+
+
+def test_a_new_worker_whose_server_cannot_start_early_is_not_in_place(write_inventory):
+    two, three = lab(write_inventory, "h1", "h2"), lab(write_inventory, "h1", "h2", "h3")
+    diff = diff_plans(two, three)
+    assert not in_place(two, three, diff, early=[])
 
 
 def test_same_inventory_is_no_change():
