@@ -16,7 +16,7 @@ import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Collection, Sequence
+from typing import Callable, Collection, Sequence
 
 from . import hostops
 from .codesync import sync_code
@@ -191,8 +191,9 @@ def task_env(plan: ClusterPlan, task: TaskSpec, secrets: Secrets | None, *, stan
 
 
 def wait_ready(plan: ClusterPlan, records: dict[str, ProcessRecord], pool: TransportPool, prober: Prober,
-               reporter: Reporter, *, timeout: float) -> dict[str, tuple[str, ...]]:
-    """Wait until every task in ``records`` answers the gRPC probe.
+               reporter: Reporter, *, timeout: float, idle: Callable[[], None] | None = None) -> dict[str, tuple[str, ...]]:
+    """Wait until every task in ``records`` answers the gRPC probe; ``idle`` runs between two
+    rounds of probes (a running job's supervisor reads its streams there).
 
     Returns:
         the devices each task reported, by task name.
@@ -239,6 +240,8 @@ def wait_ready(plan: ClusterPlan, records: dict[str, ProcessRecord], pool: Trans
                 raise TaskError(name, record.host, f"not ready after {timeout:.0f} s{others}",
                                 log_tail=hostops.log_tail(transport, record.log), log_path=record.log,
                                 hint="a slow host may need a longer --timeout; otherwise the log says why")
+            if idle is not None:
+                idle()
             time.sleep(0.1)
     finally:
         for stream in streams.values():

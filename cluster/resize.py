@@ -27,7 +27,7 @@ import signal
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Collection, Iterator, Mapping, Sequence
+from typing import Callable, Collection, Iterator, Mapping, Sequence
 
 from .codesync import sync_code
 from .contracts import Mode, ProcessKind
@@ -212,16 +212,18 @@ def early_servers(old: ClusterPlan, new: ClusterPlan, diff: PlanDiff, unreachabl
 
 def start_early(writer: StateWriter, pool: TransportPool, reporter: Reporter, new: ClusterPlan,
                 tasks: Sequence[TaskSpec], secrets: Secrets | None, *, root: Path | None = None,
-                timeout: float = 120.0) -> None:
+                timeout: float = 120.0, idle: Callable[[], None] | None = None) -> None:
     """Start ``tasks`` (:func:`early_servers`) before the job stops for a resize: they import
-    TensorFlow and answer while it still trains, which keeps that out of its pause."""
+    TensorFlow and answer while it still trains, which keeps that out of its pause. ``idle``:
+    what the job's supervisor does while they start (read its streams, keep its record current)."""
     if tasks:
         sync_code(new, pool, reporter, root)
-        _start_servers(writer, pool, reporter, new, tasks, secrets, timeout)
+        _start_servers(writer, pool, reporter, new, tasks, secrets, timeout, idle)
 
 
 def _start_servers(writer: StateWriter, pool: TransportPool, reporter: Reporter, new: ClusterPlan,
-                   standing: Sequence[TaskSpec], secrets: Secrets | None, timeout: float) -> None:
+                   standing: Sequence[TaskSpec], secrets: Secrets | None, timeout: float,
+                   idle: Callable[[], None] | None = None) -> None:
     state: RunState = writer.state
     if standing:
         attempts = {t.name: 1 + sum(1 for r in state.processes if r.task == t.name and r.kind == ProcessKind.SERVER)
@@ -233,7 +235,7 @@ def _start_servers(writer: StateWriter, pool: TransportPool, reporter: Reporter,
         if failures:
             raise failures[0].error
         with Prober() as prober:
-            wait_ready(new, records, pool, prober, reporter, timeout=timeout)
+            wait_ready(new, records, pool, prober, reporter, timeout=timeout, idle=idle)
 
 
 # ------------------------------------------------------------------ membership from the inventory

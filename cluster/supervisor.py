@@ -83,7 +83,9 @@ class Supervisor(JobExecutor):
         self.dropped: dict[str, HostLink] = {}    # worker hosts left out while lost: watched until they answer
         self.next_discovery = 0.0
         self.next_rejoin = 0.0
-        self.membership_seq = 0                   # requests to the chief to change in place
+        # Requests to the chief to change in place, numbered from the clock: an answer left in a
+        # reused events file by an earlier job of a cluster of the same name never matches.
+        self.membership_seq = int(self.wall() * 1000)
         self.membership_answers: dict[int, dict] = {}
 
     def interrupt(self) -> None:
@@ -167,7 +169,8 @@ class Supervisor(JobExecutor):
         resize.check_resize(old, new, diff, job_live=True)
         early = resize.early_servers(old, new, diff, unreachable)
         if early:      # while the job still trains: their import stays out of the pause
-            resize.start_early(self.writer, self.pool, self.reporter, new, early, self.secrets, root=self.root)
+            resize.start_early(self.writer, self.pool, self.reporter, new, early, self.secrets, root=self.root,
+                               idle=self.pump)
         if not unreachable and resize.in_place(old, new, diff, early):
             text = self.resize_in_place(request, diff)
             if text is not None:
@@ -256,15 +259,21 @@ class Supervisor(JobExecutor):
                                   "step": answer.get("step")})
         return text
 
+    def pump(self) -> None:
+        """What the loop does besides deciding: read the hosts' watch streams (the job's events)
+        and keep its record current, e.g. while a resize waits for new servers or for the chief."""
+        now = self.clock()
+        for link in list(self.links.values()):
+            for update in link.poll(now):
+                self.absorb(update, now)
+        self.publish(now)
+
     def pump_until(self, found, chief: Watched, *, timeout: float) -> dict | None:
-        """Read the hosts' watch streams (as the loop does) until ``found()`` gives an answer, the
-        chief ends, or ``timeout`` passes (None)."""
+        """:meth:`pump` until ``found()`` gives an answer, the chief ends, or ``timeout`` passes (None)."""
         deadline = self.clock() + timeout
         while True:
             now = self.clock()
-            for link in list(self.links.values()):
-                for update in link.poll(now):
-                    self.absorb(update, now)
+            self.pump()
             answer = found()
             if answer is not None:
                 return answer

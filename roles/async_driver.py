@@ -101,6 +101,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
                 log.info("--resume: no checkpoint in %s yet; starting at step 0",
                          plan.checkpoint_dir)
 
+    requests = Requests(control_path(reporter.writer.path))    # before "start": the orchestrator asks after it
     reporter.start(restored_step)
     reporter.placement(placements_of(
         list(model.weights) + list(optimizer.variables) + [step_var]))
@@ -145,7 +146,6 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     schedule = StepSchedule(plan, start_step)
     in_flight: collections.deque[tuple[Any, int]] = collections.deque()
     max_in_flight = IN_FLIGHT_PER_WORKER * workers
-    requests = Requests(control_path(reporter.writer.path))
     cluster = resolver.cluster_spec().as_dict()
     last_checkpoint = keeper.latest() if keeper else None
     last_saved_step = -1

@@ -47,12 +47,19 @@ def control_path(events_path: str) -> str:
 
 
 class Requests:
-    """Polls the request file; one ``stat`` per call while nothing changed."""
+    """Polls the request file; one ``stat`` per call while nothing changed. A file left by an
+    earlier trainer with the same events path (a cluster of the same name, up again) is removed
+    at once: create this before the ``start`` event, after which the orchestrator may ask."""
 
     def __init__(self, path: str | None) -> None:
         self.path = path
         self.seq = 0
         self._seen: tuple[int, int] | None = None
+        if path:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
     def poll(self) -> dict | None:
         """The next request ({"seq", "cluster"}), or None."""

@@ -1,11 +1,14 @@
 """`pscluster scale` (issue 23, item 2) on real TensorFlow processes, local cluster.
 
-A running `train` job is resized to the edited inventory: it checkpoints, its training processes
-start again from that step at the new size, and the new worker trains; a removed worker's server
-is stopped and nothing of it is left; a host that fails preflight changes nothing.
+A running `train` job is resized to the edited inventory (or a discovery command's list): async
+workers added at the end or the last removed join or leave the running chief in place; sync
+jobs checkpoint and start again from that step at the new size. The new worker trains; a
+removed worker's server is stopped and nothing of it is left; a host that fails preflight
+changes nothing.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -21,6 +24,7 @@ from testbed.procs import cluster_pids
 LOCAL = REPO / "inventories" / "local.yaml"
 
 pytestmark = pytest.mark.tf
+NAMES = itertools.count(1)
 
 
 def inventory(tmp_path, mode: str, workers: int):
@@ -57,7 +61,7 @@ def events_of(record: dict) -> list[dict]:
 
 class Cluster:
     def __init__(self, tmp_path, mode: str, workers: int):
-        self.name = f"resize-{mode}-{os.getpid()}"
+        self.name = f"resize-{mode}-{os.getpid()}-{next(NAMES)}"     # one per test: no log folder is reused
         self.state_dir, self.ckpt, self.mode = tmp_path / "state", tmp_path / "ckpt", mode
         self.port_base = port_base()
         up = cli(self.state_dir, "up", inventory(tmp_path, mode, workers), "--name", self.name,
@@ -187,3 +191,49 @@ def test_min_workers_a_worker_that_used_up_its_restarts_drops_out_and_training_g
         assert [t["index"] for t in state["plan"]["tasks"] if t["role"] == "worker"] == [0, 1]
     finally:
         cluster.close()
+
+
+def test_hosts_from_grows_and_shrinks_an_async_job_in_place(tmp_path):
+    """`train --hosts-from CMD`: the discovery command's list says 3 workers, then 2 again; the
+    running chief takes each change in place (no checkpoint, no restart)."""
+    cluster = Cluster(tmp_path, "async", 2)
+    hosts = tmp_path / "hosts.txt"
+    hosts.write_text("# host:workers, as horovodrun's --host-discovery-script prints them\nlocalhost:2\n")
+    try:
+        train = subprocess.Popen(cli_argv(["train", "distributed_mnist", "--name", cluster.name, "--steps", "4000",
+                                           "--checkpoint-dir", str(cluster.ckpt), "--json",
+                                           "--hosts-from", f"cat {hosts}", "--hosts-every", "1"]),
+                                 cwd=REPO, env=cli_env(cluster.state_dir), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for_steps(cluster.state_dir, cluster.name, train, 300)
+            hosts.write_text("localhost:3\n")
+            grown = wait_for_workers(cluster.state_dir, cluster.name, train, 3)
+            wait_for_steps(cluster.state_dir, cluster.name, train, grown["step"] + 200)
+            hosts.write_text("localhost:2\n")
+            wait_for_workers(cluster.state_dir, cluster.name, train, 2)
+            out, err = train.communicate(timeout=900)
+        finally:
+            if train.poll() is None:
+                train.kill()
+        assert train.returncode == 0, err
+        report, said = json.loads(out), " ".join(err.split())
+        assert "resized (--hosts-from) in place: start worker:2@localhost; 2 -> 3 worker(s)" in said, err
+        assert "resized (--hosts-from) in place: stop worker:2; 3 -> 2 worker(s)" in said, err
+        assert report["workers"] == 2 and not report["restored_step"] and report["val_accuracy"] >= 0.985, report
+        assert report["per_worker_examples_per_second"]["worker:2"] > 0, report      # it trained while in
+        state = state_of(cluster.state_dir, cluster.name)
+        assert not [r for r in state["processes"] if r["task"] == "worker:2" and not r.get("stopped")]
+    finally:
+        cluster.close()
+
+
+def wait_for_workers(state_dir, name, train, workers: int) -> dict:
+    end = time.monotonic() + 600
+    while True:
+        assert train.poll() is None, train.stderr.read()[-3000:]
+        job = state_of(state_dir, name).get("job") or {}
+        if job.get("workers") == workers and job.get("state") == "running":
+            return job
+        assert time.monotonic() < end, job
+        time.sleep(0.3)

@@ -50,3 +50,4 @@ def test_requests_are_read_once_and_in_order(tmp_path):
         json.dump({"seq": 2, "cluster": OLD, "padding": "x"}, handle)
     assert requests.poll()["seq"] == 2
     assert Requests(None).poll() is None
+    assert Requests(path).poll() is None and not os.path.exists(path)   # an earlier trainer's request is gone
