@@ -137,7 +137,8 @@ def start(transport: Transport, task: TaskSpec, record: ProcessRecord, *, argv: 
 def _start_request(task: TaskSpec, record: ProcessRecord, argv: Sequence[str], env: dict[str, str]) -> dict:
     # Files the process will write, removed before it starts: an earlier cluster or job of the
     # same name left its own (a standby's ready file would claim an import not yet done).
-    fresh = [record.events] if record.events else []
+    # And a request to change in place (``tell``) left beside the events file.
+    fresh = [record.events, record.events + ".membership"] if record.events else []
     if record.kind == ProcessKind.STANDBY:
         fresh.append(ready_file(record.log))
     return {"argv": list(argv), "env": env, "cwd": task.workdir, "log": record.log, "token": record.token,

@@ -144,6 +144,11 @@ class Supervisor(JobExecutor):
     # ------------------------------------------------------------------ resize (cluster/resize.py)
     def between_turns(self) -> None:
         if self.elastic is not None:
+            if self.standby_tasks and self.last_step > 0:
+                # Once it trains: a standby for its next relaunch (the resize after a host's loss
+                # restarts the chief), which then skips TensorFlow's import.
+                self.refill_standbys()
+                self.standby_tasks.clear()
             self.elastic_turn()
         if not self.resize_asked:
             return
