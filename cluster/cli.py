@@ -21,8 +21,9 @@ from rich.console import Console
 
 from . import console as ui
 from .codesync import local_workdir, project_root
+from .contracts import Until
 from .errors import PsclusterError, Terminated, UsageError
-from .inventory import MODES, Inventory, load_inventory
+from .inventory import MODE_NAMES, Inventory, canonical_mode, load_inventory
 from .names import check_cluster_name
 from .notify import Notifier
 from . import secrets as secrets_rule
@@ -96,7 +97,10 @@ limit_opt = click.option("--limit", metavar="PATTERN",
                          help="Only these hosts (Ansible pattern: a,b  all:!node-c  worker:&gpu  node-*).")
 name_opt = click.option("--name", help="Cluster name (default: the inventory's file name without .yaml).",
                         callback=lambda ctx, param, value: value if value is None else check_cluster_name(value))
-mode_opt = click.option("--mode", type=click.Choice(MODES), help="Training mode (default: pscluster_mode, else async).")
+mode_opt = click.option("--mode", type=click.Choice(MODE_NAMES),
+                        callback=lambda ctx, param, value: value if value is None else canonical_mode(value),
+                        help="Training mode (default: pscluster_mode, else async); between-graph is another name for "
+                             "sync-ps (ps and workers, TF1 style; sync or async as the program decides).")
 port_opt = click.option("--port-base", type=click.IntRange(1024, 65000), help="First port (overrides pscluster_port_base).")
 
 
@@ -797,7 +801,9 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
         raise UsageError(f"--workers: expected whole numbers, got {workers_text!r}", hint="e.g. --workers 1,2,4") from None
     if workers[0] < 1:
         raise UsageError("--workers: a configuration needs at least 1 worker")
-    spec = study.StudySpec(modes=_csv(modes_text or inv.mode or "async", "--mode", MODES), workers=workers,
+    spec = study.StudySpec(modes=tuple(dict.fromkeys(canonical_mode(mode) for mode in
+                                                     _csv(modes_text or inv.mode or "async", "--mode", MODE_NAMES))),
+                           workers=workers,
                            placements=_csv(placements_text, "--placement", study.PLACEMENTS), steps=steps,
                            repeat=repeat, target_accuracy=target_accuracy, eval_every=eval_every,
                            batch_size=batch_size, steps_per_execution=steps_per_execution, port_base=port_base,
@@ -889,6 +895,10 @@ class _ProgramCommand(click.Command):
 @notify_opts
 @detach_opt
 @replace_opt
+@click.option("--until", type=click.Choice([str(u) for u in Until]), default=None,
+              help="When the run is over: when the chief exits (default with a chief, as TFJob's success policy), "
+                   "when every chief and worker has exited (default without a chief), or when every task has. "
+                   "Tasks still running then are stopped.")
 @click.option("--dry-run", is_flag=True,
               help="Print each task's filled command line, folder, GPU mask, TF_CONFIG and environment (secrets "
                    "masked), touching no host; start nothing.")
@@ -897,7 +907,8 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 on_text: str | None, sync_paths: tuple[str, ...], restart_policy: str, max_restarts: int,
                 host_timeout: float, grace: float, timeout: float, firewall: bool, as_json: bool,
                 limit: str | None, allow_busy_gpus: bool, notify_urls: tuple[str, ...],
-                notify_cmds: tuple[str, ...], detach: bool, replace: bool, dry_run: bool) -> None:
+                notify_cmds: tuple[str, ...], detach: bool, replace: bool, until: str | None,
+                dry_run: bool) -> None:
     """Run your own program on every task: pscluster run [INVENTORY] [OPTIONS] -- PROGRAM [ARG...]
 
     With INVENTORY: one shot (preflight, sync, start every task, wait, stop everything). Without:
@@ -905,7 +916,8 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
     filled per task: {ps_hosts} {worker_hosts} {chief_hosts} {job_name} {task_type} {task_index}
     {num_workers} {num_ps} {port} {host}; each process also gets TF_CONFIG, CUDA_VISIBLE_DEVICES
     and PSCLUSTER_TASK_TYPE, PSCLUSTER_TASK_INDEX, PSCLUSTER_NUM_WORKERS, ... (see the README).
-    `python` means each host's pscluster_python. Exit code 0 when every chief and worker exited 0.
+    `python` means each host's pscluster_python. The run is over when its chief exits (without a
+    chief: every worker; see --until); exit code 0 when what it waited for exited 0.
     """
     from dataclasses import replace as _replace
     from .runprog import ProgramSupervisor, run_one_shot
@@ -938,7 +950,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
         return ProgramSupervisor(store=env.store, name=cluster_name, argv=program, on=on, files=files, space=space,
                                  reporter=_with_notifier(output, notifier), pool=pool, rules=rules,
                                  host_timeout=host_timeout, grace=grace, secrets=secrets, one_shot=one_shot,
-                                 detached=env.detached, replace=replace)
+                                 detached=env.detached, replace=replace, until=Until(until) if until else None)
 
     current: list[ProgramSupervisor] = []
 
@@ -961,6 +973,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 cluster = _planned(inv, options, pool)
                 if firewall:
                     cluster = _replace(cluster, firewall=True)
+                _check_until(until, cluster.tasks)
                 if env.store.load(cluster.name) is not None:
                     raise UsageError(f"a cluster named {cluster.name!r} exists already",
                                      hint=f"run on it with 'pscluster run --name {cluster.name} -- ...', or give this "
@@ -975,7 +988,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 state = env.store.load(resolved)
                 if state is None:
                     raise UsageError(f"no cluster named {resolved!r}")
-                select_tasks(state.plan, on)          # bad --on: a usage error before anything happens
+                _check_until(until, select_tasks(state.plan, on))    # bad --on, --until: before anything happens
                 if detach:
                     _detach(env, resolved, state, replace=replace, as_json=as_json)
                     return
@@ -991,6 +1004,16 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 notifier.close()
         output.close()
     _show_run_report(env, report, as_json=as_json)
+
+def _check_until(until: str | None, tasks) -> None:
+    """``--until`` must name tasks that run the program (a usage error before anything starts)."""
+    from .supervision.core import until_problem
+    roles = [task.role for task in tasks]
+    problem = until_problem(Until(until), roles) if until else None
+    if problem is not None:
+        raise UsageError(problem, hint=f"the program runs on {', '.join(dict.fromkeys(roles))}; "
+                                       "choose another --until")
+
 
 def _dry_run(env: Env, inventory: str | None, *, name: str | None, mode: str | None, port_base: int | None,
              limit: str | None, on, program, space, as_json: bool) -> None:
