@@ -22,6 +22,7 @@ from rich.console import Console
 from . import console as ui
 from .codesync import local_workdir, project_root
 from .contracts import Until
+from .history import DEFAULT_KEEP
 from .errors import PsclusterError, Terminated, UsageError
 from .inventory import MODE_NAMES, Inventory, canonical_mode, load_inventory
 from .names import check_cluster_name
@@ -368,24 +369,107 @@ def status(env: Env, name: str | None, as_json: bool) -> None:
 @cli.command()
 @click.argument("task", required=False)
 @name_opt
+@click.option("--run", "run_id", type=click.IntRange(1), default=None, metavar="N",
+              help="The logs of run N of this cluster name (pscluster runs lists them), also once it is down.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines.")
 @click.option("-n", "--lines", type=click.IntRange(0), default=None, help="Only the last N lines of each log.")
 @click.pass_obj
-def logs(env: Env, task: str | None, name: str | None, follow: bool, lines: int | None) -> None:
-    """One task's log (TASK like worker:1), or all of them with a [task@host] prefix."""
-    from .logs import select_tasks, stream_logs
-    state = _existing(env, env.store.resolve_name(name))
-    tasks = select_tasks(state, task)
+def logs(env: Env, task: str | None, name: str | None, run_id: int | None, follow: bool, lines: int | None) -> None:
+    """One task's log (TASK like worker:1), or all of them with a [task@host] prefix.
+
+    Of the cluster that is up, or, with --run N (or after a one-shot run, whose cluster is gone),
+    of an earlier run of that name."""
+    from .logs import select_tasks, stream_logs, stream_run_logs
 
     def write(text: str) -> None:      # remote bytes: control characters shown as \x1b (N13), never raw
         env.out.file.write(ui.visible(text))
         env.out.file.flush()
 
+    record = _run_record(env, name, run_id)
     with env.pool_factory() as pool:
         try:
-            stream_logs(state, tasks, pool, write, lines=lines, follow=follow, prefix=task is None)
+            if record is not None:
+                stream_run_logs(record, task, pool, write, lines=lines, follow=follow, prefix=task is None)
+                return
+            state = _existing(env, env.store.resolve_name(name))
+            stream_logs(state, select_tasks(state, task), pool, write, lines=lines, follow=follow,
+                        prefix=task is None)
         except KeyboardInterrupt:
             pass
+
+
+def _run_record(env: Env, name: str | None, run_id: int | None):
+    """The run ``logs`` reads from the history: run ``run_id`` of ``name``, or, when ``name`` has
+    no cluster up, its newest run. None: read the cluster that is up."""
+    from .history import RunHistory
+    history = RunHistory(env.store.root)
+    if name is None:
+        names = env.store.names()
+        if run_id is None or len(names) > 1 or (not names and len(history.names()) != 1):
+            return None           # resolve_name says what is missing
+        name = names[0] if names else history.names()[0]
+    if run_id is None and env.store.load(name) is not None:
+        return None
+    runs = history.load(name)
+    if not runs:
+        known = ", ".join(sorted(set(env.store.names()) | set(history.names()))) or "none"
+        raise UsageError(f"no cluster or run named {name!r} (known: {known})",
+                         hint="'pscluster runs' lists the recent runs")
+    record = runs[-1] if run_id is None else next((run for run in runs if run.id == run_id), None)
+    if record is None:
+        raise UsageError(f"{name!r} has no run {run_id}",
+                         hint=f"its runs: {', '.join(str(run.id) for run in runs)} ('pscluster runs --name {name}')")
+    return record
+
+
+@cli.command("runs")
+@name_opt
+@click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON.")
+@click.pass_obj
+def runs(env: Env, name: str | None, as_json: bool) -> None:
+    """Recent runs (run and train jobs) of every cluster name, or of --name: command, when, outcome.
+
+    Their logs stay readable with 'pscluster logs --name NAME --run N' until run --keep or
+    'pscluster clean' removes them."""
+    from .history import RunHistory
+    history = RunHistory(env.store.root)
+    names = [name] if name else history.names()
+    records = sorted((record for item in names for record in history.load(item)), key=lambda r: r.started)
+    if name and not records:
+        raise UsageError(f"no run of {name!r} is recorded", hint="'pscluster runs' lists every name's runs")
+    if as_json:
+        ui.print_json(env.out, [{"name": r.name, "run": r.id, "entry": r.entry, "command": list(r.command),
+                                 "started": r.started, "ended": r.ended, "state": r.state, "exit_code": r.exit_code,
+                                 "one_shot": r.one_shot, "tasks": sorted({log.task for log in r.logs})}
+                                for r in records])
+        return
+    if not records:
+        env.err.print("no run is recorded", markup=False, highlight=False)
+        return
+    ui.render_runs(env.out, records)
+
+
+@cli.command()
+@name_opt
+@click.option("--keep", type=click.IntRange(0), default=0, show_default=True,
+              help="Keep the newest N runs of each name.")
+@click.pass_obj
+def clean(env: Env, name: str | None, keep: int) -> None:
+    """Remove the logs of finished runs from the hosts (all names, or --name), and their records."""
+    from .history import RunHistory, remove_runs
+    history = RunHistory(env.store.root)
+    if name and not history.load(name):
+        raise UsageError(f"no run of {name!r} is recorded", hint="'pscluster runs' lists every name's runs")
+    stale = [record for item in ([name] if name else history.names()) for record in history.beyond(item, keep)]
+    with env.pool_factory() as pool:
+        removed, problems = remove_runs(history, stale, pool)
+    for problem in problems:
+        env.err.print(f"warning: {problem}", markup=False, highlight=False)
+    env.err.print(f"removed the logs of {removed} run(s)"
+                  + (f"; {len(stale) - removed} could not be removed (see above)" if problems else ""),
+                  markup=False, highlight=False)
+    if problems:
+        raise SystemExit(1)
 
 
 @cli.command()
@@ -895,6 +979,9 @@ class _ProgramCommand(click.Command):
 @notify_opts
 @detach_opt
 @replace_opt
+@click.option("--keep", type=click.IntRange(1, 100_000), default=DEFAULT_KEEP, show_default=True,
+              help="Runs of this cluster name whose logs are kept (pscluster runs / logs --run); older ones are "
+                   "removed from the hosts when this run ends.")
 @click.option("--until", type=click.Choice([str(u) for u in Until]), default=None,
               help="When the run is over: when the chief exits (default with a chief, as TFJob's success policy), "
                    "when every chief and worker has exited (default without a chief), or when every task has. "
@@ -907,7 +994,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 on_text: str | None, sync_paths: tuple[str, ...], restart_policy: str, max_restarts: int,
                 host_timeout: float, grace: float, timeout: float, firewall: bool, as_json: bool,
                 limit: str | None, allow_busy_gpus: bool, notify_urls: tuple[str, ...],
-                notify_cmds: tuple[str, ...], detach: bool, replace: bool, until: str | None,
+                notify_cmds: tuple[str, ...], detach: bool, replace: bool, keep: int, until: str | None,
                 dry_run: bool) -> None:
     """Run your own program on every task: pscluster run [INVENTORY] [OPTIONS] -- PROGRAM [ARG...]
 
@@ -950,7 +1037,8 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
         return ProgramSupervisor(store=env.store, name=cluster_name, argv=program, on=on, files=files, space=space,
                                  reporter=_with_notifier(output, notifier), pool=pool, rules=rules,
                                  host_timeout=host_timeout, grace=grace, secrets=secrets, one_shot=one_shot,
-                                 detached=env.detached, replace=replace, until=Until(until) if until else None)
+                                 detached=env.detached, replace=replace, until=Until(until) if until else None,
+                                 keep=keep)
 
     current: list[ProgramSupervisor] = []
 
