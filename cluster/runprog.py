@@ -76,6 +76,9 @@ class ProgramSupervisor(JobExecutor):
     def job_name(self) -> str:
         return program_name(self.argv)
 
+    def command(self) -> tuple[str, ...]:
+        return self.argv
+
     def new_job(self):
         from .runspec import select_tasks
         self.tasks = select_tasks(self.plan, self.on)
@@ -220,6 +223,13 @@ class ProgramSupervisor(JobExecutor):
             if self.outcomes.get(record.task, {}).get("state") == "running":
                 self.outcomes[record.task] = {"state": "stopped", "exit_code": None, "signal": None,
                                               "seconds": round(now - self.first_launch.get(record.task, now), 2)}
+
+    def fail(self, cause: PsclusterError, why: str | None = None) -> JobFailed:
+        failed = super().fail(cause, why)
+        if self.one_shot:          # its cluster is gone when the error is shown: say where the logs stay
+            where = f"'pscluster logs --name {self.name} --run {self.job_id}' shows every task's log of this run"
+            failed.hint = f"{failed.hint}; {where}" if failed.hint else where
+        return failed
 
     def interrupted_message(self) -> str:
         if self.one_shot:

@@ -243,6 +243,7 @@ def test_every_one_shot_run_keeps_its_own_logs(tmp_path, cleanup):
     failed = one_shot(failing, "third", "--keep", "2")
     assert failed.returncode == 1
     assert f"/.pscluster/{name}/job-3/worker-1.1.log" in failed.stderr      # its own run's log
+    assert f"'pscluster logs --name {name} --run 3' shows every task's log of this run" in failed.stderr
     runs = {r["run"]: r for r in run_json(["runs", "--name", name], state_dir=state_dir)}
     assert sorted(runs) == [2, 3]                                            # --keep 2: run 1 is gone
     assert [runs[2]["command"], runs[2]["exit_code"], runs[3]["exit_code"]] == [["python", "prog.py", "second"], 0, 1]
@@ -334,6 +335,7 @@ def test_down_stops_a_run_whose_orchestrator_was_killed(tmp_path, cleanup):
     (["--", "python", "missing.py"], "localhost: missing.py does not exist in "),
     (["--on", "evaluator", "--", "python", "prog.py"], "defines no evaluator task"),
     (["--", "python", "prog.py", "--x={rank}"], "unknown placeholder {rank}"),
+    (["--on", "ps,worker", "--until", "chief", "--", "python", "prog.py"], "--until chief: no chief runs the program"),
     ([], "no program to run"),
 ])
 def test_bad_input_starts_nothing(tmp_path, cleanup, args, message):
