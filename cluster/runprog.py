@@ -208,7 +208,9 @@ class ProgramSupervisor(JobExecutor):
             self.idle_since = None
         if not end.done:
             return False
-        left = [w for w in self.watched.values() if w.record.key in end.stop]
+        order = {task.name: i for i, task in enumerate(self.tasks)}
+        left = sorted((w for w in self.watched.values() if w.record.key in end.stop),
+                      key=lambda w: order.get(w.task.name, len(order)))
         if left:
             self.reporter.emit("message", text=f"{end.why}: the run is over; stopping "
                                                f"{', '.join(w.task.name for w in left)}")

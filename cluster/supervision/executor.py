@@ -242,9 +242,12 @@ class JobExecutor:
 
     def record_run(self, final: JobState | None = None, exit_code: int | None = None) -> None:
         """This job in the run history: at its start, once its processes run (their logs), at its end."""
+        # A host an elastic job dropped is no longer in its plan: its logs cannot be read later.
+        known = {host.name: host for plan in (self.state.plan, self.plan) for host in plan.hosts}
         logs = tuple(LogFile(r.task, r.host, r.log, r.attempt) for r in self.state.processes
-                     if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM) and f"#j{self.job_id}." in r.key)
-        hosts = tuple(self.plan.host(name) for name in dict.fromkeys(log.host for log in logs))
+                     if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM) and f"#j{self.job_id}." in r.key
+                     and r.host in known)
+        hosts = tuple(known[name] for name in dict.fromkeys(log.host for log in logs))
         job = self.state.job
         record = RunRecord(name=self.name, id=self.job_id, entry=self.job_kind, command=self.command(),
                            started=(job.started if job and job.started else self.wall()),
