@@ -405,9 +405,18 @@ def _run_record(env: Env, name: str | None, run_id: int | None):
     history = RunHistory(env.store.root)
     if name is None:
         names = env.store.names()
-        if run_id is None or len(names) > 1 or (not names and len(history.names()) != 1):
-            return None           # resolve_name says what is missing
-        name = names[0] if names else history.names()[0]
+        if names:
+            if run_id is None or len(names) > 1:
+                return None       # the cluster that is up (resolve_name refuses several)
+            name = names[0]
+        else:
+            recorded = history.names()
+            if not recorded:
+                return None       # resolve_name: no cluster is up
+            if len(recorded) > 1:
+                raise UsageError("no cluster is up, and runs of several names are recorded",
+                                 hint=f"pick one with --name: {', '.join(recorded)} ('pscluster runs' lists them)")
+            name = recorded[0]
     if run_id is None and env.store.load(name) is not None:
         return None
     runs = history.load(name)

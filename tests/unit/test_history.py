@@ -90,3 +90,59 @@ def test_remove_job_dirs_refuses_a_run_folder_that_is_a_symlink(tmp_path):
     (tmp_path / ".pscluster" / "exp").symlink_to(elsewhere)
     answer = hostctl.op_remove_job_dirs({"paths": [str(tmp_path / ".pscluster" / "exp" / "job-1")]})
     assert answer["removed"] == [] and len(answer["refused"]) == 1 and (elsewhere / "job-1").is_dir()
+
+
+def cli_env(tmp_path):
+    import contextlib
+    import io
+
+    from rich.console import Console
+
+    from cluster.cli import Env
+    from cluster.state import StateStore
+    out, err = io.StringIO(), io.StringIO()
+    env = Env(out=Console(file=out, width=200, color_system=None), err=Console(file=err, width=200),
+              store=StateStore(tmp_path / "state"), pool_factory=lambda: contextlib.nullcontext())
+    return env, out, err
+
+
+@pytest.mark.parametrize("args, code, shown", [
+    (["logs"], 0, "exp 2"),                                   # no cluster up: the only name's newest run
+    (["logs", "--run", "1"], 0, "exp 1"),
+    (["logs", "--name", "exp", "--run", "2", "chief:0"], 0, "exp 2 chief:0"),
+    (["logs", "--name", "exp", "--run", "9"], 2, "'exp' has no run 9"),
+    (["logs", "--name", "nope"], 2, "no cluster or run named 'nope' (known: exp)"),
+    (["logs", "--name", "exp", "--run", "0"], 2, "Invalid value for '--run'"),
+    (["logs", "--name", "exp", "--run", "x"], 2, "Invalid value for '--run'"),
+    (["logs", "--name", "../exp", "--run", "1"], 2, "is not a valid cluster name"),
+    (["runs", "--name", "nope"], 2, "no run of 'nope' is recorded"),
+    (["clean", "--name", "nope"], 2, "no run of 'nope' is recorded"),
+])
+def test_logs_and_runs_read_the_history_and_refuse_bad_input(tmp_path, monkeypatch, capsys, args, code, shown):
+    from cluster import cli, logs
+    monkeypatch.setattr(logs, "stream_run_logs", lambda record, task, pool, write, **options:
+                        write(f"{record.name} {record.id}" + (f" {task}" if task else "") + "\n"))
+    env, out, err = cli_env(tmp_path)
+    history = RunHistory(env.store.root)
+    history.save(record(tmp_path, 1))
+    history.save(record(tmp_path, 2))
+    assert cli.run(args, env=env) == code
+    text = out.getvalue() + err.getvalue() + capsys.readouterr().err
+    assert shown in text and "Traceback" not in text
+
+
+def test_runs_lists_every_name_and_logs_wants_a_name_when_several_are_recorded(tmp_path):
+    import json
+
+    from cluster import cli
+    env, out, err = cli_env(tmp_path)
+    history = RunHistory(env.store.root)
+    history.save(record(tmp_path, 1))
+    history.save(record(tmp_path, 4, name="other"))
+    assert cli.run(["runs", "--json"], env=env) == 0
+    listed = json.loads(out.getvalue())
+    assert [(r["name"], r["run"], r["command"], r["exit_code"], r["tasks"]) for r in listed] == [
+        ("exp", 1, ["python", "p.py"], 0, ["chief:0", "worker:1"]), ("other", 4, ["python", "p.py"], 0,
+                                                                     ["chief:0", "worker:1"])]
+    assert cli.run(["logs"], env=env) == 2
+    assert "runs of several names are recorded" in err.getvalue() and "--name: exp, other" in err.getvalue()
