@@ -200,15 +200,17 @@ class ProgramSupervisor(JobExecutor):
         # A ParameterServerStrategy program (async: the chief coordinates) has workers that serve.
         end = core.program_end(self.views(), until=self.until or Until.WORKERS,
                                serving_workers=self.plan.mode == Mode.ASYNC, idle_since=self.idle_since, now=now)
+        order = {task.name: i for i, task in enumerate(self.tasks)}
         if end.idle and self.idle_since is None:
             self.idle_since = now
-            self.reporter.emit("message", text=f"only {', '.join(end.idle)} still run, and they never exit by "
-                                               f"themselves; stopping them in {core.IDLE_LINGER:.0f} s")
+            idle = sorted(end.idle, key=lambda name: order.get(name, len(order)))
+            self.reporter.emit("message", text=f"only {', '.join(idle)} still run, and they never exit by "
+                                               f"themselves (servers in server.join(), an evaluator loop); "
+                                               f"stopping them in {core.IDLE_LINGER:.0f} s")
         elif not end.idle:
             self.idle_since = None
         if not end.done:
             return False
-        order = {task.name: i for i, task in enumerate(self.tasks)}
         left = sorted((w for w in self.watched.values() if w.record.key in end.stop),
                       key=lambda w: order.get(w.task.name, len(order)))
         if left:

@@ -425,7 +425,7 @@ def program_end(procs: Sequence[Proc], *, until: Until, serving_workers: bool = 
         idle = tuple(p.task for p in running)
         if idle_since is not None and now - idle_since >= linger:
             return ProgramEnd(True, stop=tuple(p.key for p in running), idle=idle,
-                              why=f"{', '.join(idle)} never exit by themselves")
+                              why=f"only tasks that never exit by themselves were left (for {linger:.0f} s)")
         return ProgramEnd(False, idle=idle)
     return ProgramEnd(False)
 
