@@ -21,8 +21,10 @@ from rich.console import Console
 
 from . import console as ui
 from .codesync import local_workdir, project_root
+from .contracts import Until
+from .history import DEFAULT_KEEP
 from .errors import PsclusterError, Terminated, UsageError
-from .inventory import MODES, Inventory, load_inventory
+from .inventory import MODE_NAMES, Inventory, canonical_mode, load_inventory
 from .names import check_cluster_name
 from .notify import Notifier
 from . import secrets as secrets_rule
@@ -96,7 +98,10 @@ limit_opt = click.option("--limit", metavar="PATTERN",
                          help="Only these hosts (Ansible pattern: a,b  all:!node-c  worker:&gpu  node-*).")
 name_opt = click.option("--name", help="Cluster name (default: the inventory's file name without .yaml).",
                         callback=lambda ctx, param, value: value if value is None else check_cluster_name(value))
-mode_opt = click.option("--mode", type=click.Choice(MODES), help="Training mode (default: pscluster_mode, else async).")
+mode_opt = click.option("--mode", type=click.Choice(MODE_NAMES),
+                        callback=lambda ctx, param, value: value if value is None else canonical_mode(value),
+                        help="Training mode (default: pscluster_mode, else async); between-graph is another name for "
+                             "sync-ps (ps and workers, TF1 style; sync or async as the program decides).")
 port_opt = click.option("--port-base", type=click.IntRange(1024, 65000), help="First port (overrides pscluster_port_base).")
 
 
@@ -364,24 +369,116 @@ def status(env: Env, name: str | None, as_json: bool) -> None:
 @cli.command()
 @click.argument("task", required=False)
 @name_opt
+@click.option("--run", "run_id", type=click.IntRange(1), default=None, metavar="N",
+              help="The logs of run N of this cluster name (pscluster runs lists them), also once it is down.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines.")
 @click.option("-n", "--lines", type=click.IntRange(0), default=None, help="Only the last N lines of each log.")
 @click.pass_obj
-def logs(env: Env, task: str | None, name: str | None, follow: bool, lines: int | None) -> None:
-    """One task's log (TASK like worker:1), or all of them with a [task@host] prefix."""
-    from .logs import select_tasks, stream_logs
-    state = _existing(env, env.store.resolve_name(name))
-    tasks = select_tasks(state, task)
+def logs(env: Env, task: str | None, name: str | None, run_id: int | None, follow: bool, lines: int | None) -> None:
+    """One task's log (TASK like worker:1), or all of them with a [task@host] prefix.
+
+    Of the cluster that is up, or, with --run N (or after a one-shot run, whose cluster is gone),
+    of an earlier run of that name."""
+    from .logs import select_tasks, stream_logs, stream_run_logs
 
     def write(text: str) -> None:      # remote bytes: control characters shown as \x1b (N13), never raw
         env.out.file.write(ui.visible(text))
         env.out.file.flush()
 
+    record = _run_record(env, name, run_id)
     with env.pool_factory() as pool:
         try:
-            stream_logs(state, tasks, pool, write, lines=lines, follow=follow, prefix=task is None)
+            if record is not None:
+                stream_run_logs(record, task, pool, write, lines=lines, follow=follow, prefix=task is None)
+                return
+            state = _existing(env, env.store.resolve_name(name))
+            stream_logs(state, select_tasks(state, task), pool, write, lines=lines, follow=follow,
+                        prefix=task is None)
         except KeyboardInterrupt:
             pass
+
+
+def _run_record(env: Env, name: str | None, run_id: int | None):
+    """The run ``logs`` reads from the history: run ``run_id`` of ``name``, or, when ``name`` has
+    no cluster up, its newest run. None: read the cluster that is up."""
+    from .history import RunHistory
+    history = RunHistory(env.store.root)
+    if name is None:
+        names = env.store.names()
+        if names:
+            if run_id is None or len(names) > 1:
+                return None       # the cluster that is up (resolve_name refuses several)
+            name = names[0]
+        else:
+            recorded = history.names()
+            if not recorded:
+                return None       # resolve_name: no cluster is up
+            if len(recorded) > 1:
+                raise UsageError("no cluster is up, and runs of several names are recorded",
+                                 hint=f"pick one with --name: {', '.join(recorded)} ('pscluster runs' lists them)")
+            name = recorded[0]
+    if run_id is None and env.store.load(name) is not None:
+        return None
+    runs = history.load(name)
+    if not runs:
+        known = ", ".join(sorted(set(env.store.names()) | set(history.names()))) or "none"
+        raise UsageError(f"no cluster or run named {name!r} (known: {known})",
+                         hint="'pscluster runs' lists the recent runs")
+    record = runs[-1] if run_id is None else next((run for run in runs if run.id == run_id), None)
+    if record is None:
+        raise UsageError(f"{name!r} has no run {run_id}",
+                         hint=f"its runs: {', '.join(str(run.id) for run in runs)} ('pscluster runs --name {name}')")
+    return record
+
+
+@cli.command("runs")
+@name_opt
+@click.option("--json", "as_json", is_flag=True, help="Print the runs as JSON.")
+@click.pass_obj
+def runs(env: Env, name: str | None, as_json: bool) -> None:
+    """Recent runs (run and train jobs) of every cluster name, or of --name: command, when, outcome.
+
+    Their logs stay readable with 'pscluster logs --name NAME --run N' until run --keep or
+    'pscluster clean' removes them."""
+    from .history import RunHistory
+    history = RunHistory(env.store.root)
+    names = [name] if name else history.names()
+    records = sorted((record for item in names for record in history.load(item)), key=lambda r: r.started)
+    if name and not records:
+        raise UsageError(f"no run of {name!r} is recorded", hint="'pscluster runs' lists every name's runs")
+    if as_json:
+        ui.print_json(env.out, [{"name": r.name, "run": r.id, "entry": r.entry, "command": list(r.command),
+                                 "started": r.started, "ended": r.ended, "state": r.state, "exit_code": r.exit_code,
+                                 "one_shot": r.one_shot, "tasks": sorted({log.task for log in r.logs})}
+                                for r in records])
+        return
+    if not records:
+        env.err.print("no run is recorded", markup=False, highlight=False)
+        return
+    ui.render_runs(env.out, records)
+
+
+@cli.command()
+@name_opt
+@click.option("--keep", type=click.IntRange(0), default=0, show_default=True,
+              help="Keep the newest N runs of each name.")
+@click.pass_obj
+def clean(env: Env, name: str | None, keep: int) -> None:
+    """Remove the logs of finished runs from the hosts (all names, or --name), and their records."""
+    from .history import RunHistory, remove_runs
+    history = RunHistory(env.store.root)
+    if name and not history.load(name):
+        raise UsageError(f"no run of {name!r} is recorded", hint="'pscluster runs' lists every name's runs")
+    stale = [record for item in ([name] if name else history.names()) for record in history.beyond(item, keep)]
+    with env.pool_factory() as pool:
+        removed, problems = remove_runs(history, stale, pool)
+    for problem in problems:
+        env.err.print(f"warning: {problem}", markup=False, highlight=False)
+    env.err.print(f"removed the logs of {removed} run(s)"
+                  + (f"; {len(stale) - removed} could not be removed (see above)" if problems else ""),
+                  markup=False, highlight=False)
+    if problems:
+        raise SystemExit(1)
 
 
 @cli.command()
@@ -797,7 +894,9 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
         raise UsageError(f"--workers: expected whole numbers, got {workers_text!r}", hint="e.g. --workers 1,2,4") from None
     if workers[0] < 1:
         raise UsageError("--workers: a configuration needs at least 1 worker")
-    spec = study.StudySpec(modes=_csv(modes_text or inv.mode or "async", "--mode", MODES), workers=workers,
+    spec = study.StudySpec(modes=tuple(dict.fromkeys(canonical_mode(mode) for mode in
+                                                     _csv(modes_text or inv.mode or "async", "--mode", MODE_NAMES))),
+                           workers=workers,
                            placements=_csv(placements_text, "--placement", study.PLACEMENTS), steps=steps,
                            repeat=repeat, target_accuracy=target_accuracy, eval_every=eval_every,
                            batch_size=batch_size, steps_per_execution=steps_per_execution, port_base=port_base,
@@ -889,6 +988,13 @@ class _ProgramCommand(click.Command):
 @notify_opts
 @detach_opt
 @replace_opt
+@click.option("--keep", type=click.IntRange(1, 100_000), default=DEFAULT_KEEP, show_default=True,
+              help="Runs of this cluster name whose logs are kept (pscluster runs / logs --run); older ones are "
+                   "removed from the hosts when this run ends.")
+@click.option("--until", type=click.Choice([str(u) for u in Until]), default=None,
+              help="When the run is over: when the chief exits (default with a chief, as TFJob's success policy), "
+                   "when every chief and worker has exited (default without a chief), or when every task has. "
+                   "Tasks still running then are stopped.")
 @click.option("--dry-run", is_flag=True,
               help="Print each task's filled command line, folder, GPU mask, TF_CONFIG and environment (secrets "
                    "masked), touching no host; start nothing.")
@@ -897,7 +1003,8 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 on_text: str | None, sync_paths: tuple[str, ...], restart_policy: str, max_restarts: int,
                 host_timeout: float, grace: float, timeout: float, firewall: bool, as_json: bool,
                 limit: str | None, allow_busy_gpus: bool, notify_urls: tuple[str, ...],
-                notify_cmds: tuple[str, ...], detach: bool, replace: bool, dry_run: bool) -> None:
+                notify_cmds: tuple[str, ...], detach: bool, replace: bool, keep: int, until: str | None,
+                dry_run: bool) -> None:
     """Run your own program on every task: pscluster run [INVENTORY] [OPTIONS] -- PROGRAM [ARG...]
 
     With INVENTORY: one shot (preflight, sync, start every task, wait, stop everything). Without:
@@ -905,7 +1012,8 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
     filled per task: {ps_hosts} {worker_hosts} {chief_hosts} {job_name} {task_type} {task_index}
     {num_workers} {num_ps} {port} {host}; each process also gets TF_CONFIG, CUDA_VISIBLE_DEVICES
     and PSCLUSTER_TASK_TYPE, PSCLUSTER_TASK_INDEX, PSCLUSTER_NUM_WORKERS, ... (see the README).
-    `python` means each host's pscluster_python. Exit code 0 when every chief and worker exited 0.
+    `python` means each host's pscluster_python. The run is over when its chief exits (without a
+    chief: every worker; see --until); exit code 0 when what it waited for exited 0.
     """
     from dataclasses import replace as _replace
     from .runprog import ProgramSupervisor, run_one_shot
@@ -938,7 +1046,8 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
         return ProgramSupervisor(store=env.store, name=cluster_name, argv=program, on=on, files=files, space=space,
                                  reporter=_with_notifier(output, notifier), pool=pool, rules=rules,
                                  host_timeout=host_timeout, grace=grace, secrets=secrets, one_shot=one_shot,
-                                 detached=env.detached, replace=replace)
+                                 detached=env.detached, replace=replace, until=Until(until) if until else None,
+                                 keep=keep)
 
     current: list[ProgramSupervisor] = []
 
@@ -961,6 +1070,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 cluster = _planned(inv, options, pool)
                 if firewall:
                     cluster = _replace(cluster, firewall=True)
+                _check_until(until, cluster.tasks)
                 if env.store.load(cluster.name) is not None:
                     raise UsageError(f"a cluster named {cluster.name!r} exists already",
                                      hint=f"run on it with 'pscluster run --name {cluster.name} -- ...', or give this "
@@ -975,7 +1085,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 state = env.store.load(resolved)
                 if state is None:
                     raise UsageError(f"no cluster named {resolved!r}")
-                select_tasks(state.plan, on)          # bad --on: a usage error before anything happens
+                _check_until(until, select_tasks(state.plan, on))    # bad --on, --until: before anything happens
                 if detach:
                     _detach(env, resolved, state, replace=replace, as_json=as_json)
                     return
@@ -991,6 +1101,16 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 notifier.close()
         output.close()
     _show_run_report(env, report, as_json=as_json)
+
+def _check_until(until: str | None, tasks) -> None:
+    """``--until`` must name tasks that run the program (a usage error before anything starts)."""
+    from .supervision.core import until_problem
+    roles = [task.role for task in tasks]
+    problem = until_problem(Until(until), roles) if until else None
+    if problem is not None:
+        raise UsageError(problem, hint=f"the program runs on {', '.join(dict.fromkeys(roles))}; "
+                                       "choose another --until")
+
 
 def _dry_run(env: Env, inventory: str | None, *, name: str | None, mode: str | None, port_base: int | None,
              limit: str | None, on, program, space, as_json: bool) -> None:

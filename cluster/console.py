@@ -767,9 +767,26 @@ def render_run_report(console: Console, report: dict) -> None:
                       Text(str(task["restarts"] or "")),
                       Text(f"{task['seconds']:.1f}" if task.get("seconds") is not None else ""))
     console.print(table)
-    verdict = "every chief and worker exited 0" if report["exit_code"] == 0 else "failed"
+    verdict = "done (what it waited for exited 0)" if report["exit_code"] == 0 else "failed"
     console.print(Text(f"run {verdict} in {report['wall_seconds']:.1f} s",
                        "green" if report["exit_code"] == 0 else "red"))
+
+
+def render_runs(console: Console, records: Sequence[Any]) -> None:
+    """``pscluster runs``: one row per recorded run (cluster.history.RunRecord), oldest first."""
+    import shlex
+    import time as _time
+    table = Table(box=box.SIMPLE)
+    for column in ("name", "run", "entry", "started", "seconds", "outcome", "command"):
+        table.add_column(column)
+    for record in records:
+        started = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(record.started))
+        took = f"{record.ended - record.started:.1f}" if record.ended is not None else ""
+        outcome = record.state + (f" (exit {record.exit_code})" if record.exit_code is not None else "")
+        style = "green" if record.exit_code == 0 else ("yellow" if record.ended is None else "red")
+        table.add_row(*_texts(record.name, str(record.id), record.entry + (" one-shot" if record.one_shot else ""),
+                              started, took, Text(_plain(outcome), style), shlex.join(record.command)))
+    console.print(table)
 
 
 # ----------------------------------------------------------------------------- detached jobs

@@ -22,6 +22,15 @@ class Mode(StrEnum):
     SYNC_PS = "sync-ps"
 
 
+class Until(StrEnum):
+    """When a ``pscluster run`` is over (``run --until``): once its chief exited (TFJob's success
+    policy), once every chief and worker exited, or once every task exited."""
+
+    CHIEF = "chief"
+    WORKERS = "workers"
+    ALL = "all"
+
+
 class Role(StrEnum):
     CHIEF = "chief"
     PS = "ps"

@@ -319,6 +319,15 @@ def remove(transport: Transport, paths: Sequence[str]) -> list[str]:
     return call(transport, "remove", {"paths": list(paths)})["removed"]
 
 
+def remove_job_dirs(transport: Transport, paths: Sequence[str]) -> list[str]:
+    """Remove job folders (``.../.pscluster/<cluster>/job-<N>``) with their files; hostctl
+    refuses any other path."""
+    answer = call(transport, "remove_job_dirs", {"paths": list(paths)})
+    if answer.get("refused"):
+        raise HostError(transport.host.name, f"refused to remove {answer['refused'][0]}: not a job folder")
+    return answer["removed"]
+
+
 @dataclass(frozen=True)
 class WatchUpdate:
     """One line of a host's ``watch`` stream."""

@@ -32,6 +32,17 @@ from .yamlsrc import KeyPath, SourceMap, display_path
 
 ROLES = ("chief", "ps", "worker", "evaluator")
 MODES = ("async", "sync", "sync-ps")
+# Other names of a mode, accepted wherever a mode is (--mode, pscluster_mode) and stored as the
+# mode itself. sync-ps is the shape of TF1's between-graph replication (ps + workers, worker 0 the
+# chief); whether its updates are synchronous is the program's choice (SyncReplicasOptimizer or
+# not), so a TF1 *async* program runs as "between-graph", not as a contradiction in terms.
+MODE_ALIASES = {"between-graph": "sync-ps"}
+MODE_NAMES = MODES + tuple(MODE_ALIASES)
+
+
+def canonical_mode(name: str) -> str:
+    """The mode ``name`` stands for (itself, or the mode an alias names)."""
+    return MODE_ALIASES.get(name, name)
 ROLE_SUFFIXES = ("tasks", "gpus", "ports")
 HOST_KEY_POLICIES = ("reject", "accept-new")
 DEFAULT_PORT_BASE = 2222
@@ -432,7 +443,7 @@ PSCLUSTER_KEYS: dict[str, Validator] = {
     "pscluster_env": _env_map,
     "pscluster_secret_env": _name_list,
     "pscluster_secret_env_roles": _role_list,
-    "pscluster_mode": _choice(MODES),
+    "pscluster_mode": lambda raw, path, value: canonical_mode(_choice(MODE_NAMES)(raw, path, value)),
     "pscluster_firewall": _boolean,
     "pscluster_intra_op_threads": lambda raw, path, value: _as_int(raw, path, value, 0, 1024, "a thread count"),
     "pscluster_inter_op_threads": lambda raw, path, value: _as_int(raw, path, value, 0, 1024, "a thread count"),

@@ -475,8 +475,9 @@ def bring_down(name: str, *, store: StateStore, reporter: Reporter, grace: float
                                           f"(pid {daemon.pid})")
             signal_supervisor(daemon, signal.SIGTERM)
         live = state.live_records()
-        reporter.emit("phase", name="stop", detail=f"{len(live)} process(es) on "
-                                                   f"{len(records_by_host(live))} host(s)")
+        if live:         # a one-shot run has stopped its own: "stop 0 process(es)" said nothing
+            reporter.emit("phase", name="stop", detail=f"{len(live)} process(es) on "
+                                                       f"{len(records_by_host(live))} host(s)")
         stopped, errors = stop_records(state.plan, live, pool, reporter, grace=grace)
         if state.firewall:
             errors.update(remove_rules(state, pool, reporter))

@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass
 
 from .errors import PlanError
-from .inventory import MODES, ROLES, HostConfig, Inventory, RoleSlots
+from .inventory import MODE_NAMES, MODES, ROLES, HostConfig, Inventory, RoleSlots, canonical_mode
 from .layout import HostLayout
 from .names import check_cluster_name
 from .notify import mask_url
@@ -274,9 +274,9 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
         PlanError: the mode cannot run on these groups, or ports collide.
         InventoryError: an explicit setting conflicts (named by file and line).
     """
-    mode = options.mode or inventory.mode or "async"
+    mode = canonical_mode(options.mode or inventory.mode or "async")
     if mode not in MODES:
-        raise PlanError(f"unknown mode {mode!r}", hint=f"choose one of {', '.join(MODES)}")
+        raise PlanError(f"unknown mode {mode!r}", hint=f"choose one of {', '.join(MODE_NAMES)}")
     name = check_cluster_name(options.name) if options.name else \
         check_cluster_name(inventory.name, source=inventory.path)
     slots = _slots(inventory)
@@ -287,7 +287,8 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
     role_table = MODE_ROLES[mode] + ((EVALUATOR, False),) if options.roles is None else \
         tuple((role, False) for role in ROLES if role in options.roles)
     used_roles = dict(role_table)
-    _check_counts(inventory, slots, mode, program_roles=options.roles)
+    _check_counts(inventory, slots, mode, program_roles=options.roles,
+                  mode_given=bool(options.mode or inventory.mode))
     cluster = tuple(
         (role, tuple(host_port(slot.host.address, ports[(slot.role, slot.index)])
                      for slot in slots if slot.role == role))
@@ -434,7 +435,7 @@ def _check_ssh_port(slot: _Slot, port: int, ssh_hosts: list[HostConfig]) -> None
 
 
 def _check_counts(inventory: Inventory, slots: list[_Slot], mode: str,
-                  program_roles: tuple[str, ...] | None = None) -> None:
+                  program_roles: tuple[str, ...] | None = None, mode_given: bool = True) -> None:
     counts = {role: sum(1 for slot in slots if slot.role == role) for role in ROLES}
     if counts["chief"] > 1:
         chief = next(slot for slot in slots if slot.role == "chief")
@@ -456,13 +457,27 @@ def _check_counts(inventory: Inventory, slots: list[_Slot], mode: str,
                             hint=f"it defines: {', '.join(defined) or 'no task at all'}")
         if not program_roles:
             raise PlanError(f"{inventory.path} defines no task", hint="add hosts to chief, ps, worker or evaluator")
-        return
-    where = f"{inventory.path}: mode {mode}"
+    if program_roles is None or mode_given:
+        check_mode_roles(inventory.path, counts, mode)
+
+
+def check_mode_roles(path: str, counts: dict[str, int], mode: str) -> None:
+    """Whether ``mode`` can run on an inventory with ``counts`` tasks per role: the one place
+    that decides it, for ``plan``, ``up``, ``train`` and a one-shot ``run`` that names a mode
+    (``--mode`` or ``pscluster_mode``; without one, a run takes every role the inventory
+    defines, and no mode is checked).
+
+    Raises:
+        PlanError: a role the mode needs has no task (async: a chief, ps and workers; sync:
+            workers; sync-ps: ps and workers).
+    """
+    where = f"{path}: mode {mode}"
     for role, _ in MODE_ROLES[mode]:
-        if role == "chief" and counts["chief"] == 0:
+        if role == "chief" and counts.get("chief", 0) == 0:
             raise PlanError(f"{where} needs a chief task to run the ClusterCoordinator",
-                            hint="add a 'chief' group with one host, or use --mode sync / sync-ps")
-        if counts[role] == 0:
+                            hint="add a 'chief' group with one host, or use --mode sync or --mode between-graph "
+                                 "(sync-ps: ps and workers, e.g. a TF1 program, sync or async)")
+        if counts.get(role, 0) == 0:
             raise PlanError(f"{where} needs at least one {role} task",
                             hint=f"add a '{role}' group with at least one host")
 

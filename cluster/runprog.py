@@ -11,10 +11,11 @@ Two ways in (see :mod:`cluster.runspec` for the pure parts):
 
 :class:`ProgramSupervisor` is the ``run`` job on the shared executor: the program's output
 streams live from each host's watch stream (the task's log file) to the reporter as ``output``
-events; the run ends when every chief and worker process has exited (TensorFlow servers that
-never exit by themselves -- a ps in ``server.join()``, an evaluator loop -- are stopped then);
-a failure follows the restart policy (default ``never``: an arbitrary program may not be safe
-to restart).
+events; the run ends as ``--until`` says (:func:`cluster.supervision.core.program_end`: by
+default when the chief exits, as TFJob's success policy has it, else when every worker has);
+the tasks still running then (a ps in ``server.join()``, an evaluator loop, the workers of a
+ParameterServerStrategy program) are stopped. A failure follows the restart policy (default
+``never``: an arbitrary program may not be safe to restart).
 """
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from typing import Sequence
 
 from . import hostops
 from .codesync import LocalFile, needs_sync, sync_code, sync_files
-from .contracts import JobState, ProcessKind, RestartPolicy, TensorFlowNeed
-from .errors import Failure, HostError, MultiHostError, PsclusterError
+from .contracts import JobState, Mode, ProcessKind, RestartPolicy, TensorFlowNeed, Until
+from .errors import Failure, HostError, MultiHostError, PsclusterError, UsageError
 from .events import Reporter
 from .launcher import bring_down, bring_up, task_env
 from .secrets import Secrets
@@ -57,7 +58,7 @@ class ProgramSupervisor(JobExecutor):
     def __init__(self, *, store: StateStore, name: str, argv: Sequence[str], on: tuple[str, ...] | None,
                  files: Sequence[LocalFile], space: Workspace, reporter: Reporter, pool: TransportPool,
                  rules: core.RestartRules, host_timeout: float = 60.0, grace: float = 10.0,
-                 secrets: Secrets | None = None, one_shot: bool = False, **clocks):
+                 secrets: Secrets | None = None, one_shot: bool = False, until: Until | None = None, **clocks):
         super().__init__(store=store, name=name, reporter=reporter, pool=pool, root=space.root, rules=rules,
                          host_timeout=host_timeout, grace=grace, secrets=secrets, **clocks)
         self.argv = tuple(argv)
@@ -65,6 +66,8 @@ class ProgramSupervisor(JobExecutor):
         self.files = list(files)
         self.space = space
         self.one_shot = one_shot
+        self.until = until                  # None: core.default_until of the tasks that run it
+        self.idle_since: float | None = None
         self.partial: dict[str, str] = {}          # log path -> its unfinished last line
         self.outcomes: dict[str, dict] = {}         # task -> what became of it (for the report)
         self.first_launch: dict[str, float] = {}
@@ -73,9 +76,17 @@ class ProgramSupervisor(JobExecutor):
     def job_name(self) -> str:
         return program_name(self.argv)
 
+    def command(self) -> tuple[str, ...]:
+        return self.argv
+
     def new_job(self):
         from .runspec import select_tasks
         self.tasks = select_tasks(self.plan, self.on)
+        roles = [task.role for task in self.tasks]
+        self.until = self.until or core.default_until(roles)
+        problem = core.until_problem(self.until, roles)
+        if problem is not None:
+            raise UsageError(problem, hint=f"the program runs on {', '.join(dict.fromkeys(roles))}")
         return super().new_job().updated(command=self.argv)
 
     def watchdog(self) -> core.Watchdog:
@@ -186,12 +197,24 @@ class ProgramSupervisor(JobExecutor):
             watched.finished = True
 
     def complete(self, now: float) -> bool:
-        if not core.program_finished(self.views()):
+        # A ParameterServerStrategy program (async: the chief coordinates) has workers that serve.
+        end = core.program_end(self.views(), until=self.until or Until.WORKERS,
+                               serving_workers=self.plan.mode == Mode.ASYNC, idle_since=self.idle_since, now=now)
+        order = {task.name: i for i, task in enumerate(self.tasks)}
+        if end.idle and self.idle_since is None:
+            self.idle_since = now
+            idle = sorted(end.idle, key=lambda name: order.get(name, len(order)))
+            self.reporter.emit("message", text=f"only {', '.join(idle)} still run, and they never exit by "
+                                               f"themselves (servers in server.join(), an evaluator loop); "
+                                               f"stopping them in {core.IDLE_LINGER:.0f} s")
+        elif not end.idle:
+            self.idle_since = None
+        if not end.done:
             return False
-        left = [w for w in self.watched.values() if w.kind is ProcessKind.PROGRAM and not w.finished
-                and w.view().state.value not in ("exited", "gone")]
+        left = sorted((w for w in self.watched.values() if w.record.key in end.stop),
+                      key=lambda w: order.get(w.task.name, len(order)))
         if left:
-            self.reporter.emit("message", text=f"every chief and worker finished; stopping "
+            self.reporter.emit("message", text=f"{end.why}: the run is over; stopping "
                                                f"{', '.join(w.task.name for w in left)}")
             self.stop([w.record for w in left], grace=self.grace)
         self.stop_job_processes(grace=1.0)      # records of what ended are closed too
@@ -204,6 +227,13 @@ class ProgramSupervisor(JobExecutor):
             if self.outcomes.get(record.task, {}).get("state") == "running":
                 self.outcomes[record.task] = {"state": "stopped", "exit_code": None, "signal": None,
                                               "seconds": round(now - self.first_launch.get(record.task, now), 2)}
+
+    def fail(self, cause: PsclusterError, why: str | None = None) -> JobFailed:
+        failed = super().fail(cause, why)
+        if self.one_shot:          # its cluster is gone when the error is shown: say where the logs stay
+            where = f"'pscluster logs --name {self.name} --run {self.job_id}' shows every task's log of this run"
+            failed.hint = f"{failed.hint}; {where}" if failed.hint else where
+        return failed
 
     def interrupted_message(self) -> str:
         if self.one_shot:

@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 
 from .codesync import LocalFile, collect, needs_sync
 from .errors import UsageError
-from .inventory import ROLES, Inventory
+from .inventory import ROLES, Inventory, canonical_mode
 from .plan import MODE_ROLES, ClusterPlan, HostSpec, TaskSpec
 
 PLACEHOLDERS = ("ps_hosts", "worker_hosts", "chief_hosts", "job_name", "task_type", "task_index", "num_workers",
@@ -176,7 +176,7 @@ def one_shot_roles(inventory: Inventory, mode: str | None) -> tuple[str, ...]:
     defined = [role for role in ROLES if inventory.hosts_of(role)]
     if mode is None:
         return tuple(defined)
-    wanted = {role for role, _ in MODE_ROLES[mode]} | {"evaluator"}
+    wanted = {role for role, _ in MODE_ROLES[canonical_mode(mode)]} | {"evaluator"}
     return tuple(role for role in defined if role in wanted)
 
 

@@ -137,17 +137,21 @@ def plan_from_json(data: dict) -> ClusterPlan:
 
     tasks = tuple(TaskSpec(**dict(task, env=tuples(task["env"]), argv=tuple(task["argv"])))
                   for task in data["tasks"])
-    hosts = tuple(HostSpec(**dict(host, secret_env=tuple(host.get("secret_env", ())),
-                                    secret_env_roles=tuple(host.get("secret_env_roles", ())),
-                                    jump=tuple(host.get("jump", ())), become_user=host.get("become_user"),
-                                    gpu_busy_mib=host.get("gpu_busy_mib", 1024),
-                                    origins=tuple(tuple(item) for item in host.get("origins", ()))))
-                  for host in data["hosts"])
+    hosts = tuple(host_from_json(host) for host in data["hosts"])
     cluster = tuple((job, tuple(addresses)) for job, addresses in data["cluster"])
     unused = tuple((role, reason) for role, reason in data.get("unused", ()))
     return ClusterPlan(name=data["name"], mode=data["mode"], inventory_path=data["inventory_path"],
                        cluster=cluster, tasks=tasks, hosts=hosts, unused=unused,
                        firewall=data.get("firewall", False), notify=tuple(data.get("notify", ())))
+
+
+def host_from_json(host: dict) -> HostSpec:
+    """A :class:`HostSpec` from its ``dataclasses.asdict`` form (fields added later default)."""
+    return HostSpec(**dict(host, secret_env=tuple(host.get("secret_env", ())),
+                           secret_env_roles=tuple(host.get("secret_env_roles", ())),
+                           jump=tuple(host.get("jump", ())), become_user=host.get("become_user"),
+                           gpu_busy_mib=host.get("gpu_busy_mib", 1024),
+                           origins=tuple(tuple(item) for item in host.get("origins", ()))))
 
 
 def private_dir(path: Path) -> None:

@@ -888,6 +888,30 @@ def op_tell(req):
     _write_json(events + ".membership", req["data"])
     return {"told": events + ".membership"}
 
+def op_remove_job_dirs(req):
+    """Remove job folders (``<workdir>/.pscluster/<cluster>/job-<N>``, a finished run's logs) and
+    everything in them. Anything else is refused: this deletes trees, so it takes only paths of
+    that one shape, and never follows a symbolic link out of them."""
+    import re
+    import shutil
+    removed, refused = [], []
+    for path in req["paths"]:
+        path = _expand(path)
+        parts = path.split(os.sep)
+        if len(parts) < 4 or parts[-3] != RUN_ROOT or not re.match(r"^job-[0-9]+$", parts[-1]) \
+                or parts[-2] in ("", ".", ".."):
+            refused.append(path)
+            continue
+        run_dir = os.path.dirname(path)
+        if os.path.islink(run_dir) or os.path.islink(os.path.dirname(run_dir)):
+            refused.append(path)            # .pscluster or the cluster's folder swapped for a link
+            continue
+        if os.path.islink(path) or not os.path.isdir(path):
+            continue
+        shutil.rmtree(path)
+        removed.append(path)
+    return {"removed": removed, "refused": refused}
+
 
 def op_nft(req):
     """Apply an nftables ruleset (one atomic transaction), as root or through ``sudo -n``."""
@@ -980,7 +1004,8 @@ def op_addresses(req):
 
 
 OPERATIONS = {"facts": op_facts, "start": op_start, "adopt": op_adopt, "start_many": op_start_many, "status": op_status, "stop": op_stop,
-              "signal": op_signal, "read": op_read, "find": op_find, "hashes": op_hashes, "remove": op_remove, "fsid": op_fsid, "listen": op_listen,
+              "signal": op_signal, "read": op_read, "find": op_find, "hashes": op_hashes, "remove": op_remove,
+              "remove_job_dirs": op_remove_job_dirs, "fsid": op_fsid, "listen": op_listen,
               "connect": op_connect, "unlisten": op_unlisten, "tell": op_tell,
               "nft": op_nft, "watch": op_watch, "resolve": op_resolve, "addresses": op_addresses}
 

@@ -12,7 +12,7 @@ Vocabulary:
 * :class:`RestartRules` + :func:`verdict` -- restart policy, per-job budget, backoff.
 * :class:`Recovery` -- what to stop, restart and relaunch: :func:`train_recovery` (by mode, as
   TensorFlow allows) and :func:`program_recovery` (``pscluster run``: the one task).
-* :func:`train_outcome` / :func:`program_finished` -- when a job is done.
+* :func:`train_outcome` / :func:`program_end` -- when a job is done.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable, Mapping, Sequence
 
-from ..contracts import Mode, ProcessKind, ProcState, RestartPolicy, Role
+from ..contracts import Mode, ProcessKind, ProcState, RestartPolicy, Role, Until
 
 FROZEN_AFTER = 5.0          # a process stopped (SIGSTOP) this long counts as failed
 LEADER_LINGER = 30.0        # after the leader finished, others get this long to end by themselves
@@ -28,6 +28,10 @@ LEADER_LINGER = 30.0        # after the leader finished, others get this long to
 # checkpoint (it may be busy with an older one; a CNN pass over MNIST's test split takes seconds).
 EVALUATOR_LINGER = 120.0
 MAX_BACKOFF = 30.0
+# `pscluster run`: once every task still running is one that never exits by itself (a ps in
+# server.join(), a ParameterServerStrategy worker after its chief is gone), it gets this long to
+# exit all the same (a TF1 ps that dequeues a "done" token exits within a second), then is stopped.
+IDLE_LINGER = 10.0
 
 
 @dataclass(frozen=True)
@@ -345,12 +349,85 @@ def train_outcome(procs: Sequence[Proc], *, leader: str, leader_done_at: float |
     return TrainOutcome(False)
 
 
-def program_finished(procs: Sequence[Proc]) -> bool:
-    """``pscluster run`` ends when every chief and worker program finished; when the run has
-    neither (``--on ps``), when every program finished. Servers never finish by themselves."""
+def default_until(roles: Sequence[Role | str]) -> Until:
+    """``run``'s end without ``--until``: the chief's exit when the run has a chief (TFJob's
+    success policy), else every worker's, else (``--on ps``) every task's."""
+    present = {Role(role) for role in roles}
+    if Role.CHIEF in present:
+        return Until.CHIEF
+    return Until.WORKERS if Role.WORKER in present else Until.ALL
+
+
+def until_problem(until: Until, roles: Sequence[Role | str]) -> str | None:
+    """Why ``--until`` cannot apply to a run on ``roles`` (None: it can)."""
+    present = {Role(role) for role in roles}
+    if until is Until.CHIEF and Role.CHIEF not in present:
+        return "--until chief: no chief runs the program"
+    if until is Until.WORKERS and not present & {Role.CHIEF, Role.WORKER}:
+        return "--until workers: no chief or worker runs the program"
+    return None
+
+
+@dataclass(frozen=True)
+class ProgramEnd:
+    """Whether a ``pscluster run`` is over, what to stop, and what the rule waits on.
+
+    ``idle``: the tasks still running when every one of them never exits by itself (they get
+    ``linger`` seconds from ``idle_since``, then are stopped): the executor says so once.
+    ``stop``: keys of programs still running, to stop now that the run is over.
+    """
+
+    done: bool
+    stop: tuple[str, ...] = ()
+    idle: tuple[str, ...] = ()
+    why: str = ""
+
+
+def never_exits(proc: Proc, procs: Sequence[Proc], *, serving_workers: bool) -> bool:
+    """A program task that never exits by itself: a ps (``server.join()``), an evaluator loop,
+    and, in a ParameterServerStrategy program (``serving_workers``: the async shape, where the
+    chief coordinates), a worker once the chief is gone (its ``server.join()`` has no one left)."""
+    if proc.role in (Role.PS, Role.EVALUATOR):
+        return True
+    if proc.role is Role.WORKER and serving_workers:
+        chiefs = [p for p in procs if p.role is Role.CHIEF and p.kind is ProcessKind.PROGRAM]
+        return bool(chiefs) and all(p.finished for p in chiefs)
+    return False
+
+
+def program_end(procs: Sequence[Proc], *, until: Until, serving_workers: bool = False,
+                idle_since: float | None = None, now: float = 0.0, linger: float = IDLE_LINGER) -> ProgramEnd:
+    """When ``pscluster run`` is over (called once no incident is open).
+
+    ``until`` names the tasks waited for (:class:`~cluster.contracts.Until`): ``chief``, every
+    chief and worker (``workers``; none: every task), or every task (``all``). Once they all
+    finished the run is over and the programs still running are stopped. It never waits
+    silently: when every task still running never exits by itself (:func:`never_exits`), they
+    are named (``idle``) and stopped ``linger`` seconds after ``idle_since``. Standing servers
+    of ``up`` are not the run's and are left alone.
+    """
     programs = [p for p in procs if p.kind is ProcessKind.PROGRAM]
-    leaders = [p for p in programs if p.role in (Role.CHIEF, Role.WORKER)]
-    return bool(programs) and all(p.finished for p in (leaders or programs))
+    if not programs:
+        return ProgramEnd(False)
+    if until is Until.CHIEF:
+        waited = [p for p in programs if p.role is Role.CHIEF]
+    elif until is Until.WORKERS:
+        waited = [p for p in programs if p.role in (Role.CHIEF, Role.WORKER)]
+    else:
+        waited = []
+    waited = waited or programs
+    running = [p for p in programs if not p.finished and not p.ended]
+    if all(p.finished for p in waited):
+        names = ", ".join(p.task for p in waited) if len(waited) <= 3 else f"{len(waited)} tasks"
+        return ProgramEnd(True, stop=tuple(p.key for p in running),
+                          why=f"{names} finished (--until {until})")
+    if running and all(never_exits(p, procs, serving_workers=serving_workers) for p in running):
+        idle = tuple(p.task for p in running)
+        if idle_since is not None and now - idle_since >= linger:
+            return ProgramEnd(True, stop=tuple(p.key for p in running), idle=idle,
+                              why=f"only tasks that never exit by themselves were left (for {linger:.0f} s)")
+        return ProgramEnd(False, idle=idle)
+    return ProgramEnd(False)
 
 
 def restarts_in_job(counts: Mapping[str, int]) -> dict[str, int]:

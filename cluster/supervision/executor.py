@@ -27,6 +27,7 @@ from ..errors import HostError, PsclusterError, TaskError, UsageError
 from ..detach import DaemonFiles, job_conflict, orchestrator_alive, process_starttime, stop_supervisor
 from ..events import Reporter
 from ..fanout import fan_out
+from ..history import DEFAULT_KEEP, LogFile, RunHistory, RunRecord, remove_runs
 from ..launcher import start_task, stop_records, task_env, wait_ready
 from ..plan import ClusterPlan, TaskSpec
 from ..probe import Prober
@@ -92,7 +93,7 @@ class JobExecutor:
                  rules: core.RestartRules, host_timeout: float = 60.0, grace: float = 10.0,
                  secrets: Secrets | None = None, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, wall: Callable[[], float] = time.time,
-                 detached: DaemonFiles | None = None, replace: bool = False):
+                 detached: DaemonFiles | None = None, replace: bool = False, keep: int = DEFAULT_KEEP):
         self.store = store
         self.name = name
         self.reporter = reporter
@@ -107,6 +108,7 @@ class JobExecutor:
         self.wall = wall
         self.detached = detached          # this process is the daemon of --detach (its files)
         self.replace = replace            # --replace: stop a live job first instead of refusing
+        self.keep = keep                  # runs of this name whose logs are kept (history.py)
         self.watched: dict[str, Watched] = {}
         self.links: dict[str, HostLink] = {}
         self.offsets: dict[str, int] = {}       # watched file -> bytes consumed so far
@@ -229,6 +231,42 @@ class JobExecutor:
             self.writer.change(lambda s: None)
         except PsclusterError:
             pass     # the cluster was taken down meanwhile: nothing to record
+        deadline = bool((fields.get("result") or {}).get("deadline_reached"))
+        self.record_run(final, exit_code={JobState.DONE: 4 if deadline else 0, JobState.STOPPED: 130}.get(final, 1))
+        self.prune_runs()
+
+    # ------------------------------------------------------------------ the run history (cluster/history.py)
+    def command(self) -> tuple[str, ...]:
+        """What the run history shows as the job's command."""
+        return (self.job_name(),)
+
+    def record_run(self, final: JobState | None = None, exit_code: int | None = None) -> None:
+        """This job in the run history: at its start, once its processes run (their logs), at its end."""
+        # A host an elastic job dropped is no longer in its plan: its logs cannot be read later.
+        known = {host.name: host for plan in (self.state.plan, self.plan) for host in plan.hosts}
+        logs = tuple(LogFile(r.task, r.host, r.log, r.attempt) for r in self.state.processes
+                     if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM) and f"#j{self.job_id}." in r.key
+                     and r.host in known)
+        hosts = tuple(known[name] for name in dict.fromkeys(log.host for log in logs))
+        job = self.state.job
+        record = RunRecord(name=self.name, id=self.job_id, entry=self.job_kind, command=self.command(),
+                           started=(job.started if job and job.started else self.wall()),
+                           ended=None if final is None else self.wall(),
+                           state=str(final or JobState.RUNNING), exit_code=exit_code,
+                           one_shot=bool(getattr(self, "one_shot", False)), logs=logs, hosts=hosts)
+        try:
+            self.history.save(record)
+        except (OSError, PsclusterError) as exc:     # the history is for later reading; the job goes on
+            self.reporter.emit("message", level="warning", text=f"could not record run {self.job_id}: {exc}")
+
+    def prune_runs(self) -> None:
+        """Older runs of this name beyond ``keep``: their folders on the hosts and their records."""
+        try:
+            _, problems = remove_runs(self.history, self.history.beyond(self.name, self.keep), self.pool)
+        except (OSError, PsclusterError) as exc:     # never hides the job's own outcome
+            problems = [f"could not remove old runs of {self.name!r}: {exc}"]
+        for problem in problems:
+            self.reporter.emit("message", level="warning", text=problem)
 
     def job_restarts(self) -> dict[str, int]:
         return core.restarts_in_job(self.progress.restarts)
@@ -249,12 +287,16 @@ class JobExecutor:
         if stale:     # an earlier job whose orchestrator was killed
             self.reporter.emit("message", text=f"stopping {len(stale)} process(es) of an earlier, orphaned job")
             self.stop(stale, grace=3.0)
-        self.job_id = (self.state.job.id if self.state.job else 0) + 1
+        # Numbers count up per name across up/down and one-shot runs: each run's folder is its own.
+        self.history = RunHistory(self.store.root)
+        self.job_id = max(self.state.job.id if self.state.job else 0, self.history.last_id(self.name)) + 1
         self.writer.change(lambda s: setattr(s, "job", self.new_job()))
+        self.record_run()
         try:
             self.prepare()
             self.launch_group()
             self.retarget()
+            self.record_run()
             self.set_job(state=JobState.RUNNING)
             self.announce("started", self.job_record())
             self.loop()

@@ -1,25 +1,35 @@
 """Asynchronous parameter-server training, TF2 style: a ``ParameterServerStrategy``
-coordinator with a custom loop, run as the chief. The ps and worker tasks are plain
-``tf.distribute.Server``s, which ``pscluster up`` already starts (async mode), so only this
-file runs, on the chief, with its ``TF_CONFIG``:
+coordinator with a custom loop, and the same binary on every task, as TensorFlow's tutorial
+has it ("If you use the same binary for all tasks"). Every task reads its role from
+``TF_CONFIG``: a ps or worker starts a ``tf.distribute.Server`` and blocks in
+``server.join()``; the chief coordinates. Either way works:
+
+    pscluster run inventories/local.yaml -- python examples/byo/tf2_ps_coordinator.py --steps 3000
+
+one shot, on every task (the ps and workers never exit by themselves: the run is over when the
+chief exits, as TFJob's success policy has it, and they are stopped then), or only on the chief
+of an async cluster whose ps and worker servers ``pscluster up`` already started:
 
     pscluster up inventories/local.yaml
     pscluster run -- python examples/byo/tf2_ps_coordinator.py --steps 3000
 
-A 784-256-10 MLP on MNIST, Adam. Each scheduled function runs ``--steps_per_function``
-steps on one worker; the coordinator keeps a few functions in flight per worker. At the
-end the chief evaluates the test split (reading the variables from the ps) and prints
+By hand: one terminal per task, each with its own ``TF_CONFIG='{"cluster": {...}, "task":
+{"type": "ps", "index": 0}}'``. A 784-256-10 MLP on MNIST, Adam. Each scheduled function runs
+``--steps_per_function`` steps on one worker; the coordinator keeps a few functions in flight
+per worker. At the end the chief evaluates the test split (reading the variables from the ps)
+and prints
 
     final test_accuracy=0.9712 test_loss=0.0912 steps=3000 seconds=41.2
 
 then leaves with ``os._exit`` (the coordinator's threads would otherwise keep polling
-workers). The standing servers stay up for the next program.
+workers).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 
@@ -27,6 +37,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA_CANDIDATES = ("data/mnist.npz", os.path.join(HERE, "..", "distributed_mnist", "data", "mnist.npz"))
+SERVER_ROLES = ("ps", "worker")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learning_rate", type=float, default=1e-3)
     parser.add_argument("--steps_per_function", type=int, default=20,
                         help="steps per scheduled function (fewer RPCs per step)")
+    parser.add_argument("--connect_timeout", type=float, default=120.0,
+                        help="chief: seconds to wait for every ps and worker to listen")
     parser.add_argument("--data", help="mnist.npz (default: data/mnist.npz here, else pscluster's bundled copy)")
     args = parser.parse_args(argv)
     if min(args.steps, args.batch_size, args.steps_per_function) < 1:
@@ -54,26 +67,50 @@ def data_path(given: str | None) -> str:
     raise SystemExit("no MNIST file found: pass --data PATH/mnist.npz")
 
 
-def check_chief(environ: dict[str, str]) -> None:
-    """The coordinator is the chief; refuse to start as anything else."""
+def task_of(environ: dict[str, str]) -> tuple[str, int, dict[str, list[str]]]:
+    """(task type, index, cluster) from ``TF_CONFIG``; a cluster needs a chief, ps and workers."""
     try:
         config = json.loads(environ["TF_CONFIG"])
-        role = config["task"]["type"]
-        cluster = config["cluster"]
+        role, index, cluster = config["task"]["type"], int(config["task"]["index"]), config["cluster"]
     except (KeyError, ValueError, TypeError) as exc:
         raise SystemExit(f"TF_CONFIG is missing or malformed ({exc}): run under 'pscluster run'") from None
-    if role != "chief" or not cluster.get("ps") or not cluster.get("worker"):
-        raise SystemExit("this coordinator runs as the chief of a cluster with ps and worker tasks "
-                         f"(TF_CONFIG says task type {role!r}); bring the cluster up in async mode")
+    if not cluster.get("chief") or not cluster.get("ps") or not cluster.get("worker"):
+        raise SystemExit("ParameterServerStrategy needs a chief, ps and worker tasks; TF_CONFIG's cluster has "
+                         f"{', '.join(sorted(cluster)) or 'none'}")
+    if role not in ("chief", *SERVER_ROLES):
+        raise SystemExit(f"task type {role!r}: this program runs as chief, ps or worker")
+    return role, index, cluster
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    check_chief(dict(os.environ))
-    started = time.monotonic()
+def wait_listening(addresses: list[str], timeout: float) -> None:
+    """Until every ``host:port`` accepts a connection: the servers start with the chief, and
+    under GRPC_FAIL_FAST the coordinator's first call to one that is not up yet fails."""
+    deadline = time.monotonic() + timeout
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        while True:
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{address} did not listen within {timeout:.0f} s") from None
+                time.sleep(0.2)
+
+
+def serve(tf, role: str, index: int) -> None:
+    """A ps or worker: a gRPC server the chief's coordinator drives; it never returns."""
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    server = tf.distribute.Server(resolver.cluster_spec(), job_name=role, task_index=index,
+                                  protocol=resolver.rpc_layer or "grpc", start=True)
+    print(f"{role}:{index} serving at {server.target}", flush=True)
+    server.join()
+
+
+def coordinate(tf, args: argparse.Namespace, cluster: dict[str, list[str]], started: float) -> None:
     import keras
-    import tensorflow as tf
 
+    wait_listening([*cluster["ps"], *cluster["worker"]], args.connect_timeout)
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
@@ -90,7 +127,6 @@ def main(argv: list[str] | None = None) -> None:
     cross_entropy = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
 
     def dataset_fn() -> tf.data.Dataset:
-        # Built on each worker: its own shuffle order over the whole training split.
         worker = tf.distribute.coordinator.experimental_get_current_worker_index()
         data = tf.data.Dataset.from_tensor_slices((x_train, y_train)).shuffle(10_000, seed=worker)
         return data.repeat().batch(args.batch_size).prefetch(2)
@@ -118,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         results.append(coordinator.schedule(train_steps, args=(iterator, tf.constant(n))))
         scheduled += n
         if scheduled - last_report >= 500 or scheduled == args.steps:
-            coordinator.join()                  # the functions scheduled so far are done
+            coordinator.join()
             print(f"chief: step {scheduled}/{args.steps}, loss {float(results[-1].fetch()):.4f}", flush=True)
             last_report, results = scheduled, []
     coordinator.join()
@@ -127,6 +163,18 @@ def main(argv: list[str] | None = None) -> None:
     accuracy = float(np.mean(np.argmax(logits, axis=1) == y_test))
     print(f"final test_accuracy={accuracy:.4f} test_loss={test_loss:.4f} steps={args.steps} "
           f"seconds={time.monotonic() - started:.1f}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    role, index, cluster = task_of(dict(os.environ))
+    started = time.monotonic()
+    import tensorflow as tf
+
+    if role in SERVER_ROLES:
+        serve(tf, role, index)
+        return
+    coordinate(tf, args, cluster, started)
     sys.stdout.flush()
     os._exit(0)
 

@@ -50,6 +50,9 @@ def test_tf1_flags_script_across_three_hosts_one_shot(tmp_path, lab3, write_lab_
             assert (workdir / "notes.txt").read_text() == "synced with --sync\n"
             assert (workdir / "roles" / "hostctl.py").exists()          # code sync as for `up`
         assert not (state_dir / f"{name}.json").exists()
+        # Its logs stay readable over SSH after the cluster is gone (the run history names the hosts).
+        shown = run_cli(["logs", "--name", name, "--run", "1", "worker:2"], state_dir=state_dir, check=True)
+        assert "worker 2: done after" in shown.stdout, shown.stdout[-2000:]
     finally:
         if (state_dir / f"{name}.json").exists():
             run_cli(["down", "--name", name], state_dir=state_dir)

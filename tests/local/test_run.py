@@ -121,6 +121,26 @@ def test_ps_coordinator_runs_on_the_chief_of_an_async_cluster(tmp_path, cleanup)
 
 
 @pytest.mark.tf
+def test_the_same_binary_on_every_task_ends_when_its_chief_exits(tmp_path, cleanup):
+    """TF's ParameterServerStrategy tutorial, "the same binary for all tasks": ps and workers sit
+    in server.join() for ever; the run is over when the chief exits (it waited silently before)."""
+    name, state_dir = "run-same", tmp_path / "state"
+    cleanup(name, state_dir)
+    proc = run_cli(["run", LOCAL, "--name", name, "--port-base", port_base(), "--json", "--",
+                    "python", "examples/byo/tf2_ps_coordinator.py", "--steps", "400"],
+                   state_dir=state_dir, timeout=900)                 # a safety net: the run ends by itself
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout)
+    tasks = tasks_of(report)
+    assert tasks["chief:0"]["state"] == "exited" and tasks["chief:0"]["exit_code"] == 0 and report["exit_code"] == 0
+    assert {task: t["state"] for task, t in tasks.items() if task != "chief:0"} == \
+        {"ps:0": "stopped", "ps:1": "stopped", "worker:0": "stopped", "worker:1": "stopped"}
+    assert "chief:0 finished (--until chief): the run is over; stopping" in proc.stderr
+    assert accuracy_in(proc.stderr, "chief:0") >= 0.90
+    assert not (state_dir / f"{name}.json").exists()
+
+
+@pytest.mark.tf
 def test_on_failure_restarts_a_killed_worker(tmp_path, cleanup):
     name, state_dir = "run-restart", tmp_path / "state"
     cleanup(name, state_dir)
@@ -156,7 +176,7 @@ def test_on_failure_restarts_a_killed_worker(tmp_path, cleanup):
 PROGRAM = textwrap.dedent('''
     import os, sys, time
     task = os.environ["PSCLUSTER_TASK_TYPE"] + ":" + os.environ["PSCLUSTER_TASK_INDEX"]
-    print("started", task, flush=True)
+    print("started", task, *sys.argv[1:], flush=True)
     if task == os.environ.get("FAIL_TASK"):
         time.sleep(1)
         print("cannot go on: disk full", file=sys.stderr, flush=True)
@@ -172,12 +192,12 @@ def program_dir(tmp_path):
     return folder
 
 
-def local_inventory(tmp_path, **env) -> str:
+def local_inventory(tmp_path, file: str = "local.yaml", **env) -> str:
     """local.yaml with extra environment for every task."""
     text = LOCAL.read_text()
     lines = "".join(f"      {key}: \"{value}\"\n" for key, value in env.items())
     text = text.replace("    pscluster_env:\n", "    pscluster_env:\n" + lines, 1)
-    path = tmp_path / "local.yaml"
+    path = tmp_path / file
     path.write_text(text)
     return str(path)
 
@@ -197,6 +217,42 @@ def test_a_failing_worker_fails_the_run_with_its_exit_code_and_log(tmp_path, cle
     tasks = tasks_of(report)
     assert tasks["worker:1"]["exit_code"] == 3 and tasks["worker:0"]["state"] == "stopped"
     assert not (state_dir / f"{name}.json").exists()
+
+
+def test_every_one_shot_run_keeps_its_own_logs(tmp_path, cleanup):
+    """Runs of one name count up (job-1, job-2, ...): each run's logs stay readable after its
+    cluster is gone, an error quotes its own run's log, and --keep removes the oldest."""
+    name, state_dir = "run-logs", tmp_path / "state"
+    cleanup(name, state_dir)
+    project = program_dir(tmp_path)
+    done, failing = local_inventory(tmp_path, SLEEP="0"), local_inventory(tmp_path, "fail.yaml", SLEEP="0",
+                                                                          FAIL_TASK="worker:1")
+
+    def one_shot(inventory, word, *extra):
+        return run_cli(["run", inventory, "--name", name, "--port-base", port_base(), "--on", "worker", *extra,
+                        "--", "python", "prog.py", word], state_dir=state_dir, cwd=project, timeout=300)
+
+    for word in ("first", "second"):
+        proc = one_shot(done, word)
+        assert proc.returncode == 0, proc.stderr
+    for run, word in ((1, "first"), (2, "second")):
+        shown = run_cli(["logs", "--name", name, "--run", run, "worker:1"], state_dir=state_dir, check=True)
+        assert f"started worker:1 {word}\n" in shown.stdout and "second" not in shown.stdout.replace(word, "")
+    newest = run_cli(["logs", "--name", name], state_dir=state_dir, check=True)     # the cluster is gone
+    assert "[worker:0@localhost] started worker:0 second" in newest.stdout
+    failed = one_shot(failing, "third", "--keep", "2")
+    assert failed.returncode == 1
+    assert f"/.pscluster/{name}/job-3/worker-1.1.log" in failed.stderr      # its own run's log
+    assert f"'pscluster logs --name {name} --run 3' shows every task's log of this run" in failed.stderr
+    runs = {r["run"]: r for r in run_json(["runs", "--name", name], state_dir=state_dir)}
+    assert sorted(runs) == [2, 3]                                            # --keep 2: run 1 is gone
+    assert [runs[2]["command"], runs[2]["exit_code"], runs[3]["exit_code"]] == [["python", "prog.py", "second"], 0, 1]
+    assert not (REPO / ".pscluster" / name / "job-1").exists() and (REPO / ".pscluster" / name / "job-2").is_dir()
+    gone = run_cli(["logs", "--name", name, "--run", "1"], state_dir=state_dir)
+    assert gone.returncode == 2 and "has no run 1" in gone.stderr and "Traceback" not in gone.stderr
+    run_cli(["clean", "--name", name], state_dir=state_dir, check=True)
+    assert not (REPO / ".pscluster" / name / "job-3").exists()
+    assert run_cli(["runs", "--name", name], state_dir=state_dir).returncode == 2
 
 
 def test_ctrl_c_stops_every_process_of_a_one_shot_run(tmp_path, cleanup):
@@ -279,6 +335,7 @@ def test_down_stops_a_run_whose_orchestrator_was_killed(tmp_path, cleanup):
     (["--", "python", "missing.py"], "localhost: missing.py does not exist in "),
     (["--on", "evaluator", "--", "python", "prog.py"], "defines no evaluator task"),
     (["--", "python", "prog.py", "--x={rank}"], "unknown placeholder {rank}"),
+    (["--on", "ps,worker", "--until", "chief", "--", "python", "prog.py"], "--until chief: no chief runs the program"),
     ([], "no program to run"),
 ])
 def test_bad_input_starts_nothing(tmp_path, cleanup, args, message):

@@ -63,8 +63,30 @@ def test_tf_config_is_read_and_checked():
     assert MWMS.task_of(config) == ("worker", 1, 2)
     with pytest.raises(SystemExit, match="TF_CONFIG is missing"):
         MWMS.task_of({})
-    with pytest.raises(SystemExit, match="runs as the chief"):
-        COORD.check_chief(config)
-    COORD.check_chief({"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})})
     with pytest.raises(SystemExit, match="malformed"):
-        COORD.check_chief({"TF_CONFIG": "{not json"})
+        COORD.task_of({"TF_CONFIG": "{not json"})
+
+
+def test_the_same_binary_reads_its_role_from_tf_config():
+    cluster = {"chief": ["h:1"], "ps": ["h:2"], "worker": ["h:3", "h:4"]}
+    for role, index in (("chief", 0), ("ps", 0), ("worker", 1)):
+        config = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": role, "index": index}})}
+        assert COORD.task_of(config) == (role, index, cluster)
+    with pytest.raises(SystemExit, match="needs a chief, ps and worker tasks"):
+        COORD.task_of({"TF_CONFIG": json.dumps({"cluster": {"worker": ["h:3"]}, "task": {"type": "worker",
+                                                                                          "index": 0}})})
+    with pytest.raises(SystemExit, match="runs as chief, ps or worker"):
+        COORD.task_of({"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "evaluator", "index": 0}})})
+    with pytest.raises(SystemExit, match="TF_CONFIG is missing"):
+        COORD.task_of({})
+
+
+def test_the_chief_waits_for_its_servers_to_listen():
+    import socket
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        COORD.wait_listening([f"127.0.0.1:{port}"], timeout=5)
+    with pytest.raises(SystemExit, match="did not listen within"):
+        COORD.wait_listening([f"127.0.0.1:{port}"], timeout=0.3)

@@ -158,6 +158,7 @@ def test_logs_shows_control_characters_visibly(monkeypatch, tmp_path):
         write("[worker:0@a] step 1\x1b]0;owned\x07\x1b[2J\r\tok\n")
 
     monkeypatch.setattr(cli, "_existing", lambda env, name: None)
+    monkeypatch.setattr(cli, "_run_record", lambda env, name, run: None)      # the cluster that is up
     monkeypatch.setattr(StateStore, "resolve_name", lambda self, name: name)
     monkeypatch.setattr(logs, "select_tasks", lambda state, task: [])
     monkeypatch.setattr(logs, "stream_logs", stream_logs)

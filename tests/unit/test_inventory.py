@@ -655,7 +655,7 @@ def test_integer_strings_are_integers_as_in_ansible(write_inventory):
 @pytest.mark.parametrize("line_text, key_path, message", [
     ("pscluster_host_key_policy: accept", "all.vars.pscluster_host_key_policy",
      'expected one of reject, accept-new, got "accept"'),
-    ("pscluster_mode: fast", "all.vars.pscluster_mode", 'expected one of async, sync, sync-ps, got "fast"'),
+    ("pscluster_mode: fast", "all.vars.pscluster_mode", 'expected one of async, sync, sync-ps, between-graph, got "fast"'),
     ("pscluster_firewall: yes please", "all.vars.pscluster_firewall", 'expected true or false, got "yes please"'),
     ("ansible_connection: docker", "all.vars.ansible_connection",
      'expected one of ssh, local, paramiko, smart, slurm, got "docker"'),

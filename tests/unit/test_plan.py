@@ -332,7 +332,7 @@ def test_mode_comes_from_options_then_inventory_then_async(write_inventory):
 def test_unknown_mode_option():
     with pytest.raises(PlanError) as caught:
         local_plan(mode="fast")
-    assert caught.value.hint == "choose one of async, sync, sync-ps"
+    assert caught.value.hint == "choose one of async, sync, sync-ps, between-graph"
     assert caught.value.exit_code == 2
 
 
@@ -345,6 +345,47 @@ def test_async_without_chief(write_inventory):
     # The same inventory runs in the modes that need no chief.
     assert plan_file(path, mode="sync").cluster_spec == {"worker": ["a:2223"]}
     assert plan_file(path, mode="sync-ps").cluster_spec == {"ps": ["a:2222"], "worker": ["a:2223"]}
+
+
+GROUPS = {"chief": "    chief: {hosts: {a: }}\n", "ps": "    ps: {hosts: {a: }}\n",
+          "worker": "    worker: {hosts: {a: }}\n"}
+
+
+@pytest.mark.parametrize("roles", [("chief", "ps", "worker"), ("ps", "worker"), ("chief", "worker"), ("worker",),
+                                   ("ps",), ("chief", "ps"), ("chief",)])
+@pytest.mark.parametrize("mode, in_file", [("async", False), ("sync", False), ("sync-ps", False),
+                                           ("between-graph", False), ("async", True), ("sync-ps", True)])
+def test_plan_and_a_one_shot_run_accept_and_reject_the_same_inventories(write_inventory, roles, mode, in_file):
+    """`plan --mode M` and `run --mode M` (or pscluster_mode: M in the file) decide alike: both
+    go through check_mode_roles (issue 24: plan refused async without a chief, run took it)."""
+    from cluster.runspec import one_shot_roles
+    head = "all:\n" + (f"  vars: {{pscluster_mode: {mode}}}\n" if in_file else "") + "  children:\n"
+    path = write_inventory(head + "".join(GROUPS[role] for role in roles))
+    given = None if in_file else mode
+
+    def verdict(**options) -> str:
+        try:
+            plan_file(path, mode=given, **options)
+        except PlanError:
+            return "rejected"
+        return "accepted"
+
+    run_roles = one_shot_roles(load_inventory(path), given)
+    assert verdict() == (verdict(roles=run_roles) if run_roles else "rejected")
+
+
+def test_a_run_without_a_mode_takes_every_role_and_checks_none(write_inventory):
+    path = write_inventory("all:\n  children:\n" + GROUPS["ps"] + GROUPS["worker"])
+    with pytest.raises(PlanError):
+        plan_file(path)                       # plan shows the default mode, async: no chief
+    assert [t.name for t in plan_file(path, roles=("ps", "worker")).tasks] == ["ps:0", "worker:0"]
+
+
+def test_between_graph_is_sync_ps(write_inventory):
+    path = write_inventory("all:\n  vars: {pscluster_mode: between-graph}\n  children:\n" + GROUPS["ps"]
+                           + GROUPS["worker"])
+    assert load_inventory(path).mode == "sync-ps"
+    assert plan_file(path).mode == plan_file(path, mode="between-graph").mode == "sync-ps"
 
 
 @pytest.mark.parametrize("mode", ["sync-ps", "async"])

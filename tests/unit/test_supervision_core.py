@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.contracts import Mode, ProcessKind, ProcState, RestartPolicy, Role
+from cluster.contracts import Mode, ProcessKind, ProcState, RestartPolicy, Role, Until
 from cluster.supervision.core import (Action, HostView, Incident, IncidentKind, Proc, Recovery, RestartRules,
-                                      Watchdog, find_incident, lost_host_failure, program_finished,
+                                      Watchdog, default_until, find_incident, lost_host_failure, program_end,
+                                      until_problem,
                                       program_recovery, train_outcome, train_recovery, verdict)
 
 SERVER, TRAIN, PROGRAM = ProcessKind.SERVER, ProcessKind.TRAIN, ProcessKind.PROGRAM
@@ -253,15 +254,68 @@ def test_training_waits_for_the_evaluator_to_evaluate_the_final_checkpoint(evalu
     assert (outcome.complete, outcome.stop) == (complete, stop)
 
 
-@pytest.mark.parametrize("procs, finished", [
-    ([proc("worker:0", PROGRAM, finished=True), proc("worker:1", PROGRAM, finished=True),
-      proc("ps:0", PROGRAM)], True),                                   # the ps never ends: run stops it
-    ([proc("worker:0", PROGRAM, finished=True), proc("worker:1", PROGRAM), proc("ps:0", PROGRAM)], False),
-    ([proc("chief:0", PROGRAM, finished=True), proc("ps:0", SERVER), proc("worker:0", SERVER)], True),
-    ([proc("ps:0", PROGRAM, finished=True), proc("ps:1", PROGRAM, finished=True)], True),   # --on ps
-    ([proc("ps:0", PROGRAM, finished=True), proc("ps:1", PROGRAM)], False),
-    ([proc("evaluator:0", PROGRAM), proc("worker:0", PROGRAM, finished=True)], True),
-    ([], False),
+def done(task: str, kind: ProcessKind = PROGRAM) -> Proc:
+    return exited(task, kind, code=0, finished=True)
+
+
+CHIEF, WORKERS, ALL = Until.CHIEF, Until.WORKERS, Until.ALL
+
+
+@pytest.mark.parametrize("procs, until, finished, stop", [
+    # TF1 between-graph (no chief; --until workers by default): the ps never end, run stops them.
+    ([done("worker:0"), done("worker:1"), proc("ps:0", PROGRAM)], WORKERS, True, ("ps:0#1",)),
+    ([done("worker:0"), proc("worker:1", PROGRAM), proc("ps:0", PROGRAM)], WORKERS, False, ()),
+    # A coordinator on a cluster that is up: the standing servers are not the run's.
+    ([done("chief:0"), proc("ps:0", SERVER), proc("worker:0", SERVER)], CHIEF, True, ()),
+    # The same binary on every task (ParameterServerStrategy): the chief's exit ends the run.
+    ([done("chief:0"), proc("ps:0", PROGRAM), proc("worker:0", PROGRAM), proc("worker:1", PROGRAM)], CHIEF,
+     True, ("ps:0#1", "worker:0#1", "worker:1#1")),
+    ([proc("chief:0", PROGRAM), done("worker:0"), done("worker:1")], CHIEF, False, ()),
+    # MWMS with a chief, --until workers: the chief finished, a worker still saves.
+    ([done("chief:0"), proc("worker:0", PROGRAM), done("worker:1")], WORKERS, False, ()),
+    ([done("chief:0"), done("worker:0"), proc("evaluator:0", PROGRAM)], WORKERS, True, ("evaluator:0#1",)),
+    ([done("ps:0"), done("ps:1")], ALL, True, ()),                                       # --on ps
+    ([done("ps:0"), proc("ps:1", PROGRAM)], ALL, False, ()),
+    ([done("worker:0"), done("ps:0")], ALL, True, ()),                                 # a ps that exits by itself
+    ([], CHIEF, False, ()),
 ])
-def test_a_run_ends_when_every_chief_and_worker_finished(procs, finished):
-    assert program_finished(procs) is finished
+def test_a_run_ends_when_what_until_names_finished(procs, until, finished, stop):
+    end = program_end(procs, until=until)
+    assert (end.done, end.stop) == (finished, stop)
+
+
+def test_a_run_never_waits_silently_on_tasks_that_never_exit():
+    # --until all, TF1: the workers are done, only the ps (server.join()) are left.
+    procs = [done("worker:0"), proc("ps:0", PROGRAM), proc("ps:1", PROGRAM)]
+    first = program_end(procs, until=ALL, now=5.0)
+    assert (first.done, first.idle) == (False, ("ps:0", "ps:1"))        # named, so the executor says so
+    assert not program_end(procs, until=ALL, idle_since=5.0, now=14.0).done   # their linger
+    last = program_end(procs, until=ALL, idle_since=5.0, now=15.0)
+    assert (last.done, last.stop) == (True, ("ps:0#1", "ps:1#1")) and "never exit" in last.why
+
+
+@pytest.mark.parametrize("serving_workers, idle", [(True, ("worker:0", "ps:0")), (False, ())])
+def test_parameter_server_strategy_workers_never_exit_once_their_chief_is_gone(serving_workers, idle):
+    procs = [done("chief:0"), proc("worker:0", PROGRAM), proc("ps:0", PROGRAM)]
+    end = program_end(procs, until=WORKERS, serving_workers=serving_workers, now=1.0)
+    assert (end.done, end.idle) == (False, idle)
+    # While the chief coordinates, a worker is expected to serve: nothing is idle.
+    busy = [proc("chief:0", PROGRAM), proc("worker:0", PROGRAM), proc("ps:0", PROGRAM)]
+    assert program_end(busy, until=WORKERS, serving_workers=True).idle == ()
+
+
+@pytest.mark.parametrize("roles, until", [
+    (["chief", "ps", "worker"], CHIEF), (["ps", "worker"], WORKERS), (["worker"], WORKERS), (["ps"], ALL),
+    (["chief"], CHIEF), (["worker", "evaluator"], WORKERS),
+])
+def test_default_until(roles, until):
+    assert default_until(roles) is until
+
+
+@pytest.mark.parametrize("until, roles, problem", [
+    (CHIEF, ["ps", "worker"], "--until chief: no chief runs the program"),
+    (WORKERS, ["ps"], "--until workers: no chief or worker runs the program"),
+    (CHIEF, ["chief", "worker"], None), (WORKERS, ["chief"], None), (ALL, ["ps"], None),
+])
+def test_until_must_name_tasks_that_run(until, roles, problem):
+    assert until_problem(until, roles) == problem
