@@ -110,7 +110,8 @@ KNOWN_FAILURES: tuple[tuple[re.Pattern[str], str], ...] = (
                 r"'tensorflow\.python\.distribute\.values\.PerReplica'>\)"),
      "Keras 3's fit does not work under TensorFlow's multi-worker strategies (keras-team/keras#20585); "
      "run the program with legacy Keras: 'pscluster run --keras legacy ...' or pscluster_keras: legacy in the "
-     "inventory (needs tf-keras of the hosts' TensorFlow version: pip install 'pscluster[legacy-keras]')"),
+     "inventory (it needs tf-keras of the hosts' TensorFlow version, e.g. pip install 'pscluster[legacy-keras]'; "
+     "preflight checks it)"),
 )
 
 

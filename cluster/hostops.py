@@ -137,7 +137,8 @@ class ProgramFacts:
     tools: tuple[tuple[str, bool], ...]           # program name -> found on the PATH
     modules: tuple[tuple[str, bool], ...]         # imported module -> resolves there
     modules_error: str | None = None              # the module check itself failed (its stderr)
-    tf_version: str | None = None                 # asked with tf_keras only
+    tf_dist: str | None = None                    # asked with tf_keras only
+    tf_version: str | None = None
     tf_keras_version: str | None = None
     tf_keras_importable: bool = False
 
@@ -154,7 +155,7 @@ def program(transport: Transport, *, cwd: str, paths: Sequence[str] = (), tools:
     return ProgramFacts(
         missing=tuple(answer.get("missing") or ()), tools=tuple(sorted((answer.get("tools") or {}).items())),
         modules=tuple((name, bool(ok)) for name, ok in (answer.get("modules") or {}).items()),
-        modules_error=answer.get("modules_error"), tf_version=tf.get("version"),
+        modules_error=answer.get("modules_error"), tf_dist=tf.get("dist"), tf_version=tf.get("version"),
         tf_keras_version=legacy.get("version"), tf_keras_importable=bool(legacy.get("importable")))
 
 

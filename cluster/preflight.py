@@ -81,14 +81,21 @@ def _tensorflow_problem(host: str, problem: str, hint: str, need: TensorFlowNeed
 
 
 def keras_check(host: str, tf_version: str | None, tf_keras_version: str | None,
-                tf_keras_importable: bool) -> CheckResult:
+                tf_keras_importable: bool, tf_dist: str | None = None) -> CheckResult:
     """Legacy Keras (``TF_USE_LEGACY_KERAS=1``) on a host: ``tf_keras`` must import there and be
     of the host's TensorFlow major.minor (tf-keras 2.N is built for TensorFlow 2.N; another
-    one fails at ``import tensorflow``, or later, in the program)."""
+    one fails at ``import tensorflow``, or later, in the program).
+
+    tf-keras names the ``tensorflow`` distribution as its dependency, so beside tensorflow-cpu
+    (or another build) a plain install pulls the full ``tensorflow`` wheel over it: the hint
+    says ``--no-deps`` there."""
     want = ".".join(map(str, _version_tuple(tf_version))) if tf_version else None
     package = f"tf-keras=={tf_version}" if tf_version else "tf-keras"
-    hint = (f"install it there: pip install {package} (or pip install 'pscluster[legacy-keras]'), "
-            "or run without --keras legacy / pscluster_keras: legacy")
+    if tf_dist and tf_dist != "tensorflow":
+        install = f"pip install --no-deps {package} (tf-keras depends on 'tensorflow'; --no-deps keeps {tf_dist})"
+    else:
+        install = f"pip install {package} (or pip install 'pscluster[legacy-keras]')"
+    hint = f"install it there: {install}, or run without --keras legacy / pscluster_keras: legacy"
     if tf_version is None:
         return CheckResult(host, "keras", False, "legacy Keras (tf-keras) needs TensorFlow, which is not installed",
                            hint="install TensorFlow and tf-keras of its version there, e.g. "
@@ -116,7 +123,8 @@ def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, conn
     ]
     results.append(_tensorflow_check(host, facts, tensorflow))
     if host.keras == "legacy":
-        results.append(keras_check(name, facts.tf_version, facts.tf_keras_version, facts.tf_keras_importable))
+        results.append(keras_check(name, facts.tf_version, facts.tf_keras_version, facts.tf_keras_importable,
+                                   facts.tf_dist))
     busy = dict(facts.busy_ports)
     clashes = [f"{task.port} ({task.name}: {busy[task.port]})" for task in tasks if task.port in busy]
     if clashes:

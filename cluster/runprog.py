@@ -272,7 +272,8 @@ def program_problems(host: HostSpec, cwd: str, argv: Sequence[str], paths: Seque
     if facts.modules_error:
         warnings.append(f"could not check the modules the program imports: {facts.modules_error.strip()[-300:]}")
     if keras == "legacy":
-        check = keras_check(host.name, facts.tf_version, facts.tf_keras_version, facts.tf_keras_importable)
+        check = keras_check(host.name, facts.tf_version, facts.tf_keras_version, facts.tf_keras_importable,
+                            facts.tf_dist)
         if not check.ok:
             errors.append(HostError(host.name, check.detail, hint=check.hint))
     return errors, warnings

@@ -318,9 +318,9 @@ def _under(text: str, cwd: Path) -> str | None:
             path = path.resolve().relative_to(cwd.resolve())
         except (ValueError, OSError):
             return None
-    parts = PurePosixPath(os.path.normpath(path.as_posix())).parts
-    if parts == (".",):
+    if os.path.normpath(path.as_posix()) == ".":
         return "."           # the current directory itself (--sync .)
+    parts = PurePosixPath(os.path.normpath(path.as_posix())).parts
     if not parts or parts[0] in ("..", ".") or any(part == ".." for part in parts):
         return None
     return "/".join(parts)

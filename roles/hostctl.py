@@ -804,7 +804,7 @@ def op_program(req):
     ``PYTHONPATH``), and, for legacy Keras, TensorFlow's and tf-keras' versions."""
     cwd = _expand(req.get("cwd") or ".")
     result = {"missing": [path for path in req.get("paths", [])
-                          if not os.path.exists(os.path.join(cwd, _expand(path)))]}
+                          if not os.path.exists(os.path.join(cwd, os.path.expanduser(path)))]}
     result["tools"] = {tool: any(os.access(os.path.join(d, tool), os.X_OK) for d in
                                  os.environ.get("PATH", "").split(os.pathsep))
                        for tool in req.get("tools", [])}
@@ -814,7 +814,7 @@ def op_program(req):
         env = dict(os.environ)
         if req.get("pythonpath") is not None:
             env["PYTHONPATH"] = req["pythonpath"]
-        folder = os.path.join(cwd, _expand(req.get("script_dir") or "."))
+        folder = os.path.join(cwd, os.path.expanduser(req.get("script_dir") or "."))
         try:
             out = subprocess.run([sys.executable, "-c", _FIND_SPECS, json.dumps(modules)],
                                  cwd=folder if os.path.isdir(folder) else cwd, env=env,
