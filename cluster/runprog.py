@@ -115,28 +115,25 @@ class ProgramSupervisor(JobExecutor):
         modules = scan_program(self.space.cwd / script) if script and (self.space.cwd / script).is_file() else ()
         script_dir = posixpath.dirname(script) if script else ""
 
-        def one(host: HostSpec) -> list[str]:
+        def one(host: HostSpec) -> tuple[list[HostError], list[str]]:
             env = next(dict(task.env) for task in self.tasks if task.host == host.name)
             facts = hostops.program(
                 self.pool.get(host), cwd=self.space.host_cwd(host), paths=paths,
                 tools=() if paths or "/" in host_argv(argv, host)[0] else (host_argv(argv, host)[0],),
                 modules=[module.name for module in modules], script_dir=script_dir or ".",
                 pythonpath=env.get("PYTHONPATH"), tf_keras=effective_keras(host, self.keras) == "legacy")
-            errors, warnings = program_problems(host, self.space.host_cwd(host), host_argv(argv, host), paths,
-                                                modules, facts, keras=effective_keras(host, self.keras))
-            if errors:
-                raise errors[0] if len(errors) == 1 else MultiHostError(
-                    f"{host.name}: {len(errors)} problem(s)", [Failure(host.name, error) for error in errors],
-                    hint=errors[0].hint)
-            return warnings
+            return program_problems(host, self.space.host_cwd(host), host_argv(argv, host), paths, modules, facts,
+                                    keras=effective_keras(host, self.keras))
 
         checked = fan_out(hosts, one, name="program check", catch=PsclusterError)
-        for host, warnings in checked.succeeded:
+        failures = list(checked.failures)           # hosts that could not be asked
+        for host, (errors, warnings) in checked.succeeded:
+            failures.extend(Failure(host.name, error) for error in errors)
             for warning in warnings:
                 self.reporter.emit("message", level="warning", text=f"{host.name}: {warning}")
-        if checked.failures:
-            raise ProgramMissing(f"the program cannot start on {len(checked.failures)} host(s); nothing was started",
-                                 checked.failures)
+        if failures:
+            hosts_failed = len({failure.where for failure in failures})
+            raise ProgramMissing(f"the program cannot start on {hosts_failed} host(s); nothing was started", failures)
 
     def launch_group(self) -> None:
         self.watch_servers()
