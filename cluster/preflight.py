@@ -82,8 +82,9 @@ def _tensorflow_problem(host: str, problem: str, hint: str, need: TensorFlowNeed
 
 def keras_check(host: str, tf_version: str | None, tf_keras_version: str | None,
                 tf_keras_importable: bool, tf_dist: str | None = None) -> CheckResult:
-    """Legacy Keras (``TF_USE_LEGACY_KERAS=1``) on a host: ``tf_keras`` must import there and be
-    of the host's TensorFlow major.minor (tf-keras 2.N is built for TensorFlow 2.N; another
+    """Legacy Keras (``TF_USE_LEGACY_KERAS=1``) on a host: tf-keras must be installed there (its
+    metadata, and ``tf_keras/__init__.py`` on the interpreter's path: found without importing it,
+    which would import TensorFlow) and be of the host's TensorFlow major.minor (tf-keras 2.N is built for TensorFlow 2.N; another
     one fails at ``import tensorflow``, or later, in the program).
 
     tf-keras names the ``tensorflow`` distribution as its dependency, so beside tensorflow-cpu
