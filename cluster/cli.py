@@ -6,6 +6,7 @@ exit codes (0 ok, 1 failure, 2 bad input or usage, 4 ``train --deadline`` reache
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -23,8 +24,9 @@ from . import console as ui
 from .codesync import local_workdir, project_root
 from .contracts import Until
 from .history import DEFAULT_KEEP
+from .progfiles import DEFAULT_SYNC_LIMIT_MIB
 from .errors import PsclusterError, Terminated, UsageError
-from .inventory import MODE_NAMES, Inventory, canonical_mode, load_inventory
+from .inventory import KERAS_CHOICES, MODE_NAMES, Inventory, canonical_mode, load_inventory
 from .names import check_cluster_name
 from .notify import Notifier
 from . import secrets as secrets_rule
@@ -971,6 +973,12 @@ class _ProgramCommand(click.Command):
                    "without a standing server).")
 @click.option("--sync", "sync_paths", multiple=True, metavar="PATH",
               help="Also copy this file or folder (under the current directory) to hosts that need it; repeatable.")
+@click.option("--keras", type=click.Choice(KERAS_CHOICES),
+              help="legacy: tasks get TF_USE_LEGACY_KERAS=1, so tf.keras is tf-keras, whose model.fit runs under "
+                   "the multi-worker strategies (Keras 3's fails in TF 2.21); needs tf-keras of the hosts' TensorFlow "
+                   "version (pscluster[legacy-keras]). Default: each host's pscluster_keras, else keras3.")
+@click.option("--sync-limit", type=click.IntRange(0, 1 << 20), default=DEFAULT_SYNC_LIMIT_MIB, show_default=True,
+              metavar="MIB", help="Most MiB the program's files (its folder, --sync paths) may total; 0: no limit.")
 @click.option("--restart-policy", type=click.Choice(["never", "on-failure", "always"]), default="never",
               show_default=True, help="What to do when a task fails (an arbitrary program may not be safe to restart).")
 @click.option("--max-restarts", type=click.IntRange(0, 100), default=3, show_default=True,
@@ -1004,7 +1012,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 host_timeout: float, grace: float, timeout: float, firewall: bool, as_json: bool,
                 limit: str | None, allow_busy_gpus: bool, notify_urls: tuple[str, ...],
                 notify_cmds: tuple[str, ...], detach: bool, replace: bool, keep: int, until: str | None,
-                dry_run: bool) -> None:
+                dry_run: bool, keras: str | None, sync_limit: int) -> None:
     """Run your own program on every task: pscluster run [INVENTORY] [OPTIONS] -- PROGRAM [ARG...]
 
     With INVENTORY: one shot (preflight, sync, start every task, wait, stop everything). Without:
@@ -1017,7 +1025,8 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
     """
     from dataclasses import replace as _replace
     from .runprog import ProgramSupervisor, run_one_shot
-    from .runspec import Workspace, check_placeholders, local_files, one_shot_roles, parse_roles, select_tasks
+    from .runspec import (Workspace, check_placeholders, check_sync_paths, local_files, one_shot_roles, parse_roles,
+                          select_tasks)
     from .supervision.executor import JobFailed, restart_rules
     env: Env = ctx.obj
     program = ctx.meta.get("pscluster.program")
@@ -1027,7 +1036,9 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
     check_placeholders(program)
     on = parse_roles(on_text) if on_text else None
     space = Workspace(cwd=Path.cwd(), root=project_root())
-    files = local_files(program, sync_paths, space)
+    check_sync_paths(sync_paths, space)     # bad --sync: a usage error before anything happens
+    # Walked and hashed only when some host needs the files (a shared checkout does not).
+    files = functools.partial(local_files, program, sync_paths, space, limit_mib=sync_limit)
     rules = restart_rules(restart_policy, max_restarts)
     output = _job_display(env, ui.ProgramOutput(env.err if as_json else env.out, env.err))
     if inventory is None and (mode or port_base or firewall or limit):
@@ -1047,7 +1058,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                                  reporter=_with_notifier(output, notifier), pool=pool, rules=rules,
                                  host_timeout=host_timeout, grace=grace, secrets=secrets, one_shot=one_shot,
                                  detached=env.detached, replace=replace, until=Until(until) if until else None,
-                                 keep=keep)
+                                 keep=keep, keras=keras)
 
     current: list[ProgramSupervisor] = []
 
@@ -1057,7 +1068,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
 
     if dry_run:
         _dry_run(env, inventory, name=name, mode=mode, port_base=port_base, limit=limit, on=on, program=program,
-                 space=space, as_json=as_json)
+                 space=space, as_json=as_json, keras=keras)
         return
     try:
         with env.pool_factory() as pool:
@@ -1071,6 +1082,8 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 if firewall:
                     cluster = _replace(cluster, firewall=True)
                 _check_until(until, cluster.tasks)
+                if keras:            # preflight then checks tf-keras where legacy Keras is asked for
+                    cluster = _replace(cluster, hosts=tuple(_replace(host, keras=keras) for host in cluster.hosts))
                 if env.store.load(cluster.name) is not None:
                     raise UsageError(f"a cluster named {cluster.name!r} exists already",
                                      hint=f"run on it with 'pscluster run --name {cluster.name} -- ...', or give this "
@@ -1113,7 +1126,7 @@ def _check_until(until: str | None, tasks) -> None:
 
 
 def _dry_run(env: Env, inventory: str | None, *, name: str | None, mode: str | None, port_base: int | None,
-             limit: str | None, on, program, space, as_json: bool) -> None:
+             limit: str | None, on, program, space, as_json: bool, keras: str | None = None) -> None:
     """``run --dry-run``: the one-shot plan of INVENTORY (as ``plan`` makes it: no host is asked,
     so `<role>_gpus: auto` stays unresolved), or the plan of the cluster that is up."""
     import shlex
@@ -1127,7 +1140,7 @@ def _dry_run(env: Env, inventory: str | None, *, name: str | None, mode: str | N
     else:
         cluster = _existing(env, env.store.resolve_name(name)).plan
         tasks = select_tasks(cluster, on)
-    rows = dry_run(cluster, tasks, program, space)
+    rows = dry_run(cluster, tasks, program, space, keras)
     warnings = same_command_lines(cluster, tasks, program)
     if as_json:
         ui.print_json(env.out, {"cluster": cluster.name, "tasks": rows, "warnings": warnings})

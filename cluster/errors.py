@@ -101,6 +101,25 @@ def failure_tail(text: str, lines: int = 12, *, frames: int = 6, after: int = 3)
     return "\n".join(shown + ([f"... ({rest} more line(s))"] if rest > 0 else [])), True
 
 
+# Failures whose cause is known from what a task's log says, and what to do about each:
+# (a pattern of the log, the hint). The first that matches gives the root cause's hint.
+KNOWN_FAILURES: tuple[tuple[re.Pattern[str], str], ...] = (
+    # Keras 3 `model.fit` under MultiWorkerMirroredStrategy in TensorFlow 2.21 (keras-team/keras#20585);
+    # tf-keras' fit trains the same program unchanged.
+    (re.compile(r"Attempt to convert a value \(PerReplica:|unsupported type \(<class "
+                r"'tensorflow\.python\.distribute\.values\.PerReplica'>\)"),
+     "Keras 3's fit does not work under TensorFlow's multi-worker strategies (keras-team/keras#20585); "
+     "run the program with legacy Keras: 'pscluster run --keras legacy ...' or pscluster_keras: legacy in the "
+     "inventory (it needs tf-keras of the hosts' TensorFlow version, e.g. pip install 'pscluster[legacy-keras]'; "
+     "preflight checks it)"),
+)
+
+
+def known_failure_hint(log: str) -> str | None:
+    """The hint for a failure :data:`KNOWN_FAILURES` recognises in a task's log, else None."""
+    return next((hint for pattern, hint in KNOWN_FAILURES if pattern.search(log)), None)
+
+
 class HostError(PsclusterError):
     """A command on a host failed or the host could not be reached."""
 
@@ -140,7 +159,7 @@ class TaskError(PsclusterError):
             excerpt, at_failure = failure_tail(log_tail, 12)
             text += (f"\n  its log{where}, at the failure:" if at_failure else
                      f"\n  last lines of its log{where}:") + "\n    " + excerpt.replace("\n", "\n    ")
-        super().__init__(text, hint=hint)
+        super().__init__(text, hint=hint or known_failure_hint(log_tail))
 
 
 @dataclass(frozen=True)

@@ -103,13 +103,20 @@ class HostFacts:
     # nvidia-smi's per-GPU memory and compute-apps queries (CSV) and the user of each app's pid,
     # or {"error": ...}: parsed by cluster/gpus.py (None when GPUs were not asked for or none).
     gpu_query: Mapping[str, Any] | None = None
+    # tf-keras (asked only for legacy Keras): its version and whether ``tf_keras`` imports; None
+    # for the version when it is not installed or was not asked for.
+    tf_keras_version: str | None = None
+    tf_keras_importable: bool = False
 
 
 def facts(transport: Transport, *, ports: Sequence[int], gpus: bool, workdir: str | None,
-          tools: Sequence[str] = (), need_root: bool = False, timeout: float = 30.0) -> HostFacts:
+          tools: Sequence[str] = (), need_root: bool = False, tf_keras: bool = False,
+          timeout: float = 30.0) -> HostFacts:
     answer = call(transport, "facts", {"ports": list(ports), "gpus": gpus, "workdir": workdir,
-                                       "tools": list(tools), "need_root": need_root}, timeout=timeout)
+                                       "tools": list(tools), "need_root": need_root, "tf_keras": tf_keras},
+                  timeout=timeout)
     tf = answer.get("tensorflow") or {}
+    legacy = answer.get("tf_keras") or {}
     return HostFacts(
         host=transport.host.name, python=answer["python"], executable=answer["executable"],
         hostname=answer["hostname"], cpus=answer.get("cpus") or 0, tf_dist=tf.get("dist"),
@@ -118,7 +125,38 @@ def facts(transport: Transport, *, ports: Sequence[int], gpus: bool, workdir: st
         gpus=tuple(answer["gpus"]) if answer.get("gpus") is not None else None,
         gpu_error=answer.get("gpu_error"), workdir_error=answer.get("workdir_error"),
         tools=tuple(sorted((answer.get("tools") or {}).items())), uid=answer.get("uid", -1),
-        ssh_client=answer.get("ssh_client"), root=answer.get("root"), gpu_query=answer.get("gpu_query"))
+        ssh_client=answer.get("ssh_client"), root=answer.get("root"), gpu_query=answer.get("gpu_query"),
+        tf_keras_version=legacy.get("version"), tf_keras_importable=bool(legacy.get("importable")))
+
+
+@dataclass(frozen=True)
+class ProgramFacts:
+    """What a host says about a ``run`` program before it starts (hostctl ``program``)."""
+
+    missing: tuple[str, ...]                      # paths the command needs that are not there
+    tools: tuple[tuple[str, bool], ...]           # program name -> found on the PATH
+    modules: tuple[tuple[str, bool], ...]         # imported module -> resolves there
+    modules_error: str | None = None              # the module check itself failed (its stderr)
+    tf_dist: str | None = None                    # asked with tf_keras only
+    tf_version: str | None = None
+    tf_keras_version: str | None = None
+    tf_keras_importable: bool = False
+
+
+def program(transport: Transport, *, cwd: str, paths: Sequence[str] = (), tools: Sequence[str] = (),
+            modules: Sequence[str] = (), script_dir: str = ".", pythonpath: str | None = None,
+            tf_keras: bool = False, timeout: float = 90.0) -> ProgramFacts:
+    """Check a program's needs on the host in one call (see :class:`ProgramFacts`)."""
+    answer = call(transport, "program", {"cwd": cwd, "paths": list(paths), "tools": list(tools),
+                                         "modules": list(modules), "script_dir": script_dir,
+                                         "pythonpath": pythonpath, "tf_keras": tf_keras}, timeout=timeout)
+    tf = answer.get("tensorflow") or {}
+    legacy = answer.get("tf_keras") or {}
+    return ProgramFacts(
+        missing=tuple(answer.get("missing") or ()), tools=tuple(sorted((answer.get("tools") or {}).items())),
+        modules=tuple((name, bool(ok)) for name, ok in (answer.get("modules") or {}).items()),
+        modules_error=answer.get("modules_error"), tf_dist=tf.get("dist"), tf_version=tf.get("version"),
+        tf_keras_version=legacy.get("version"), tf_keras_importable=bool(legacy.get("importable")))
 
 
 def start(transport: Transport, task: TaskSpec, record: ProcessRecord, *, argv: Sequence[str],

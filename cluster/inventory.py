@@ -45,6 +45,10 @@ def canonical_mode(name: str) -> str:
     return MODE_ALIASES.get(name, name)
 ROLE_SUFFIXES = ("tasks", "gpus", "ports")
 HOST_KEY_POLICIES = ("reject", "accept-new")
+# pscluster_keras / run --keras: which Keras a `run` program's `tf.keras` is. "legacy" sets
+# TF_USE_LEGACY_KERAS=1 (tf-keras), under which Keras `fit` runs under the multi-worker
+# strategies that Keras 3 fails in TensorFlow 2.21 (keras-team/keras#20585).
+KERAS_CHOICES = ("keras3", "legacy")
 DEFAULT_PORT_BASE = 2222
 PASSWORD_KEYS = ("ansible_password", "ansible_ssh_pass", "ansible_ssh_password",
                  "ansible_become_password", "ansible_become_pass", "ansible_sudo_pass")
@@ -125,6 +129,8 @@ class HostConfig:
     secret_env_roles: tuple[str, ...] = ()
     # pscluster_standby: `up` starts a standby (TensorFlow imported) for this host's training tasks.
     standby: bool = True
+    # pscluster_keras: the Keras of `run` programs on this host (KERAS_CHOICES).
+    keras: str = "keras3"
     # Where each connection and placement setting of this host was written (ORIGIN_KEYS), for
     # `plan` and for errors found after loading (an SSH port a task would take).
     origins: tuple[tuple[str, Origin], ...] = ()
@@ -451,6 +457,7 @@ PSCLUSTER_KEYS: dict[str, Validator] = {
     "pscluster_gpu_busy_mib": lambda raw, path, value: _as_int(raw, path, value, 0, 10_000_000, "MiB"),
     "pscluster_standby": _boolean,
     "pscluster_notify": _url_list,
+    "pscluster_keras": _choice(KERAS_CHOICES),
 }
 # Keys whose file and line `plan` shows for each host (how it is reached, where code runs).
 ORIGIN_KEYS = ("ansible_host", "ansible_ssh_host", "ansible_port", "ansible_ssh_port", "ansible_user",
@@ -883,6 +890,7 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
         jump=jump,
         gpu_busy_mib=get("pscluster_gpu_busy_mib", PSCLUSTER_KEYS, 1024),
         standby=get("pscluster_standby", PSCLUSTER_KEYS, True),
+        keras=get("pscluster_keras", PSCLUSTER_KEYS, "keras3"),
         origins=tuple((key, _origin(raw, merged[key][1])) for key in ORIGIN_KEYS
                       if merged.get(key) is not None and merged[key][0] is not None),
     )

@@ -90,6 +90,9 @@ class HostSpec:
     # A standby (roles/standby.py) for this host's training tasks: pscluster_standby, never on
     # Slurm (a step's cgroup and GPUs are fixed when it starts, before the job is known).
     standby: bool = True
+    # pscluster_keras: "legacy" gives `run` programs here TF_USE_LEGACY_KERAS=1 (cluster.runspec);
+    # `train` and the standing servers keep Keras 3 (roles/ is written for it).
+    keras: str = "keras3"
     # (inventory key, "file:line") for each connection and placement setting the inventory wrote.
     origins: tuple[tuple[str, str], ...] = ()
 
@@ -340,6 +343,7 @@ def _host_spec(host: HostConfig, options: PlanOptions) -> HostSpec:
                     connect_timeout=host.connect_timeout, secret_env=host.secret_env,
                     secret_env_roles=host.secret_env_roles, jump=host.jump, become_user=host.become_user,
                     gpu_busy_mib=host.gpu_busy_mib, standby=host.standby and host.connection != "slurm",
+                    keras=host.keras,
                     origins=tuple((key, f"{origin.file}:{origin.line}" if origin.line else origin.file)
                                   for key, origin in host.origins))
 

@@ -80,6 +80,38 @@ def _tensorflow_problem(host: str, problem: str, hint: str, need: TensorFlowNeed
     return CheckResult(host, "tensorflow", False, problem, hint=hint)
 
 
+def keras_check(host: str, tf_version: str | None, tf_keras_version: str | None,
+                tf_keras_importable: bool, tf_dist: str | None = None) -> CheckResult:
+    """Legacy Keras (``TF_USE_LEGACY_KERAS=1``) on a host: tf-keras must be installed there (its
+    metadata, and ``tf_keras/__init__.py`` on the interpreter's path: found without importing it,
+    which would import TensorFlow) and be of the host's TensorFlow major.minor (tf-keras 2.N is built for TensorFlow 2.N; another
+    one fails at ``import tensorflow``, or later, in the program).
+
+    tf-keras names the ``tensorflow`` distribution as its dependency, so beside tensorflow-cpu
+    (or another build) a plain install pulls the full ``tensorflow`` wheel over it: the hint
+    says ``--no-deps`` there."""
+    want = ".".join(map(str, _version_tuple(tf_version))) if tf_version else None
+    package = f"tf-keras=={tf_version}" if tf_version else "tf-keras"
+    if tf_dist and tf_dist != "tensorflow":
+        install = f"pip install --no-deps {package} (tf-keras depends on 'tensorflow'; --no-deps keeps {tf_dist})"
+    else:
+        install = f"pip install {package} (or pip install 'pscluster[legacy-keras]')"
+    hint = f"install it there: {install}, or run without --keras legacy / pscluster_keras: legacy"
+    if tf_version is None:
+        return CheckResult(host, "keras", False, "legacy Keras (tf-keras) needs TensorFlow, which is not installed",
+                           hint="install TensorFlow and tf-keras of its version there, e.g. "
+                                "pip install 'pscluster[cpu,legacy-keras]'")
+    if tf_keras_version is None or not tf_keras_importable:
+        found = f"tf-keras {tf_keras_version} does not import" if tf_keras_version else "tf-keras is not installed"
+        return CheckResult(host, "keras", False, f"legacy Keras asked for, but {found} (TensorFlow {tf_version})",
+                           hint=hint)
+    if _version_tuple(tf_keras_version) != _version_tuple(tf_version):
+        return CheckResult(host, "keras", False,
+                           f"tf-keras {tf_keras_version} does not match TensorFlow {tf_version} (need {want}.x)",
+                           hint=hint)
+    return CheckResult(host, "keras", True, f"legacy Keras: tf-keras {tf_keras_version}")
+
+
 def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, connect_seconds: float, *,
                allow_busy_gpus: bool = False,
                tensorflow: TensorFlowNeed = TensorFlowNeed.REQUIRED) -> list[CheckResult]:
@@ -91,6 +123,9 @@ def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, conn
         CheckResult(name, "python", True, f"{facts.python} ({facts.executable})"),
     ]
     results.append(_tensorflow_check(host, facts, tensorflow))
+    if host.keras == "legacy":
+        results.append(keras_check(name, facts.tf_version, facts.tf_keras_version, facts.tf_keras_importable,
+                                   facts.tf_dist))
     busy = dict(facts.busy_ports)
     clashes = [f"{task.port} ({task.name}: {busy[task.port]})" for task in tasks if task.port in busy]
     if clashes:
@@ -306,7 +341,8 @@ def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, *,
         ports = [task.port for task in plan.tasks if task.host == host.name]
         gpus = any(task.cuda_visible_devices for task in plan.tasks if task.host == host.name)
         return hostops.facts(transport, ports=ports, gpus=gpus, workdir=host.workdir,
-                             tools=("nft",) if plan.firewall else (), need_root=plan.firewall), connected
+                             tools=("nft",) if plan.firewall else (), need_root=plan.firewall,
+                             tf_keras=host.keras == "legacy"), connected
 
     results: list[CheckResult] = []
     facts: dict[str, hostops.HostFacts] = {}

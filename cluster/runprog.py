@@ -19,19 +19,23 @@ ParameterServerStrategy program) are stopped. A failure follows the restart poli
 """
 from __future__ import annotations
 
+import posixpath
 import shlex
-from typing import Sequence
+from typing import Callable, Sequence
 
 from . import hostops
 from .codesync import LocalFile, needs_sync, sync_code, sync_files
 from .contracts import JobState, Mode, ProcessKind, RestartPolicy, TensorFlowNeed, Until
 from .errors import Failure, HostError, MultiHostError, PsclusterError, UsageError
 from .events import Reporter
+from .fanout import fan_out
+from .importscan import ImportedModule, scan_program
 from .launcher import bring_down, bring_up, task_env
 from .secrets import Secrets
-from .plan import ClusterPlan, TaskSpec
-from .runspec import (Workspace, expand, host_argv, placeholder_values, program_env, program_name, required_paths,
-                      same_command_lines)
+from .plan import ClusterPlan, HostSpec, TaskSpec
+from .preflight import keras_check
+from .runspec import (Workspace, effective_keras, expand, host_argv, placeholder_values, program_env, program_name,
+                      required_paths, same_command_lines, script_of)
 from .state import ProcessRecord, StateStore
 from .supervision import core
 from .supervision.executor import JobExecutor, JobFailed, JobInterrupted, Watched
@@ -56,18 +60,20 @@ class ProgramSupervisor(JobExecutor):
     failure_prefix = "run failed"
 
     def __init__(self, *, store: StateStore, name: str, argv: Sequence[str], on: tuple[str, ...] | None,
-                 files: Sequence[LocalFile], space: Workspace, reporter: Reporter, pool: TransportPool,
+                 files: Sequence[LocalFile] | Callable[[], Sequence[LocalFile]], space: Workspace, reporter: Reporter, pool: TransportPool,
                  rules: core.RestartRules, host_timeout: float = 60.0, grace: float = 10.0,
-                 secrets: Secrets | None = None, one_shot: bool = False, until: Until | None = None, **clocks):
+                 secrets: Secrets | None = None, one_shot: bool = False, until: Until | None = None,
+                 keras: str | None = None, **clocks):
         super().__init__(store=store, name=name, reporter=reporter, pool=pool, root=space.root, rules=rules,
                          host_timeout=host_timeout, grace=grace, secrets=secrets, **clocks)
         self.argv = tuple(argv)
         self.on = on
-        self.files = list(files)
+        self.files = files            # or a function that finds them, called only if some host needs them
         self.space = space
         self.one_shot = one_shot
         self.until = until                  # None: core.default_until of the tasks that run it
         self.idle_since: float | None = None
+        self.keras = keras            # run --keras (None: each host's pscluster_keras)
         self.partial: dict[str, str] = {}          # log path -> its unfinished last line
         self.outcomes: dict[str, dict] = {}         # task -> what became of it (for the report)
         self.first_launch: dict[str, float] = {}
@@ -98,45 +104,48 @@ class ProgramSupervisor(JobExecutor):
         if not self.one_shot:            # a one-shot run's bring-up has just synced the code
             sync_code(self.plan, self.pool, self.reporter, self.root)
         hosts = [self.plan.host(name) for name in dict.fromkeys(task.host for task in self.tasks)]
-        if self.files and any(needs_sync(host, self.root) for host in hosts):
-            self.reporter.emit("phase", name="sync", detail=f"{len(self.files)} file(s) of the program")
-            sync_files(self.plan, self.pool, self.reporter, self.files, self.root)
+        if any(needs_sync(host, self.root) for host in hosts):
+            files = list(self.files() if callable(self.files) else self.files)
+            if files:
+                self.reporter.emit("phase", name="sync", detail=f"{len(files)} file(s) of the program")
+                sync_files(self.plan, self.pool, self.reporter, files, self.root)
         for warning in same_command_lines(self.plan, self.tasks, self.argv):
             self.reporter.emit("message", level="warning", text=warning)
         self.check_program(hosts)
         check_ports_free(self.tasks, self.pool, self.plan)
 
     def check_program(self, hosts) -> None:
-        """The script (or program path) must exist on each host, and a bare program name must be
-        found on its PATH: named per host before anything starts."""
-        failures = []
+        """Before anything starts, per host in one call each: the script (or program path)
+        exists, a bare program name is on the PATH, the modules the script imports resolve
+        there (a static scan, cluster.importscan), and legacy Keras has its tf-keras. Every
+        problem is named per host; a module imported only in a function or a ``try`` that is
+        missing is a warning."""
         values = placeholder_values(self.plan, self.tasks[0])
-        for host in hosts:
-            transport = self.pool.get(host)
-            cwd = self.space.host_cwd(host)
-            argv = host_argv(expand(self.argv, values), host)
-            try:
-                paths = required_paths(expand(self.argv, values))
-                if paths:
-                    found = hostops.hashes(transport, cwd, paths)
-                    missing = [path for path in paths if found.get(path) is None]
-                    if missing:
-                        where = "" if missing[0].startswith("/") else f" in {cwd}"
-                        failures.append(Failure(host.name, HostError(
-                            host.name, f"{missing[0]} does not exist{where}",
-                            hint="run pscluster from the folder that holds it (files named relative to your "
-                                 "current directory are copied to hosts that need them), or --sync it")))
-                elif "/" not in argv[0]:
-                    facts = hostops.facts(transport, ports=[], gpus=False, workdir=None, tools=(argv[0],))
-                    if not dict(facts.tools).get(argv[0]):
-                        failures.append(Failure(host.name, HostError(
-                            host.name, f"program {argv[0]!r} is not on the PATH",
-                            hint="give its full path, or install it on that host")))
-            except PsclusterError as exc:
-                failures.append(Failure(host.name, exc))
+        argv = expand(self.argv, values)
+        paths = required_paths(argv)
+        script = script_of(argv)
+        modules = scan_program(self.space.cwd / script) if script and (self.space.cwd / script).is_file() else ()
+        script_dir = posixpath.dirname(script) if script else ""
+
+        def one(host: HostSpec) -> tuple[list[HostError], list[str]]:
+            env = next(dict(task.env) for task in self.tasks if task.host == host.name)
+            facts = hostops.program(
+                self.pool.get(host), cwd=self.space.host_cwd(host), paths=paths,
+                tools=() if paths or "/" in host_argv(argv, host)[0] else (host_argv(argv, host)[0],),
+                modules=[module.name for module in modules], script_dir=script_dir or ".",
+                pythonpath=env.get("PYTHONPATH"), tf_keras=effective_keras(host, self.keras) == "legacy")
+            return program_problems(host, self.space.host_cwd(host), host_argv(argv, host), paths, modules, facts,
+                                    keras=effective_keras(host, self.keras))
+
+        checked = fan_out(hosts, one, name="program check", catch=PsclusterError)
+        failures = list(checked.failures)           # hosts that could not be asked
+        for host, (errors, warnings) in checked.succeeded:
+            failures.extend(Failure(host.name, error) for error in errors)
+            for warning in warnings:
+                self.reporter.emit("message", level="warning", text=f"{host.name}: {warning}")
         if failures:
-            raise ProgramMissing(f"the program cannot start on {len(failures)} host(s); nothing was started",
-                                 failures)
+            hosts_failed = len({failure.where for failure in failures})
+            raise ProgramMissing(f"the program cannot start on {hosts_failed} host(s); nothing was started", failures)
 
     def launch_group(self) -> None:
         self.watch_servers()
@@ -155,7 +164,7 @@ class ProgramSupervisor(JobExecutor):
                                kind=str(ProcessKind.PROGRAM), attempt=attempt, log=log, exit_file=exit_file(log))
         host = self.plan.host(task.host)
         argv = host_argv(expand(self.argv, placeholder_values(self.plan, task)), host)
-        env = {**task_env(self.plan, task, self.secrets, standing=False), **program_env(self.plan, task)}
+        env = {**task_env(self.plan, task, self.secrets, standing=False), **program_env(self.plan, task, self.keras)}
         launch_task = _in_dir(task, self.space.host_cwd(host))
         watched = self.launch(launch_task, record, argv=argv, env=env, kind=ProcessKind.PROGRAM, files=(log,))
         watched.task = task
@@ -257,6 +266,45 @@ class ProgramSupervisor(JobExecutor):
                           "restarts": restarts.get(task.name, 0), "seconds": outcome.get("seconds")})
         return {"command": list(self.argv), "cluster": self.name, "tasks": tasks, "exit_code": exit_code,
                 "wall_seconds": round(self.clock() - self.began, 2)}
+
+
+def program_problems(host: HostSpec, cwd: str, argv: Sequence[str], paths: Sequence[str],
+                     modules: Sequence[ImportedModule], facts: hostops.ProgramFacts, *,
+                     keras: str) -> tuple[list[HostError], list[str]]:
+    """What stops a program from starting on ``host`` (errors) and what may stop it later
+    (warnings), from what the host reported (pure)."""
+    errors: list[HostError] = []
+    warnings: list[str] = []
+    if facts.missing:
+        missing = facts.missing[0]
+        where = "" if missing.startswith("/") else f" in {cwd}"
+        errors.append(HostError(host.name, f"{missing} does not exist{where}",
+                                hint="run pscluster from the folder that holds it (files named relative to your "
+                                     "current directory are copied to hosts that need them), or --sync it"))
+        return errors, warnings
+    for tool, found in facts.tools:
+        if not found:
+            errors.append(HostError(host.name, f"program {tool!r} is not on the PATH",
+                                    hint="give its full path, or install it on that host"))
+    resolved = dict(facts.modules)
+    lacking = [module for module in modules if module.name in resolved and not resolved[module.name]]
+    for module in lacking:
+        text = f"module {module.name!r} (imported at {module.where}) is not installed for {host.python}"
+        if module.required:
+            errors.append(HostError(host.name, text,
+                                    hint=f"install it on {host.name} (pip install {module.name}; the package may "
+                                         "have another name), or keep it in the script's folder, which is copied "
+                                         "with the script"))
+        else:
+            warnings.append(f"{text}; the program may fail when it gets there")
+    if facts.modules_error:
+        warnings.append(f"could not check the modules the program imports: {facts.modules_error.strip()[-300:]}")
+    if keras == "legacy":
+        check = keras_check(host.name, facts.tf_version, facts.tf_keras_version, facts.tf_keras_importable,
+                            facts.tf_dist)
+        if not check.ok:
+            errors.append(HostError(host.name, check.detail, hint=check.hint))
+    return errors, warnings
 
 
 def _in_dir(task: TaskSpec, cwd: str) -> TaskSpec:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import string
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from .codesync import LocalFile, collect, needs_sync
 from .errors import UsageError
 from .inventory import ROLES, Inventory, canonical_mode
 from .plan import MODE_ROLES, ClusterPlan, HostSpec, TaskSpec
+from .progfiles import DEFAULT_SYNC_LIMIT_MIB, program_files
 
 PLACEHOLDERS = ("ps_hosts", "worker_hosts", "chief_hosts", "job_name", "task_type", "task_index", "num_workers",
                 "num_ps", "port", "host")
@@ -106,14 +108,15 @@ def same_command_lines(plan: ClusterPlan, tasks: Sequence[TaskSpec], argv: Seque
     return warnings
 
 
-def dry_run(plan: ClusterPlan, tasks: Sequence[TaskSpec], argv: Sequence[str], space: "Workspace") -> list[dict]:
+def dry_run(plan: ClusterPlan, tasks: Sequence[TaskSpec], argv: Sequence[str], space: "Workspace",
+            keras: str | None = None) -> list[dict]:
     """What ``run`` would start, per task, starting nothing: host, folder, the filled command
     line, CUDA_VISIBLE_DEVICES, TF_CONFIG and the environment (``run --dry-run``). The secrets a
     task gets are named with ``****`` for their values (they are read only when a run starts)."""
     rows = []
     for task in tasks:
         host = plan.host(task.host)
-        env = {**plan.task_env(task), **program_env(plan, task)}
+        env = {**plan.task_env(task), **program_env(plan, task, keras)}
         env.update({name: "****" for name in host.secret_env})
         rows.append({"task": task.name, "host": task.host, "cwd": space.host_cwd(host),
                      "argv": host_argv(expand(argv, placeholder_values(plan, task)), host),
@@ -122,16 +125,24 @@ def dry_run(plan: ClusterPlan, tasks: Sequence[TaskSpec], argv: Sequence[str], s
     return rows
 
 
-def program_env(plan: ClusterPlan, task: TaskSpec) -> dict[str, str]:
-    """What every program process gets besides the task's planned environment."""
+def program_env(plan: ClusterPlan, task: TaskSpec, keras: str | None = None) -> dict[str, str]:
+    """What every program process gets besides the task's planned environment; with legacy
+    Keras (``keras``, the ``run --keras`` choice, else the host's ``pscluster_keras``) also
+    ``TF_USE_LEGACY_KERAS=1``, which makes ``tf.keras`` tf-keras in TensorFlow 2.16 and newer."""
     values = placeholder_values(plan, task)
-    return {
+    legacy = {"TF_USE_LEGACY_KERAS": "1"} if effective_keras(plan.host(task.host), keras) == "legacy" else {}
+    return {**legacy,
         "PSCLUSTER_TASK_TYPE": task.role, "PSCLUSTER_TASK_INDEX": str(task.index),
         "PSCLUSTER_NUM_WORKERS": str(values["num_workers"]), "PSCLUSTER_NUM_PS": str(values["num_ps"]),
         "PSCLUSTER_PS_HOSTS": str(values["ps_hosts"]), "PSCLUSTER_WORKER_HOSTS": str(values["worker_hosts"]),
         "PSCLUSTER_CHIEF_HOSTS": str(values["chief_hosts"]), "PSCLUSTER_HOST": task.address,
         "PSCLUSTER_PORT": str(task.port),
     }
+
+
+def effective_keras(host: HostSpec, keras: str | None) -> str:
+    """The Keras a program on ``host`` gets: ``run --keras`` beats the host's pscluster_keras."""
+    return keras or host.keras
 
 
 def host_argv(argv: Sequence[str], host: HostSpec) -> list[str]:
@@ -244,30 +255,57 @@ class Workspace:
         return f"{sub}/" if sub else ""
 
 
-def local_files(argv: Sequence[str], sync: Sequence[str], space: Workspace) -> list[LocalFile]:
-    """Local files the command names (the program or script, arguments that are relative paths
-    to files under the current directory) and every ``--sync`` path, to copy to hosts that do
-    not share this checkout, as paths relative to the current directory.
+def local_files(argv: Sequence[str], sync: Sequence[str], space: Workspace, *,
+                limit_mib: int = DEFAULT_SYNC_LIMIT_MIB) -> list[LocalFile]:
+    """Local files to copy to hosts that do not share this checkout, as paths relative to the
+    current directory: the files the command names (the program or script, arguments that are
+    relative paths to files under the current directory), the script's whole folder when it is
+    the current directory or below it (cluster.progfiles: ignore files, caps), and every
+    ``--sync`` path.
 
     Raises:
-        UsageError: a ``--sync`` path that is missing or outside the current directory.
+        UsageError: a bad ``--sync`` path, or more than the cap to copy.
     """
     entries: list[str] = []
     for arg in argv:
         rel = _under(arg, space.cwd)
-        if rel is not None and (space.cwd / rel).is_file() and rel not in entries:
+        if rel is not None and rel != "." and (space.cwd / rel).is_file() and rel not in entries:
             entries.append(rel)
+    found = program_files(space.cwd, entries, program_folder(argv, space), check_sync_paths(sync, space),
+                          limit_mib=limit_mib)
+    return collect(space.cwd, tuple(entry.rel for entry in found.entries), prefix=space.dest_prefix())
+
+
+def program_folder(argv: Sequence[str], space: Workspace) -> str | None:
+    """The folder of the command's script (or program path) relative to the current directory,
+    "." for the current directory itself; None when it is elsewhere (or there is no script)."""
+    script = script_of(argv) or (argv[0] if argv and "/" in argv[0] else None)
+    if not script or "{" in script:
+        return None
+    rel = _under(script, space.cwd)
+    if rel is None or not (space.cwd / rel).is_file():
+        return None
+    return posixpath.dirname(rel) or "."
+
+
+def check_sync_paths(sync: Sequence[str], space: Workspace) -> list[str]:
+    """``--sync`` paths relative to the current directory (``.`` is the directory itself).
+
+    Raises:
+        UsageError: a path that is missing or outside the current directory.
+    """
+    entries: list[str] = []
     for item in sync:
         rel = _under(item, space.cwd)
         if rel is None:
             raise UsageError(f"--sync {item}: not under the current directory ({space.cwd})",
-                             hint="--sync copies files and folders below where you run pscluster, to the same "
-                                  "place below each host's workdir")
+                             hint="--sync copies files and folders below where you run pscluster (. for all of "
+                                  "it), to the same place below each host's workdir")
         if not (space.cwd / rel).exists():
             raise UsageError(f"--sync {item}: no such file or folder")
         if rel not in entries:
             entries.append(rel)
-    return collect(space.cwd, tuple(entries), prefix=space.dest_prefix())
+    return entries
 
 
 def _under(text: str, cwd: Path) -> str | None:
@@ -280,6 +318,8 @@ def _under(text: str, cwd: Path) -> str | None:
             path = path.resolve().relative_to(cwd.resolve())
         except (ValueError, OSError):
             return None
+    if os.path.normpath(path.as_posix()) == ".":
+        return "."           # the current directory itself (--sync .)
     parts = PurePosixPath(os.path.normpath(path.as_posix())).parts
     if not parts or parts[0] in ("..", ".") or any(part == ".." for part in parts):
         return None

@@ -5,7 +5,7 @@ bootstrap reads this source, compressed, from stdin, and the JSON request follow
 nothing secret is on a command line); the answer is one JSON object on stdout. Operations:
 
 ``facts``   interpreter, TensorFlow distribution and version (from package metadata, without the
-            3 s import), busy ports, GPUs (``nvidia-smi -L``), workdir writability.
+            3 s import; tf-keras' too when asked), busy ports, GPUs (``nvidia-smi -L``), workdir writability.
 ``start``   start one task detached: a monitor process becomes session and group leader
             (pgid = its pid) and a child subreaper, starts the task in its group with output to
             the log file (0600, in 0700 ``.pscluster`` folders), writes the task's exit status
@@ -24,6 +24,8 @@ nothing secret is on a command line); the answer is one JSON object on stdout. O
             cancelled under the start's lock instead, so that start never spawns.
 ``read``    bytes of a file from an offset (logs, event files).
 ``hashes``  sha256 of files under a directory (code sync sends only what changed).
+``program`` what ``run`` checks before a program starts: its files, its PATH, the modules it
+            imports (``importlib.util.find_spec`` from its folder), tf-keras for legacy Keras.
 ``nft``     apply or delete an nftables ruleset (the firewall feature).
 ``resolve`` every address of host names, as this host resolves them (firewall members).
 """
@@ -79,6 +81,12 @@ def _tensorflow_dist():
     Scans the interpreter's site-packages for ``*.dist-info`` first (a millisecond); only if
     that finds nothing does it load ``site`` and ask ``importlib.metadata`` (tens of ms).
     """
+    return _find_dist(TF_DISTS, "tensorflow")
+
+
+def _find_dist(dists, package):
+    """{"dist", "version", "importable"} of the first of ``dists`` installed for this interpreter
+    (``package``: the import name whose ``__init__.py`` makes it importable), or None."""
     import sysconfig
     # Run with -S, a virtualenv's prefix is not applied (site.py does that): find it ourselves.
     roots = []
@@ -92,7 +100,7 @@ def _tensorflow_dist():
         for key in ("purelib", "platlib"):
             if paths.get(key) and paths[key] not in folders:
                 folders.append(paths[key])
-    wanted = {name.replace("-", "_") for name in TF_DISTS}
+    wanted = {name.replace("-", "_") for name in dists}
     for folder in folders:
         try:
             entries = os.listdir(folder)
@@ -103,7 +111,7 @@ def _tensorflow_dist():
                 continue
             name, _, version = entry[:-len(".dist-info")].partition("-")
             if name.lower() in wanted:
-                importable = any(os.path.exists(os.path.join(f, "tensorflow", "__init__.py")) for f in folders)
+                importable = any(os.path.exists(os.path.join(f, package, "__init__.py")) for f in folders)
                 return {"dist": name.lower().replace("_", "-"), "version": version, "importable": importable}
     import site
     site.main()
@@ -112,13 +120,13 @@ def _tensorflow_dist():
         import importlib.util
     except ImportError:  # pragma: no cover - Python < 3.8
         return None
-    for dist in TF_DISTS:
+    for dist in dists:
         try:
             version = metadata.version(dist)
         except Exception:  # PackageNotFoundError
             continue
         return {"dist": dist, "version": version,
-                "importable": importlib.util.find_spec("tensorflow") is not None}
+                "importable": importlib.util.find_spec(package) is not None}
     return None
 
 
@@ -180,6 +188,8 @@ def op_facts(req):
               "hostname": socket.gethostname(), "cpus": os.cpu_count()}
     tf = _tensorflow_dist()
     result["tensorflow"] = tf
+    if req.get("tf_keras"):     # run --keras legacy / pscluster_keras: legacy: tf-keras must match TF
+        result["tf_keras"] = _find_dist(("tf-keras", "tf_keras"), "tf_keras")
     result["busy_ports"] = [{"port": port, "error": error} for port in req.get("ports", [])
                             for error in [_port_busy(socket, port)] if error]
     if req.get("gpus"):
@@ -774,6 +784,52 @@ def op_fsid(req):
         return {"root": root, "fsid": handle.read().strip()}
 
 
+# Run by the host's interpreter with its site-packages (hostctl itself runs with -I -S) in the
+# program's folder, which is sys.path[0] for ``python -c`` as for ``python SCRIPT``.
+_FIND_SPECS = """import importlib.util, json, sys
+found = {}
+for name in json.loads(sys.argv[1]):
+    try:
+        found[name] = importlib.util.find_spec(name) is not None
+    except Exception:  # a parent that fails to import: the program would fail too, but say found
+        found[name] = True
+sys.stdout.write(json.dumps(found))
+"""
+
+
+def op_program(req):
+    """What ``run`` checks on each host before its program starts, in one call: the paths the
+    command needs exist (relative to ``cwd``), its program is on the PATH (``tools``), the
+    modules it imports resolve for this interpreter from the script's folder (with the task's
+    ``PYTHONPATH``), and, for legacy Keras, TensorFlow's and tf-keras' versions."""
+    cwd = _expand(req.get("cwd") or ".")
+    result = {"missing": [path for path in req.get("paths", [])
+                          if not os.path.exists(os.path.join(cwd, os.path.expanduser(path)))]}
+    result["tools"] = {tool: any(os.access(os.path.join(d, tool), os.X_OK) for d in
+                                 os.environ.get("PATH", "").split(os.pathsep))
+                       for tool in req.get("tools", [])}
+    modules = req.get("modules") or []
+    if modules:
+        import subprocess
+        env = dict(os.environ)
+        if req.get("pythonpath") is not None:
+            env["PYTHONPATH"] = req["pythonpath"]
+        folder = os.path.join(cwd, os.path.expanduser(req.get("script_dir") or "."))
+        try:
+            out = subprocess.run([sys.executable, "-c", _FIND_SPECS, json.dumps(modules)],
+                                 cwd=folder if os.path.isdir(folder) else cwd, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+            result["modules"] = json.loads(out.stdout.decode() or "{}")
+            if out.returncode:
+                result["modules_error"] = out.stderr.decode(errors="replace")[-2000:]
+        except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+            result["modules"], result["modules_error"] = {}, "%s: %s" % (type(exc).__name__, exc)
+    if req.get("tf_keras"):
+        result["tensorflow"] = _tensorflow_dist()
+        result["tf_keras"] = _find_dist(("tf-keras", "tf_keras"), "tf_keras")
+    return result
+
+
 def op_listen(req):
     """Short-lived listeners on the planned ports, for the host-to-host reach check: a detached
     child binds them, accepts and drops connections for ``seconds``, then exits; this call
@@ -1003,7 +1059,8 @@ def op_addresses(req):
     return {"addresses": sorted(addresses)}
 
 
-OPERATIONS = {"facts": op_facts, "start": op_start, "adopt": op_adopt, "start_many": op_start_many, "status": op_status, "stop": op_stop,
+OPERATIONS = {"facts": op_facts, "program": op_program, "start": op_start, "adopt": op_adopt, "start_many": op_start_many,
+              "status": op_status, "stop": op_stop,
               "signal": op_signal, "read": op_read, "find": op_find, "hashes": op_hashes, "remove": op_remove,
               "remove_job_dirs": op_remove_job_dirs, "fsid": op_fsid, "listen": op_listen,
               "connect": op_connect, "unlisten": op_unlisten, "tell": op_tell,

@@ -40,8 +40,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing pscluster[cpu,test,tensorboard] into .venv (first time: ~1 minute)"
   .venv/bin/python -m pip install -q --upgrade pip
   .venv/bin/python -m pip install -q -e '.[cpu,test,tensorboard]'
-  # Legacy Keras, only for the tf-keras baseline benchmark; --no-deps keeps it from
-  # pulling the full tensorflow wheel over tensorflow-cpu (see TF-NOTES).
+  # Legacy Keras (setup.cfg's legacy-keras extra): the tests of `run --keras legacy` and the
+  # tf-keras baseline benchmark need it. --no-deps: tf-keras depends on the `tensorflow`
+  # distribution, and pip would pull that whole wheel over tensorflow-cpu (measured with
+  # `pip install --dry-run tf-keras==2.21.0`: "Would install tensorflow-2.21.0").
   .venv/bin/python -m pip install -q --no-deps tf-keras==2.21.0
   echo "$want" > "$stamp"
 fi

@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -27,6 +28,18 @@ def cli_env(state_dir, env: dict | None = None) -> dict:
                     PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     full_env.update({key: str(value) for key, value in (env or {}).items()})
     return full_env
+
+
+FINAL_ACCURACY = re.compile(r"final test_accuracy=(?P<accuracy>[0-9.]+) ")
+
+
+def accuracy_in(output: str, task: str) -> float:
+    """The accuracy a program printed on its own (``final test_accuracy=...``, as the programs
+    of examples/byo/ end), read from `run`'s output prefixed ``[task@host]``."""
+    found = [FINAL_ACCURACY.search(line) for line in output.splitlines() if line.startswith(f"[{task}@")]
+    found = [match for match in found if match]
+    assert found, f"{task} printed no final accuracy:\n{output[-3000:]}"
+    return float(found[-1]["accuracy"])
 
 
 def cli_argv(args) -> list[str]:

@@ -632,8 +632,8 @@ def exhausted(error: PsclusterError, task: TaskSpec, budget: int) -> PsclusterEr
         return TaskError(error.task, error.host, f"{error.message.split(': ', 1)[-1].splitlines()[0]}; "
                                                  f"restart budget exhausted ({budget} restart(s) used)",
                          exit_code=error.task_exit_code, log_tail=error.log_tail, log_path=error.log_path,
-                         hint="the log lines above are from its last attempt; "
-                              f"'pscluster logs {task.name}' shows all")
+                         hint=(error.hint + "; " if error.hint else "") + "the log lines above are from its last "
+                              f"attempt; 'pscluster logs {task.name}' shows all")
     return TaskError(task.name, task.host, f"{error.message}; restart budget exhausted ({budget} restart(s) used)")
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import textwrap
@@ -14,22 +13,12 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, port_base, run_cli, run_json
+from tests.helpers import REPO, accuracy_in, assert_no_survivors, cli_argv, cli_env, port_base, run_cli, run_json
 from testbed.procs import cluster_pids
 
 LOCAL = REPO / "inventories" / "local.yaml"
 TF1 = ["python", "examples/byo/tf1_flags.py", "--ps_hosts={ps_hosts}", "--worker_hosts={worker_hosts}",
        "--job_name={job_name}", "--task_index={task_index}"]
-FINAL = re.compile(r"final test_accuracy=(?P<accuracy>[0-9.]+) ")
-
-
-def accuracy_in(output: str, task: str) -> float:
-    """The accuracy a program printed on its own, read from `run`'s prefixed output."""
-    found = [FINAL.search(line) for line in output.splitlines() if line.startswith(f"[{task}@")]
-    found = [match for match in found if match]
-    assert found, f"{task} printed no final accuracy:\n{output[-3000:]}"
-    return float(found[-1]["accuracy"])
-
 
 def tasks_of(report: dict) -> dict[str, dict]:
     return {f"{t['role']}:{t['index']}": t for t in report["tasks"]}
@@ -50,18 +39,6 @@ def wait_for(condition, timeout: float, what: str):
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture
-def cleanup():
-    """Clusters to take down (if left up) and check for survivors at the end of a test."""
-    names: list[tuple[str, object]] = []
-    yield lambda name, state_dir: names.append((name, state_dir))
-    for name, state_dir in names:
-        if (state_dir / f"{name}.json").exists():
-            run_cli(["down", "--name", name, "--grace", "3"], state_dir=state_dir)
-    for name, _ in names:
-        assert_no_survivors(name)
 
 
 # ----------------------------------------------------------------------------- the three programs (TensorFlow)

@@ -1,0 +1,217 @@
+"""`pscluster run`: the program's folder travels (cluster/progfiles.py, cluster/ignorerules.py),
+the static import scan (cluster/importscan.py) and the per-host verdicts on what a host lacks
+(cluster/runprog.program_problems), hand-checked."""
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cluster import hostops
+from cluster.errors import UsageError
+from cluster.ignorerules import IgnoreRules, parse_rules
+from cluster.importscan import scan_program
+from cluster.plan import HostSpec
+from cluster.progfiles import MIB, program_files
+from cluster.runprog import program_problems
+from cluster.runspec import Workspace, check_sync_paths, local_files, program_folder
+from cluster.transport.local import LocalTransport
+
+HOST = HostSpec(name="node-b", address="10.1.1.2", connection="ssh", ssh_port=None, user=None, key_file=None,
+                python="/opt/venv/bin/python", workdir="~/pscluster", host_key_policy="reject", known_hosts=None,
+                connect_timeout=10.0)
+
+
+def write(root: Path, files: dict[str, str | bytes]) -> Path:
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return root
+
+
+# ----------------------------------------------------------------------------- ignore rules
+
+@pytest.mark.parametrize("pattern, path, is_dir, ignored", [
+    ("*.ckpt", "model.ckpt", False, True),
+    ("*.ckpt", "runs/a/model.ckpt", False, True),          # no slash: at any depth
+    ("/data", "data", True, True),
+    ("/data", "sub/data", True, False),                    # leading slash: only beside the ignore file
+    ("logs/", "logs", True, True),
+    ("logs/", "logs", False, False),                       # trailing slash: folders only
+    ("a/*.txt", "a/x.txt", False, True),
+    ("a/*.txt", "a/b/x.txt", False, False),                # "*" stops at "/"
+    ("**/cache", "x/y/cache", True, True),
+    ("data/**", "data/big/part.bin", False, True),
+    ("a/**/b", "a/b", True, True),
+    ("a/**/b", "a/x/y/b", True, True),
+    ("file?.bin", "file1.bin", False, True),
+    ("file[0-3].bin", "file4.bin", False, False),
+    ("file[!0-3].bin", "file4.bin", False, True),
+    ("\\#notes", "#notes", False, True),
+    ("# comment", "# comment", False, False),
+])
+def test_gitignore_patterns(pattern, path, is_dir, ignored):
+    rules = IgnoreRules(parse_rules(pattern + "\n", "/p", "/p/.psclusterignore"))
+    assert rules.ignored("/p/" + path, is_dir) is ignored
+
+
+def test_negation_and_order_last_match_wins():
+    rules = IgnoreRules(parse_rules("*.npz\n!keep.npz\n", "/p", "x") + parse_rules("keep.npz\n", "/p/sub", "y"))
+    assert rules.ignored("/p/a.npz", False) and not rules.ignored("/p/keep.npz", False)
+    assert rules.ignored("/p/sub/keep.npz", False)             # a deeper file's rule comes later and wins
+
+
+# ----------------------------------------------------------------------------- the folder that travels
+
+def test_the_scripts_folder_travels_less_what_ignore_files_and_caches_leave_out(tmp_path):
+    cwd = write(tmp_path / "proj", {
+        ".gitignore": "*.log\n/outputs/\n",
+        "app/main.py": "import helper\n", "app/helper.py": "X = 1\n", "app/conf/vocab.txt": "a b\n",
+        "app/.psclusterignore": "scratch/\n!keep.log\n", "app/scratch/big.bin": b"x" * 10,
+        "app/run.log": "noise\n", "app/keep.log": "wanted\n", "app/__pycache__/helper.cpython-311.pyc": b"\0",
+        "app/venv/pyvenv.cfg": "home = /usr\n", "app/venv/lib/site.py": "\n",
+        "outputs/ckpt": "\n", "other/unrelated.py": "\n",
+    })
+    space = Workspace(cwd=cwd, root=tmp_path / "checkout")
+    argv = ["python", "app/main.py", "--vocab", "app/conf/vocab.txt"]
+    assert program_folder(argv, space) == "app"
+    files = sorted(f.rel for f in local_files(argv, [], space))
+    assert files == ["app/.psclusterignore", "app/conf/vocab.txt", "app/helper.py", "app/keep.log", "app/main.py"]
+
+
+def test_a_named_file_travels_even_if_ignored_and_sync_dot_takes_the_current_directory(tmp_path):
+    cwd = write(tmp_path / "proj", {".psclusterignore": "*.npz\n", "main.py": "\n", "data.npz": b"1",
+                                    "sub/x.npz": b"2", "sub/y.py": "\n"})
+    space = Workspace(cwd=cwd, root=tmp_path / "checkout")
+    assert check_sync_paths(["."], space) == ["."]              # was refused: "not under the current directory"
+    files = sorted(f.rel for f in local_files(["python", "main.py", "data.npz"], ["."], space))
+    assert files == [".psclusterignore", "data.npz", "main.py", "sub/y.py"]
+
+
+def test_a_script_outside_the_current_directory_takes_no_folder(tmp_path):
+    write(tmp_path, {"elsewhere/main.py": "\n", "proj/a.py": "\n"})
+    space = Workspace(cwd=tmp_path / "proj", root=tmp_path / "checkout")
+    assert program_folder(["python", str(tmp_path / "elsewhere" / "main.py")], space) is None
+    assert program_folder(["python", "-m", "pkg"], space) is None
+    assert local_files(["python", "../elsewhere/main.py"], [], space) == []
+
+
+def test_past_the_size_cap_run_stops_naming_the_folder_the_cap_and_the_largest_files(tmp_path):
+    cwd = write(tmp_path / "home", {"main.py": "\n", "datasets/imagenet.tar": b"\0" * (3 * MIB),
+                                    "notes.txt": "x\n"})
+    with pytest.raises(UsageError) as caught:
+        program_files(cwd, [], ".", [], limit_mib=2)
+    error = caught.value
+    assert error.exit_code == 2
+    assert "the current directory (the script's folder)" in error.message and "2 MiB (the --sync-limit)" in error.message
+    assert "datasets/imagenet.tar (3.0 MiB)" in error.message
+    assert ".psclusterignore" in error.hint and "--sync-limit" in error.hint
+    assert len(program_files(cwd, [], ".", [], limit_mib=0).entries) == 3           # 0: no limit
+    (cwd / ".psclusterignore").write_text("datasets/\n")
+    assert sorted(e.rel for e in program_files(cwd, [], ".", [], limit_mib=2).entries) == [
+        ".psclusterignore", "main.py", "notes.txt"]
+
+
+# ----------------------------------------------------------------------------- the import scan
+
+def test_the_scan_follows_sibling_modules_and_tells_required_from_optional(tmp_path):
+    write(tmp_path, {
+        "main.py": textwrap.dedent("""\
+            from __future__ import annotations
+            import os, json
+            import tensorflow.keras as tfk
+            import mnist_setup
+            from . import rel
+            from typing import TYPE_CHECKING
+            if TYPE_CHECKING:
+                import mypy_extensions
+            try:
+                import ujson
+            except ImportError:
+                ujson = None
+            def plot():
+                import matplotlib.pyplot
+            if __name__ == "__main__":
+                import absl.app
+            """),
+        "mnist_setup.py": "import numpy as np\nfrom pkgdir import thing\n",
+        "pkgdir/__init__.py": "import yaml\n",
+        "broken.py": "def (:\n",
+    })
+    found = {m.name: (m.required, m.where) for m in scan_program(tmp_path / "main.py")}
+    assert found == {"os": (True, "main.py:2"), "json": (True, "main.py:2"), "tensorflow": (True, "main.py:3"),
+                     "typing": (True, "main.py:6"), "ujson": (False, "main.py:10"),
+                     "matplotlib": (False, "main.py:14"), "absl": (True, "main.py:16"),
+                     "numpy": (True, "mnist_setup.py:1"), "yaml": (True, "pkgdir/__init__.py:1")}
+    assert scan_program(tmp_path / "broken.py") == ()
+
+
+# ----------------------------------------------------------------------------- per-host verdicts
+
+def facts(**kw) -> hostops.ProgramFacts:
+    return hostops.ProgramFacts(**{"missing": (), "tools": (), "modules": (), **kw})
+
+
+def test_a_required_module_missing_on_a_host_is_an_error_naming_host_module_and_hint(tmp_path):
+    write(tmp_path, {"main.py": "import numpy\nimport wandb\ndef f():\n    import seaborn\n"})
+    modules = scan_program(tmp_path / "main.py")
+    errors, warnings = program_problems(HOST, "~/pscluster", ["/opt/venv/bin/python", "main.py"], ["main.py"],
+                                        modules, facts(modules=(("numpy", True), ("wandb", False),
+                                                                ("seaborn", False))), keras="keras3")
+    assert [e.message for e in errors] == [
+        "node-b: module 'wandb' (imported at main.py:2) is not installed for /opt/venv/bin/python"]
+    assert "pip install wandb" in errors[0].hint and "script's folder" in errors[0].hint
+    assert warnings == ["module 'seaborn' (imported at main.py:4) is not installed for /opt/venv/bin/python; "
+                        "the program may fail when it gets there"]
+
+
+def test_a_missing_script_is_named_first():
+    errors, _ = program_problems(HOST, "~/pscluster", ["python", "t.py"], ["t.py"], (),
+                                 facts(missing=("t.py",)), keras="legacy")
+    assert [e.message for e in errors] == ["node-b: t.py does not exist in ~/pscluster"]
+
+
+@pytest.mark.parametrize("tf, tf_keras, importable, dist, problem, install", [
+    ("2.21.0", None, False, "tensorflow", "tf-keras is not installed (TensorFlow 2.21.0)",
+     "pip install tf-keras==2.21.0 (or pip install 'pscluster[legacy-keras]')"),
+    ("2.21.0", "2.20.0", True, "tensorflow-cpu", "tf-keras 2.20.0 does not match TensorFlow 2.21.0 (need 2.21.x)",
+     "pip install --no-deps tf-keras==2.21.0"),
+    ("2.21.0", "2.21.0", False, "tensorflow", "tf-keras 2.21.0 does not import", "pip install tf-keras==2.21.0"),
+    (None, None, False, None, "needs TensorFlow, which is not installed", "pscluster[cpu,legacy-keras]"),
+])
+def test_legacy_keras_needs_tf_keras_of_the_hosts_tensorflow(tf, tf_keras, importable, dist, problem, install):
+    errors, _ = program_problems(HOST, "~/pscluster", ["python", "t.py"], [], (),
+                                 facts(tf_version=tf, tf_keras_version=tf_keras, tf_keras_importable=importable,
+                                       tf_dist=dist), keras="legacy")
+    assert len(errors) == 1 and errors[0].host == "node-b"
+    assert problem in errors[0].message and install in errors[0].hint
+    ok, _ = program_problems(HOST, "~", ["python", "t.py"], [], (), facts(tf_version="2.21.0",
+                             tf_keras_version="2.21.0", tf_keras_importable=True), keras="legacy")
+    assert ok == []
+    ignored, _ = program_problems(HOST, "~", ["python", "t.py"], [], (), facts(tf_version=tf), keras="keras3")
+    assert ignored == []
+
+
+# ----------------------------------------------------------------------------- the host side, for real
+
+def test_the_host_check_resolves_modules_from_the_scripts_folder_and_reads_tf_keras(tmp_path):
+    """hostctl ``program`` on this machine: one call, this interpreter's site-packages."""
+    write(tmp_path, {"app/main.py": "\n", "app/helper_mod.py": "\n"})
+    transport = LocalTransport(HostSpec(name="localhost", address="127.0.0.1", connection="local", ssh_port=None,
+                                        user=None, key_file=None, python=sys.executable, workdir=str(tmp_path),
+                                        host_key_policy="accept-new", known_hosts=None, connect_timeout=10.0))
+    got = hostops.program(transport, cwd=str(tmp_path), paths=["app/main.py", "app/gone.py"],
+                          modules=["numpy", "helper_mod", "no_such_module_24b"], script_dir="app",
+                          pythonpath=None, tf_keras=True)
+    assert got.missing == ("app/gone.py",)
+    assert dict(got.modules) == {"numpy": True, "helper_mod": True, "no_such_module_24b": False}
+    from importlib import metadata
+    assert got.tf_version == metadata.version(got.tf_dist or "tensorflow-cpu")
+    assert got.tf_keras_version == metadata.version("tf-keras") and got.tf_keras_importable
+    facts_here = hostops.facts(transport, ports=(), gpus=False, workdir=None, tf_keras=True)
+    assert facts_here.tf_keras_version == got.tf_keras_version
+    assert os.path.basename(sys.executable).startswith("python")
