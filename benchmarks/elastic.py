@@ -50,10 +50,14 @@ class Job:
         self.state_dir, self.name = state_dir, name
         self.checkpoints = state_dir.parent / f"ckpt-{name}"
         env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), PYTHONPATH=str(REPO))
-        self.proc = subprocess.Popen([sys.executable, "-m", "cluster", "train", "distributed_mnist", "--name", name,
-                                      "--steps", str(STEPS), "--checkpoint-every", "1000",
-                                      "--checkpoint-dir", str(self.checkpoints), *extra],
-                                     cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # Its output goes to a file: a pipe nobody reads until the end fills up and stalls `train`.
+        self.output = state_dir.parent / f"train-{name}-{int(time.time())}.err"
+        state_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.output, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "cluster", "train", "distributed_mnist", "--name", name,
+                                          "--steps", str(STEPS), "--checkpoint-every", "1000",
+                                          "--checkpoint-dir", str(self.checkpoints), *extra],
+                                         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
         self.seen: list[tuple[float, int]] = []       # (time, step) at each change of the step
 
     def record(self) -> dict:
@@ -62,17 +66,36 @@ class Job:
         except (FileNotFoundError, ValueError):
             return {}
 
+    def look(self) -> dict:
+        """The job record now; a new step is noted in :attr:`seen`."""
+        job = self.record()
+        step = job.get("step")
+        if step is not None and (not self.seen or self.seen[-1][1] != step):
+            self.seen.append((time.monotonic(), step))
+        return job
+
+    def during(self, args: list, state_dir: Path) -> tuple[float, subprocess.CompletedProcess]:
+        """Run ``pscluster ARGS`` while watching the job's steps (a change in place never stops it)."""
+        env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), NO_COLOR="1")
+        began = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "cluster", *map(str, args)], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while proc.poll() is None:
+            self.look()
+            time.sleep(0.05)
+        out, err = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"pscluster {' '.join(map(str, args))} failed:\n{err}")
+        return time.perf_counter() - began, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
     def watch_until(self, what: str, done: Callable[[dict], bool], timeout: float = 900) -> dict:
         end = time.monotonic() + timeout
         while True:
-            job = self.record()
-            step = job.get("step")
-            if step is not None and (not self.seen or self.seen[-1][1] != step):
-                self.seen.append((time.monotonic(), step))
+            job = self.look()
             if done(job):
                 return job
             if self.proc.poll() is not None or time.monotonic() > end:
-                raise RuntimeError(f"{self.name}: never {what}: {job}\n{(self.proc.stderr.read() if self.proc.stderr else '')[-2000:]}")
+                raise RuntimeError(f"{self.name}: never {what}: {job}\n{self.output.read_text()[-2000:]}")
             time.sleep(0.05)
 
     def pause_after(self, began: float, resumed_from: int) -> float:
@@ -108,23 +131,23 @@ def _down(name: str, state_dir: Path) -> None:
         os.kill(pid, 9)
 
 
-def planned(mode: str, grow: Path, shrink: Path, work: Path, port_base: int) -> dict:
+def planned(mode: str, grow: Path, shrink: Path, work: Path, port_base: int, where: str = "") -> dict:
     """`scale` from ``shrink`` to ``grow`` mid-run; then `down` mid-run."""
-    name, state_dir = f"elastic-{mode}", work / f"state-{mode}"
+    name, state_dir = f"elastic{where}-{mode}", work / f"state{where}-{mode}"
     _up(shrink, name, state_dir, port_base)
     job = Job(state_dir, name)
     try:
         job.watch_until(f"trained {RUN_BEFORE} steps", lambda j: (j.get("step") or 0) >= RUN_BEFORE)
         reached = job.seen[-1][1]
         began = time.monotonic()
-        seconds, proc = cli(["scale", grow, "--name", name], state_dir)
+        seconds, proc = job.during(["scale", grow, "--name", name], state_dir)
         reached = max(step for t, step in job.seen if t <= began) if job.seen else reached
         removal = None
         if "in place" in proc.stdout + proc.stderr:
             pause = _pause_around(job, began, time.monotonic())
             restored = min(step for t, step in job.seen if t > began)     # it never went back
             again = time.monotonic()
-            _, proc = cli(["scale", shrink, "--name", name], state_dir)
+            _, proc = job.during(["scale", shrink, "--name", name], state_dir)
             if "in place" not in proc.stdout + proc.stderr:
                 raise RuntimeError(f"the removal was not made in place: {proc.stderr[-2000:]}")
             removal = _pause_around(job, again, time.monotonic())
@@ -163,9 +186,9 @@ def _latest_checkpoint(folder: Path) -> int | None:
     return int(line.split("ckpt-")[-1].strip().strip('"'))
 
 
-def by_hand(mode: str, grow: Path, shrink: Path, work: Path, port_base: int) -> dict:
+def by_hand(mode: str, grow: Path, shrink: Path, work: Path, port_base: int, where: str = "") -> dict:
     """stop-job, down, up the edited inventory, train --resume: the pause a user sees."""
-    name, state_dir = f"elastic-hand-{mode}", work / f"state-hand-{mode}"
+    name, state_dir = f"elastic{where}-hand-{mode}", work / f"state{where}-hand-{mode}"
     _up(shrink, name, state_dir, port_base)
     job = Job(state_dir, name)
     try:
@@ -187,6 +210,30 @@ def by_hand(mode: str, grow: Path, shrink: Path, work: Path, port_base: int) -> 
         job.stop()
         _down(name, state_dir)
     return {"pause": pause}
+
+
+def lab_planned(modes: list[str], work: Path) -> dict:
+    """The planned resize and its by-hand twin on the 3-host SSH lab: node-3 joins (each host in
+    its own workdir, so code travels, as on real hosts)."""
+    from testbed.netlab import Lab, write_inventory
+    results: dict[str, Any] = {}
+    with Lab(3, work / "lab-planned", subnet="auto") as lab:
+        for number, mode in enumerate(modes):
+            def inventory(workers: tuple[str, ...]) -> Path:
+                def at(host: str) -> dict:
+                    return {host: {"pscluster_workdir": str(work / f"work-{mode}-{host}")}}
+                groups: dict = {"worker": {k: v for host in workers for k, v in at(host).items()}}
+                if mode == "async":
+                    groups = {"chief": at("node-1"), "ps": at("node-1"), **groups}
+                return write_inventory(lab, work / f"lab-{mode}-{len(workers)}.yaml", groups, {
+                    "pscluster_mode": mode, "pscluster_env": {"OMP_NUM_THREADS": 1}, "pscluster_intra_op_threads": 1})
+            grow, shrink = inventory(("node-1", "node-2", "node-3")), inventory(("node-1", "node-2"))
+            base = 37000 + 100 * number
+            results[mode] = {"planned": planned(mode, grow, shrink, work, base, where="-lab"),
+                             "by_hand": by_hand(mode, grow, shrink, work, base + 50, where="-lab")}
+            results[mode]["ratio"] = results[mode]["planned"]["pause"] / results[mode]["by_hand"]["pause"]
+            print(f"lab {mode}: {json.dumps(results[mode])}", file=sys.stderr, flush=True)
+    return results
 
 
 def host_loss(work: Path) -> dict:
@@ -224,10 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="async,sync", help="comma-separated; 'none' for the host loss alone")
     parser.add_argument("--no-lab", action="store_true", help="skip the SSH lab (host loss)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--work", type=Path, help="keep the states and each train's output here (default: a "
+                                                   "temporary folder, removed)")
     args = parser.parse_args(argv)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="pscluster-elastic-") as tmp:
-        work = Path(tmp)
+        work = args.work.resolve() if args.work else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         modes = [mode for mode in args.modes.split(",") if mode and mode != "none"]
         for number, mode in enumerate(modes):
             grow, shrink = _inventory(work, mode, 3), _inventory(work, mode, 2)
@@ -237,18 +287,23 @@ def main(argv: list[str] | None = None) -> int:
             results[mode]["ratio"] = results[mode]["planned"]["pause"] / results[mode]["by_hand"]["pause"]
             print(f"{mode}: {json.dumps(results[mode])}", file=sys.stderr, flush=True)
         if not args.no_lab and os.geteuid() == 0:
+            if modes:
+                results["lab"] = lab_planned(modes, work)
             results["host_loss"] = host_loss(work)
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
     rows = []
-    for mode in modes:
-        r = results[mode]
-        removal = r["planned"].get("removal_pause")
-        rows.append([mode, f"{r['planned']['pause']:.1f}", f"{r['by_hand']['pause']:.1f}", f"{r['ratio']:.2f}",
-                     "-" if removal is None else f"{removal:.1f}",
-                     str(r["planned"]["steps_lost_resize"]), str(r["planned"]["steps_lost_down"])])
-    print_columns(["mode (local)", "scale pause s", "by hand s", "ratio", "remove again s", "steps lost: scale",
+    for where, found in (("local", results), ("SSH lab", results.get("lab", {}))):
+        for mode in modes:
+            if mode not in found:
+                continue
+            r = found[mode]
+            removal = r["planned"].get("removal_pause")
+            rows.append([f"{mode} ({where})", f"{r['planned']['pause']:.1f}", f"{r['by_hand']['pause']:.1f}",
+                         f"{r['ratio']:.2f}", "-" if removal is None else f"{removal:.1f}",
+                         str(r["planned"]["steps_lost_resize"]), str(r["planned"]["steps_lost_down"])])
+    print_columns(["mode", "scale pause s", "by hand s", "ratio", "remove again s", "steps lost: scale",
                    "steps lost: down"], rows)
     if "host_loss" in results:
         loss = results["host_loss"]
