@@ -18,7 +18,7 @@ For each mode (async, sync), on the local cluster and, as root, on the 3-host SS
 Steps are read from the cluster's job record, which the supervisor updates from the leader's
 progress events (about once a second), so each pause is measured to about a second.
 
-Usage: ``python -m benchmarks.elastic [--modes async,sync] [--no-lab] [--json]``
+Usage: ``python -m benchmarks.elastic [--modes async,sync] [--no-lab] [--no-local] [--json] [--work DIR]``
 """
 from __future__ import annotations
 
@@ -269,7 +269,8 @@ def host_loss(work: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.elastic", description=__doc__.split("\n")[0])
     parser.add_argument("--modes", default="async,sync", help="comma-separated; 'none' for the host loss alone")
-    parser.add_argument("--no-lab", action="store_true", help="skip the SSH lab (host loss)")
+    parser.add_argument("--no-lab", action="store_true", help="skip the SSH lab (planned resizes, host loss)")
+    parser.add_argument("--no-local", action="store_true", help="skip the local cluster (planned resizes)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--work", type=Path, help="keep the states and each train's output here (default: a "
                                                    "temporary folder, removed)")
@@ -279,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         work = args.work.resolve() if args.work else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         modes = [mode for mode in args.modes.split(",") if mode and mode != "none"]
-        for number, mode in enumerate(modes):
+        for number, mode in enumerate([] if args.no_local else modes):
             grow, shrink = _inventory(work, mode, 3), _inventory(work, mode, 2)
             base = 36000 + 100 * number
             results[mode] = {"planned": planned(mode, grow, shrink, work, base),

@@ -427,13 +427,15 @@ def _roll_back(plan: ClusterPlan, store: StateStore, state: RunState, pool: Tran
         store.save(state)
 
 
-def _forget_pid_files(plan: ClusterPlan, records: Sequence[ProcessRecord], pool: TransportPool) -> None:
+def forget_pid_files(plan: ClusterPlan, records: Sequence[ProcessRecord], pool: TransportPool) -> None:
     """Remove the pid files of stopped processes, as ``down`` leaves a host: nothing of the
     cluster running, no file naming its processes. Best effort: a pid file left behind (a
     host that failed just now) is harmless, every reader checks the process's start time and
     the next start of that task replaces it. ``.cancel`` markers stay: they must outlive a
-    start that is still on its way."""
-    grouped = records_by_host(records)
+    start that is still on its way. Records of hosts ``plan`` no longer has (a resize took them
+    out, and forgot their files then) are skipped."""
+    known = {host.name for host in plan.hosts}
+    grouped = records_by_host([record for record in records if record.host in known])
 
     def one(host: str) -> None:
         hostops.remove(pool.get(plan.host(host)), sorted({pid_file(record.log) for record in grouped[host]}))
@@ -484,7 +486,7 @@ def bring_down(name: str, *, store: StateStore, reporter: Reporter, grace: float
         if daemon is not None and not wait_gone(daemon, timeout=DAEMON_EXIT_SECONDS):
             signal_supervisor(daemon, signal.SIGKILL)
         if not errors:
-            _forget_pid_files(state.plan, [record for record in state.processes if record.stopped or
+            forget_pid_files(state.plan, [record for record in state.processes if record.stopped or
                                            record.key in {done.key for done in stopped}], pool)
         with store.lock(name):
             for record in stopped:

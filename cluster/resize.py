@@ -33,7 +33,7 @@ from .codesync import sync_code
 from .contracts import Mode, ProcessKind
 from .errors import PsclusterError, UsageError
 from .events import Reporter
-from .launcher import (new_record, report_standbys, start_standbys, start_tasks, stop_records, task_env,
+from .launcher import (forget_pid_files, new_record, report_standbys, start_standbys, start_tasks, stop_records, task_env,
                        wait_ready)
 from .inventory import Inventory
 from .plan import ClusterPlan, HostSpec, TaskSpec
@@ -171,12 +171,18 @@ def apply_plan(writer: StateWriter, pool: TransportPool, reporter: Reporter, old
     going = [r for r in state.live_records() if not stays(r) and r.host not in unreachable]
     if going:
         reporter.emit("phase", name="stop", detail=f"{len(going)} process(es) the new membership leaves out")
-        stopped, errors = stop_records(knowing_hosts(old, new, *known_hosts), going, pool, reporter, grace=10.0)
+        reach = knowing_hosts(old, new, *known_hosts)
+        stopped, errors = stop_records(reach, going, pool, reporter, grace=10.0)
         writer.change(lambda s: s.replace_records(stopped))
         if errors:
             host, error = next(iter(errors.items()))
             raise PsclusterError(f"could not stop the processes on {host} that the resize leaves out: "
                                  f"{error.message.splitlines()[0]}", hint="'pscluster down' stops what is left")
+        # A host that leaves the cluster: `down` will not know how to reach it, so its pid files go now.
+        staying = {host.name for host in new.hosts} | {host.name for host in known_hosts}
+        leaving = [r for r in state.processes if r.stopped and r.host not in staying and r.host not in unreachable]
+        if leaving:
+            forget_pid_files(reach, leaving, pool)
     writer.change(lambda s: setattr(s, "plan", new))
     sync_code(new, pool, reporter, root)
     standing = [new.task(name) for name in diff.start if new.task(name).standing and name not in started]
