@@ -16,6 +16,9 @@ pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
 
 ASYNC = {"chief": ["node-1"], "ps": ["node-1", "node-2"], "worker": ["node-2", "node-3"]}
 BUDGET = ("--steps", 500, "--checkpoint-every", 50)
+# For a job that must fail: a budget it cannot finish before the failure is decided (async goes on
+# with the other worker meanwhile; 500 steps took 7 s once and the job ended first, exit 0).
+UNFINISHABLE = ("--steps", 5000, "--checkpoint-every", 50)
 
 
 def _alive(pid: int) -> bool:
@@ -50,8 +53,7 @@ def test_short_link_cut_fails_at_once_under_policy_never(fault_cluster):
     """Scenario 8, policy never: the same cut fails the job with a message naming the host."""
     cluster = fault_cluster()
     cluster.up(ASYNC, "async")
-    # A budget the job cannot finish before the cut is seen (500 steps: it ended first, exit 0).
-    training = cluster.train("--steps", 5000, "--checkpoint-every", 50, "--restart-policy", "never")
+    training = cluster.train(*UNFINISHABLE, "--restart-policy", "never")
     training.wait_step(100)
     cluster.lab.cut("node-3")
     cut_at = time.monotonic()
@@ -70,8 +72,7 @@ def test_host_lost_for_good_fails_the_job_and_down_finishes_later(fault_cluster)
     second ``down`` cleans what was left there."""
     cluster = fault_cluster()
     cluster.up(ASYNC, "async")
-    # A budget the job cannot finish before the loss is seen (500 steps: it ended first, exit 0).
-    training = cluster.train("--steps", 5000, "--checkpoint-every", 50, "--host-timeout", 10)
+    training = cluster.train(*UNFINISHABLE, "--host-timeout", 10)
     training.wait_step(100)
     stranded = training.record("worker:1", "server")
     cluster.lab.cut("node-3")
@@ -104,7 +105,7 @@ def test_policy_never_fails_at_once_with_the_root_cause(fault_cluster):
     """Scenario 10."""
     cluster = fault_cluster()
     cluster.up(ASYNC, "async")
-    training = cluster.train(*BUDGET, "--restart-policy", "never")
+    training = cluster.train(*UNFINISHABLE, "--restart-policy", "never")
     training.wait_step(100)
     training.signal("worker:1", signal.SIGKILL)
     killed_at = time.monotonic()
@@ -120,7 +121,7 @@ def test_restart_budget_exhausted_names_the_task_and_its_log(fault_cluster):
     """Scenario 11: worker:1 always crashes on restart (its port is taken on node-3)."""
     cluster = fault_cluster()
     cluster.up(ASYNC, "async")
-    training = cluster.train(*BUDGET, "--max-restarts", 2)
+    training = cluster.train(*UNFINISHABLE, "--max-restarts", 2)
     training.wait_step(100)
     record = training.record("worker:1", "server")
     port = next(t["port"] for t in cluster.state()["plan"]["tasks"] if t["role"] == "worker" and t["index"] == 1)
