@@ -661,8 +661,9 @@ class DurationParam(click.ParamType):
 @click.option("--deadline", type=DurationParam(), metavar="DURATION",
               help="Checkpoint and stop this long after the start (90s, 45m, 2h); exit 4.")
 @click.option("--min-workers", type=click.IntRange(1), metavar="N",
-              help="Elastic: a worker host lost beyond --host-timeout, or whose worker used up its restarts, drops "
-                   "out and training goes on while N workers remain; it rejoins when it answers again.")
+              help="Elastic: a worker host lost beyond --host-timeout, or whose worker failed for good (restarts used "
+                   "up, or --restart-policy never), drops out and training goes on while N workers remain; a lost "
+                   "host rejoins when it answers again.")
 @click.option("--hosts-from", metavar="COMMAND",
               help="Elastic: a discovery command (run here, split like a shell line, no shell) printing 'host' or 'host:workers' lines; the job "
                    "grows or shrinks to match (hosts of the inventory's worker group).")
@@ -1003,6 +1004,10 @@ class _ProgramCommand(click.Command):
               help="When the run is over: when the chief exits (default with a chief, as TFJob's success policy), "
                    "when every chief and worker has exited (default without a chief), or when every task has. "
                    "Tasks still running then are stopped.")
+@click.option("--min-workers", type=click.IntRange(1), metavar="N",
+              help="Elastic: a worker whose program used up its restarts, or a lost host running only workers, "
+                   "drops out and the run goes on while N workers remain (for programs whose own coordinator goes "
+                   "on without a worker: ParameterServerStrategy, TF1 async; not MultiWorkerMirroredStrategy).")
 @click.option("--dry-run", is_flag=True,
               help="Print each task's filled command line, folder, GPU mask, TF_CONFIG and environment (secrets "
                    "masked), touching no host; start nothing.")
@@ -1012,7 +1017,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 host_timeout: float, grace: float, timeout: float, firewall: bool, as_json: bool,
                 limit: str | None, allow_busy_gpus: bool, notify_urls: tuple[str, ...],
                 notify_cmds: tuple[str, ...], detach: bool, replace: bool, keep: int, until: str | None,
-                dry_run: bool, keras: str | None, sync_limit: int) -> None:
+                dry_run: bool, keras: str | None, sync_limit: int, min_workers: int | None) -> None:
     """Run your own program on every task: pscluster run [INVENTORY] [OPTIONS] -- PROGRAM [ARG...]
 
     With INVENTORY: one shot (preflight, sync, start every task, wait, stop everything). Without:
@@ -1058,7 +1063,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                                  reporter=_with_notifier(output, notifier), pool=pool, rules=rules,
                                  host_timeout=host_timeout, grace=grace, secrets=secrets, one_shot=one_shot,
                                  detached=env.detached, replace=replace, until=Until(until) if until else None,
-                                 keep=keep, keras=keras)
+                                 keep=keep, keras=keras, min_workers=min_workers)
 
     current: list[ProgramSupervisor] = []
 
@@ -1082,6 +1087,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 if firewall:
                     cluster = _replace(cluster, firewall=True)
                 _check_until(until, cluster.tasks)
+                _check_min_workers(min_workers, select_tasks(cluster, on))
                 if keras:            # preflight then checks tf-keras where legacy Keras is asked for
                     cluster = _replace(cluster, hosts=tuple(_replace(host, keras=keras) for host in cluster.hosts))
                 if env.store.load(cluster.name) is not None:
@@ -1099,6 +1105,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 if state is None:
                     raise UsageError(f"no cluster named {resolved!r}")
                 _check_until(until, select_tasks(state.plan, on))    # bad --on, --until: before anything happens
+                _check_min_workers(min_workers, select_tasks(state.plan, on))
                 if detach:
                     _detach(env, resolved, state, replace=replace, as_json=as_json)
                     return
@@ -1123,6 +1130,14 @@ def _check_until(until: str | None, tasks) -> None:
     if problem is not None:
         raise UsageError(problem, hint=f"the program runs on {', '.join(dict.fromkeys(roles))}; "
                                        "choose another --until")
+
+
+def _check_min_workers(min_workers: int | None, tasks) -> None:
+    """``--min-workers`` cannot exceed the workers that run the program (a usage error up front)."""
+    workers = sum(1 for task in tasks if task.role == "worker")
+    if min_workers is not None and min_workers > workers:
+        raise UsageError(f"--min-workers {min_workers} is larger than the {workers} worker(s) that run the program",
+                         hint=f"give at most --min-workers {workers}" if workers else "the program runs on no worker")
 
 
 def _dry_run(env: Env, inventory: str | None, *, name: str | None, mode: str | None, port_base: int | None,

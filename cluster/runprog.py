@@ -63,7 +63,7 @@ class ProgramSupervisor(JobExecutor):
                  files: Sequence[LocalFile] | Callable[[], Sequence[LocalFile]], space: Workspace, reporter: Reporter, pool: TransportPool,
                  rules: core.RestartRules, host_timeout: float = 60.0, grace: float = 10.0,
                  secrets: Secrets | None = None, one_shot: bool = False, until: Until | None = None,
-                 keras: str | None = None, **clocks):
+                 keras: str | None = None, min_workers: int | None = None, **clocks):
         super().__init__(store=store, name=name, reporter=reporter, pool=pool, root=space.root, rules=rules,
                          host_timeout=host_timeout, grace=grace, secrets=secrets, **clocks)
         self.argv = tuple(argv)
@@ -74,6 +74,8 @@ class ProgramSupervisor(JobExecutor):
         self.until = until                  # None: core.default_until of the tasks that run it
         self.idle_since: float | None = None
         self.keras = keras            # run --keras (None: each host's pscluster_keras)
+        self.min_workers = min_workers          # run --min-workers: workers may drop out down to this
+        self.dropped: set[str] = set()          # worker tasks left out of the run
         self.partial: dict[str, str] = {}          # log path -> its unfinished last line
         self.outcomes: dict[str, dict] = {}         # task -> what became of it (for the report)
         self.first_launch: dict[str, float] = {}
@@ -171,6 +173,42 @@ class ProgramSupervisor(JobExecutor):
         self.first_launch.setdefault(task.name, watched.launched)
         self.outcomes[task.name] = {"state": "running"}
         return watched
+
+    def drop_out(self, host: str, why: str, task: str | None = None) -> bool:
+        """``run --min-workers N``: a worker program that used up its restarts (``task``), or a
+        lost host that runs only worker programs, is left out and the run goes on, as long as N
+        worker programs remain. The program's own coordinator must go on without it, as a
+        ParameterServerStrategy chief or a TF1 async program does (MultiWorkerMirroredStrategy's
+        collectives cannot). A dropped worker does not come back in this run."""
+        if self.min_workers is None:
+            return False
+        on_host = [w for w in self.watched.values() if w.task.host == host]
+        going = [w for w in on_host if task is None or w.task.name == task]
+        kept_out = [w.task.name for w in going if w.kind is not ProcessKind.PROGRAM or w.task.role != "worker"]
+        if not going or kept_out:
+            if kept_out:
+                self.reporter.emit("message", level="warning",
+                                   text=f"cannot go on without {host}: it runs {', '.join(sorted(kept_out))}")
+            return False
+        leaving = {w.task.name for w in going}
+        workers = [t.name for t in self.tasks if t.role == "worker" and t.name not in self.dropped]
+        left = [name for name in workers if name not in leaving]
+        if len(left) < self.min_workers:
+            self.reporter.emit("message", level="warning",
+                               text=f"cannot go on without {', '.join(sorted(leaving))}: {len(left)} worker(s) would "
+                                    f"remain, --min-workers is {self.min_workers}")
+            return False
+        self.forget_and_stop(going)
+        self.retarget()          # a lost host's stream closes: it is no longer the run's
+        self.dropped |= leaving
+        for name in leaving:
+            self.outcomes[name] = {"state": "dropped", "why": why}
+        text = (f"resized ({task or host} {why}): {', '.join(sorted(leaving))} dropped out; "
+                f"{len(workers)} -> {len(left)} worker(s) go on")
+        self.reporter.emit("message", level="warning", text=text)
+        self.set_job(workers=len(left), message=text)
+        self.announce("resized", {"old": workers, "new": left, "reason": f"{task or host} {why}", "workers": len(left)})
+        return True
 
     def recovery(self, incident: core.Incident) -> core.Recovery:
         proc = incident.proc

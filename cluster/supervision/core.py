@@ -193,6 +193,9 @@ class Verdict:
     action: Action
     delay: float = 0.0
     why: str | None = None          # for FAIL: what forbids the restart
+    # For FAIL: the task failed for good (its policy or its budget forbids a restart), so an
+    # elastic job (--min-workers) may go on without it rather than fail.
+    for_good: bool = False
 
 
 def verdict(rules: RestartRules, incident: Incident, used: int) -> Verdict:
@@ -212,13 +215,14 @@ def verdict(rules: RestartRules, incident: Incident, used: int) -> Verdict:
 
 def _verdict(rules: RestartRules, incident: Incident, used: int) -> Verdict:
     if rules.policy is RestartPolicy.NEVER:
-        return Verdict(Action.FAIL, why="restart policy 'never'")
+        return Verdict(Action.FAIL, why="restart policy 'never'", for_good=not incident.clean_exit)
     if rules.policy is RestartPolicy.ON_FAILURE and incident.clean_exit:
         return Verdict(Action.FAIL)
     if used >= rules.max_restarts:
         if incident.clean_exit and incident.proc.kind is ProcessKind.PROGRAM:
             return Verdict(Action.ACCEPT)
-        return Verdict(Action.FAIL, why=f"restart budget exhausted ({rules.max_restarts} restart(s) used)")
+        return Verdict(Action.FAIL, why=f"restart budget exhausted ({rules.max_restarts} restart(s) used)",
+                       for_good=True)
     return Verdict(Action.RESTART, delay=rules.delay(used))
 
 

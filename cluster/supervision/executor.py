@@ -440,9 +440,11 @@ class JobExecutor:
                 self.give_up(watched, f"{reason}; {verdict.why}")
                 return
             if verdict.action is core.Action.FAIL:
-                if verdict.why and verdict.why.startswith("restart budget"):
-                    if self.drop_out(proc.host, f"used up its restarts ({reason})", task=proc.task):
-                        return
+                used_up = verdict.for_good and self.rules.policy is not RestartPolicy.NEVER
+                if verdict.for_good and self.drop_out(
+                        proc.host, f"used up its restarts ({reason})" if used_up else f"failed ({reason})", task=proc.task):
+                    return
+                if used_up:
                     raise self.fail(exhausted(error, watched.task, self.rules.max_restarts))
                 raise self.fail(error, verdict.why)
             self.count_restart(proc.task, message=f"{proc.task}@{proc.host} {reason}; restart {used + 1}/"

@@ -196,6 +196,32 @@ def test_a_failing_worker_fails_the_run_with_its_exit_code_and_log(tmp_path, cle
     assert not (state_dir / f"{name}.json").exists()
 
 
+def test_min_workers_a_failing_worker_drops_out_and_the_run_goes_on(tmp_path, cleanup):
+    """`run --min-workers 1`: worker:1 fails for good (policy never); the run goes on with
+    worker:0, whose clean exit ends it (exit 0). Asking for 2 fails as without the option, and more
+    workers than run the program is refused before anything starts."""
+    name, state_dir = "run-elastic", tmp_path / "state"
+    cleanup(name, state_dir)
+    project = program_dir(tmp_path)
+    inventory = local_inventory(tmp_path, FAIL_TASK="worker:1", SLEEP="4")
+
+    def one_shot(*extra):
+        return run_cli(["run", inventory, "--name", name, "--port-base", port_base(), "--on", "worker", "--json",
+                        *extra, "--", "python", "prog.py"], state_dir=state_dir, cwd=project, timeout=300)
+
+    proc = one_shot("--min-workers", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = " ".join(proc.stderr.split())
+    assert "resized (worker:1 failed (exited with code 3)): worker:1 dropped out; 2 -> 1 worker(s) go on" in said, said
+    tasks = tasks_of(json.loads(proc.stdout))
+    assert tasks["worker:1"]["state"] == "dropped" and tasks["worker:0"]["exit_code"] == 0, tasks
+    refused = one_shot("--min-workers", "2")
+    assert refused.returncode == 1 and "cannot go on without worker:1: 1 worker(s) would remain" in refused.stderr
+    too_many = one_shot("--min-workers", "3")
+    assert too_many.returncode == 2 and "--min-workers 3 is larger than the 2 worker(s)" in too_many.stderr
+    assert "Traceback" not in too_many.stderr and not (state_dir / f"{name}.json").exists()
+
+
 def test_every_one_shot_run_keeps_its_own_logs(tmp_path, cleanup):
     """Runs of one name count up (job-1, job-2, ...): each run's logs stay readable after its
     cluster is gone, an error quotes its own run's log, and --keep removes the oldest."""

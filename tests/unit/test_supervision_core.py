@@ -140,6 +140,17 @@ def test_verdict(policy, failed, used, action, delay, why):
     assert (result.action, result.delay, result.why) == (action, delay, why)
 
 
+@pytest.mark.parametrize("policy, failed, used, for_good", [
+    ("never", exited("worker:1"), 0, True),                        # failed, and nothing will restart it
+    ("never", exited("worker:1", code=0), 0, False),               # a clean exit is not a failure
+    ("on-failure", exited("worker:1"), 3, True),                   # its budget is used
+    ("on-failure", exited("worker:1"), 2, False),                  # it restarts
+    ("on-failure", exited("worker:1", code=0), 0, False),
+])
+def test_a_task_that_failed_for_good_may_drop_out_of_an_elastic_job(policy, failed, used, for_good):
+    assert verdict(RestartRules(RestartPolicy(policy), max_restarts=3), incident(failed), used).for_good is for_good
+
+
 def test_backoff_doubles_and_is_capped():
     rules = RestartRules(max_restarts=100, backoff=1.0, max_backoff=30.0)
     assert [rules.delay(n) for n in range(7)] == [1, 2, 4, 8, 16, 30, 30]
