@@ -211,7 +211,8 @@ class Supervisor(JobExecutor):
         self.retarget()
         self.set_job(state=JobState.RUNNING)
         text = (f"resized ({request.reason}): {resize.describe(diff, new)}; {workers_before} -> {workers_after} "
-                f"worker(s), resuming from step {self.progress.checkpoint_step} "
+                f"worker(s), resuming from "
+                f"{'step %d' % self.progress.checkpoint_step if self.progress.checkpoint_step else 'the start'} "
                 f"({self.clock() - began:.1f} s to restart)")
         self.reporter.emit("message", text=text)
         self.announce("resized", {"old": resize.membership(old), "new": resize.membership(new),
