@@ -155,7 +155,10 @@ def planned(mode: str, grow: Path, shrink: Path, work: Path, port_base: int, whe
             after = job.watch_until("resumed", lambda j: j.get("state") == "running" and
                                     (j.get("step") or 0) > (j.get("restored_step") or 1 << 60))
             restored = after["restored_step"]
-            pause = job.pause_after(began, restored)
+            # The longest gap between two step reports: the job may train on while the resize
+            # prepares (new servers, standbys), so the pause is not counted from `scale`'s start.
+            resumed = min(t for t, step in job.seen if t > began and step > restored)
+            pause = _longest_gap(job, began, resumed)
         job.watch_until("trained after the resize", lambda j: (j.get("step") or 0) >= restored + RUN_BEFORE)
         last = job.seen[-1][1]
         cli(["down", "--name", name], state_dir)          # checkpoint first
@@ -172,8 +175,13 @@ def _pause_around(job: Job, began: float, ended: float) -> float:
     """A change in place: the longest gap between two step reports, from the last one before
     ``began`` to the first one after ``ended``."""
     job.watch_until("trained after the resize", lambda j: any(t > ended for t, _ in job.seen))
+    return _longest_gap(job, began, min(t for t, _ in job.seen if t > ended))
+
+
+def _longest_gap(job: Job, began: float, until: float) -> float:
+    """The longest gap between two step reports from the last one before ``began`` to ``until``."""
     times = [t for t, _ in job.seen]
-    window = [t for t in times if max(t for t in times if t <= began) <= t <= min(t for t in times if t > ended)]
+    window = [t for t in times if max(t for t in times if t <= began) <= t <= until]
     return max(b - a for a, b in zip(window, window[1:]))
 
 

@@ -38,12 +38,12 @@ from .jobstop import first_to_stop
 from .launcher import report_standbys, start_standbys, stop_records, task_env
 from .resize import PlanDiff, ResizeRequest
 from .secrets import Secrets
-from .plan import TaskSpec
+from .plan import ClusterPlan, TaskSpec
 from .state import ProcessRecord, StateStore
 from .supervision import core
 from .supervision.executor import LOOP_SECONDS, JobExecutor, JobFailed, JobInterrupted, Watched, restart_rules
 from .supervision.links import HostLink
-from .layout import exit_file
+from .layout import exit_file, ready_file
 from .training import (EventTail, JobRef, TrainOptions, host_layout, job_files, job_path_on, leader_layout, leader_task,
                        path_on, summarize, train_argv, with_evaluator)
 from .transport import TransportPool
@@ -53,6 +53,7 @@ __all__ = ["Supervisor", "JobFailed", "JobInterrupted"]
 REJOIN_RETRY = 5.0      # seconds between two tries to take a host back (each runs preflight there)
 LOST_HOST_GRACE = 5.0   # the leader's time to save when a resize leaves a lost host out
 IN_PLACE_TIMEOUT = 60.0  # for the async chief to take a change in place (it looks between closures)
+STANDBY_WAIT = 60.0      # for the standbys of a resize's relaunch to import TensorFlow (then: started afresh)
 
 
 class Supervisor(JobExecutor):
@@ -180,6 +181,9 @@ class Supervisor(JobExecutor):
             text = self.resize_in_place(request, diff)
             if text is not None:
                 return text
+        # While the job still trains: standbys for the relaunch, so that it skips TensorFlow's import
+        # (not for a lost host: the job is stuck until the restart, which a wait would only delay).
+        ready = self.standbys_for(new) if not unreachable else []
         self.reporter.emit("message", text=f"resizing: {resize.describe(diff, new)}; "
                                            f"the job checkpoints first (up to {self.options.stop_grace:g} s)")
         began = self.clock()        # the pause: from here to the relaunch
@@ -194,7 +198,7 @@ class Supervisor(JobExecutor):
         resize.apply_plan(self.writer, self.pool, self.reporter, old, new, diff, self.secrets, root=self.root,
                           standbys=False, unreachable=unreachable,
                           known_hosts=[link.host for link in self.dropped.values()],
-                          started=[task.name for task in early])
+                          started=[task.name for task in early], running=ready)
         self.plan = new
         self.leader = leader_task(new)
         workers_before, workers_after = len(old.tasks_of("worker")), len(new.tasks_of("worker"))
@@ -219,6 +223,35 @@ class Supervisor(JobExecutor):
                                   "reason": request.reason, "workers": workers_after,
                                   "checkpoint_step": self.progress.checkpoint_step})
         return text
+
+    def standbys_for(self, new: ClusterPlan) -> list[str]:
+        """Before a relaunch at ``new``: a standby for each of its training tasks that has none,
+        and wait (reading the job's streams) until they imported TensorFlow, up to
+        :data:`STANDBY_WAIT`. Best effort (a standby that is late or failed is passed over and its
+        task starts afresh); the keys of the standbys started, which the resize keeps."""
+        names = [task.name for task in new.training_tasks if self.state.standby(task.name) is None]
+        if not names:
+            return []
+        try:
+            sync_code(new, self.pool, self.reporter, self.root)     # a host new to the cluster needs the code
+            records, failures = start_standbys(self.writer, self.pool, new, self.secrets, names)
+        except PsclusterError as exc:
+            records, failures = {}, [Failure("the relaunch", exc)]
+        report_standbys(Reporter(), {}, failures)
+        if not records:
+            return []
+        self.reporter.emit("message", text=f"starting {len(records)} standby(s) for the relaunch while the job trains")
+        pending, deadline = dict(records), self.clock() + STANDBY_WAIT
+        while pending and self.clock() < deadline:
+            for name, record in list(pending.items()):
+                try:
+                    if hostops.read(self.pool.get(new.host(record.host)), ready_file(record.log), limit=16).exists:
+                        del pending[name]
+                except PsclusterError:
+                    del pending[name]           # its host does not answer: the relaunch will say more
+            self.pump()
+            self.sleep(0.3)
+        return [record.key for record in records.values()]
 
     def resize_in_place(self, request: ResizeRequest, diff: PlanDiff) -> str | None:
         """Async, workers added after the last one or the last ones removed: the running chief takes
