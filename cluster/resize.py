@@ -197,8 +197,8 @@ def in_place(old: ClusterPlan, new: ClusterPlan, diff: PlanDiff, early: Collecti
     no worker keeps its name at another index or address."""
     if new.mode != Mode.ASYNC or old.mode != Mode.ASYNC or diff.empty or (diff.start and diff.stop):
         return False
-    changed = [*diff.start, *diff.stop]
-    if any(not name.startswith("worker:") for name in changed):
+    if any(new.task(name).role != "worker" for name in diff.start) or \
+            any(old.task(name).role != "worker" for name in diff.stop):
         return False
     before, after = len(old.tasks_of("worker")), len(new.tasks_of("worker"))
     if diff.start:

@@ -302,9 +302,7 @@ class Supervisor(JobExecutor):
         """What the loop does besides deciding: read the hosts' watch streams (the job's events)
         and keep its record current, e.g. while a resize waits for new servers or for the chief."""
         now = self.clock()
-        for link in list(self.links.values()):
-            for update in link.poll(now):
-                self.absorb(update, now)
+        self.read_streams(now)
         self.publish(now)
 
     def pump_until(self, found, chief: Watched, *, timeout: float) -> dict | None:

@@ -115,7 +115,6 @@ def apply_change(strategy: Any, coordinator: Any, new_cluster: Mapping[str, Sequ
     import tensorflow as tf
     from tensorflow.python.distribute.coordinator import cluster_coordinator
     from tensorflow.python.eager import context
-    from tensorflow.python.training import server_lib
 
     cluster = coordinator._cluster       # noqa: SLF001 - no public API (module docstring)
     workers = len(new_cluster["worker"])
@@ -126,14 +125,9 @@ def apply_change(strategy: Any, coordinator: Any, new_cluster: Mapping[str, Sequ
         cluster.closure_queue.put(_EndThread(), tag=worker.worker_index)
     del cluster.workers[workers:]
 
-    filters = server_lib.ClusterDeviceFilters()
-    for i in range(workers):         # as ParameterServerStrategy connects (parameter_server_strategy_v2.py)
-        filters.set_device_filters("worker", i, ["/job:ps", "/job:chief"])
-    for i in range(len(new_cluster.get("ps", []))):
-        filters.set_device_filters("ps", i, ["/job:worker", "/job:chief"])
+    # The cluster only: TensorFlow ignores a change of device filters after the first connection.
     server_def = context.get_server_def()
     server_def.cluster.CopyFrom(tf.train.ClusterSpec(dict(new_cluster)).as_cluster_def())
-    server_def.cluster_device_filters.CopyFrom(filters._as_cluster_device_filters())  # noqa: SLF001
     context.context().update_server_def(server_def)
 
     cluster._num_workers = workers      # noqa: SLF001

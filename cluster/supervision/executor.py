@@ -355,13 +355,17 @@ class JobExecutor:
         while True:
             now = self.clock()
             self.between_turns()
-            for host, link in list(self.links.items()):
-                for update in link.poll(now):
-                    self.absorb(update, now)
+            self.read_streams(now)
             if self.decide(now):
                 return
             self.publish(now)
             self.sleep(LOOP_SECONDS)
+
+    def read_streams(self, now: float) -> None:
+        """What every host's watch stream said since the last turn (exits, events, output)."""
+        for link in list(self.links.values()):
+            for update in link.poll(now):
+                self.absorb(update, now)
 
     def absorb(self, update: hostops.WatchUpdate, now: float) -> None:
         for key, status in update.states.items():
