@@ -222,6 +222,19 @@ def test_min_workers_a_failing_worker_drops_out_and_the_run_goes_on(tmp_path, cl
     assert "Traceback" not in too_many.stderr and not (state_dir / f"{name}.json").exists()
 
 
+def test_a_hard_coded_task_index_is_warned_before_the_run_starts(tmp_path, cleanup):
+    """Issue 24 item 7 through a real one-shot run: two workers get the same command line."""
+    name, state_dir = "run-same-argv", tmp_path / "state"
+    cleanup(name, state_dir)
+    proc = run_cli(["run", local_inventory(tmp_path, SLEEP="0"), "--name", name, "--port-base", port_base(),
+                    "--on", "worker", "--", "python", "prog.py", "--task_index=0"],
+                   state_dir=state_dir, cwd=program_dir(tmp_path), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert "worker:0 and worker:1 get the same command line" in said and "{task_index}" in said, said
+    assert said.index("same command line") < said.index("▸ run python prog.py"), said   # before anything starts
+
+
 def test_every_one_shot_run_keeps_its_own_logs(tmp_path, cleanup):
     """Runs of one name count up (job-1, job-2, ...): each run's logs stay readable after its
     cluster is gone, an error quotes its own run's log, and --keep removes the oldest."""
