@@ -131,7 +131,7 @@ def test_a_hops_own_proxyjump_is_built_here_with_host_key_checks(tmp_path, monke
     from cluster.transport import ssh
     config = tmp_path / "ssh_config"
     config.write_text(HOP_CONFIG)
-    monkeypatch.setattr(ssh, "_CONFIG", fabric.Config(runtime_ssh_path=str(config)))
+    monkeypatch.setattr(ssh, "_SSH_CONFIG", fabric.Config(runtime_ssh_path=str(config)).base_ssh_config)
     transport = SSHTransport(host(jump=("root@bastion",)), ssh_config=str(config))
     assert transport.jumps() == ("outer", "root@bastion")
     first = transport._connection("bastion", None, "root", None)
@@ -145,7 +145,7 @@ def test_proxyjump_none_in_the_inventory_means_no_hop_at_all(tmp_path, monkeypat
     from cluster.transport import ssh
     config = tmp_path / "ssh_config"
     config.write_text(HOP_CONFIG)
-    monkeypatch.setattr(ssh, "_CONFIG", fabric.Config(runtime_ssh_path=str(config)))
+    monkeypatch.setattr(ssh, "_SSH_CONFIG", fabric.Config(runtime_ssh_path=str(config)).base_ssh_config)
     transport = SSHTransport(host(address="target.lab", jump=("none",)), ssh_config=str(config))
     assert transport.jumps() == ()
     assert transport._connection("target.lab", None, "bob", None).gateway is False
