@@ -20,7 +20,9 @@ so the loop is ours:
   few enough that the loop wakes often to report progress and that a checkpoint
   boundary is reached soon after it is scheduled;
 * checkpoints are written by the chief alone (``experimental_io_device``), after
-  ``coordinator.join()`` so they hold a consistent step;
+  ``coordinator.join()`` so they hold a consistent step; on a stop, the closures in flight
+  get :data:`STOP_DRAIN_SECONDS` to finish and the chief saves without the ones that do not
+  (a lost worker's closure never returns);
 * evaluation runs on the chief itself, reading the variables from the ps tasks;
 * workers join and leave without a restart when the orchestrator asks, between two
   closures (roles/membership.py): the chief waits for what is in flight, points its
@@ -61,6 +63,21 @@ _KEEP_UNTIL_EXIT: list[Any] = []
 # Closures in flight per worker: 2 keeps a worker's queue non-empty while the chief
 # handles the previous result; more only delays progress reports and checkpoints.
 IN_FLIGHT_PER_WORKER = 2
+
+# After a stop request, the closures in flight get this long to finish, counted from the
+# request or from the last closure that finished. A closure whose worker was lost never does
+# (its coordinator thread waits on the worker, and fetch() would block for good), so the chief
+# saves without it: the steps on the ps are all in the checkpoint, the lost closure's are not.
+STOP_DRAIN_SECONDS = 2.0
+WAIT_SLICE = 0.2
+
+
+def _finished_within(remote: Any, timeout: float) -> bool:
+    """Whether the closure behind ``remote`` has its result (or its error), waiting up to
+    ``timeout``. TensorFlow's RemoteValue has no public wait with a timeout: its event is read
+    where it exists, else the caller's fetch() blocks as before."""
+    event = getattr(remote, "_status_available_event", None)
+    return True if event is None else bool(event.wait(timeout))
 
 
 def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
@@ -154,9 +171,24 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     # scheduled, so this is the step each one brought the job to (for TensorBoard's points).
     finished = start_step
 
-    def collect_one() -> None:
-        nonlocal finished
-        remote, n = in_flight.popleft()
+    stop_seen: float | None = None      # when the loop first saw the stop request
+    last_done = time.monotonic()        # when the last closure was collected
+    abandoned = False                   # a stop left closures in flight (see STOP_DRAIN_SECONDS)
+
+    def collect_one() -> bool:
+        """Collect the oldest closure in flight. False, leaving it in flight, once a stop was
+        requested and no closure finished within STOP_DRAIN_SECONDS (a lost worker's)."""
+        nonlocal finished, stop_seen, last_done, abandoned
+        remote, n = in_flight[0]
+        while not abandoned and not _finished_within(remote, WAIT_SLICE):
+            if deadline.stop_requested:
+                now = time.monotonic()
+                stop_seen = now if stop_seen is None else stop_seen
+                abandoned = now - max(stop_seen, last_done) > STOP_DRAIN_SECONDS
+        if abandoned:
+            return False
+        in_flight.popleft()
+        last_done = time.monotonic()
         try:
             loss, worker = remote.fetch()
         except tf.errors.UnavailableError:
@@ -169,9 +201,9 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             log.warning("a closure of %d steps finished on a worker that died before its "
                         "result was copied; its steps count, its loss is lost", n)
             finished += n
-            return
+            return True
         if n == 0:  # a warm start's closure that only loaded the step function
-            return
+            return True
         finished += n
         counted = first.counts()
         if not counted:
@@ -179,10 +211,18 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         examples = n * plan.worker_batch_size
         reporter.trained(finished, n, examples, float(loss), timed=counted)
         if not counted:
-            return
+            return True
         meter.add(n, examples, float(loss), [(f"worker:{int(worker)}", examples)])
         if meter.due():
             meter.maybe_emit(int(step_var.numpy()))
+        return True
+
+    def drain() -> bool:
+        """Collect every closure in flight; False if a stop left some behind."""
+        while in_flight:
+            if not collect_one():
+                return False
+        return True
 
     # deadline.stop_requested (SIGTERM or --deadline): stop scheduling, let what is in
     # flight finish, save below and skip the final evaluation.
@@ -196,8 +236,8 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
                 reporter.writer.emit("membership", seq=request["seq"], refused=str(exc))
             else:
                 began = time.perf_counter()
-                while in_flight:        # a leaving worker finishes its closure first
-                    collect_one()
+                if not drain():         # a leaving worker finishes its closure first
+                    break
                 coordinator.join()
                 apply_change(strategy, coordinator, request["cluster"], added, removed)
                 cluster, workers = dict(request["cluster"]), len(request["cluster"]["worker"])
@@ -211,8 +251,8 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             # Warm start: the previous closure (the last one before the boundary too) ends
             # before this one is scheduled, so no two run at once. Waiting here rather than
             # after scheduling lets an evaluation run while the worker trains.
-            while in_flight:
-                collect_one()
+            if not drain():
+                break
             if start_step < scheduled == plan.warmup_steps:   # StepSchedule cuts a chunk there
                 log.info("warm start over at step %d: all %d workers train", scheduled, workers)
         began = time.perf_counter()
@@ -239,23 +279,27 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             evaluator.get_concrete_function(test_data)
         while in_flight and (len(in_flight) >= max_in_flight
                              or (not first.done and len(in_flight) >= workers)):
-            collect_one()
+            if not collect_one():
+                break
         reached = schedule.reached(scheduled)
-        if reached.checkpoint:
-            while in_flight:
-                collect_one()
+        if reached.checkpoint and not deadline.stop_requested:
+            if not drain():
+                break
             coordinator.join()  # a consistent step on disk
             if keeper:
                 last_saved_step = int(step_var.numpy())
                 last_checkpoint = keeper.save_and_report(last_saved_step, reporter) or last_checkpoint
         if reached.evaluate:
             while in_flight and not first.done:  # no evaluation of the untrained model
-                collect_one()
+                if not collect_one():
+                    break
             meter.maybe_emit(int(step_var.numpy()), force=True)  # the evaluation's line comes with the loss up to it
             evaluate()
-    while in_flight:
-        collect_one()
-    coordinator.join()
+    if drain():
+        coordinator.join()
+    else:
+        log.warning("%d closure(s) did not finish within %.0f s of the stop (a lost worker's?): "
+                    "saving without them", len(in_flight), STOP_DRAIN_SECONDS)
     deadline.disarm()  # nothing to train (resumed at the budget): still a clean start
     final_step = int(step_var.numpy())
     meter.maybe_emit(final_step, force=True)
