@@ -224,12 +224,20 @@ class Event:
         return self.data[key]
 
 
+# Events come from the fan-out's threads too (a task started on each host at once); the consoles
+# keep state (rich's progress rows) that two handlers at once corrupted ("KeyError: 1" from
+# rich's Progress.update in `up`, with a traceback). One event is handled at a time.
+_HANDLING = threading.RLock()
+
+
 class Reporter:
     """Receives events: :meth:`emit` validates one, :meth:`handle` (overridden) acts on it;
-    the base class ignores them."""
+    the base class ignores them. Events are handled one at a time, from any thread."""
 
     def emit(self, kind: str, **data: Any) -> None:
-        self.handle(kind, **validated(kind, data))
+        event = validated(kind, data)
+        with _HANDLING:
+            self.handle(kind, **event)
 
     def handle(self, kind: str, **data: Any) -> None:
         pass

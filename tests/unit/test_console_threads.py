@@ -1,0 +1,56 @@
+"""Events emitted from several threads at once (the fan-out starts a task on each host in its own
+thread): the console handles one at a time. Two handlers at once each made a progress display
+and the second lost the first one's rows: `up` died with "KeyError: 1" in rich's Progress.update
+(twice in the SSH lab's CI run)."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+from rich.console import Console
+
+from cluster import console as ui
+
+
+class SlowStart(ui.Progress):
+    """A progress display that takes a while to start, as on a loaded machine."""
+
+    made = 0
+
+    def __init__(self, *args, **kwargs) -> None:
+        SlowStart.made += 1
+        super().__init__(*args, **kwargs)
+
+    def start(self) -> None:
+        time.sleep(0.05)
+        super().start()
+
+
+def test_task_started_from_many_threads_at_once_keeps_every_row(monkeypatch):
+    monkeypatch.setattr(ui, "Progress", SlowStart)
+    SlowStart.made = 0
+    out = io.StringIO()
+    reporter = ui.RichReporter(Console(file=out, force_terminal=False, width=120))
+    errors: list[BaseException] = []
+    gate = threading.Barrier(8)
+
+    def start(index: int) -> None:
+        gate.wait()
+        try:
+            reporter.emit("task-started", task=f"worker:{index}", host=f"node-{index}", pid=1000 + index)
+        except BaseException as exc:        # the failure this test is about: KeyError from rich
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert SlowStart.made == 1, "each thread made a progress display of its own"
+    # One display, holding the row of every task.
+    assert len(reporter._rows) == 8
+    assert sorted(reporter._rows.values()) == sorted(task.id for task in reporter._progress.tasks)
+    reporter.close()
