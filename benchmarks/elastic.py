@@ -258,20 +258,21 @@ def host_loss(work: Path) -> dict:
         try:
             job.watch_until(f"trained {RUN_BEFORE} steps", lambda j: (j.get("step") or 0) >= RUN_BEFORE)
             began = time.monotonic()
+            at_cut = job.seen[-1][1]
             lab.cut("node-3")
-            # The chief's checkpoint on stop cannot be counted on here (it waits on the lost worker's
-            # closure until its grace ends), so the job may go back to its last periodic checkpoint:
+            # The chief saves after 2 s without its closure on node-3 (roles/async_driver.py):
             # "went on" is the first step reported after the record shows two workers running.
             job.watch_until("went on without node-3", lambda j: j.get("workers") == 2 and j.get("state") == "running")
             resized = time.monotonic()
-            job.watch_until("trained without node-3", lambda j: any(t > resized for t, _ in job.seen))
+            after = job.watch_until("trained without node-3", lambda j: any(t > resized for t, _ in job.seen))
             first = min(t for t, _ in job.seen if t > resized)
+            restored = after.get("restored_step") or 0
             lab.heal("node-3")
         finally:
             lab.heal_all()
             job.stop()
             _down(name, state_dir)
-    return {"continue_seconds": first - began, "host_timeout": timeout}
+    return {"continue_seconds": first - began, "host_timeout": timeout, "steps_lost": max(0, at_cut - restored)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     if "host_loss" in results:
         loss = results["host_loss"]
         print(f"unplanned host loss (lab, async): went on after {loss['continue_seconds']:.1f} s "
-              f"(goal <= --host-timeout {loss['host_timeout']} + 10 s)")
+              f"(goal <= --host-timeout {loss['host_timeout']} + 10 s), {loss['steps_lost']} steps lost "
+              f"(the steps at the cut against those the job resumed from)")
     return 0
 
 

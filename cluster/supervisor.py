@@ -165,10 +165,10 @@ class Supervisor(JobExecutor):
         resize.post_result(self.store, self.name, ok=True, message=text)
 
     def resize(self, request: "resize.ResizeRequest", unreachable: frozenset[str] | set[str] = frozenset()) -> str:
-        # With a host lost, the async chief's closure on the lost worker never returns: the chief
-        # waits STOP_DRAIN_SECONDS (2 s) for the others and saves without it
-        # (roles/async_driver.py); a sync-ps leader may not get to save at all, so the grace is
-        # short and then such a job goes back to its last periodic checkpoint.
+        # With a host lost, the leader usually cannot save: TensorFlow holds the async chief's
+        # writes behind its closure on the lost worker, so after 2 s without a closure returning
+        # it ends without saving (roles/async_driver.py). The grace is short for any mode, and
+        # the job goes back to its last periodic checkpoint.
         """Checkpoint, stop the job's processes, bring the servers in line with the new plan, and
         start the training processes again from the checkpoint at the new size."""
         old, new = self.plan, request.plan

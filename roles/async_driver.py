@@ -21,8 +21,8 @@ so the loop is ours:
   boundary is reached soon after it is scheduled;
 * checkpoints are written by the chief alone (``experimental_io_device``), after
   ``coordinator.join()`` so they hold a consistent step; on a stop, the closures in flight
-  get :data:`STOP_DRAIN_SECONDS` to finish and the chief saves without the ones that do not
-  (a lost worker's closure never returns);
+  get :data:`STOP_DRAIN_SECONDS` to finish; if one does not (a lost worker's), the chief
+  cannot save (TensorFlow holds its writes behind that closure) and ends at once;
 * evaluation runs on the chief itself, reading the variables from the ps tasks;
 * workers join and leave without a restart when the orchestrator asks, between two
   closures (roles/membership.py): the chief waits for what is in flight, points its
@@ -65,9 +65,10 @@ _KEEP_UNTIL_EXIT: list[Any] = []
 IN_FLIGHT_PER_WORKER = 2
 
 # After a stop request, the closures in flight get this long to finish, counted from the
-# request or from the last closure that finished. A closure whose worker was lost never does
-# (its coordinator thread waits on the worker, and fetch() would block for good), so the chief
-# saves without it: the steps on the ps are all in the checkpoint, the lost closure's are not.
+# request or from the last closure that finished. A closure whose worker was lost or froze may
+# never do (its coordinator thread waits on the worker, and fetch() would block for good); then
+# the chief cannot save either (see the end of ``run``) and ends at once, instead of waiting
+# out the stop's grace.
 STOP_DRAIN_SECONDS = 2.0
 WAIT_SLICE = 0.2
 
@@ -298,14 +299,20 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     if drain():
         coordinator.join()
     else:
-        log.warning("%d closure(s) did not finish within %.0f s of the stop (a lost worker's?): "
-                    "saving without them", len(in_flight), STOP_DRAIN_SECONDS)
+        # TensorFlow holds every later write of the chief (a variable's assign, a checkpoint's
+        # SaveV2) behind a closure that waits on an unresponsive worker; reads still pass.
+        # Measured with a frozen worker: the save hung until the stop's grace ran out. So the
+        # chief ends at once, and the job resumes from its last checkpoint.
+        log.warning("%d closure(s) did not finish within %.0f s of the stop (a worker lost or "
+                    "frozen): ending without a checkpoint (TensorFlow would hold the save behind "
+                    "them); the last one is %s", len(in_flight), STOP_DRAIN_SECONDS,
+                    last_checkpoint or "none")
     deadline.disarm()  # nothing to train (resumed at the budget): still a clean start
     final_step = int(step_var.numpy())
     meter.maybe_emit(final_step, force=True)
     rate = meter.overall_rate()
 
-    if keeper and last_saved_step != final_step:
+    if keeper and last_saved_step != final_step and not abandoned:
         last_checkpoint = keeper.save_and_report(final_step, reporter) or last_checkpoint
 
     val_loss, val_accuracy = (None, None) if deadline.stop_requested else evaluate()

@@ -182,3 +182,30 @@ def test_sigterm_to_one_sync_worker_makes_every_worker_save_and_the_group_resume
         # ... saved there, and the relaunched group restored that step: no step redone.
         assert job["restored_step"] == steps["worker:0"], (job, steps)
         assert job["restarts"], job
+
+
+def test_a_stop_with_a_frozen_worker_ends_the_async_chief_instead_of_hanging_until_the_grace(tmp_path):
+    """A closure that waits on a frozen (or lost) worker never returns, and TensorFlow holds the
+    chief's writes (its save too) behind it: the chief hung until the stop's grace ran out and was
+    killed. It now waits 2 s for its closures, then ends on its own, saying why. The job's
+    --stop-grace here is 600 s and the stop is given 300: it cannot end by the grace's kill."""
+    with local_cluster(tmp_path, "frozen", "async") as (name, state_dir, ckpt):
+        train = start_training(state_dir, name, ckpt, "async", "--stop-grace", "600")
+        frozen = None
+        try:
+            wait_past_a_periodic_checkpoint(state_dir, name, train)
+            state = json.loads((state_dir / f"{name}.json").read_text())
+            frozen = next(r["pid"] for r in state["processes"] if r["task"] == "worker:1" and not r.get("stopped"))
+            os.kill(frozen, signal.SIGSTOP)
+            # stop-job returns once the job is stopped: the chief ended by itself, well inside the grace.
+            stop = cli(state_dir, "stop-job", "--name", name, timeout=300)
+            assert stop.returncode == 0, stop.stderr
+            _, err = train.communicate(timeout=300)
+        finally:
+            if frozen is not None:
+                os.kill(frozen, signal.SIGCONT)
+            if train.poll() is None:
+                train.kill()
+        logs = "".join(path.read_text() for path in (REPO / ".pscluster" / name).glob("job-*/chief-0.*.log"))
+        assert "ending without a checkpoint" in logs, logs[-3000:]
+        assert job_record(state_dir, name).get("state") == "stopped", err[-3000:]
