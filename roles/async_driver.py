@@ -64,13 +64,20 @@ _KEEP_UNTIL_EXIT: list[Any] = []
 # handles the previous result; more only delays progress reports and checkpoints.
 IN_FLIGHT_PER_WORKER = 2
 
-# After a stop request, the closures in flight get this long to finish, counted from the
-# request or from the last closure that finished. A closure whose worker was lost or froze may
+# After a stop request, the closures in flight get this long to finish (or twice the slowest
+# closure seen, from schedule to result, if that is longer: a big model's closures take longer),
+# counted from the request or from the last closure that finished. A closure whose worker was lost or froze may
 # never do (its coordinator thread waits on the worker, and fetch() would block for good); then
 # the chief cannot save either (see the end of ``run``) and ends at once, instead of waiting
 # out the stop's grace.
 STOP_DRAIN_SECONDS = 2.0
 WAIT_SLICE = 0.2
+
+
+def drain_limit(slowest: float) -> float:
+    """How long, after a stop, the chief waits for a closure to return before it ends without
+    saving: :data:`STOP_DRAIN_SECONDS`, or twice the slowest closure seen if that is longer."""
+    return max(STOP_DRAIN_SECONDS, 2.0 * slowest)
 
 
 def _finished_within(remote: Any, timeout: float) -> bool:
@@ -162,7 +169,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     start_step = int(step_var.numpy())
     scheduled = start_step
     schedule = StepSchedule(plan, start_step)
-    in_flight: collections.deque[tuple[Any, int]] = collections.deque()
+    in_flight: collections.deque[tuple[Any, int, float]] = collections.deque()   # (value, steps, scheduled at)
     max_in_flight = IN_FLIGHT_PER_WORKER * workers
     cluster = resolver.cluster_spec().as_dict()
     last_checkpoint = keeper.latest() if keeper else None
@@ -175,21 +182,24 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     stop_seen: float | None = None      # when the loop first saw the stop request
     last_done = time.monotonic()        # when the last closure was collected
     abandoned = False                   # a stop left closures in flight (see STOP_DRAIN_SECONDS)
+    slowest = 0.0                       # the longest a collected closure took from schedule to result
 
     def collect_one() -> bool:
         """Collect the oldest closure in flight. False, leaving it in flight, once a stop was
-        requested and no closure finished within STOP_DRAIN_SECONDS (a lost worker's)."""
-        nonlocal finished, stop_seen, last_done, abandoned
-        remote, n = in_flight[0]
+        requested and no closure finished for :func:`drain_limit` (a lost worker's)."""
+        nonlocal finished, stop_seen, last_done, abandoned, slowest
+        remote, n, sent = in_flight[0]
         while not abandoned and not _finished_within(remote, WAIT_SLICE):
             if deadline.stop_requested:
                 now = time.monotonic()
                 stop_seen = now if stop_seen is None else stop_seen
-                abandoned = now - max(stop_seen, last_done) > STOP_DRAIN_SECONDS
+                abandoned = now - max(stop_seen, last_done) > drain_limit(slowest)
         if abandoned:
             return False
         in_flight.popleft()
         last_done = time.monotonic()
+        if first.done:      # the first closures wait on the workers' warm-up
+            slowest = max(slowest, last_done - sent)
         try:
             loss, worker = remote.fetch()
         except tf.errors.UnavailableError:
@@ -262,13 +272,13 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             # steps, which loads it there, so that all are ready when all train.
             for _ in range(workers - 1):
                 in_flight.append((coordinator.schedule(
-                    train_steps, args=(per_worker_iterator, tf.constant(0))), 0))
+                    train_steps, args=(per_worker_iterator, tf.constant(0))), 0, time.monotonic()))
             log.info("warm start: steps %d-%d run one closure at a time", start_step, plan.warmup_steps)
         remote = coordinator.schedule(train_steps, args=(per_worker_iterator, tf.constant(n)))
         if scheduled == start_step:
             log.info("train function traced, first closure scheduled in %.2f s",
                      time.perf_counter() - began)
-        in_flight.append((remote, n))
+        in_flight.append((remote, n, time.monotonic()))
         scheduled += n
         # One closure per worker, then wait for the first: every worker warms up (its
         # function and input pipeline) at the same time, and the start deadline
@@ -303,9 +313,9 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         # SaveV2) behind a closure that waits on an unresponsive worker; reads still pass.
         # Measured with a frozen worker: the save hung until the stop's grace ran out. So the
         # chief ends at once, and the job resumes from its last checkpoint.
-        log.warning("%d closure(s) did not finish within %.0f s of the stop (a worker lost or "
+        log.warning("%d closure(s) did not finish within %.1f s of the stop (a worker lost or "
                     "frozen): ending without a checkpoint (TensorFlow would hold the save behind "
-                    "them); the last one is %s", len(in_flight), STOP_DRAIN_SECONDS,
+                    "them); the last one is %s", len(in_flight), drain_limit(slowest),
                     last_checkpoint or "none")
     deadline.disarm()  # nothing to train (resumed at the budget): still a clean start
     final_step = int(step_var.numpy())
