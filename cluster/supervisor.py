@@ -194,8 +194,12 @@ class Supervisor(JobExecutor):
         if first and grace > 0:
             self.stop(first, grace=grace)
             self.read_final_events(first)
-        self.forget_and_stop([w for w in self.watched.values()
-                              if w.kind is not ProcessKind.SERVER or w.task.name in diff.stop])
+        leaving = [w for w in self.watched.values() if w.kind is not ProcessKind.SERVER or w.task.name in diff.stop]
+        # A lost host's processes are not stopped now (an SSH connection to it would wait out its
+        # timeout inside the pause): they stay recorded, and its rejoin or `down` stops them.
+        self.forget_and_stop([w for w in leaving if w.record.host not in unreachable])
+        for item in leaving:
+            self.watched.pop(item.record.key, None)
         resize.apply_plan(self.writer, self.pool, self.reporter, old, new, diff, self.secrets, root=self.root,
                           standbys=False, unreachable=unreachable,
                           known_hosts=[link.host for link in self.dropped.values()],
