@@ -49,7 +49,10 @@ class Job:
     def __init__(self, state_dir: Path, name: str, *extra: str):
         self.state_dir, self.name = state_dir, name
         self.checkpoints = state_dir.parent / f"ckpt-{name}"
-        env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), PYTHONPATH=str(REPO))
+        # The environment `up` had (benchmarks.common.cli): a PYTHONPATH of its own here made every
+        # standby `up` left unusable ("the environment TensorFlow reads at import differs"), so the
+        # by-hand resume paid TensorFlow's import that a user's would not.
+        env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), NO_COLOR="1")
         # Its output goes to a file: a pipe nobody reads until the end fills up and stalls `train`.
         self.output = state_dir.parent / f"train-{name}-{int(time.time())}.err"
         state_dir.mkdir(parents=True, exist_ok=True)

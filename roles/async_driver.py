@@ -216,7 +216,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         if n == 0:  # a warm start's closure that only loaded the step function
             return True
         finished += n
-        counted = first.counts()
+        counted = first.counts(finished, float(loss))
         if not counted:
             log.info("first closure returned: the workers run")
         examples = n * plan.worker_batch_size

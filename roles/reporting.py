@@ -129,6 +129,10 @@ class ProgressMeter:
         self.total_steps = 0
         self.total_by_worker: dict[str, int] = {}
 
+    def first_unit(self, step: int, loss: float | None) -> None:
+        """The first unit of work reached ``step``: reported without rates (none are known)."""
+        self._reporter.progress(step, loss, None, {})
+
     def restart_clock(self) -> None:
         """Starts measuring now (after compilation / first step, say)."""
         self._started = self._window_start = self._clock()
@@ -206,7 +210,9 @@ class FirstStep:
     that unit itself is not counted.
 
     Call :meth:`counts` once per finished unit: False for the first (after the bookkeeping),
-    True afterwards.
+    True afterwards. Given the step that first unit reached, it reports it at once, without
+    rates: the job is seen training again (after a start, a restart or a resize) one unit
+    after it did, not a progress interval later.
     """
 
     def __init__(self, deadline: Any, meter: ProgressMeter) -> None:
@@ -214,12 +220,14 @@ class FirstStep:
         self._meter = meter
         self.done = False
 
-    def counts(self) -> bool:
+    def counts(self, step: int | None = None, loss: float | None = None) -> bool:
         if self.done:
             return True
         self.done = True
         self._deadline.disarm()
         self._meter.restart_clock()
+        if step is not None:
+            self._meter.first_unit(step, loss)
         return False
 
 

@@ -135,7 +135,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         loss = float(train_steps(iterator, tf.constant(n)))
         step += n
         stopping = agree_on_stop(strategy, deadline, local_replicas)
-        counted = first.counts()
+        counted = first.counts(step, loss)
         reporter.trained(step, n, n * plan.global_batch_size, loss, timed=counted)
         if counted:
             meter.add(n, n * plan.global_batch_size, loss,

@@ -263,7 +263,7 @@ def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: Trainer
             break
         step = int(step)
         n = max(step - previous, 1)
-        counted = first.counts()
+        counted = first.counts(step, float(loss_value))
         reporter.trained(step, n, n * plan.global_batch_size, float(loss_value), timed=counted)
         if counted:
             meter.add(n, n * plan.global_batch_size, float(loss_value),

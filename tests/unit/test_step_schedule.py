@@ -82,3 +82,24 @@ def test_the_first_unit_disarms_the_deadline_restarts_the_clock_and_is_not_count
     assert first.counts() is True and deadline.disarmed == 1
     assert meter.overall_rate() == 640.0     # 640 examples in the 1 s since the first unit, not in 16 s
 
+
+
+class _Progress:
+    def __init__(self):
+        self.events: list[tuple] = []
+
+    def progress(self, step, loss, examples_per_second, per_worker):
+        self.events.append((step, loss, examples_per_second, per_worker))
+
+
+def test_the_first_unit_reports_its_step_at_once_without_rates():
+    """After a (re)start the job is seen training one unit after it does, not a progress interval
+    (1.5 s) later: a resize's pause was measured, and `status` showed the step, that much late."""
+    now = [10.0]
+    reporter = _Progress()
+    meter = ProgressMeter(reporter=reporter, clock=lambda: now[0])
+    first = FirstStep(_Deadline(), meter)
+    assert first.counts(1256, 0.25) is False
+    assert reporter.events == [(1256, 0.25, None, {})]
+    meter.add(8, 512, 0.2)
+    assert first.counts(1264, 0.2) is True and len(reporter.events) == 1     # later units: the meter's interval
