@@ -22,7 +22,7 @@ from rich.console import Console
 
 from . import console as ui
 from .codesync import local_workdir, project_root
-from .contracts import Until
+from .contracts import DEFAULT_GRACE, DEFAULT_STOP_GRACE, ExitStatus, Until, resolve_mode
 from .history import DEFAULT_KEEP
 from .progfiles import DEFAULT_SYNC_LIMIT_MIB
 from .errors import PsclusterError, Terminated, UsageError
@@ -247,7 +247,7 @@ def check(env: Env, inventory: str, name: str | None, mode: str | None, port_bas
     else:
         ui.render_checks(env.out, report)
     if not report.ok:
-        raise SystemExit(1)
+        raise SystemExit(ExitStatus.FAILURE)
 
 
 @cli.command()
@@ -480,12 +480,12 @@ def clean(env: Env, name: str | None, keep: int) -> None:
                   + (f"; {len(stale) - removed} could not be removed (see above)" if problems else ""),
                   markup=False, highlight=False)
     if problems:
-        raise SystemExit(1)
+        raise SystemExit(ExitStatus.FAILURE)
 
 
 @cli.command()
 @name_opt
-@click.option("--grace", type=FiniteFloat(0, 3600), default=10.0, show_default=True,
+@click.option("--grace", type=FiniteFloat(0, 3600), default=DEFAULT_GRACE, show_default=True,
               help="Seconds between SIGTERM and SIGKILL.")
 @click.option("--now", is_flag=True,
               help="Stop at once: a running job gets no time to checkpoint first (its steps since the "
@@ -601,9 +601,6 @@ def tensorboard(env: Env, name: str | None, port: int, timeout: float) -> None:
             board.stop()
 
 
-EXIT_DEADLINE = 4
-
-
 class DurationParam(click.ParamType):
     """A duration as seconds: 90, 90s, 45m, 2h, 1d; finite and at most a year (``nan``, ``inf`` and
     ``1e400s`` parsed as floats and meant "no deadline")."""
@@ -655,7 +652,7 @@ class DurationParam(click.ParamType):
               help="Sync mode: seconds a collective may wait for a peer.")
 @click.option("--host-timeout", type=SECONDS, default=60.0, show_default=True,
               help="Seconds to wait for an unreachable host before failing the job.")
-@click.option("--stop-grace", type=FiniteFloat(0, 3600), default=30.0, show_default=True, metavar="SECONDS",
+@click.option("--stop-grace", type=FiniteFloat(0, 3600), default=DEFAULT_STOP_GRACE, show_default=True, metavar="SECONDS",
               help="On Ctrl-C/SIGTERM/down the leader (sync: every worker, at one step) checkpoints and stops "
                    "within SECONDS (0: kill at once).")
 @click.option("--deadline", type=DurationParam(), metavar="DURATION",
@@ -722,9 +719,15 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
     else:
         ui.render_summary(env.out, summary)
     if summary.get("deadline_reached"):
-        env.err.print(f"[yellow]--deadline reached at step {summary.get('global_step')}[/]: checkpoint "
-                      f"{summary.get('checkpoint')}; continue with 'pscluster train {job} --resume'")
-        raise SystemExit(EXIT_DEADLINE)
+        _deadline_report(env, summary, job)
+        raise SystemExit(ExitStatus.DEADLINE)
+
+
+def _deadline_report(env: Env, result: dict, job: str) -> None:
+    """The one line after a job that reached ``--deadline`` (train's, and attach's for it)."""
+    env.err.print(f"--deadline reached at step {result.get('global_step')}: checkpoint "
+                  f"{result.get('checkpoint')}; continue with 'pscluster train {job} --resume'",
+                  style="yellow", markup=False, highlight=False)
 
 
 @cli.command()
@@ -898,7 +901,7 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
     if workers[0] < 1:
         raise UsageError("--workers: a configuration needs at least 1 worker")
     spec = study.StudySpec(modes=tuple(dict.fromkeys(canonical_mode(mode) for mode in
-                                                     _csv(modes_text or inv.mode or "async", "--mode", MODE_NAMES))),
+                                                     _csv(modes_text or resolve_mode(inv.mode), "--mode", MODE_NAMES))),
                            workers=workers,
                            placements=_csv(placements_text, "--placement", study.PLACEMENTS), steps=steps,
                            repeat=repeat, target_accuracy=target_accuracy, eval_every=eval_every,
@@ -944,9 +947,9 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
     if plot and not as_json:
         env.err.print(f"wrote {plot}", markup=False, highlight=False)
     if outcome.interrupted:
-        raise SystemExit(130)
+        raise SystemExit(ExitStatus.INTERRUPTED)
     if any(result.status == "failed" for result in outcome.results):
-        raise SystemExit(1)
+        raise SystemExit(ExitStatus.FAILURE)
 
 class _ProgramCommand(click.Command):
     """``run [OPTIONS] [INVENTORY] -- PROGRAM [ARG...]``: everything after the first ``--`` is the
@@ -986,7 +989,7 @@ class _ProgramCommand(click.Command):
               help="Restarts allowed per task (exponential backoff from 1 s).")
 @click.option("--host-timeout", type=SECONDS, default=60.0, show_default=True,
               help="Seconds to wait for an unreachable host before failing the run.")
-@click.option("--grace", type=FiniteFloat(0, 3600), default=10.0, show_default=True,
+@click.option("--grace", type=FiniteFloat(0, 3600), default=DEFAULT_GRACE, show_default=True,
               help="Seconds between SIGTERM and SIGKILL when stopping tasks.")
 @click.option("--timeout", type=SECONDS, default=120.0, show_default=True,
               help="One shot: seconds the bring-up may take.")
@@ -1208,9 +1211,9 @@ def _detach(env: Env, name: str, state: RunState, *, replace: bool, as_json: boo
         env.err.print(f"stopped waiting: the job goes on under its supervisor (pid {spawned.pid}); "
                       f"'pscluster attach --name {name}' follows it, 'pscluster stop-job --name {name}' ends it",
                       markup=False, highlight=False)
-        raise SystemExit(130) from None
+        raise SystemExit(ExitStatus.INTERRUPTED) from None
     if started.job is None:        # refused or bad input: its log said why, above
-        raise SystemExit(started.exit_code or 1)
+        raise SystemExit(started.exit_code or ExitStatus.FAILURE)
     job = started.job
     if as_json:
         env.out.print_json(json.dumps(job.to_json()))
@@ -1260,8 +1263,7 @@ def _final_report(env: Env, job, *, as_json: bool) -> None:
         else:
             ui.render_summary(env.out, result)
             if result.get("deadline_reached"):
-                env.err.print(f"[yellow]--deadline reached at step {result.get('global_step')}[/]: checkpoint "
-                              f"{ui.escape(str(result.get('checkpoint')))}; continue with 'train --resume'")
+                _deadline_report(env, result, job.job)
         return
     if as_json:
         env.out.print_json(json.dumps(job.to_json()))
@@ -1313,12 +1315,12 @@ def attach(env: Env, name: str | None, as_json: bool) -> None:
 @name_opt
 @click.option("--timeout", type=SECONDS, default=300.0, show_default=True,
               help="Seconds to wait for the supervisor to stop the job.")
-@click.option("--grace", type=FiniteFloat(0, 3600), default=10.0, show_default=True,
+@click.option("--grace", type=FiniteFloat(0, 3600), default=DEFAULT_GRACE, show_default=True,
               help="Without a supervisor: seconds between SIGTERM and SIGKILL.")
 @click.pass_obj
 def stop_job(env: Env, name: str | None, timeout: float, grace: float) -> None:
-    """Stop the cluster's running job, as Ctrl-C in its train would: the leader checkpoints
-    first (async, sync-ps), its processes stop, the standing servers stay up."""
+    """Stop the cluster's running job, as Ctrl-C in its train would: the job checkpoints
+    first (the async chief, sync-ps worker 0, or every sync worker at one agreed step), its processes stop, the standing servers stay up."""
     import socket
     from . import detach
     from .jobstop import stop_orphaned_job
@@ -1399,22 +1401,20 @@ def _terminations_interrupt():
 def _run(argv: list[str] | None, env: Env | None) -> int:
     try:
         cli.main(args=argv, prog_name="pscluster", standalone_mode=False, obj=env)
-        return 0
+        return ExitStatus.OK
     except PsclusterError as exc:
         env = env or _fallback_env()
         if env.traceback:
             env.err.print(traceback.format_exc(), markup=False)
         ui.render_error(env.err, exc)
         return exc.exit_code
-    except click.exceptions.Abort:
-        return 130
-    except KeyboardInterrupt:
-        return 130
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        return ExitStatus.INTERRUPTED
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
     except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        return int(exc.code) if isinstance(exc.code, int) else (ExitStatus.OK if exc.code is None else ExitStatus.FAILURE)
 
 
 def _fallback_env() -> Env:

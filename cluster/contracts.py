@@ -6,7 +6,7 @@ written instead of being silently ignored where it is read.
 """
 from __future__ import annotations
 
-from enum import Enum
+from enum import Enum, IntEnum
 
 
 class StrEnum(str, Enum):
@@ -20,6 +20,27 @@ class Mode(StrEnum):
     ASYNC = "async"
     SYNC = "sync"
     SYNC_PS = "sync-ps"
+
+
+MODES: tuple[str, ...] = tuple(mode.value for mode in Mode)
+DEFAULT_MODE = Mode.ASYNC       # without --mode and pscluster_mode
+# Other names of a mode, accepted wherever a mode is (--mode, pscluster_mode) and stored as the
+# mode itself. sync-ps is the shape of TF1's between-graph replication (ps + workers, worker 0 the
+# chief); whether its updates are synchronous is the program's choice (SyncReplicasOptimizer or
+# not), so a TF1 *async* program runs as "between-graph", not as a contradiction in terms.
+MODE_ALIASES = {"between-graph": Mode.SYNC_PS.value}
+MODE_NAMES = MODES + tuple(MODE_ALIASES)
+
+
+def canonical_mode(name: str) -> str:
+    """The mode ``name`` stands for (itself, or the mode an alias names)."""
+    return MODE_ALIASES.get(name, name)
+
+
+def resolve_mode(*given: str | None) -> str:
+    """The mode of a command: the first of ``given`` that is set (``--mode``, then the
+    inventory's ``pscluster_mode``), else :data:`DEFAULT_MODE`; aliases resolved."""
+    return canonical_mode(next((name for name in given if name), DEFAULT_MODE.value))
 
 
 class Until(StrEnum):
@@ -84,8 +105,14 @@ class TensorFlowNeed(StrEnum):
     OPTIONAL = "optional"   # one-shot run: the user's program may not use TensorFlow; a warning
 
 
-class ExitStatus(int, Enum):
-    """Exit codes of every command."""
+# Seconds between SIGTERM and SIGKILL when pscluster stops a process (down, stop-job, a restart).
+DEFAULT_GRACE = 10.0
+# train --stop-grace: seconds the job has to checkpoint on stop before its processes are killed.
+DEFAULT_STOP_GRACE = 30.0
+
+
+class ExitStatus(IntEnum):
+    """Exit codes of every command (an int: printed, compared and stored as its number)."""
 
     OK = 0
     FAILURE = 1

@@ -2,7 +2,7 @@
 
 Every error the user can cause or meet derives from :class:`PsclusterError`. Each carries what
 is needed to act on it (file and line, host, task, exit code, log tail) and renders it in
-``__str__``, leading with the root cause. Only the CLI turns errors into exit codes.
+``__str__``, leading with the root cause. Only the CLI turns errors into exit codes (contracts.ExitStatus).
 """
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from .contracts import ExitStatus
+
 
 class PsclusterError(Exception):
     """Root of all pscluster errors. ``hint`` says what to do about it."""
 
-    exit_code = 1
+    exit_code: int = ExitStatus.FAILURE
 
     def __init__(self, message: str, *, hint: str | None = None):
         super().__init__(message)
@@ -32,7 +34,7 @@ class PsclusterError(Exception):
 class UsageError(PsclusterError):
     """A command-line request that cannot be honoured (unknown cluster, bad task name)."""
 
-    exit_code = 2
+    exit_code = ExitStatus.BAD_INPUT
 
 
 class InventoryError(PsclusterError):
@@ -41,7 +43,7 @@ class InventoryError(PsclusterError):
     ``lab.yaml:14: worker.hosts.node-b.worker_gpus[1]: expected a GPU index or a list of them, got "one"``
     """
 
-    exit_code = 2
+    exit_code = ExitStatus.BAD_INPUT
 
     def __init__(self, file: str, line: int | None, key_path: str, message: str,
                  *, hint: str | None = None):
@@ -56,7 +58,7 @@ class InventoryError(PsclusterError):
 class PlanError(PsclusterError):
     """The inventory is valid YAML but describes a cluster that cannot run."""
 
-    exit_code = 2
+    exit_code = ExitStatus.BAD_INPUT
 
 
 class StateError(PsclusterError):

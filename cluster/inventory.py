@@ -25,24 +25,13 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .contracts import MODE_ALIASES, MODE_NAMES, MODES, canonical_mode  # noqa: F401  (the inventory's words)
 from .errors import InventoryError
 from .hostnames import MAX_RANGE_HOSTS, check_host_name, expand_host_pattern, split_host_port  # noqa: F401
 from .inventory_source import read_source
 from .yamlsrc import KeyPath, SourceMap, display_path
 
 ROLES = ("chief", "ps", "worker", "evaluator")
-MODES = ("async", "sync", "sync-ps")
-# Other names of a mode, accepted wherever a mode is (--mode, pscluster_mode) and stored as the
-# mode itself. sync-ps is the shape of TF1's between-graph replication (ps + workers, worker 0 the
-# chief); whether its updates are synchronous is the program's choice (SyncReplicasOptimizer or
-# not), so a TF1 *async* program runs as "between-graph", not as a contradiction in terms.
-MODE_ALIASES = {"between-graph": "sync-ps"}
-MODE_NAMES = MODES + tuple(MODE_ALIASES)
-
-
-def canonical_mode(name: str) -> str:
-    """The mode ``name`` stands for (itself, or the mode an alias names)."""
-    return MODE_ALIASES.get(name, name)
 ROLE_SUFFIXES = ("tasks", "gpus", "ports")
 HOST_KEY_POLICIES = ("reject", "accept-new")
 # pscluster_keras / run --keras: which Keras a `run` program's `tf.keras` is. "legacy" sets

@@ -25,7 +25,8 @@ from .contracts import JobState, Mode, ProcessKind
 from .detach import orchestrator_alive, stop_supervisor
 from .errors import Failure, MultiHostError, PsclusterError, StateError
 from .events import Reporter
-from .launcher import DEFAULT_GRACE, stop_records
+from .contracts import DEFAULT_GRACE, DEFAULT_STOP_GRACE
+from .launcher import stop_records
 from .plan import ClusterPlan
 from .progress import JobProgress
 from .state import ProcessRecord, RunState, StateStore, StateWriter
@@ -35,7 +36,6 @@ from .transport import TransportPool
 # The supervisor stops the job within the leader's --stop-grace and then its own grace (10 s);
 # this much more covers its host round trips.
 SUPERVISOR_MARGIN = 30.0
-DEFAULT_STOP_GRACE = 30.0      # train --stop-grace's default, for jobs recorded before it was
 
 
 def first_to_stop(plan: ClusterPlan, records: Iterable[ProcessRecord]) -> list[ProcessRecord]:

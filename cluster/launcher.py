@@ -25,7 +25,7 @@ from .errors import Aborted, Failure, HostError, MultiHostError, PsclusterError,
 from .events import Reporter
 from .fanout import fan_out
 from .firewall import install_rules, remove_rules
-from .contracts import ProcessKind, TensorFlowNeed
+from .contracts import DEFAULT_GRACE, ProcessKind, TensorFlowNeed
 from .layout import HostLayout, attempt_log, exit_file, fifo_file, pid_file, ready_file
 from .plan import ClusterPlan, TaskSpec
 from .preflight import CheckReport, run_preflight
@@ -35,7 +35,6 @@ from .state import ProcessRecord, RunState, StateStore, StateWriter
 from .transport import TransportPool
 
 DEFAULT_READY_TIMEOUT = 120.0
-DEFAULT_GRACE = 10.0
 DAEMON_EXIT_SECONDS = 5.0   # down: a detached supervisor's own clean-up, once everything is stopped
 
 

@@ -26,6 +26,7 @@ from typing import Callable
 
 from .errors import UsageError
 from .hostnames import check_host_name, split_host_port
+from .contracts import resolve_mode
 from .inventory import Inventory
 from .plan import MODE_ROLES
 
@@ -153,7 +154,7 @@ def required_roles(mode: str | None, inventory: Inventory, roles: tuple[str, ...
     """Roles that must keep a host: those the mode runs (or the roles a program runs on)."""
     if roles is not None:
         return roles
-    return tuple(role for role, _ in MODE_ROLES.get(mode or inventory.mode or "async", ()))
+    return tuple(role for role, _ in MODE_ROLES.get(resolve_mode(mode, inventory.mode), ()))
 
 
 def apply_limit(inventory: Inventory, pattern: str | None, required: tuple[str, ...] = ("worker",),

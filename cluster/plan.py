@@ -24,7 +24,8 @@ import json
 from dataclasses import dataclass
 
 from .errors import PlanError
-from .inventory import MODE_NAMES, MODES, ROLES, HostConfig, Inventory, RoleSlots, canonical_mode
+from .contracts import MODE_NAMES, MODES, resolve_mode
+from .inventory import ROLES, HostConfig, Inventory, RoleSlots
 from .layout import HostLayout
 from .names import check_cluster_name
 from .notify import mask_url
@@ -277,7 +278,7 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
         PlanError: the mode cannot run on these groups, or ports collide.
         InventoryError: an explicit setting conflicts (named by file and line).
     """
-    mode = canonical_mode(options.mode or inventory.mode or "async")
+    mode = resolve_mode(options.mode, inventory.mode)
     if mode not in MODES:
         raise PlanError(f"unknown mode {mode!r}", hint=f"choose one of {', '.join(MODE_NAMES)}")
     name = check_cluster_name(options.name) if options.name else \

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Collection, Iterator, Mapping, Sequence
 
 from .codesync import sync_code
-from .contracts import Mode, ProcessKind
+from .contracts import DEFAULT_GRACE, Mode, ProcessKind
 from .errors import PsclusterError, UsageError
 from .events import Reporter
 from .launcher import (forget_pid_files, new_record, report_standbys, start_standbys, start_tasks, stop_records, task_env,
@@ -172,7 +172,7 @@ def apply_plan(writer: StateWriter, pool: TransportPool, reporter: Reporter, old
     if going:
         reporter.emit("phase", name="stop", detail=f"{len(going)} process(es) the new membership leaves out")
         reach = knowing_hosts(old, new, *known_hosts)
-        stopped, errors = stop_records(reach, going, pool, reporter, grace=10.0)
+        stopped, errors = stop_records(reach, going, pool, reporter, grace=DEFAULT_GRACE)
         writer.change(lambda s: s.replace_records(stopped))
         if errors:
             host, error = next(iter(errors.items()))

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 from . import hostops
 from .codesync import LocalFile, needs_sync, sync_code, sync_files
-from .contracts import JobState, Mode, ProcessKind, RestartPolicy, TensorFlowNeed, Until
+from .contracts import DEFAULT_GRACE, ExitStatus, JobState, Mode, ProcessKind, RestartPolicy, TensorFlowNeed, Until
 from .errors import Failure, HostError, MultiHostError, PsclusterError, UsageError
 from .events import Reporter
 from .fanout import fan_out
@@ -50,7 +50,7 @@ MONITOR_PREFIX = "pscluster: "     # lines the host's monitor writes into the lo
 class ProgramMissing(MultiHostError):
     """The command names a script or program that is not on some host (bad input)."""
 
-    exit_code = 2
+    exit_code = ExitStatus.BAD_INPUT
 
 
 class ProgramSupervisor(JobExecutor):
@@ -61,7 +61,7 @@ class ProgramSupervisor(JobExecutor):
 
     def __init__(self, *, store: StateStore, name: str, argv: Sequence[str], on: tuple[str, ...] | None,
                  files: Sequence[LocalFile] | Callable[[], Sequence[LocalFile]], space: Workspace, reporter: Reporter, pool: TransportPool,
-                 rules: core.RestartRules, host_timeout: float = 60.0, grace: float = 10.0,
+                 rules: core.RestartRules, host_timeout: float = 60.0, grace: float = DEFAULT_GRACE,
                  secrets: Secrets | None = None, one_shot: bool = False, until: Until | None = None,
                  keras: str | None = None, min_workers: int | None = None, **clocks):
         super().__init__(store=store, name=name, reporter=reporter, pool=pool, root=space.root, rules=rules,

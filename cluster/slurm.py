@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from .contracts import DEFAULT_STOP_GRACE, ExitStatus
 from .errors import PsclusterError
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ _BRACKET = re.compile(r"([^,\[]*)\[([^\]]*)\]([^,\[]*)")
 class SlurmLayoutError(PsclusterError):
     """The allocation cannot hold the requested layout, or its variables are unreadable."""
 
-    exit_code = 2
+    exit_code = ExitStatus.BAD_INPUT
 
 
 def _split_top(text: str) -> list[str]:
@@ -261,7 +262,7 @@ class BatchJob:
     gres: str | None = None
     checkpoint_dir: str | None = None      # default: $SLURM_SUBMIT_DIR/pscluster-checkpoints/<name>/<job>
     checkpoint_every: int = 500
-    stop_grace: float = 30.0
+    stop_grace: float = DEFAULT_STOP_GRACE
     warn_seconds: int = 120                # USR1 this long before the time limit (--signal=B:USR1@N)
     requeue: bool = True                   # on that warning: checkpoint, down, `scontrol requeue` itself
     max_nodes: int | None = None           # `--nodes=N-MAX`: a run (a requeued one too) takes what Slurm grants
@@ -326,7 +327,7 @@ def sbatch_script(batch: BatchJob) -> str:
       end would kill them anyway); a state a killed earlier run left is taken down first.
     * ``train``/``run`` runs in the background while the script waits, so a signal reaches the
       script's trap at once (bash defers traps until a foreground child exits) and is passed on
-      as SIGTERM: ``train`` treats it like Ctrl-C, the async/sync-ps leader checkpoints within
+      as SIGTERM: ``train`` treats it like Ctrl-C, the job checkpoints (every mode) within
       ``--stop-grace``.
     * ``#SBATCH --signal=B:USR1@N`` asks Slurm for USR1 N seconds before the time limit; on it the
       script stops training as above and, with ``requeue``, requeues itself after ``down``. A plain

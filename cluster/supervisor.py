@@ -497,7 +497,7 @@ class Supervisor(JobExecutor):
         # (`<job>/eval`, one more run in `pscluster tensorboard`); elsewhere in <checkpoint dir>/eval.
         shares = task.role == "evaluator" and task.workdir == self.leader.workdir
         summaries = leader_layout(self.plan).summary_dir(self.job.name) if task.name == self.leader.name or shares else None
-        argv = train_argv(task, job_path=job_path_on(self.plan.host(task.host), self.job, self.plan, self.root),
+        argv = train_argv(task, mode=self.plan.mode, job_path=job_path_on(self.plan.host(task.host), self.job, self.plan, self.root),
                           events_path=events, checkpoint_dir=self.checkpoint_dir, options=self.trainer_options,
                           resume=resume, summaries=summaries, restarts=sum(self.job_restarts().values()))
         self.tails[record.key] = EventTail(events)

@@ -15,6 +15,7 @@ from pathlib import Path
 from roles.plan import TrainerSettings
 
 from . import hostops
+from .contracts import DEFAULT_GRACE, Mode, Role
 from .codesync import LocalFile, collect, needs_sync
 from .errors import UsageError
 from .layout import HostLayout, job_code_dir
@@ -98,7 +99,7 @@ class TrainOptions(TrainerSettings):
     max_restarts: int = 3
     backoff: float = 1.0
     host_timeout: float = 60.0
-    grace: float = 10.0
+    grace: float = DEFAULT_GRACE
     extra_args: tuple[str, ...] = ()
 
 
@@ -149,7 +150,7 @@ def leader_layout(plan: ClusterPlan) -> HostLayout:
     return host_layout(leader_task(plan), plan)
 
 
-def train_argv(task: TaskSpec, *, job_path: str, events_path: str, checkpoint_dir: str,
+def train_argv(task: TaskSpec, *, mode: str, job_path: str, events_path: str, checkpoint_dir: str,
                options: TrainOptions, resume: bool, summaries: str | None = None, restarts: int = 0) -> list[str]:
     """The command line of one training process (``summaries``: the summary folder, written
     only by the leader; ``restarts``: the job's restarts so far, a TensorBoard scalar)."""
@@ -160,7 +161,7 @@ def train_argv(task: TaskSpec, *, job_path: str, events_path: str, checkpoint_di
         argv += ["--restarts", str(restarts)]
     for name in _ALWAYS:
         argv += [_flag(name), _value(getattr(options, name))]
-    if task.role == "worker" and task.argv[-1] == "sync":
+    if task.role == Role.WORKER and mode == Mode.SYNC:      # a member of the collective
         argv += ["--collective-timeout", _value(options.collective_timeout)]
     for name in _IF_SET:
         value = getattr(options, name)

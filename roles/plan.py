@@ -61,7 +61,7 @@ class TrainerSettings:
     # for image pulls and pass longer values (cluster/export.py).
     start_timeout: float = 180.0
     collective_timeout: float = 30.0
-    # Checkpoint on stop (async, sync-ps): seconds a SIGTERMed trainer has to save and
+    # Checkpoint on stop (every mode): seconds a SIGTERMed trainer has to save and
     # end before it is killed; 0 turns it off. deadline: seconds after the trainer
     # starts at which it checkpoints and stops by itself (None: no deadline).
     stop_grace: float = 30.0

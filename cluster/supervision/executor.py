@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .. import hostops
-from ..contracts import JobState, ProcessKind, ProcState, RestartPolicy, Role
+from ..contracts import DEFAULT_GRACE, ExitStatus, JobState, ProcessKind, ProcState, RestartPolicy, Role
 from ..errors import HostError, PsclusterError, TaskError, UsageError
 from ..detach import DaemonFiles, job_conflict, orchestrator_alive, process_starttime, stop_supervisor
 from ..events import Reporter
@@ -53,7 +53,7 @@ class JobFailed(PsclusterError):
 
 
 class JobInterrupted(PsclusterError):
-    exit_code = 130
+    exit_code = ExitStatus.INTERRUPTED
 
 
 @dataclass
@@ -90,7 +90,7 @@ class JobExecutor:
     failure_prefix = "training failed"
 
     def __init__(self, *, store: StateStore, name: str, reporter: Reporter, pool: TransportPool, root: Path,
-                 rules: core.RestartRules, host_timeout: float = 60.0, grace: float = 10.0,
+                 rules: core.RestartRules, host_timeout: float = 60.0, grace: float = DEFAULT_GRACE,
                  secrets: Secrets | None = None, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, wall: Callable[[], float] = time.time,
                  detached: DaemonFiles | None = None, replace: bool = False, keep: int = DEFAULT_KEEP):

@@ -95,7 +95,7 @@ def test_beside_an_evaluator_the_trainers_never_evaluate_periodically(given, exp
 def test_the_evaluator_takes_the_trainers_command_line(write_inventory):
     planned = plan(write_inventory, "sync")
     options = with_evaluator(TrainOptions(steps=321, batch_size=96, eval_every=64, data="/data/mnist.npz"))
-    argv = train_argv(planned.task("evaluator:0"), job_path="examples/distributed_mnist", events_path="/run/e.jsonl",
+    argv = train_argv(planned.task("evaluator:0"), mode="sync", job_path="examples/distributed_mnist", events_path="/run/e.jsonl",
                       checkpoint_dir="/ckpt", options=options, resume=True)
     assert argv[:5] == ["/venv/bin/python", "-m", "roles.evaluate", "--mode", "sync"]
     assert "--collective-timeout" not in argv          # it joins no collective

@@ -28,7 +28,7 @@ def trainer_argvs(mode: str, options: TrainOptions, resume: bool):
     for task in plan.tasks:
         if task.argv[1:3] == ("-m", "roles.train"):
             # as the supervisor launches them: the leader writes summaries; a relaunch knows the restarts
-            yield task, train_argv(task, job_path="examples/distributed_mnist", events_path="/run/events.jsonl",
+            yield task, train_argv(task, mode=mode, job_path="examples/distributed_mnist", events_path="/run/events.jsonl",
                                    checkpoint_dir="/ckpt", options=options, resume=resume,
                                    summaries="/tb/j" if task.name == leader else None, restarts=2 if resume else 0)
 
