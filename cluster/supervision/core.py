@@ -188,11 +188,20 @@ class Action(str, Enum):
     GIVE_UP = "give-up"    # the evaluator is stopped and left out; training goes on without it
 
 
+class FailReason(Enum):
+    """For FAIL: what forbids the restart."""
+
+    POLICY = "policy"           # restart policy 'never'
+    CLEAN_EXIT = "clean-exit"   # on-failure, and the task exited 0 before the job ended
+    BUDGET = "budget"           # its restarts are used up
+
+
 @dataclass(frozen=True)
 class Verdict:
     action: Action
     delay: float = 0.0
-    why: str | None = None          # for FAIL: what forbids the restart
+    why: str | None = None          # for FAIL: what forbids the restart, in words
+    reason: FailReason | None = None
     # For FAIL: the task failed for good (its policy or its budget forbids a restart), so an
     # elastic job (--min-workers) may go on without it rather than fail.
     for_good: bool = False
@@ -209,20 +218,21 @@ def verdict(rules: RestartRules, incident: Incident, used: int) -> Verdict:
     """
     decided = _verdict(rules, incident, used)
     if decided.action is Action.FAIL and incident.proc.is_evaluator:
-        return Verdict(Action.GIVE_UP, why=decided.why or "it exited 0 before the job ended")
+        return Verdict(Action.GIVE_UP, why=decided.why or "it exited 0 before the job ended", reason=decided.reason)
     return decided
 
 
 def _verdict(rules: RestartRules, incident: Incident, used: int) -> Verdict:
     if rules.policy is RestartPolicy.NEVER:
-        return Verdict(Action.FAIL, why="restart policy 'never'", for_good=not incident.clean_exit)
+        return Verdict(Action.FAIL, why="restart policy 'never'", reason=FailReason.POLICY,
+                       for_good=not incident.clean_exit)
     if rules.policy is RestartPolicy.ON_FAILURE and incident.clean_exit:
-        return Verdict(Action.FAIL)
+        return Verdict(Action.FAIL, reason=FailReason.CLEAN_EXIT)
     if used >= rules.max_restarts:
         if incident.clean_exit and incident.proc.kind is ProcessKind.PROGRAM:
             return Verdict(Action.ACCEPT)
         return Verdict(Action.FAIL, why=f"restart budget exhausted ({rules.max_restarts} restart(s) used)",
-                       for_good=True)
+                       reason=FailReason.BUDGET, for_good=True)
     return Verdict(Action.RESTART, delay=rules.delay(used))
 
 

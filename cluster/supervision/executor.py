@@ -444,7 +444,7 @@ class JobExecutor:
                 self.give_up(watched, f"{reason}; {verdict.why}")
                 return
             if verdict.action is core.Action.FAIL:
-                used_up = verdict.for_good and self.rules.policy is not RestartPolicy.NEVER
+                used_up = verdict.reason is core.FailReason.BUDGET
                 if verdict.for_good and self.drop_out(
                         proc.host, f"used up its restarts ({reason})" if used_up else f"failed ({reason})", task=proc.task):
                     return

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cluster.contracts import Mode, ProcessKind, ProcState, RestartPolicy, Role, Until
-from cluster.supervision.core import (Action, HostView, Incident, IncidentKind, Proc, Recovery, RestartRules,
+from cluster.supervision.core import (Action, FailReason, HostView, Incident, IncidentKind, Proc, Recovery, RestartRules,
                                       Watchdog, default_until, find_incident, lost_host_failure, program_end,
                                       until_problem,
                                       program_recovery, train_outcome, train_recovery, verdict)
@@ -138,6 +138,18 @@ def incident(failed: Proc) -> Incident:
 def test_verdict(policy, failed, used, action, delay, why):
     result = verdict(RestartRules(RestartPolicy(policy), max_restarts=3), incident(failed), used)
     assert (result.action, result.delay, result.why) == (action, delay, why)
+
+
+@pytest.mark.parametrize("policy, failed, used, reason", [
+    ("never", exited("worker:0"), 0, FailReason.POLICY),
+    ("on-failure", exited("ps:0", SERVER, code=0), 0, FailReason.CLEAN_EXIT),
+    ("on-failure", exited("worker:0"), 3, FailReason.BUDGET),
+    ("on-failure", exited("evaluator:0"), 3, FailReason.BUDGET),      # given up, for the same reason
+    ("on-failure", exited("worker:0"), 1, None),                      # restarted: nothing forbids it
+])
+def test_a_verdict_names_what_forbids_the_restart(policy, failed, used, reason):
+    """The executor tells a used-up budget from a policy by this, never by the prose of ``why``."""
+    assert verdict(RestartRules(RestartPolicy(policy), max_restarts=3), incident(failed), used).reason is reason
 
 
 @pytest.mark.parametrize("policy, failed, used, for_good", [
