@@ -15,10 +15,9 @@ import sys
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 
 from . import console as ui
 from .codesync import local_workdir, project_root
@@ -34,6 +33,9 @@ from .plan import ClusterPlan, PlanOptions, plan_cluster
 from .state import RunState, StateStore
 from .transport import TransportPool
 from .slurm import Layout
+
+if TYPE_CHECKING:
+    from rich.console import Console      # rich itself is console.py's (docs/architecture.md)
 
 
 @dataclass

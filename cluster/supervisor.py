@@ -5,7 +5,7 @@ worker in sync and sync-ps) and report through their events files, which each ho
 stream pushes here. :class:`Supervisor` is the training job on the shared executor
 (:mod:`cluster.supervision.executor`); the decisions -- what counts as failed, whether to
 restart, what a restart means in each mode -- are the pure functions of
-:mod:`cluster.supervision.core`. Recovery by mode, as TensorFlow allows (TF-NOTES):
+:mod:`cluster.supervision.core`. Recovery by mode, as TensorFlow allows (docs/platform-notes.md TF5, TF6):
 
 ========  ==================================================================================
 async     worker server died: restart it on its host and port; the coordinator takes it back.

@@ -1,7 +1,7 @@
 """Async mode: ParameterServerStrategy driven by the chief's own training loop.
 
 Runs on the ``chief`` task only; ps and workers are standing ``roles.server``
-processes. Keras 3 ``model.fit`` does not work under ParameterServerStrategy (TF-NOTES),
+processes. Keras 3 ``model.fit`` does not work under ParameterServerStrategy (docs/platform-notes.md TF4),
 so the loop is ours:
 
 * variables (model and optimizer state) are created eagerly in ``strategy.scope()``

@@ -69,7 +69,7 @@ class TrainerSettings:
     # TensorBoard: the job's leader writes one point of scalars every this many global steps
     # (0: none). Every trainer cuts its chunks there too, so points land on multiples. 100
     # costs one extra async closure per 100 steps at K=32 (4 instead of 3.125, under 2% of the
-    # MLP's step time by TF-NOTES' per-closure figures) and writing a point takes ~12 us.
+    # MLP's step time by the per-closure figures of docs/platform-notes.md TF4) and writing a point takes ~12 us.
     summary_every: int = 100
     seed: int = 1234
 

@@ -3,7 +3,7 @@
 ``python -m roles.standby --fifo PATH [--ready PATH]``. ``pscluster up`` starts one per training task (async:
 the chief; sync and sync-ps: each worker) unless the host says ``pscluster_standby: false``,
 and ``train`` starts a new one after each finished job. Importing TensorFlow is 3-5 s of
-every training process's start on a 2-core host (TF-NOTES: 3.4 s idle, more beside busy
+every training process's start on a 2-core host (docs/platform-notes.md TF1: 3.4 s idle, more beside busy
 servers); a standby has paid it before anyone asks for a job.
 
 How a job reaches it (``roles/hostctl.py``, operation ``adopt``):

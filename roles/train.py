@@ -45,7 +45,7 @@ DRIVERS = {"async": "roles.async_driver", "sync": "roles.sync_driver",
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_STOPPED = 128 + signal.SIGTERM     # checkpointed and ended on a stop request
 # Modes that checkpoint on SIGTERM: all of them. Sync's coordination service takes SIGTERM
-# over in C++ (TF-NOTES), so the guardian passes the request on as SIGUSR1
+# over in C++ (docs/platform-notes.md TF3), so the guardian passes the request on as SIGUSR1
 # (roles/lifecycle.py), and the workers agree on the step to stop at (roles/sync_driver.py).
 STOP_MODES = frozenset({"async", "sync", "sync-ps"})
 

@@ -6,7 +6,7 @@ that ``hostname`` answers the host's inventory name.  All hosts share this
 machine's filesystem and PID space, so the project's virtualenv Python is
 usable on every host by absolute path.
 
-The recipe follows /work/shared/LAB.md:
+The recipe follows docs/platform-notes.md (L1-L6):
 
 * addresses ``<subnet>.0/24``: bridge ``.1``, host *i* at ``.(first_host+i-1)``;
   ``route_localnet=1`` on the bridge and on each namespace's ``eth0`` plus a
@@ -614,7 +614,7 @@ class Lab:
             "ClientAliveInterval 5",
             "ClientAliveCountMax 3",
             # Debian's bash sources root's slow .bashrc for every ssh command
-            # unless SHLVL is set (LAB.md).
+            # unless SHLVL is set (docs/platform-notes.md L4).
             "SetEnv " + " ".join(f"{key}={value}" for key, value in {"SHLVL": "1", **self.session_env}.items()),
             "PrintMotd no",
             "PrintLastLog no",
@@ -631,7 +631,7 @@ class Lab:
         mac = "02:70:%02x:%02x:%02x:%02x" % (t[0], t[1], t[2], int(s.split(".")[2]))
         lines = [
             f"link add {br} type bridge",
-            f"link set {br} address {mac}",  # pinned (LAB.md)
+            f"link set {br} address {mac}",  # pinned (docs/platform-notes.md L3)
             f"link set {br} up",
             f"addr add {s}.1/24 dev {br}",
             f"route add {s}.0/24 dev {br} table local src {s}.1",

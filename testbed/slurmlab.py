@@ -63,7 +63,7 @@ class SlurmLab:
         self._write_conf()
         self._sh("mungekey", "-c", "-k", self._p("munge/munge.key"))
         os.chmod(self._p("munge/munge.key"), 0o400)
-        # In the foreground, as our child: stopped by PID and reaped by us (SLURM.md T10).
+        # In the foreground, as our child: stopped by PID and reaped by us (docs/platform-notes.md S2).
         self._daemon("munged", ["munged", "--foreground", f"--key-file={self._p('munge/munge.key')}",
                                 f"--socket={self._p('munge-run/munge.sock')}", f"--log-file={self._p('log/munged.log')}",
                                 f"--pid-file={self._p('munge-run/munged.pid')}",

@@ -1,7 +1,7 @@
 """pscluster on a real Slurm: `up --slurm` inside an allocation, training as job steps, `down`, `scancel`.
 
 The CLI runs like on a login node: with the job's SLURM_* variables, in a mount namespace whose
-/etc/hosts names the compute nodes (the lab's nodes resolve nowhere else, SLURM.md T11).
+/etc/hosts names the compute nodes (the lab's nodes resolve nowhere else, docs/platform-notes.md S1).
 """
 from __future__ import annotations
 

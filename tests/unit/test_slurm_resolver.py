@@ -60,7 +60,7 @@ def _resolver_spec(monkeypatch, nodelist, per_node, jobs):
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", str(total))
     monkeypatch.setenv("SLURM_STEP_NODELIST", nodelist)
     monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", ",".join(str(per_node[n]) for n in sorted(per_node)))
-    # CPU-only: gpus_per_node must be >= tasks per node, or the resolver refuses (SLURM.md section 6).
+    # CPU-only: gpus_per_node must be >= tasks per node, or the resolver refuses (docs/platform-notes.md S3).
     resolver = resolver_module.SlurmClusterResolver(jobs=jobs, port_base=8888, auto_set_gpu=False,
                                                     gpus_per_node=max(per_node.values()), gpus_per_task=1)
     return resolver.cluster_spec().as_dict()
