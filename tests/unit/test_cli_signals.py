@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from cluster import cli
+from cluster.cli import base as cli      # run, _run and the handlers live there
 from cluster.errors import Terminated
 
 

@@ -151,14 +151,14 @@ def test_consoles_do_not_turn_text_into_emoji():
 def test_logs_shows_control_characters_visibly(monkeypatch, tmp_path):
     """N13 (issue 25): `pscluster logs` wrote remote bytes raw, escape sequences included."""
     from cluster import cli, logs
-    from cluster.cli import Env
+    from cluster.cli import Env, history_cmds
     from cluster.state import StateStore
 
     def stream_logs(state, tasks, pool, write, **options):
         write("[worker:0@a] step 1\x1b]0;owned\x07\x1b[2J\r\tok\n")
 
-    monkeypatch.setattr(cli, "_existing", lambda env, name: None)
-    monkeypatch.setattr(cli, "_run_record", lambda env, name, run: None)      # the cluster that is up
+    monkeypatch.setattr(history_cmds, "_existing", lambda env, name: None)
+    monkeypatch.setattr(history_cmds, "_run_record", lambda env, name, run: None)      # the cluster that is up
     monkeypatch.setattr(StateStore, "resolve_name", lambda self, name: name)
     monkeypatch.setattr(logs, "select_tasks", lambda state, task: [])
     monkeypatch.setattr(logs, "stream_logs", stream_logs)

@@ -7,6 +7,7 @@ Reserved names cannot be secrets.
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -133,3 +134,12 @@ def test_bad_secret_roles(write_inventory, value, shown):
         load_inventory(path)
     assert str(caught.value).splitlines()[0] == (
         f"lab.yaml:3: all.vars.pscluster_secret_env_roles: expected a list of standing server roles, got {shown}")
+
+
+def test_secrets_are_taken_out_of_this_process_s_environment(write_inventory, monkeypatch):
+    """A local task inherits pscluster's environment: a secret left there would reach every task."""
+    for name, value in ENVIRON.items():
+        monkeypatch.setenv(name, value)
+    found = rule.take_from_environment(make_plan(write_inventory))
+    assert found.values == {"A": "alpha", "B": "beta"}
+    assert "A" not in os.environ and "B" not in os.environ and os.environ["OTHER"] == "x"
