@@ -289,7 +289,7 @@ def replan(plan: ClusterPlan, *, port_base: int | None, limit: str | None, count
     import sys
     from .codesync import local_workdir
     from .inventory import load_inventory
-    from .patterns import apply_limit, required_roles
+    from .inventory.patterns import apply_limit, required_roles
     from .plan import PlanOptions, plan_cluster
     inventory = load_inventory(plan.inventory_path)
     inventory = with_workers(apply_limit(inventory, limit, required_roles(plan.mode, inventory, None)), counts)

@@ -59,7 +59,7 @@ def _planned(inventory: Inventory, options: PlanOptions, pool: TransportPool | N
 def _inventory(env: Env | None, path: str, limit: str | None, mode: str | None,
                roles: tuple[str, ...] | None = None):
     """Load INVENTORY, print its warnings once (stderr), apply --limit."""
-    from ..patterns import apply_limit, required_roles
+    from ..inventory.patterns import apply_limit, required_roles
     inventory = load_inventory(path)
     if env is not None:
         ui.render_warnings(env.err, inventory.warnings)

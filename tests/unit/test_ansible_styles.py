@@ -18,7 +18,7 @@ import pytest
 
 from cluster.errors import UsageError
 from cluster.inventory import load_inventory
-from cluster.patterns import select
+from cluster.inventory.patterns import select
 
 from .test_inventory_sources import ANSIBLE_INVENTORY, CHECKED, FIXTURES
 from .test_inventory import _ansible_env

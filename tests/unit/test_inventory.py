@@ -280,7 +280,7 @@ def test_expand_host_pattern_rejects_bad_ranges(pattern):
     ("node[1:3]:22", ("node[1:3]", 22)), ("::1", ("::1", None)), ("node-a", ("node-a", None)),
 ])
 def test_host_port_suffix_as_ansible_reads_it(written, expected):
-    from cluster.hostnames import split_host_port
+    from cluster.inventory.hostnames import split_host_port
     assert split_host_port(written) == expected
 
 

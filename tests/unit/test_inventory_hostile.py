@@ -12,7 +12,7 @@ import pytest
 
 from cluster.errors import InventoryError
 from cluster.inventory import check_host_name, expand_host_pattern, load_inventory
-from cluster.yamlsrc import MAX_FILE_BYTES
+from cluster.inventory.yamlsrc import MAX_FILE_BYTES
 from tests.helpers import REPO
 
 WORKER = "all:\n  children:\n    worker:\n      hosts:\n"

@@ -7,7 +7,7 @@ import pytest
 
 from cluster.errors import UsageError
 from cluster.inventory import load_inventory
-from cluster.patterns import apply_limit, required_roles, select_hosts
+from cluster.inventory.patterns import apply_limit, required_roles, select_hosts
 
 from .test_inventory_sources import FIXTURES, run_ansible_inventory
 

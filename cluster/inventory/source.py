@@ -19,7 +19,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import InventoryError
+from ..errors import InventoryError
 from .hostnames import split_host_port
 from .yamlsrc import FileRoot, KeyPath, SourceMap, load_yaml_with_lines, read_text
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from .errors import InventoryError
+from ..errors import InventoryError
 
 KeyPath = tuple  # tuple[str | int, ...]
 
