@@ -35,14 +35,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from cluster import gpus as gpu_rules
-from cluster.codesync import local_workdir
+from cluster.hosts import gpus as gpu_rules
+from cluster.hosts.codesync import local_workdir
 from cluster.contracts import StrEnum, TensorFlowNeed
 from cluster.errors import PsclusterError
 from cluster.events import Check, Reporter
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.preflight import resolve_auto_gpus, run_preflight
+from cluster.hosts.preflight import resolve_auto_gpus, run_preflight
 from cluster.transport import TransportPool
 from testbed import fake_nvidia_smi
 

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import cli  # noqa: E402
-from cluster.hostops import BOOTSTRAP  # noqa: E402
+from cluster.hosts.hostops import BOOTSTRAP  # noqa: E402
 from testbed.netlab import Lab, write_inventory  # noqa: E402
 from testbed.procs import cluster_pids, netns_of  # noqa: E402
 

@@ -25,11 +25,11 @@ from rich.text import Text
 from . import liveview
 from .errors import PsclusterError
 from .events import Reporter
-from .notify import mask_url
+from .urls import mask_url
 from .plan import ClusterPlan, HostSpec
-from .preflight import CheckReport
-from .progress import JobProgress
-from .runspec import program_name
+from .hosts.preflight import CheckReport
+from .jobrecord import JobProgress
+from .program.runspec import program_name
 
 STATE_STYLES = {"ready": "green", "running": "green", "starting": "yellow", "exited": "red", "lost": "red",
                 "not started": "dim", "stopped": "dim", "failed": "red", "up": "green", "done": "green"}
@@ -792,7 +792,7 @@ def render_runs(console: Console, records: Sequence[Any]) -> None:
 # ----------------------------------------------------------------------------- detached jobs
 
 def render_supervisor(console: Console, health: Any, *, cluster: str) -> None:
-    """``status``: the supervisor of the cluster's last job (a cluster.detach.SupervisorHealth)."""
+    """``status``: the supervisor of the cluster's last job (a cluster.supervision.daemon.SupervisorHealth)."""
     how = "detached supervisor" if health.detached else "supervisor (a train/run in a terminal)"
     where = f"{how} pid {health.pid} on {health.host}"
     beat = f", last heartbeat {health.heartbeat_age:.1f} s ago" if health.heartbeat_age is not None else ""

@@ -23,6 +23,12 @@ class Mode(StrEnum):
 
 
 MODES: tuple[str, ...] = tuple(mode.value for mode in Mode)
+# Which roles take part in each mode's cluster spec, and which of them stand (started by `up`).
+MODE_ROLES: dict[str, tuple[tuple[str, bool], ...]] = {
+    Mode.ASYNC.value: (("chief", False), ("ps", True), ("worker", True)),
+    Mode.SYNC.value: (("worker", False),),
+    Mode.SYNC_PS.value: (("ps", True), ("worker", False)),
+}
 DEFAULT_MODE = Mode.ASYNC       # without --mode and pscluster_mode
 # Other names of a mode, accepted wherever a mode is (--mode, pscluster_mode) and stored as the
 # mode itself. sync-ps is the shape of TF1's between-graph replication (ps + workers, worker 0 the

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from .progress import JobProgress
+from .jobrecord import JobProgress
 
 
 class UnknownEvent(ValueError):
@@ -179,7 +179,7 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class BenchResult:
-    result: Any                  # cluster.bench.ConfigResult (bench imports this module)
+    result: Any                  # cluster.bench.study.ConfigResult (bench imports this module)
 
 
 # `job` carries any fields of the job record (JobProgress), and a sync worker's own progress.

@@ -172,7 +172,7 @@ def remove_runs(history: RunHistory, records: Sequence[RunRecord], pool) -> tupl
     Returns: how many runs were removed, and a line per host that could not be cleaned (its
     runs stay recorded, to retry).
     """
-    from . import hostops
+    from .hosts import hostops
     from .errors import PsclusterError
     problems: list[str] = []
     done: set[tuple[str, int]] = set()

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from . import hostops
+from .hosts import hostops
 from .errors import PsclusterError, UsageError
 from .history import RunRecord
 from .plan import HostSpec, TaskSpec

@@ -31,58 +31,18 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
-from urllib.parse import urlsplit, urlunsplit
 
 from .errors import UsageError
+from .urls import mask_url, url_problem
 from .events import Reporter
 
 EVENTS = ("started", "restarted", "resized", "failed", "finished", "deadline", "stopped")
 DELIVERY_TIMEOUT = 5.0             # seconds for one POST or one command run
 RETRY_DELAYS = (1.0, 4.0)          # backoff before the 2nd and 3rd attempt
 FLUSH_SECONDS = 8.0                # close(): longest wait for events still queued
-MASK = "****"
 
 
 # ----------------------------------------------------------------------------- pure parts
-
-def _token_like(segment: str) -> bool:
-    return len(segment) >= 16 or (len(segment) >= 8 and any(ch.isdigit() for ch in segment))
-
-
-def mask_url(url: str) -> str:
-    """``url`` with what may be a secret replaced by ``****`` (the rule in the module docstring).
-
-    >>> mask_url("https://bot:pw@hooks.example.com/services/T0123ABCD/B0456EFGH/abcdefghijklmnopqrstuvwx?x=1")
-    'https://****@hooks.example.com/services/****/****/****?x=****'
-    """
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        return MASK            # not even a URL: show nothing of it
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = (f"{MASK}@" if "@" in parts.netloc else "") + host + (f":{port}" if port is not None else "")
-    path = "/".join(MASK if _token_like(segment) else segment for segment in parts.path.split("/"))
-    query = "&".join(item.split("=", 1)[0] + f"={MASK}" if item else item for item in parts.query.split("&")) \
-        if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, path, query, MASK if parts.fragment else ""))
-
-
-def url_problem(url: str) -> str | None:
-    """Why ``url`` cannot be a notification target (None when it can): http or https, a host."""
-    try:
-        parts = urlsplit(url)
-        parts.port
-    except ValueError as exc:
-        return f"not a URL ({exc})"
-    if parts.scheme not in ("http", "https"):
-        return f"{mask_url(url)} is not an http:// or https:// URL"
-    if not parts.hostname:
-        return f"{mask_url(url)} names no host"
-    return None
-
 
 @dataclass(frozen=True)
 class Target:

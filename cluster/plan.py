@@ -24,18 +24,12 @@ import json
 from dataclasses import dataclass
 
 from .errors import PlanError
-from .contracts import MODE_NAMES, MODES, resolve_mode
+from .contracts import MODE_NAMES, MODE_ROLES, MODES, resolve_mode
 from .inventory import ROLES, HostConfig, Inventory, RoleSlots
 from .layout import HostLayout
 from .names import check_cluster_name
-from .notify import mask_url
+from .urls import mask_url
 
-# Which roles take part in the cluster spec, and which of them stand (started by `up`).
-MODE_ROLES = {
-    "async": (("chief", False), ("ps", True), ("worker", True)),
-    "sync": (("worker", False),),
-    "sync-ps": (("ps", True), ("worker", False)),
-}
 UNUSED_REASONS = {
     ("sync", "chief"): "sync mode: worker 0 acts as chief",
     ("sync", "ps"): "sync mode (MultiWorkerMirroredStrategy) uses no parameter servers",
@@ -91,7 +85,7 @@ class HostSpec:
     # A standby (roles/standby.py) for this host's training tasks: pscluster_standby, never on
     # Slurm (a step's cgroup and GPUs are fixed when it starts, before the job is known).
     standby: bool = True
-    # pscluster_keras: "legacy" gives `run` programs here TF_USE_LEGACY_KERAS=1 (cluster.runspec);
+    # pscluster_keras: "legacy" gives `run` programs here TF_USE_LEGACY_KERAS=1 (cluster.program.runspec);
     # `train` and the standing servers keep Keras 3 (roles/ is written for it).
     keras: str = "keras3"
     # (inventory key, "file:line") for each connection and placement setting the inventory wrote.
@@ -367,7 +361,7 @@ def _slots(inventory: Inventory) -> list[_Slot]:
             for local_index in range(role_slots.count):
                 gpus: str | None
                 if role_slots.auto_gpus:
-                    gpus = AUTO_GPUS          # resolved at preflight (cluster/gpus.py resolve_auto)
+                    gpus = AUTO_GPUS          # resolved at preflight (cluster/hosts/gpus.py resolve_auto)
                 elif role_slots.gpus is not None:
                     gpus = role_slots.gpus[local_index]
                 else:

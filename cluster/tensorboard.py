@@ -20,13 +20,13 @@ import urllib.request
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from . import hostops
+from .hosts import hostops
 from .contracts import ProcessKind
 from .errors import HostError, PsclusterError, UsageError
 from .plan import ClusterPlan, TaskSpec
 from .layout import exit_file
 from .state import ProcessRecord, RunState, StateStore, StateWriter
-from .training import leader_layout, leader_task
+from .supervision.training import leader_layout, leader_task
 from .transport import TransportPool
 
 DEFAULT_PORT = 6006           # TensorBoard's own default

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .. import console as ui
-from ..codesync import local_workdir
+from ..hosts.codesync import local_workdir
 from ..contracts import ExitStatus
 from ..errors import PsclusterError, Terminated, UsageError
 from ..inventory import Inventory, load_inventory
@@ -37,7 +37,7 @@ class Env:
     traceback: bool = False
     pool_factory: type = TransportPool
     extra: dict = field(default_factory=dict)
-    detached: Any = None        # cluster.detach.DaemonFiles when this process is a --detach supervisor
+    detached: Any = None        # cluster.supervision.daemon.DaemonFiles when this process is a --detach supervisor
 
 
 def _plan(inventory: str, *, name: str | None, mode: str | None, port_base: int | None,
@@ -51,7 +51,7 @@ def _plan(inventory: str, *, name: str | None, mode: str | None, port_base: int 
 def _planned(inventory: Inventory, options: PlanOptions, pool: TransportPool | None) -> ClusterPlan:
     plan = plan_cluster(inventory, options)
     if pool is not None and plan.auto_gpu_hosts:
-        from ..preflight import resolve_auto_gpus
+        from ..hosts.preflight import resolve_auto_gpus
         plan = plan_cluster(resolve_auto_gpus(inventory, plan, pool), options)
     return plan
 

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 import click
 
 from .. import console as ui
-from ..codesync import local_workdir
+from ..hosts.codesync import local_workdir
 from ..contracts import DEFAULT_GRACE, ExitStatus
 from ..errors import PsclusterError
 from ..plan import PlanOptions
 from ..transport import TransportPool
-from ..slurm import Layout
+from ..slurm_layout import Layout
 
 if TYPE_CHECKING:
     pass      # rich itself is console.py's (docs/architecture.md)
@@ -48,7 +48,7 @@ def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base
         for task in document["tasks"]:
             task["env"] = {key: ("****" if key in secret_names else value) for key, value in task["env"].items()}
         if firewall or cluster.firewall:
-            from ..firewall import ruleset_for
+            from ..hosts.firewall import ruleset_for
             document["firewall"] = {host.name: ruleset_for(cluster, host.name) for host in cluster.hosts}
         ui.print_json(env.out, document)
         return
@@ -58,7 +58,7 @@ def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base
         env.out.print(f"--limit {limit} selected {len(chosen)} host(s): {', '.join(chosen)}"
                       + (f" ({', '.join(idle)}: no task)" if idle else ""), markup=False, highlight=False)
     if firewall or cluster.firewall:
-        from ..firewall import ruleset_for
+        from ..hosts.firewall import ruleset_for
         env.out.print("\n[bold]firewall[/]: each host's TF ports accept loopback, every address of every "
                       "member host and this machine's source address toward that host (the probe's); "
                       "the comments say which is which. At up, members are also resolved on each host.")
@@ -80,7 +80,7 @@ def check(env: Env, inventory: str, name: str | None, mode: str | None, port_bas
           limit: str | None, allow_busy_gpus: bool) -> None:
     """Preflight only: reachability, interpreter, TensorFlow, ports, GPUs, per host."""
     from ..events import Reporter
-    from ..preflight import run_preflight
+    from ..hosts.preflight import run_preflight
     with env.pool_factory() as pool:
         cluster = _plan(inventory, name=name, mode=mode, port_base=port_base, env=env, limit=limit, pool=pool)
         report = run_preflight(cluster, pool, Reporter(), allow_busy_gpus=allow_busy_gpus)
@@ -116,7 +116,8 @@ def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: 
        slurm_chief: bool, workers_per_node: int | None, evaluator: bool, gpus_per_worker: int) -> None:
     """Preflight, sync code, start the standing servers and wait until they answer."""
     from dataclasses import replace as _replace
-    from ..launcher import bring_up, rows_after_up
+    from ..lifecycle.status import rows_after_up
+    from ..lifecycle.updown import bring_up
     if slurm:
         _write_slurm_inventory(inventory, mode, _slurm_layout(slurm_ps, slurm_chief, workers_per_node, evaluator,
                                                               gpus_per_worker))
@@ -149,7 +150,7 @@ def _slurm_layout(ps: int | None, chief: bool, workers_per_node: int | None, eva
 def _write_slurm_inventory(path: str, mode: str | None, layout: Layout) -> None:
     """Write the inventory of this allocation (``up --slurm``); the later commands read it like any other."""
     import yaml
-    from ..slurm import layout_inventory
+    from ..slurm_layout import layout_inventory
     from ..transport.slurm import read_allocation
     alloc = read_allocation(dict(os.environ))
     document = layout_inventory(alloc, layout, python=sys.executable, workdir=local_workdir(),
@@ -160,8 +161,8 @@ def _write_slurm_inventory(path: str, mode: str | None, layout: Layout) -> None:
 
 
 def _print_status(env: Env, name: str, *, as_json: bool, pool: TransportPool) -> None:
-    from ..launcher import cluster_status
-    from ..probe import Prober
+    from ..lifecycle.status import cluster_status
+    from ..hosts.probe import Prober
     state = _existing(env, name)
     with Prober() as prober:
         rows = cluster_status(state, pool=pool, prober=prober)
@@ -171,7 +172,7 @@ def _print_status(env: Env, name: str, *, as_json: bool, pool: TransportPool) ->
 def _show_status(env: Env, state, rows, *, as_json: bool) -> None:
     import socket
     import time
-    from .. import detach
+    from ..supervision import daemon as detach
     job = state.job
     health = detach.supervisor_health(job, alive=detach.orchestrator_alive(job.orchestrator if job else None),
                                       here=socket.gethostname(), now=time.time())
@@ -216,8 +217,8 @@ def down(env: Env, name: str | None, grace: float, now: bool) -> None:
 
     A running job is stopped first as 'stop-job' stops it: its leader (every worker in sync mode)
     checkpoints within the job's --stop-grace; then the servers stop. --now skips that."""
-    from ..jobstop import stop_running_job
-    from ..launcher import bring_down
+    from ..supervision.jobstop import stop_running_job
+    from ..lifecycle.updown import bring_down
     resolved = env.store.resolve_name(name)
     reporter = ui.RichReporter(env.err)
     try:
@@ -232,7 +233,7 @@ def down(env: Env, name: str | None, grace: float, now: bool) -> None:
 
 
 def _stop_job_before_down(env: Env, name: str, reporter, grace: float, stop_running_job) -> None:
-    """``down``'s first step: the running job checkpoints and stops (cluster/jobstop.py). A host
+    """``down``'s first step: the running job checkpoints and stops (cluster/supervision/jobstop.py). A host
     that cannot be reached here is reported; ``down`` then goes on and says what is left."""
     state = env.store.load(name)
     if state is None or state.job is None or not state.job.live:
@@ -265,7 +266,7 @@ def scale(env: Env, inventory: str, name: str | None, port_base: int | None, lim
     """Resize a cluster that is up to the edited INVENTORY: tasks of new hosts start, tasks of
     removed hosts stop, the rest stays. A running 'train' job checkpoints, and its training
     processes start again from there at the new size (see README 'A cluster that changes')."""
-    from ..resize import scale_cluster
+    from ..lifecycle.resize import scale_cluster
     resolved = env.store.resolve_name(name)
     state = _existing(env, resolved)
     if port_base is None:       # what `up --port-base` gave, if it did (else the inventory's)

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 import click
 
 from .. import console as ui
-from ..codesync import local_workdir, project_root
+from ..hosts.codesync import local_workdir, project_root
 from ..contracts import DEFAULT_GRACE, DEFAULT_STOP_GRACE, ExitStatus, Until
 from ..history import DEFAULT_KEEP
-from ..progfiles import DEFAULT_SYNC_LIMIT_MIB
+from ..program.progfiles import DEFAULT_SYNC_LIMIT_MIB
 from ..errors import PsclusterError, UsageError
 from ..inventory import KERAS_CHOICES, load_inventory
 from ..names import check_cluster_name
@@ -79,9 +79,9 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
           max_restarts, start_timeout, collective_timeout, host_timeout, stop_grace, deadline, min_workers, hosts_from,
           hosts_every, notify_urls, notify_cmds, as_json: bool, detach: bool, replace: bool) -> None:
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
-    from ..resize import Elastic
-    from ..supervisor import Supervisor
-    from ..training import TrainOptions, resolve_job
+    from ..lifecycle.resize import Elastic
+    from ..supervision.train_job import Supervisor
+    from ..supervision.training import TrainOptions, resolve_job
     if epochs is not None and steps is not None:
         raise UsageError("give --epochs or --steps, not both")
     resolved = env.store.resolve_name(name)
@@ -210,8 +210,8 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
     chief: every worker; see --until); exit code 0 when what it waited for exited 0.
     """
     from dataclasses import replace as _replace
-    from ..runprog import ProgramSupervisor, run_one_shot
-    from ..runspec import (Workspace, check_placeholders, check_sync_paths, local_files, one_shot_roles, parse_roles,
+    from ..supervision.program_job import ProgramSupervisor, run_one_shot
+    from ..program.runspec import (Workspace, check_placeholders, check_sync_paths, local_files, one_shot_roles, parse_roles,
                           select_tasks)
     from ..supervision.executor import JobFailed, restart_rules
     env: Env = ctx.obj
@@ -327,7 +327,7 @@ def _dry_run(env: Env, inventory: str | None, *, name: str | None, mode: str | N
     """``run --dry-run``: the one-shot plan of INVENTORY (as ``plan`` makes it: no host is asked,
     so `<role>_gpus: auto` stays unresolved), or the plan of the cluster that is up."""
     import shlex
-    from ..runspec import dry_run, one_shot_roles, same_command_lines, select_tasks
+    from ..program.runspec import dry_run, one_shot_roles, same_command_lines, select_tasks
     if inventory is not None:
         roles = on or one_shot_roles(load_inventory(inventory), mode)
         cluster = _planned(_inventory(env, inventory, limit, mode, roles=roles),
@@ -361,7 +361,7 @@ def _job_display(env: Env, display):
     (what ``attach`` replays)."""
     if env.detached is None:
         return display
-    from ..detach import EventLog
+    from ..supervision.daemon import EventLog
     from ..events import TeeReporter
     return TeeReporter(display, EventLog(env.detached.events))
 
@@ -369,7 +369,7 @@ def _job_display(env: Env, display):
 def _detach(env: Env, name: str, state: RunState, *, replace: bool, as_json: bool) -> None:
     """``--detach``: start this very command in a supervisor daemon and return once the job's
     processes run (job state ``running``); the daemon's log lines are shown meanwhile."""
-    from .. import detach
+    from ..supervision import daemon as detach
     ctx = click.get_current_context()
     job = state.job
     alive = job is not None and job.live and detach.orchestrator_alive(job.orchestrator)
@@ -412,7 +412,7 @@ def _detach(env: Env, name: str, state: RunState, *, replace: bool, as_json: boo
 @click.pass_context
 def supervise(ctx: click.Context, name: str) -> None:
     """Internal: the supervisor daemon of `train --detach` / `run --detach` (its request on stdin)."""
-    from ..detach import DaemonFiles
+    from ..supervision.daemon import DaemonFiles
     env: Env = ctx.obj
     try:
         request = json.loads(sys.stdin.read())
@@ -458,7 +458,7 @@ def attach(env: Env, name: str | None, as_json: bool) -> None:
     """Follow the cluster's job (started with --detach, or by a train in another terminal): the
     same live view as train, then its final report; exits with the job's exit code (0 done,
     1 failed, 4 --deadline, 130 stopped). Ctrl-C only detaches: the job goes on."""
-    from .. import detach
+    from ..supervision import daemon as detach
     from ..events import Reporter
     resolved = env.store.resolve_name(name)
     job = _existing(env, resolved).job
@@ -499,8 +499,8 @@ def stop_job(env: Env, name: str | None, timeout: float, grace: float) -> None:
     """Stop the cluster's running job, as Ctrl-C in its train would: the job checkpoints
     first (the async chief, sync-ps worker 0, or every sync worker at one agreed step), its processes stop, the standing servers stay up."""
     import socket
-    from .. import detach
-    from ..jobstop import stop_orphaned_job
+    from ..supervision import daemon as detach
+    from ..supervision.jobstop import stop_orphaned_job
     resolved = env.store.resolve_name(name)
     job = _existing(env, resolved).job
     if job is None or not job.live:

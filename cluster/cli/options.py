@@ -65,7 +65,7 @@ SECONDS = FiniteFloat(1, 86400)      # timeouts: a second to a day
 
 
 def _check_notify_urls(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
-    from ..notify import url_problem
+    from ..urls import url_problem
     for value in values:
         problem = url_problem(value)
         if problem:

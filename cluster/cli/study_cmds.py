@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from .. import console as ui
-from ..codesync import local_workdir, project_root
+from ..hosts.codesync import local_workdir, project_root
 from ..contracts import ExitStatus, resolve_mode
 from ..errors import UsageError
 from ..inventory import MODE_NAMES, canonical_mode
@@ -97,10 +97,10 @@ def _export_sbatch(env: Env, inventory: str, *, mode: str | None, name: str | No
                    time_limit: str | None, partition: str | None, gres: str | None, output: str | None,
                    program_text: str | None, checkpoint_dir: str | None, checkpoint_every: int, warn_seconds: int,
                    requeue: bool, max_nodes: int | None = None) -> None:
-    """The inventory's layout as a batch script that runs `up --slurm` inside (cluster.slurm.BatchJob)."""
+    """The inventory's layout as a batch script that runs `up --slurm` inside (cluster.slurm_layout.BatchJob)."""
     import shlex
-    from ..runspec import check_placeholders
-    from ..slurm import BatchJob, batch_shape, sbatch_script
+    from ..program.runspec import check_placeholders
+    from ..slurm_layout import BatchJob, batch_shape, sbatch_script
     program: tuple[str, ...] = ()
     if program_text is not None:
         try:
@@ -168,8 +168,8 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
     cluster (bench-<mode>-<n>w-<placement>-r<k>), trained for --steps and always brought down.
     Exit code 1 when a configuration failed, 130 when interrupted (what was measured is still shown).
     """
-    from .. import bench as study
-    from ..training import resolve_job
+    from ..bench import study as study
+    from ..supervision.training import resolve_job
     inv = _inventory(env, inventory, limit, None, roles=("worker",))
     auto = [host.name for host in inv.hosts if any(slot.auto_gpus for slot in host.slots)]
     if auto:
@@ -189,7 +189,7 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
                            batch_size=batch_size, steps_per_execution=steps_per_execution, port_base=port_base,
                            ready_timeout=timeout)
     if plot:
-        from ..benchplot import require_matplotlib
+        from ..bench.plot import require_matplotlib
         require_matplotlib()
     job_ref = resolve_job(job, project_root())
     options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir())
@@ -213,7 +213,7 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
     summaries = study.summarize(outcome.results)
     title = f"{job_ref.name} on {inventory}: {steps} steps" + (f", median of {repeat} runs" if repeat > 1 else "")
     if plot:
-        from ..benchplot import describe_environment, write_plot
+        from ..bench.plot import describe_environment, write_plot
         write_plot(summaries, plot, title=title, subtitle=describe_environment(document["environment"]))
     if as_json:
         env.out.print_json(json.dumps(document))

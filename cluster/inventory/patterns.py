@@ -26,9 +26,8 @@ from typing import Callable
 
 from ..errors import UsageError
 from .hostnames import check_host_name, split_host_port
-from ..contracts import resolve_mode
+from ..contracts import MODE_ROLES, resolve_mode
 from .model import Inventory
-from ..plan import MODE_ROLES
 
 # Ansible's PATTERN_WITH_SUBSCRIPT: a pattern ending in [i], [-i], [i:j], [i:] or [i-j].
 _SUBSCRIPT = re.compile(r"^(.+)\[(?:(-?[0-9]+)|([0-9]+)([:-])([0-9]*))\]$")

@@ -2,8 +2,8 @@
 ``group_vars/`` and ``host_vars/`` folders beside it (pure: reads files, touches no host).
 
 Everything becomes the YAML inventory's structure (``{group: {hosts, vars, children}}``) with a
-:class:`~cluster.yamlsrc.SourceMap` of lines, so validation has one code path. Values from files
-other than the first are keyed under a :class:`~cluster.yamlsrc.FileRoot`, so errors name their file.
+:class:`~cluster.inventory.yamlsrc.SourceMap` of lines, so validation has one code path. Values from files
+other than the first are keyed under a :class:`~cluster.inventory.yamlsrc.FileRoot`, so errors name their file.
 
 Detection follows Ansible's plugin order: ``.yaml``/``.yml``/``.json`` files are YAML; a file
 without one of those extensions is YAML when it parses to a mapping, else INI. A folder loads its

@@ -2,12 +2,12 @@
 :mod:`cluster.supervision.core`.
 
 :class:`JobExecutor` runs one job on a cluster that is up, to its end: done, failed for good,
-or interrupted. It records the job (:class:`~cluster.progress.JobProgress`) and every process
+or interrupted. It records the job (:class:`~cluster.jobrecord.JobProgress`) and every process
 in the cluster state before waiting on it, watches every process of the job through one
 :class:`~cluster.supervision.links.HostLink` per host, and on each turn of its loop asks the
 core for an incident, a verdict and a recovery plan, then carries it out. Two jobs build on it:
-``train`` (:class:`cluster.supervisor.Supervisor`) and ``run``
-(:class:`cluster.runprog.ProgramSupervisor`); they supply how to launch a task, what the
+``train`` (:class:`cluster.supervision.train_job.Supervisor`) and ``run``
+(:class:`cluster.supervision.program_job.ProgramSupervisor`); they supply how to launch a task, what the
 watched files say, the watchdog, the recovery table and when the job is complete.
 
 Clock and sleep are passed in (``clock``, ``sleep``, ``wall``) so tests can replace them.
@@ -21,18 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .. import hostops
+from ..hosts import hostops
 from ..contracts import DEFAULT_GRACE, ExitStatus, JobState, ProcessKind, ProcState, RestartPolicy, Role
 from ..errors import HostError, PsclusterError, TaskError, UsageError
-from ..detach import DaemonFiles, job_conflict, orchestrator_alive, process_starttime, stop_supervisor
+from .daemon import DaemonFiles, job_conflict, orchestrator_alive, process_starttime, stop_supervisor
 from ..events import Reporter
 from ..fanout import fan_out
 from ..history import DEFAULT_KEEP, LogFile, RunHistory, RunRecord, remove_runs
-from ..launcher import start_task, stop_records, task_env, wait_ready
+from ..lifecycle.tasks import start_task, stop_records, task_env, wait_ready
 from ..plan import ClusterPlan, TaskSpec
-from ..probe import Prober
+from ..hosts.probe import Prober
 from ..secrets import Secrets
-from ..progress import JobProgress, Orchestrator
+from ..jobrecord import JobProgress, Orchestrator
 from ..state import ProcessRecord, RunState, StateStore, StateWriter
 from ..transport import TransportPool
 from . import core
@@ -536,7 +536,7 @@ class JobExecutor:
         fan_out(tasks, one, name="launch", catch=(), max_workers=max(1, len(tasks)))
 
     def launch_server(self, task: TaskSpec) -> Watched:
-        from ..launcher import new_record
+        from ..lifecycle.tasks import new_record
         record = new_record(task, kind="server", attempt=self.attempt(task, ProcessKind.SERVER))
         watched = self.launch(task, record, argv=task.argv, env=task_env(self.plan, task, self.secrets, standing=True), kind=ProcessKind.SERVER)
         try:

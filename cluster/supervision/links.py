@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Callable
 
-from .. import hostops
+from ..hosts import hostops
 from ..errors import PsclusterError
 from ..plan import HostSpec
 from ..state import ProcessRecord

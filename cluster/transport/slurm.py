@@ -62,7 +62,7 @@ def _granted_gpus(facts_json: str, granted: str) -> str:
     """Without nvidia-smi in the step, the GPUs Slurm granted there (its CUDA_VISIBLE_DEVICES) are
     what preflight counts: one entry per id up to the highest (GRES on nodes without the NVIDIA
     tools, as in tests/slurm). With nvidia-smi, its own answer stands."""
-    from ..slurm import parse_gpu_ids
+    from ..slurm_layout import parse_gpu_ids
     try:
         facts = json.loads(facts_json)
     except ValueError:
@@ -162,12 +162,12 @@ class SlurmTransport(LocalTransport):   # reuses its subprocess stream; run and 
 
 
 def read_allocation(env: dict[str, str]):
-    """The calling job's :class:`~cluster.slurm.Allocation`, asking ``scontrol`` where it can.
+    """The calling job's :class:`~cluster.slurm_layout.Allocation`, asking ``scontrol`` where it can.
 
     ``scontrol show hostnames`` expands the node list exactly as Slurm does and ``scontrol show job
     -d`` gives the GPUs granted per node; without scontrol the pure parsers of the variables serve.
     """
-    from ..slurm import allocation_from_env, parse_job_gpus, expand_nodelist
+    from ..slurm_layout import allocation_from_env, parse_job_gpus, expand_nodelist
     job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
     nodelist = env.get("SLURM_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
     hostnames = node_gpus = None
@@ -200,7 +200,7 @@ def _step_gpus(job: str, nodes, env) -> dict[str, tuple[str, ...]] | None:
     Under ConstrainDevices these are 0-based, without it the node's global ids; asking a step
     is right in both cases (~0.1 s per node).
     """
-    from ..slurm import parse_gpu_ids
+    from ..slurm_layout import parse_gpu_ids
     found = {}
     for node in nodes:
         try:

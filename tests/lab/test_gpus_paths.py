@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from cluster import hostops
-from cluster.launcher import new_record
+from cluster.hosts import hostops
+from cluster.lifecycle.tasks import new_record
 from cluster.plan import TaskSpec
 from cluster.transport.ssh import SSHTransport
 from tests.lab.test_reach import _spec

@@ -142,7 +142,7 @@ def test_status_of_a_host_behind_a_bastion_opens_no_tcp_listener_here(lab3, tmp_
     task's gRPC from a member address (past --firewall). Now a 0600 Unix socket."""
     from cluster import cli
     from cluster.cli import Env
-    from cluster.probe import Prober
+    from cluster.hosts.probe import Prober
     from cluster.state import StateStore
     from rich.console import Console
     name, state_dir = "lab-n1", tmp_path / "state"

@@ -136,7 +136,7 @@ def test_missing_secret_is_refused_before_anything_starts(tmp_path, lab3, write_
 def test_members_are_resolved_on_the_host_with_every_address(tmp_path, lab3, write_lab_inventory):
     """The host's own resolver answers (over SSH, hostctl ``resolve``): every address of a name,
     and an error text, not silence, for a name it cannot resolve."""
-    from cluster import hostops
+    from cluster.hosts import hostops
     from cluster.inventory import load_inventory
     from cluster.plan import PlanOptions, plan_cluster
     from cluster.transport import TransportPool

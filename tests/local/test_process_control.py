@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from cluster import hostops
+from cluster.hosts import hostops
 from cluster.plan import HostSpec
 from cluster.state import ProcessRecord
 from cluster.transport.local import LocalTransport

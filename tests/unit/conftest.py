@@ -64,8 +64,8 @@ def idle_supervisor(tmp_path, *, name: str, mode: str, options=None):
     from cluster.inventory import load_inventory
     from cluster.plan import PlanOptions, plan_cluster
     from cluster.state import RunState, StateStore, StateWriter
-    from cluster.supervisor import Supervisor
-    from cluster.training import JobRef, TrainOptions
+    from cluster.supervision.train_job import Supervisor
+    from cluster.supervision.training import JobRef, TrainOptions
     from cluster.transport import TransportPool
 
     plan = plan_cluster(load_inventory(str(INVENTORIES / "local.yaml")),

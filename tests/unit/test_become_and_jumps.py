@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from cluster import hostops
+from cluster.hosts import hostops
 from cluster.plan import HostSpec
 from cluster.transport.base import CommandResult, Transport
 from cluster.transport.ssh import SSHTransport, config_jumps, parse_hop

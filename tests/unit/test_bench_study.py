@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from cluster import bench
+from cluster.bench import study as bench
 from cluster.cli import Env, run
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster

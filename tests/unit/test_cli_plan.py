@@ -13,7 +13,7 @@ import jsonschema
 from rich.console import Console
 
 from cluster.cli import Env, run
-from cluster.codesync import project_root
+from cluster.hosts.codesync import project_root
 from cluster.state import StateStore
 
 from .conftest import INVENTORIES, PLAN_SCHEMA

@@ -19,10 +19,10 @@ from cluster import console as ui
 from cluster.errors import UsageError
 from cluster.events import Check
 from cluster.inventory import load_inventory
-from cluster.launcher import TaskRow
+from cluster.lifecycle.status import TaskRow
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.preflight import CheckReport
-from cluster.progress import JobProgress
+from cluster.hosts.preflight import CheckReport
+from cluster.jobrecord import JobProgress
 
 from .conftest import INVENTORIES
 

@@ -9,12 +9,12 @@ import socket
 
 import pytest
 
-from cluster import detach
+from cluster.supervision import daemon as detach
 from cluster.contracts import JobState, RestartPolicy
 from cluster.errors import PsclusterError
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.progress import JobProgress, Orchestrator
+from cluster.jobrecord import JobProgress, Orchestrator
 from cluster.state import RunState, StateStore
 
 from .conftest import INVENTORIES

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cluster.codesync import project_root
+from cluster.hosts.codesync import project_root
 from cluster.export import DEFAULT_IMAGE
 from cluster.inventory import MODES, load_inventory
 from cluster.plan import ClusterPlan, PlanOptions, plan_cluster

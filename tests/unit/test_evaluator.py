@@ -14,8 +14,8 @@ from cluster.errors import InventoryError, UsageError
 from cluster.export import tfjob_manifest
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.supervisor import check_checkpoints_shared
-from cluster.training import TrainOptions, path_on, train_argv, with_evaluator
+from cluster.supervision.train_job import check_checkpoints_shared
+from cluster.supervision.training import TrainOptions, path_on, train_argv, with_evaluator
 from cluster.transport import TransportPool
 from roles.evaluate import CheckpointWatch, checkpoint_step
 from roles.tfconfig import ConfigError, parse_tf_config

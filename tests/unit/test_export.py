@@ -21,7 +21,7 @@ import yaml
 from rich.console import Console
 
 from cluster.cli import Env, run
-from cluster.codesync import project_root
+from cluster.hosts.codesync import project_root
 from cluster.errors import PlanError, UsageError
 from cluster.export import DEFAULT_IMAGE, REPLICA_TYPES, gpu_count, secret_refs, tfjob_manifest, train_command
 from cluster.inventory import MODES, load_inventory

@@ -9,10 +9,12 @@ from dataclasses import replace
 
 import pytest
 
-from cluster import firewall, hostops
+from cluster.hosts import firewall
+
+from cluster.hosts import hostops
 from cluster.errors import MultiHostError
 from cluster.events import Reporter
-from cluster.launcher import _remove_stale_tables
+from cluster.lifecycle.updown import _remove_stale_tables
 from cluster.plan import HostSpec
 from cluster.state import RunState, StateStore, StateWriter
 from cluster.transport import TransportPool
@@ -219,7 +221,7 @@ def test_a_resolver_that_never_answers_is_given_up_on_here_and_on_the_host(monke
     and `plan --firewall` (1,000 unresolvable names: minutes)."""
     import socket
     import time
-    from cluster import firewall
+    from cluster.hosts import firewall
     from roles import hostctl
     real = socket.getaddrinfo
 

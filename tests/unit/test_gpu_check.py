@@ -169,7 +169,7 @@ def test_a_gpu_busy_before_the_check_and_a_host_without_gpus_fail(tmp_path):
 
 def test_the_check_and_a_one_shot_run_import_without_grpcio():
     # A GPU box may lack grpcio (a binary wheel); only probing a TensorFlow server needs it.
-    code = ("import sys; sys.modules['grpc'] = None; import cluster.cli, cluster.runprog, benchmarks.gpu_check; "
-            "from cluster.probe import Prober; Prober().close()")
+    code = ("import sys; sys.modules['grpc'] = None; import cluster.cli, cluster.supervision.program_job, benchmarks.gpu_check; "
+            "from cluster.hosts.probe import Prober; Prober().close()")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

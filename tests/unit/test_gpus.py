@@ -1,9 +1,9 @@
-"""cluster.gpus: nvidia-smi output parsing and the busy rule, on canned outputs."""
+"""cluster.hosts.gpus: nvidia-smi output parsing and the busy rule, on canned outputs."""
 from __future__ import annotations
 
 import pytest
 
-from cluster.gpus import QUERY_APPS, QUERY_GPUS, GpuQueryError, busy_gpus, busy_message, parse
+from cluster.hosts.gpus import QUERY_APPS, QUERY_GPUS, GpuQueryError, busy_gpus, busy_message, parse
 from roles import hostctl
 
 GPUS = """0, GPU-aaaa, 16384, 3, Tesla V100-SXM2-16GB

@@ -61,3 +61,63 @@ def test_rich_is_console_s_alone():
     users = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "cluster").rglob("*.py")
                    if "rich" in _runtime_imports(ast.parse(p.read_text())))
     assert users == ["cluster/console.py"]
+
+
+def test_the_inventory_and_the_plan_import_no_threads():
+    """Loading an inventory or planning starts nothing: no module of theirs imports threading
+    (URL checks and masking live in cluster/urls.py, not in the threaded notifier)."""
+    import subprocess
+    import sys
+    code = ("import sys; import cluster.inventory, cluster.inventory.patterns, cluster.plan; "
+            "print(sorted(m for m in ('threading', 'queue', 'cluster.notify') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert "cluster.notify" not in out and "queue" not in out
+
+
+# The rooms of cluster/ in the order they may import one another (docs/architecture.md, "Module map"):
+# a module imports only modules of its own room or of rooms above it, with the exceptions below.
+ROOMS = [["contracts", "errors", "layout", "names", "fanout", "urls"], ["inventory"],
+         ["plan", "secrets", "slurm_layout", "export"], ["jobrecord", "events", "state"], ["transport", "hosts"],
+         ["program"], ["history", "logs"], ["lifecycle"], ["supervision"],
+         ["console", "liveview", "notify", "tensorboard", "bench"], ["cli", "__main__"]]
+# `down` and `scale` must find and signal a job's supervisor, and `scale` asks who leads the job.
+UPWARD = {("cluster.lifecycle.resize", "cluster.supervision.daemon"),
+          ("cluster.lifecycle.resize", "cluster.supervision.training"),
+          ("cluster.lifecycle.updown", "cluster.supervision.daemon")}
+
+
+def _imported_modules(path: Path, module: str) -> set[str]:
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            if node.module:
+                found.add(".".join(base + [node.module]))
+            else:
+                found.update(".".join(base + [alias.name]) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_rooms_import_only_rooms_above_them():
+    room_of = {name: index for index, names in enumerate(ROOMS) for name in names}
+    paths = [p for p in (REPO / "cluster").rglob("*.py") if "__pycache__" not in p.parts]
+    unplaced, upward = [], set()
+    for path in paths:
+        module = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        if module == "cluster":
+            continue
+        mine = room_of.get(module.split(".")[1])
+        if mine is None:
+            unplaced.append(module)
+            continue
+        for target in _imported_modules(path, module):
+            parts = target.split(".")
+            if parts[0] == "cluster" and len(parts) > 1 and room_of.get(parts[1], -1) > mine:
+                upward.add((module, ".".join(parts[:3]) if parts[1] in ("supervision", "lifecycle") else target))
+    assert unplaced == []
+    assert upward - UPWARD == set()

@@ -1,4 +1,4 @@
-"""Inventory loading (cluster/inventory.py, cluster/yamlsrc.py): structure, precedence, errors.
+"""Inventory loading (cluster/inventory/): structure, precedence, errors.
 
 Every error test checks the InventoryError's file, line and key path, and the first line of
 its text, which is what the user reads: ``FILE:LINE: KEY.PATH: message``.

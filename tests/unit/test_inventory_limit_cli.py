@@ -27,11 +27,11 @@ def recorder(monkeypatch):
     def record(cluster, *args, **kwargs):
         seen.append(cluster)
         raise Stop("recorded")
-    import cluster.launcher
-    import cluster.preflight
-    import cluster.runprog
-    for module, name in ((cluster.preflight, "run_preflight"), (cluster.launcher, "bring_up"),
-                         (cluster.runprog, "run_one_shot")):
+    import cluster.lifecycle.updown
+    import cluster.hosts.preflight
+    import cluster.supervision.program_job
+    for module, name in ((cluster.hosts.preflight, "run_preflight"), (cluster.lifecycle.updown, "bring_up"),
+                         (cluster.supervision.program_job, "run_one_shot")):
         monkeypatch.setattr(module, name, record)
     return seen
 

@@ -9,14 +9,14 @@ import pytest
 
 import roles.hostctl as hostctl
 from cluster import layout as layout_module
-from cluster.detach import DaemonFiles
+from cluster.supervision.daemon import DaemonFiles
 from cluster.inventory import load_inventory
-from cluster.launcher import new_record
+from cluster.lifecycle.tasks import new_record
 from cluster.layout import DaemonLayout, HostLayout, attempt_log, exit_file, job_code_dir, pid_file
 from cluster.plan import ClusterPlan, PlanOptions, plan_cluster
 from cluster.state import RunState
 from cluster.tensorboard import board_spec
-from cluster.training import JobRef, host_layout, job_files, job_path_on, leader_layout
+from cluster.supervision.training import JobRef, host_layout, job_files, job_path_on, leader_layout
 
 from .conftest import INVENTORIES
 

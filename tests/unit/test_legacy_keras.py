@@ -10,7 +10,7 @@ import pytest
 from cluster.errors import InventoryError, TaskError, known_failure_hint
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.runspec import program_env
+from cluster.program.runspec import program_env
 
 from .test_cli_plan import Captured
 
@@ -97,7 +97,7 @@ def test_keras3s_multi_worker_failure_gets_the_hint():
 
 
 def test_preflight_checks_tf_keras_on_legacy_hosts_only(write_inventory):
-    from cluster.preflight import check_host
+    from cluster.hosts.preflight import check_host
     from .test_preflight_checks import facts
     path = write_inventory(INVENTORY % ("", "", ", pscluster_keras: legacy"))
     plan = plan_cluster(load_inventory(path), OPTIONS)

@@ -358,7 +358,7 @@ GROUPS = {"chief": "    chief: {hosts: {a: }}\n", "ps": "    ps: {hosts: {a: }}\
 def test_plan_and_a_one_shot_run_accept_and_reject_the_same_inventories(write_inventory, roles, mode, in_file):
     """`plan --mode M` and `run --mode M` (or pscluster_mode: M in the file) decide alike: both
     go through check_mode_roles (issue 24: plan refused async without a chief, run took it)."""
-    from cluster.runspec import one_shot_roles
+    from cluster.program.runspec import one_shot_roles
     head = "all:\n" + (f"  vars: {{pscluster_mode: {mode}}}\n" if in_file else "") + "  children:\n"
     path = write_inventory(head + "".join(GROUPS[role] for role in roles))
     given = None if in_file else mode

@@ -1,4 +1,4 @@
-"""Preflight checks as pure functions (cluster/preflight.py ``check_host``, ``check_cluster``).
+"""Preflight checks as pure functions (cluster/hosts/preflight.py ``check_host``, ``check_cluster``).
 
 HostFacts are written by hand, as a host would report them; the plan is that of the shipped
 lab inventory (node-a: chief, ps:0 on 2223, worker:0 on GPU 0 at 2224; node-b: ps:1 on 2222,
@@ -12,10 +12,10 @@ import pytest
 
 from cluster.contracts import TensorFlowNeed
 from cluster.errors import MultiHostError
-from cluster.hostops import HostFacts
+from cluster.hosts.hostops import HostFacts
 from cluster.inventory import load_inventory
 from cluster.plan import ClusterPlan, PlanOptions, plan_cluster
-from cluster.preflight import CheckReport, CheckResult, check_cluster, check_host
+from cluster.hosts.preflight import CheckReport, CheckResult, check_cluster, check_host
 
 from .conftest import INVENTORIES
 
@@ -221,7 +221,7 @@ def _all_to_all(n: int, outcome=lambda source, target: "ok") -> dict[str, dict[s
 
 
 def test_reach_all_paths_open_passes_every_host():
-    from cluster.preflight import reach_results
+    from cluster.hosts.preflight import reach_results
     results = reach_results([f"node-{i}" for i in range(1, 4)], _reach_tasks(3), _all_to_all(3))
     assert [(r.host, r.ok, r.detail) for r in results] == [
         ("node-1", True, "reaches 2 peer port(s)"), ("node-2", True, "reaches 2 peer port(s)"),
@@ -229,7 +229,7 @@ def test_reach_all_paths_open_passes_every_host():
 
 
 def test_reach_one_blocked_path_is_named_from_the_host_that_tried_it():
-    from cluster.preflight import reach_results
+    from cluster.hosts.preflight import reach_results
     reached = _all_to_all(3, lambda s, t: "timed out" if (s, t) == (2, 3) else "ok")
     results = reach_results([f"node-{i}" for i in range(1, 4)], _reach_tasks(3), reached)
     failed = [r for r in results if not r.ok]
@@ -240,7 +240,7 @@ def test_reach_one_blocked_path_is_named_from_the_host_that_tried_it():
 
 def test_reach_a_port_nobody_reaches_is_blamed_once_on_its_host():
     """64 hosts whose connects all time out toward node-12: one line, on node-12, not 63."""
-    from cluster.preflight import reach_results
+    from cluster.hosts.preflight import reach_results
     reached = _all_to_all(64, lambda s, t: "timed out" if t == 12 else "ok")
     results = reach_results([f"node-{i}" for i in range(1, 65)], _reach_tasks(64), reached)
     failed = [r for r in results if not r.ok]
@@ -250,7 +250,7 @@ def test_reach_a_port_nobody_reaches_is_blamed_once_on_its_host():
 
 
 def test_reach_many_blocked_paths_make_one_line_per_host_and_outcome():
-    from cluster.preflight import REACH_NAMED, reach_results
+    from cluster.hosts.preflight import REACH_NAMED, reach_results
     # node-1 can reach nobody (its own outbound path is cut); everyone else reaches everyone
     reached = _all_to_all(10, lambda s, t: "refused" if s == 1 and t % 2 else ("timed out" if s == 1 else "ok"))
     results = reach_results([f"node-{i}" for i in range(1, 11)], _reach_tasks(10), reached)
@@ -268,7 +268,7 @@ def test_reach_many_blocked_paths_make_one_line_per_host_and_outcome():
 
 
 def test_reach_names_blocked_peers_in_inventory_order_whatever_order_they_answered_in():
-    from cluster.preflight import reach_results
+    from cluster.hosts.preflight import reach_results
     reached = _all_to_all(4, lambda s, t: "timed out" if s == 1 else "ok")
     reached["node-1"] = dict(reversed(list(reached["node-1"].items())))     # answers arrive in any order
     (line,) = [r.detail for r in reach_results([f"node-{i}" for i in range(1, 5)], _reach_tasks(4), reached)

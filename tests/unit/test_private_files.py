@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from cluster.detach import EventLog
+from cluster.supervision.daemon import EventLog
 from cluster.state import StateStore, open_private, private_dir
 
 

@@ -1,4 +1,4 @@
-"""Decoding of GetStatusResponse (cluster/probe.py ``parse_get_status``), without a server.
+"""Decoding of GetStatusResponse (cluster/hosts/probe.py ``parse_get_status``), without a server.
 
 Test bytes come from a tiny protobuf encoder below (itself checked against the wire-format
 examples of the protobuf documentation), and once from protobuf's own serialization of
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.probe import Device, parse_get_status
+from cluster.hosts.probe import Device, parse_get_status
 
 CPU = "/job:worker/replica:0/task:0/device:CPU:0"
 GPU = "/job:worker/replica:0/task:0/device:GPU:0"

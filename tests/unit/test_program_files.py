@@ -1,5 +1,5 @@
-"""`pscluster run`: the program's folder travels (cluster/progfiles.py, cluster/ignorerules.py),
-the static import scan (cluster/importscan.py) and the per-host verdicts on what a host lacks
+"""`pscluster run`: the program's folder travels (cluster/program/progfiles.py, cluster/program/ignorerules.py),
+the static import scan (cluster/program/importscan.py) and the per-host verdicts on what a host lacks
 (cluster/runprog.program_problems), hand-checked."""
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from cluster import hostops
+from cluster.hosts import hostops
 from cluster.errors import UsageError
-from cluster.ignorerules import IgnoreRules, parse_rules
-from cluster.importscan import scan_program
+from cluster.program.ignorerules import IgnoreRules, parse_rules
+from cluster.program.importscan import scan_program
 from cluster.plan import HostSpec
-from cluster.progfiles import MIB, program_files
-from cluster.runprog import program_problems
-from cluster.runspec import Workspace, check_sync_paths, local_files, program_folder
+from cluster.program.progfiles import MIB, program_files
+from cluster.supervision.program_job import program_problems
+from cluster.program.runspec import Workspace, check_sync_paths, local_files, program_folder
 from cluster.transport.local import LocalTransport
 
 HOST = HostSpec(name="node-b", address="10.1.1.2", connection="ssh", ssh_port=None, user=None, key_file=None,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster import bench
+from cluster.bench import study as bench
 from roles.reporting import ProgressMeter
 
 

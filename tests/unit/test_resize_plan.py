@@ -1,4 +1,4 @@
-"""The pure part of a resize (cluster/resize.py): which tasks start, stop and stay, and what is
+"""The pure part of a resize (cluster/lifecycle/resize.py): which tasks start, stop and stay, and what is
 refused before anything changes; one scale at a time."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from cluster.errors import PlanError, UsageError
 from cluster.plan import plan_cluster
-from cluster.resize import (ResizeRequest, check_resize, diff_plans, early_servers, in_place, membership,
+from cluster.lifecycle.resize import (ResizeRequest, check_resize, diff_plans, early_servers, in_place, membership,
                             parse_host_list, plan_changes_for, resize_lock, with_workers)
 from cluster.supervision.core import drop_out
 from cluster.state import StateStore
@@ -201,7 +201,7 @@ def test_a_bad_host_list_line_is_named(text):
 
 
 def test_new_servers_that_can_start_before_the_job_stops(write_inventory):
-    from cluster.resize import early_servers
+    from cluster.lifecycle.resize import early_servers
     old, grown = lab(write_inventory, "h1", "h2"), lab(write_inventory, "h1", "h2", "h3")
     assert [t.name for t in early_servers(old, grown, diff_plans(old, grown))] == ["worker:2"]
     assert early_servers(old, grown, diff_plans(old, grown), unreachable={"h3"}) == []

@@ -1,4 +1,4 @@
-"""`pscluster run`, the pure part (cluster/runspec.py): placeholders, which tasks run the
+"""`pscluster run`, the pure part (cluster/program/runspec.py): placeholders, which tasks run the
 program per mode and with --on, what each process gets, python substitution, files to sync and
 where the program runs on each host."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from cluster.errors import PlanError, UsageError
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.runspec import (Workspace, check_placeholders, expand, host_argv, local_files, parse_roles,
+from cluster.program.runspec import (Workspace, check_placeholders, expand, host_argv, local_files, parse_roles,
                              placeholder_values, program_env, program_name, required_paths, same_command_lines,
                              script_of, select_tasks)
 
@@ -215,7 +215,7 @@ def test_where_the_program_runs(tmp_path):
 @pytest.mark.parametrize("mode, roles", [(None, ("chief", "ps", "worker")), ("async", ("chief", "ps", "worker")),
                                          ("sync", ("worker",)), ("sync-ps", ("ps", "worker"))])
 def test_one_shot_roles_follow_an_explicit_mode(mode, roles):
-    from cluster.runspec import one_shot_roles
+    from cluster.program.runspec import one_shot_roles
     assert one_shot_roles(load_inventory(str(INVENTORIES / "lab.yaml")), mode) == roles
 
 

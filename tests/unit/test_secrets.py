@@ -14,7 +14,7 @@ import pytest
 from cluster import secrets as rule
 from cluster.errors import InventoryError, UsageError
 from cluster.inventory import load_inventory
-from cluster.launcher import task_env
+from cluster.lifecycle.tasks import task_env
 from cluster.plan import ClusterPlan, PlanOptions, plan_cluster
 from cluster.state import plan_from_json, plan_to_json
 

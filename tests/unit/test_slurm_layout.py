@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from cluster.inventory import load_inventory
-from cluster.slurm import (Allocation, Layout, SlurmLayoutError, allocation_from_env, expand_counts,
+from cluster.slurm_layout import (Allocation, Layout, SlurmLayoutError, allocation_from_env, expand_counts,
                            expand_nodelist, layout_inventory, parse_gpu_ids, parse_job_gpus)
 
 SCONTROL_JOB = """JobId=7 JobName=x
@@ -143,7 +143,7 @@ def test_slurm_transport_runs_steps_of_the_calling_job(monkeypatch):
 
 def _script(tmp_path, **changes):
     import subprocess
-    from cluster.slurm import BatchJob, sbatch_script
+    from cluster.slurm_layout import BatchJob, sbatch_script
     fields = dict(nodes=2, workers_per_node=1, mode="sync", job="distributed_mnist", python="/v/bin/python",
                   checkout="/src/pscluster", steps=100, time_limit="0:10:00", gres="gpu:2", name="demo")
     text = sbatch_script(BatchJob(**{**fields, **changes}))
@@ -273,7 +273,7 @@ def test_a_step_that_never_answers_times_out_instead_of_hanging(tmp_path, monkey
 
 
 def test_sbatch_script_asks_for_a_range_of_nodes_with_max_nodes(tmp_path):
-    from cluster.slurm import SlurmLayoutError
+    from cluster.slurm_layout import SlurmLayoutError
     text, _ = _script(tmp_path, max_nodes=3)
     assert "#SBATCH --nodes=2-3\n" in text
     assert "#SBATCH --nodes=2\n" in _script(tmp_path, max_nodes=2)[0]
@@ -289,7 +289,7 @@ def test_sbatch_script_asks_for_a_range_of_nodes_with_max_nodes(tmp_path):
 def test_sbatch_options_cannot_inject_lines(tmp_path, option, value):
     """N8 (issue 25): --time, --partition and --gres went raw into the script; a newline
     injected a shell line and sbatch then ignored the later --signal and --requeue."""
-    from cluster.slurm import SlurmLayoutError
+    from cluster.slurm_layout import SlurmLayoutError
     with pytest.raises(SlurmLayoutError, match="is not a Slurm"):
         _script(tmp_path, **{option: value})
 
@@ -306,7 +306,7 @@ def test_sbatch_option_fuzz():
     whitespace and control characters: each is refused, or every directive stays one line in
     the #SBATCH block, which still ends with --signal, --requeue and --open-mode."""
     import random
-    from cluster.slurm import BatchJob, SlurmLayoutError, sbatch_script
+    from cluster.slurm_layout import BatchJob, SlurmLayoutError, sbatch_script
     rng = random.Random(25)
     alphabet = "0123456789:-,._()=/abgpuUNLIMTED \t\n\r\x00\x1b\x7f\x85;$`'\"\\#|&<>*?[]{}~"
     refused = accepted = 0

@@ -19,7 +19,7 @@ import yaml
 
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.slurm import Allocation, Layout, layout_inventory, tf_resolver_jobs
+from cluster.slurm_layout import Allocation, Layout, layout_inventory, tf_resolver_jobs
 
 resolver_module = pytest.importorskip(
     "tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver")
@@ -33,7 +33,7 @@ def fake_scontrol(tmp_path, monkeypatch):
         #!{sys.executable}
         import sys
         sys.path.insert(0, {os.getcwd()!r})
-        from cluster.slurm import expand_nodelist
+        from cluster.slurm_layout import expand_nodelist
         assert sys.argv[1:3] == ["show", "hostnames"], sys.argv
         print("\\n".join(expand_nodelist(sys.argv[3])))
         """))

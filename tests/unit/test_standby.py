@@ -9,7 +9,7 @@ import pytest
 
 from cluster.contracts import ProcessKind
 from cluster.inventory import load_inventory
-from cluster.launcher import standby_starts
+from cluster.lifecycle.tasks import standby_starts
 from cluster.plan import PlanOptions, plan_cluster
 from cluster.state import ProcessRecord, RunState
 from roles.standby import digests, import_time_env, project_sources, verdict
@@ -158,7 +158,7 @@ def test_slurm_hosts_never_get_one(tmp_path):
 def test_a_standby_start_removes_an_earlier_ready_file(tmp_path):
     # A cluster of the same name left standby/chief-0.1.log.ready behind: the new standby's start
     # removes it, or `status` would call a standby ready while it still imports TensorFlow.
-    from cluster.hostops import _start_request
+    from cluster.hosts.hostops import _start_request
     plan = _plan(tmp_path, INVENTORY, "async")
     (task, record, argv, env), = standby_starts(plan, RunState(name=plan.name, plan=plan), None)
     assert _start_request(task, record, argv, env)["fresh"] == [record.log + ".ready"]

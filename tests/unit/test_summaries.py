@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cluster.contracts import ProcessKind
-from cluster.training import JobRef, leader_layout
+from cluster.supervision.training import JobRef, leader_layout
 from cluster.tensorboard import board_spec, host_ports
 from roles import hostctl
 from roles.plan import StepSchedule
@@ -171,7 +171,7 @@ def test_hostctl_finds_event_files_a_few_folders_down(tmp_path):
 
 def test_the_supervisor_tells_the_leader_where_to_write_and_how_many_restarts_came_before(tmp_path):
     """Only the leader gets --summary-dir; a relaunch after a restart carries the job's count."""
-    from cluster.training import TrainOptions
+    from cluster.supervision.training import TrainOptions
     from roles.train import parse_options
 
     from .conftest import idle_supervisor
@@ -192,7 +192,8 @@ def test_the_supervisor_tells_the_leader_where_to_write_and_how_many_restarts_ca
 
 def test_a_tensorboard_that_exits_is_reported_with_the_install_hint_and_its_record_stopped(tmp_path, monkeypatch):
     """TensorBoard missing on the leader's host: the module error from its log, a hint, nothing left recorded live."""
-    from cluster import hostops, tensorboard
+    from cluster import tensorboard
+    from cluster.hosts import hostops
     from cluster.errors import HostError
     from cluster.state import StateStore
     from cluster.transport import TransportPool

@@ -10,7 +10,7 @@ import pytest
 from cluster import cli
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.training import TrainOptions, leader_task, train_argv
+from cluster.supervision.training import TrainOptions, leader_task, train_argv
 from roles.plan import TRAINER_DEFAULTS, TrainerSettings
 from roles.train import parse_options
 from tests.helpers import REPO

@@ -30,16 +30,16 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from . import hostops
-from .errors import PlanError, PsclusterError
-from .events import Reporter, TeeReporter
-from .fanout import fan_out
-from .inventory import MODES, Inventory
-from .plan import ClusterPlan, HostSpec, PlanOptions, plan_cluster
-from .secrets import Secrets
-from .state import StateStore
-from .training import JobRef, TrainOptions
-from .transport import TransportPool
+from ..hosts import hostops
+from ..errors import PlanError, PsclusterError
+from ..events import Reporter, TeeReporter
+from ..fanout import fan_out
+from ..inventory import MODES, Inventory
+from ..plan import ClusterPlan, HostSpec, PlanOptions, plan_cluster
+from ..secrets import Secrets
+from ..state import StateStore
+from ..supervision.training import JobRef, TrainOptions
+from ..transport import TransportPool
 
 PLACEMENTS = ("spread", "pack")
 
@@ -478,8 +478,8 @@ class Study:
         return outcome
 
     def _one(self, config: BenchConfig) -> BenchResult:
-        from .launcher import bring_up
-        from .supervisor import JobInterrupted, Supervisor
+        from ..lifecycle.updown import bring_up
+        from ..supervision.train_job import JobInterrupted, Supervisor
         if config.plan is None:
             return _failed(config, "impossible", config.impossible or "cannot be planned")
         existing = self.store.load(config.name)
@@ -514,7 +514,7 @@ class Study:
 
 def _down(name: str, *, store: StateStore, pool: TransportPool, reporter: Reporter) -> str | None:
     """Bring a study cluster down if it has state; a Ctrl-C during it retries once, faster."""
-    from .launcher import bring_down
+    from ..lifecycle.updown import bring_down
     for grace in (5.0, 1.0):
         if store.load(name) is None:
             return None

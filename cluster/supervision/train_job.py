@@ -29,24 +29,25 @@ import signal
 from dataclasses import replace
 from pathlib import Path
 
-from . import hostops, resize
-from .codesync import needs_sync, sync_code, sync_files
-from .contracts import JobState, Mode, ProcessKind
-from .errors import Failure, HostError, PsclusterError, UsageError
-from .events import Reporter
+from ..hosts import hostops
+from ..lifecycle import resize
+from ..hosts.codesync import needs_sync, sync_code, sync_files
+from ..contracts import JobState, Mode, ProcessKind
+from ..errors import Failure, HostError, PsclusterError, UsageError
+from ..events import Reporter
 from .jobstop import first_to_stop
-from .launcher import report_standbys, start_standbys, stop_records, task_env
-from .resize import PlanDiff, ResizeRequest
-from .secrets import Secrets
-from .plan import ClusterPlan, TaskSpec
-from .state import ProcessRecord, StateStore
-from .supervision import core
-from .supervision.executor import LOOP_SECONDS, JobExecutor, JobFailed, JobInterrupted, Watched, restart_rules
-from .supervision.links import HostLink
-from .layout import exit_file, ready_file
+from ..lifecycle.tasks import report_standbys, start_standbys, stop_records, task_env
+from ..lifecycle.resize import PlanDiff, ResizeRequest
+from ..secrets import Secrets
+from ..plan import ClusterPlan, TaskSpec
+from ..state import ProcessRecord, StateStore
+from . import core
+from .executor import LOOP_SECONDS, JobExecutor, JobFailed, JobInterrupted, Watched, restart_rules
+from .links import HostLink
+from ..layout import exit_file, ready_file
 from .training import (EventTail, JobRef, TrainOptions, host_layout, job_files, job_path_on, leader_layout, leader_task,
                        path_on, summarize, train_argv, with_evaluator)
-from .transport import TransportPool
+from ..transport import TransportPool
 
 __all__ = ["Supervisor", "JobFailed", "JobInterrupted"]
 
@@ -90,7 +91,7 @@ class Supervisor(JobExecutor):
         self.membership_answers: dict[int, dict] = {}
 
     def interrupt(self) -> None:
-        """Checkpoint on stop (:func:`cluster.jobstop.first_to_stop`): the leader (async chief,
+        """Checkpoint on stop (:func:`cluster.supervision.jobstop.first_to_stop`): the leader (async chief,
         sync-ps worker 0) -- in sync mode every worker, which then agree on one step -- gets
         SIGTERM first and up to ``--stop-grace`` seconds to save and exit; then the rest stop as
         usual."""
@@ -142,7 +143,7 @@ class Supervisor(JobExecutor):
         self.refill_standbys()
         return report
 
-    # ------------------------------------------------------------------ resize (cluster/resize.py)
+    # ------------------------------------------------------------------ resize (cluster/lifecycle/resize.py)
     def between_turns(self) -> None:
         if self.elastic is not None:
             if self.standby_tasks and self.last_step > 0:
@@ -381,7 +382,7 @@ class Supervisor(JobExecutor):
 
     def follow_discovery(self, wanted: dict[str, int | None]) -> None:
         """Grow or shrink to the discovery command's host list (hosts of the inventory's worker group)."""
-        from .inventory import load_inventory
+        from ..inventory import load_inventory
         inventory_workers = load_inventory(self.plan.inventory_path).hosts_of("worker")
         unknown = sorted(set(wanted) - set(inventory_workers))
         if unknown:
@@ -413,7 +414,7 @@ class Supervisor(JobExecutor):
             resize.check_resize(self.plan, new, diff, job_live=True)
             to_check = resize.plan_changes_for(new, diff, self.plan)
             if to_check.tasks:
-                from .preflight import run_preflight
+                from ..hosts.preflight import run_preflight
                 report = run_preflight(to_check, self.pool, Reporter())
                 if not report.ok:
                     failed = next(r for r in report.results if not r.ok)

@@ -14,15 +14,15 @@ from pathlib import Path
 
 from roles.plan import TrainerSettings
 
-from . import hostops
-from .contracts import DEFAULT_GRACE, Mode, Role
-from .codesync import LocalFile, collect, needs_sync
-from .errors import UsageError
-from .layout import HostLayout, job_code_dir
-from .names import is_cluster_name
-from .plan import ClusterPlan, HostSpec, TaskSpec
-from .progress import JobProgress
-from .transport import Transport
+from ..hosts import hostops
+from ..contracts import DEFAULT_GRACE, Mode, Role
+from ..hosts.codesync import LocalFile, collect, needs_sync
+from ..errors import UsageError
+from ..layout import HostLayout, job_code_dir
+from ..names import is_cluster_name
+from ..plan import ClusterPlan, HostSpec, TaskSpec
+from ..jobrecord import JobProgress
+from ..transport import Transport
 
 RESTART_POLICIES = ("never", "on-failure", "always")
 

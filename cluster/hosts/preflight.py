@@ -9,14 +9,14 @@ import time
 from dataclasses import dataclass
 
 from . import gpus, hostops
-from .contracts import TensorFlowNeed
-from .errors import Failure, HostError, MultiHostError, PsclusterError
-from .events import Check as CheckResult  # one type: a check is also the event that reports it
-from .events import Reporter
-from .fanout import fan_out
-from .inventory import Inventory
-from .plan import ClusterPlan, HostSpec, TaskSpec, loopback_addresses
-from .transport import TransportPool
+from ..contracts import TensorFlowNeed
+from ..errors import Failure, HostError, MultiHostError, PsclusterError
+from ..events import Check as CheckResult  # one type: a check is also the event that reports it
+from ..events import Reporter
+from ..fanout import fan_out
+from ..inventory import Inventory
+from ..plan import ClusterPlan, HostSpec, TaskSpec, loopback_addresses
+from ..transport import TransportPool
 
 MIN_TF = (2, 16)        # Keras 3 era; the drivers in roles/ are written against it
 MAX_PARALLEL = 64

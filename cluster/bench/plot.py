@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, Sequence
 
-from .bench import BenchSummary
-from .errors import UsageError
+from .study import BenchSummary
+from ..errors import UsageError
 
 # One colour per mode, one line style per placement: the two can be told apart in print.
 MODE_COLORS = {"async": "#1f77b4", "sync": "#d62728", "sync-ps": "#2ca02c"}

@@ -39,12 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, cast
 
-from .contracts import ExitStatus, JobState
-from .errors import PsclusterError
-from .events import Reporter
-from .layout import DaemonLayout
-from .progress import JobProgress, Orchestrator
-from .state import StateStore, open_private, private_dir
+from ..contracts import ExitStatus, JobState
+from ..errors import PsclusterError
+from ..events import Reporter
+from ..layout import DaemonLayout
+from ..jobrecord import JobProgress, Orchestrator
+from ..state import StateStore, open_private, private_dir
 
 POLL_SECONDS = 0.25
 
@@ -266,7 +266,7 @@ def spawn_supervisor(root: Path, name: str, request: dict) -> Spawned:
     """
     private_dir(root)
     log = DaemonLayout(root, name).log
-    package_parent = str(Path(__file__).resolve().parent.parent)
+    package_parent = str(Path(__file__).resolve().parents[2])
     bootstrap = "import sys; sys.path.insert(0, sys.argv.pop(1)); from cluster.cli import main; main()"
     argv = [sys.executable, "-c", bootstrap, package_parent, "--state-dir", str(root), "--no-color",
             "supervise", "--name", name]

@@ -9,7 +9,7 @@ the rest. Only ``down --now`` skips it.
 Who carries it out depends on who supervises the job:
 
 * its supervisor runs on this machine (an attached ``train`` in another terminal, or a detached
-  one): it is sent SIGTERM, which is its own Ctrl-C path (:meth:`cluster.supervisor.Supervisor.
+  one): it is sent SIGTERM, which is its own Ctrl-C path (:meth:`cluster.supervision.train_job.Supervisor.
   interrupt`), and waited for;
 * otherwise (the supervisor died, or runs on another machine): the recorded processes are
   stopped from here, the checkpointing ones first, and the leader's last ``checkpoint`` event is
@@ -21,17 +21,17 @@ import socket
 import time
 from typing import Iterable
 
-from .contracts import JobState, Mode, ProcessKind
-from .detach import orchestrator_alive, stop_supervisor
-from .errors import Failure, MultiHostError, PsclusterError, StateError
-from .events import Reporter
-from .contracts import DEFAULT_GRACE, DEFAULT_STOP_GRACE
-from .launcher import stop_records
-from .plan import ClusterPlan
-from .progress import JobProgress
-from .state import ProcessRecord, RunState, StateStore, StateWriter
+from ..contracts import JobState, Mode, ProcessKind
+from .daemon import orchestrator_alive, stop_supervisor
+from ..errors import Failure, MultiHostError, PsclusterError, StateError
+from ..events import Reporter
+from ..contracts import DEFAULT_GRACE, DEFAULT_STOP_GRACE
+from ..lifecycle.tasks import stop_records
+from ..plan import ClusterPlan
+from ..jobrecord import JobProgress
+from ..state import ProcessRecord, RunState, StateStore, StateWriter
 from .training import EventTail, leader_task
-from .transport import TransportPool
+from ..transport import TransportPool
 
 # The supervisor stops the job within the leader's --stop-grace and then its own grace (10 s);
 # this much more covers its host round trips.

@@ -1,6 +1,6 @@
 """``pscluster run``: the user's own program on every task that should run it, supervised.
 
-Two ways in (see :mod:`cluster.runspec` for the pure parts):
+Two ways in (see :mod:`cluster.program.runspec` for the pure parts):
 
 * on a cluster that is up (``run [--name N] -- PROGRAM ...``): the program runs on every task
   that has no standing server (or the roles of ``--on``), beside the servers ``up`` started;
@@ -23,26 +23,27 @@ import posixpath
 import shlex
 from typing import Callable, Sequence
 
-from . import hostops
-from .codesync import LocalFile, needs_sync, sync_code, sync_files
-from .contracts import DEFAULT_GRACE, ExitStatus, JobState, Mode, ProcessKind, RestartPolicy, TensorFlowNeed, Until
-from .errors import Failure, HostError, MultiHostError, PsclusterError, UsageError
-from .events import Reporter
-from .fanout import fan_out
-from .importscan import ImportedModule, scan_program
-from .launcher import bring_down, bring_up, task_env
-from .secrets import Secrets
-from .plan import ClusterPlan, HostSpec, TaskSpec
-from .preflight import keras_check
-from .runspec import (Workspace, effective_keras, expand, host_argv, placeholder_values, program_env, program_name,
+from ..hosts import hostops
+from ..hosts.codesync import LocalFile, needs_sync, sync_code, sync_files
+from ..contracts import DEFAULT_GRACE, ExitStatus, JobState, Mode, ProcessKind, RestartPolicy, TensorFlowNeed, Until
+from ..errors import Failure, HostError, MultiHostError, PsclusterError, UsageError
+from ..events import Reporter
+from ..fanout import fan_out
+from ..program.importscan import ImportedModule, scan_program
+from ..lifecycle.tasks import task_env
+from ..lifecycle.updown import bring_down, bring_up
+from ..secrets import Secrets
+from ..plan import ClusterPlan, HostSpec, TaskSpec
+from ..hosts.preflight import keras_check
+from ..program.runspec import (Workspace, effective_keras, expand, host_argv, placeholder_values, program_env, program_name,
                       required_paths, same_command_lines, script_of)
-from .state import ProcessRecord, StateStore
-from .supervision import core
-from .supervision.executor import JobExecutor, JobFailed, JobInterrupted, Watched
-from .supervisor import check_ports_free
-from .layout import exit_file
+from ..state import ProcessRecord, StateStore
+from . import core
+from .executor import JobExecutor, JobFailed, JobInterrupted, Watched
+from .train_job import check_ports_free
+from ..layout import exit_file
 from .training import host_layout
-from .transport import TransportPool
+from ..transport import TransportPool
 
 MONITOR_PREFIX = "pscluster: "     # lines the host's monitor writes into the log (start, end)
 
@@ -88,7 +89,7 @@ class ProgramSupervisor(JobExecutor):
         return self.argv
 
     def new_job(self):
-        from .runspec import select_tasks
+        from ..program.runspec import select_tasks
         self.tasks = select_tasks(self.plan, self.on)
         roles = [task.role for task in self.tasks]
         self.until = self.until or core.default_until(roles)
@@ -119,7 +120,7 @@ class ProgramSupervisor(JobExecutor):
     def check_program(self, hosts) -> None:
         """Before anything starts, per host in one call each: the script (or program path)
         exists, a bare program name is on the PATH, the modules the script imports resolve
-        there (a static scan, cluster.importscan), and legacy Keras has its tf-keras. Every
+        there (a static scan, cluster.program.importscan), and legacy Keras has its tf-keras. Every
         problem is named per host; a module imported only in a function or a ``try`` that is
         missing is a warning."""
         values = placeholder_values(self.plan, self.tasks[0])

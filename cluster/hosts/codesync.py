@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import hostops
-from .errors import HostError, MultiHostError
-from .events import Reporter
-from .fanout import fan_out
-from .layout import RUN_ROOT
-from .plan import DEFAULT_REMOTE_WORKDIR, ClusterPlan, HostSpec
-from .transport import TransportPool
+from ..errors import HostError, MultiHostError
+from ..events import Reporter
+from ..fanout import fan_out
+from ..layout import RUN_ROOT
+from ..plan import DEFAULT_REMOTE_WORKDIR, ClusterPlan, HostSpec
+from ..transport import TransportPool
 
 SYNC_DIRS = ("roles", "examples")
 _SKIP_DIRS = {"__pycache__", RUN_ROOT, ".git", ".pytest_cache"}
@@ -41,7 +41,7 @@ def project_root() -> Path:
     ``cluster/`` and ``roles/`` as packages and ships ``roles/`` and ``examples/`` again
     under ``<prefix>/share/pscluster`` (setup.cfg's data_files): that folder is the root.
     """
-    checkout = Path(__file__).resolve().parent.parent
+    checkout = Path(__file__).resolve().parents[2]
     if (checkout / "examples").is_dir():
         return checkout
     shipped = Path(sys.prefix) / "share" / "pscluster"
@@ -53,7 +53,7 @@ def local_workdir() -> str:
     for an installed wheel, the same ``~/pscluster`` as on other hosts (the installation's
     own folder may be read-only, and run folders and checkpoints do not belong there)."""
     root = project_root()
-    return str(root) if root == Path(__file__).resolve().parent.parent else DEFAULT_REMOTE_WORKDIR
+    return str(root) if root == Path(__file__).resolve().parents[2] else DEFAULT_REMOTE_WORKDIR
 
 
 def _digest(path: str) -> str:

@@ -5,7 +5,7 @@ own multi-worker tutorial is written so), reads a config or a vocabulary from it
 ``run`` copies, besides the files its command line names and every ``--sync PATH``, the
 script's whole folder when that folder is the current directory or below it (a script
 elsewhere takes only itself, as before). Left home: what ``.gitignore`` / ``.psclusterignore``
-files exclude (:mod:`cluster.ignorerules`), caches (``__pycache__``, ``.git``, ``.pscluster``,
+files exclude (:mod:`cluster.program.ignorerules`), caches (``__pycache__``, ``.git``, ``.pscluster``,
 tool caches, ``*.pyc``) and virtualenvs (a folder with ``pyvenv.cfg``).
 
 The total is capped (``--sync-limit``, default :data:`DEFAULT_SYNC_LIMIT_MIB` MiB, and
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .errors import UsageError
+from ..errors import UsageError
 from .ignorerules import IgnoreRules, rules_above
 
 DEFAULT_SYNC_LIMIT_MIB = 100     # a program's code and small data; data sets belong on the hosts

@@ -14,12 +14,12 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .errors import HostError
-from .contracts import ProcessKind
-from .layout import fifo_file, ready_file
-from .plan import TaskSpec
-from .state import ProcessRecord
-from .transport import Transport
+from ..errors import HostError
+from ..contracts import ProcessKind
+from ..layout import fifo_file, ready_file
+from ..plan import TaskSpec
+from ..state import ProcessRecord
+from ..transport import Transport
 
 
 @functools.lru_cache(maxsize=1)
@@ -101,7 +101,7 @@ class HostFacts:
     ssh_client: str | None = None
     root: bool | None = None
     # nvidia-smi's per-GPU memory and compute-apps queries (CSV) and the user of each app's pid,
-    # or {"error": ...}: parsed by cluster/gpus.py (None when GPUs were not asked for or none).
+    # or {"error": ...}: parsed by cluster/hosts/gpus.py (None when GPUs were not asked for or none).
     gpu_query: Mapping[str, Any] | None = None
     # tf-keras (asked only for legacy Keras): its version and whether ``tf_keras`` imports; None
     # for the version when it is not installed or was not asked for.

@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from .errors import InventoryError
-from .inventory import Inventory
+from ..errors import InventoryError
+from ..inventory import Inventory
 
 GPU_FIELDS = ("index", "uuid", "memory.total", "memory.used", "name")
 APP_FIELDS = ("gpu_uuid", "pid", "used_memory")

@@ -20,7 +20,7 @@ class Orchestrator:
     ``starttime`` (the kernel's, from ``/proc/PID/stat``) guards against a reused PID;
     ``detached`` marks the daemon of ``train --detach`` / ``run --detach``, whose own ``log``
     (text) and ``events`` (one JSON event a line, what ``attach`` replays) live in the state
-    directory (see :mod:`cluster.detach`).
+    directory (see :mod:`cluster.supervision.daemon`).
     """
 
     pid: int

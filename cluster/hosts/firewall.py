@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from . import hostops
-from .errors import Aborted, Failure, HostError, MultiHostError, PsclusterError
-from .events import Reporter
-from .fanout import fan_out
-from .plan import ClusterPlan, HostSpec
-from .state import RunState
-from .transport import TransportPool
+from ..errors import Aborted, Failure, HostError, MultiHostError, PsclusterError
+from ..events import Reporter
+from ..fanout import fan_out
+from ..plan import ClusterPlan, HostSpec
+from ..state import RunState
+from ..transport import TransportPool
 
 
 def table_name(cluster: str) -> str:

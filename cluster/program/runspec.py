@@ -32,10 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Mapping, Sequence
 
-from .codesync import LocalFile, collect, needs_sync
-from .errors import UsageError
-from .inventory import ROLES, Inventory, canonical_mode
-from .plan import MODE_ROLES, ClusterPlan, HostSpec, TaskSpec
+from ..hosts.codesync import LocalFile, collect, needs_sync
+from ..errors import UsageError
+from ..inventory import ROLES, Inventory, canonical_mode
+from ..contracts import MODE_ROLES
+from ..plan import ClusterPlan, HostSpec, TaskSpec
 from .progfiles import DEFAULT_SYNC_LIMIT_MIB, program_files
 
 PLACEHOLDERS = ("ps_hosts", "worker_hosts", "chief_hosts", "job_name", "task_type", "task_index", "num_workers",
@@ -260,7 +261,7 @@ def local_files(argv: Sequence[str], sync: Sequence[str], space: Workspace, *,
     """Local files to copy to hosts that do not share this checkout, as paths relative to the
     current directory: the files the command names (the program or script, arguments that are
     relative paths to files under the current directory), the script's whole folder when it is
-    the current directory or below it (cluster.progfiles: ignore files, caps), and every
+    the current directory or below it (cluster.program.progfiles: ignore files, caps), and every
     ``--sync`` path.
 
     Raises:

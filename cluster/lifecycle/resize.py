@@ -9,9 +9,9 @@ Carrying the diff out (:func:`apply_plan`) is the same with or without a job: st
 standbys of the tasks that stop, record the new plan, sync the code to new hosts, start the new
 standing servers and wait until they answer, start the standbys the new plan wants (not under a
 running job: its relaunch takes the standbys that are there, and the job leaves new ones after). With a live
-``train`` job its supervisor does it between two turns of its loop (cluster/supervisor.py
+``train`` job its supervisor does it between two turns of its loop (cluster/supervision/train_job.py
 ``Supervisor.resize``): new servers that need no port of the old plan start while the job still
-trains (:func:`early_servers`), then the job checkpoints (every mode: cluster/jobstop.py), its processes
+trains (:func:`early_servers`), then the job checkpoints (every mode: cluster/supervision/jobstop.py), its processes
 stop, the plan changes, and the training processes start again from that checkpoint at the new
 size (``--resume``). TensorFlow 2.21 cannot change a running ClusterCoordinator's workers in place
 (``ClusterCoordinator`` builds its worker list once, from the strategy's cluster resolver, and
@@ -29,19 +29,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Collection, Iterator, Mapping, Sequence
 
-from .codesync import sync_code
-from .contracts import DEFAULT_GRACE, Mode, ProcessKind
-from .errors import PsclusterError, UsageError
-from .events import Reporter
-from .launcher import (forget_pid_files, new_record, report_standbys, start_standbys, start_tasks, stop_records, task_env,
-                       wait_ready)
-from .inventory import Inventory
-from .plan import ClusterPlan, HostSpec, TaskSpec
-from .probe import Prober
-from .secrets import Secrets
-from .state import ProcessRecord, RunState, StateStore, StateWriter, plan_from_json, plan_to_json
-from .training import leader_task
-from .transport import TransportPool
+from ..hosts.codesync import sync_code
+from ..contracts import DEFAULT_GRACE, Mode, ProcessKind
+from ..errors import PsclusterError, UsageError
+from ..events import Reporter
+from .tasks import forget_pid_files, new_record, report_standbys, start_standbys, start_tasks, stop_records, task_env, wait_ready
+from ..inventory import Inventory
+from ..plan import ClusterPlan, HostSpec, TaskSpec
+from ..hosts.probe import Prober
+from ..secrets import Secrets
+from ..state import ProcessRecord, RunState, StateStore, StateWriter, plan_from_json, plan_to_json
+from ..supervision.training import leader_task
+from ..transport import TransportPool
 
 RESIZE_SUFFIX = ".resize.json"          # a request to a job's supervisor, beside the state
 RESULT_SUFFIX = ".resize-result.json"   # its answer
@@ -287,17 +286,17 @@ def replan(plan: ClusterPlan, *, port_base: int | None, limit: str | None, count
     """The cluster's plan again from its inventory file, with the worker counts of
     :func:`with_workers` (a lost host left out, a host back taken in, a discovery command's list)."""
     import sys
-    from .codesync import local_workdir
-    from .inventory import load_inventory
-    from .inventory.patterns import apply_limit, required_roles
-    from .plan import PlanOptions, plan_cluster
+    from ..hosts.codesync import local_workdir
+    from ..inventory import load_inventory
+    from ..inventory.patterns import apply_limit, required_roles
+    from ..plan import PlanOptions, plan_cluster
     inventory = load_inventory(plan.inventory_path)
     inventory = with_workers(apply_limit(inventory, limit, required_roles(plan.mode, inventory, None)), counts)
     options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=plan.name,
                           mode=plan.mode, port_base=port_base)
     new = plan_cluster(inventory, options)
     if pool is not None and new.auto_gpu_hosts:
-        from .preflight import resolve_auto_gpus
+        from ..hosts.preflight import resolve_auto_gpus
         new = plan_cluster(resolve_auto_gpus(inventory, new, pool), options)
     return replace(new, firewall=plan.firewall)
 
@@ -457,8 +456,8 @@ def scale_cluster(store: StateStore, name: str, new: ClusterPlan, *, pool: Trans
         PsclusterError: the resize failed under way (the job's failure names why).
     """
     import time
-    from .detach import orchestrator_alive, signal_supervisor
-    from .preflight import run_preflight
+    from ..supervision.daemon import orchestrator_alive, signal_supervisor
+    from ..hosts.preflight import run_preflight
     sleep = sleep or time.sleep
     with resize_lock(store, name):
         state = store.load(name)

@@ -1,0 +1,139 @@
+"""The status view: each task's row (host, pid, state, uptime, devices, its standby's readiness)
+from the state, the hosts' monitors and a gRPC probe."""
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+from ..hosts import hostops
+from ..fanout import fan_out
+from ..layout import ready_file
+from ..hosts.probe import Prober
+from ..state import RunState
+from ..transport import TransportPool
+from .tasks import records_by_host
+
+
+@dataclass(frozen=True)
+class StandbyView:
+    """A training task's standby (roles/standby.py) as ``status`` sees it."""
+
+    pid: int | None
+    ready: bool | None          # TensorFlow imported (None: not asked, e.g. right after `up`)
+
+    def describe(self) -> str:
+        if self.ready is None:
+            return "importing TensorFlow or waiting"
+        return "TensorFlow imported, waiting" if self.ready else "importing TensorFlow"
+
+    def to_json(self) -> dict:
+        return {"pid": self.pid, "ready": self.ready}
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """One line of ``status``."""
+
+    role: str
+    index: int
+    host: str
+    address: str
+    port: int
+    kind: str
+    pid: int | None
+    state: str                # starting | ready | running | exited | lost | not started | stopped
+    devices: tuple[str, ...] = ()
+    uptime: float | None = None
+    exit_code: int | None = None
+    restarts: int = 0
+    detail: str = ""
+    standby: StandbyView | None = None     # a training task's live standby
+
+    @property
+    def task(self) -> str:
+        return f"{self.role}:{self.index}"
+
+
+def cluster_status(state: RunState, *, pool: TransportPool, prober: Prober | None = None) -> list[TaskRow]:
+    """Each task's process state on its host, plus the devices its server reports."""
+    plan = state.plan
+    latest = {task.name: state.latest(task.name) for task in plan.tasks}
+    standbys = {task.name: state.standby(task.name) for task in plan.training_tasks}
+    live = [record for record in [*latest.values(), *standbys.values()] if record is not None and not record.stopped]
+    statuses: dict[str, hostops.TaskStatus] = {}
+    unreachable: dict[str, str] = {}
+
+    grouped = records_by_host(live)
+    # A standby says it has imported TensorFlow in <log>.ready: read in the same round trip.
+    ready_files = {ready_file(r.log) for r in standbys.values() if r is not None and not r.stopped}
+
+    def ask(host: str) -> tuple[dict[str, hostops.TaskStatus], list[hostops.FileChunk]]:
+        reads = [(ready_file(r.log), 0) for r in grouped[host] if ready_file(r.log) in ready_files]
+        return hostops.status_and_read(pool.get(plan.host(host)), grouped[host], reads)
+
+    asked = fan_out(grouped, ask, name="status")
+    ready: set[str] = set()
+    for found, chunks in asked.ok.values():
+        statuses.update(found)
+        ready.update(chunk.path for chunk in chunks if chunk.exists)
+    unreachable.update((host, exc.message) for host, exc in asked.failed.items())
+    rows = []
+    for task in plan.tasks:
+        record = latest[task.name]
+        restarts = state.restarts.get(task.name, 0)
+        standby = standbys.get(task.name)
+        waiting = None
+        if standby is not None and getattr(statuses.get(standby.key), "state", None) == "running":
+            waiting = StandbyView(standby.pid, ready_file(standby.log) in ready)
+        row = functools.partial(TaskRow, role=task.role, index=task.index, host=task.host, address=task.address,
+                                port=task.port, kind="server" if task.standing else "train", restarts=restarts,
+                                standby=waiting)
+        if record is None:
+            rows.append(row(pid=None, state="not started", detail="" if task.standing else _not_started(waiting)))
+            continue
+        if record.stopped:
+            rows.append(row(pid=record.pid, state="stopped"))
+            continue
+        if task.host in unreachable:
+            rows.append(row(pid=record.pid, state="lost", detail=unreachable[task.host]))
+            continue
+        status = statuses.get(record.key)
+        if status is None or status.state == "gone":
+            rows.append(row(pid=record.pid, state="lost",
+                                detail="process gone without an exit record"))
+        elif status.state == "exited":
+            rows.append(row(pid=record.pid, state="exited", exit_code=status.exit_code,
+                                detail=status.describe()))
+        elif task.standing and prober is not None:
+            probe = prober.probe(task.target, timeout=2.0, via=pool.get(plan.host(task.host)))
+            rows.append(row(pid=record.pid, state="ready" if probe.ok else "starting",
+                                devices=tuple(d.name for d in probe.devices), uptime=status.uptime,
+                                detail="" if probe.ok else (probe.error or "")))
+        else:
+            rows.append(row(pid=record.pid, state="running", uptime=status.uptime))
+    return rows
+
+
+def _not_started(standby: StandbyView | None) -> str:
+    """The detail of a training task's row before ``train``: who will start it."""
+    if standby is None:
+        return "started by 'pscluster train'"
+    return f"started by 'pscluster train' (standby pid {standby.pid}: {standby.describe()})"
+
+
+def rows_after_up(state: RunState, devices: dict[str, tuple[str, ...]]) -> list[TaskRow]:
+    """Status rows from what ``up`` just established (no second round trip to every host)."""
+    rows = []
+    for task in state.plan.tasks:
+        record = state.latest(task.name)
+        row = functools.partial(TaskRow, role=task.role, index=task.index, host=task.host, address=task.address,
+                                port=task.port, kind="server" if task.standing else "train")
+        standby = state.standby(task.name)
+        if record is None:
+            rows.append(row(pid=None, state="not started",
+                            detail=_not_started(StandbyView(standby.pid, None) if standby else None)))
+        else:
+            rows.append(row(pid=record.pid, state="ready", devices=devices.get(task.name, ()),
+                                uptime=max(0.0, time.time() - (record.started or time.time()))))
+    return rows
