@@ -151,13 +151,13 @@ def _port_busy(socket, port):
     return None
 
 
-# The two queries cluster/gpus.py parses (QUERY_GPUS, QUERY_APPS there; a unit test keeps them equal).
+# The two queries cluster/hosts/gpus.py parses (QUERY_GPUS, QUERY_APPS there; a unit test keeps them equal).
 GPU_QUERY = "--query-gpu=index,uuid,memory.total,memory.used,name"
 APPS_QUERY = "--query-compute-apps=gpu_uuid,pid,used_memory"
 
 
 def _gpu_query(subprocess):
-    """Per-GPU name and memory and the processes using each GPU (cluster/gpus.py parses them), with
+    """Per-GPU name and memory and the processes using each GPU (cluster/hosts/gpus.py parses them), with
     the user owning each of those processes: lab GPUs are shared, and a busy one is named with who."""
     out = {}
     for key, query in (("gpus", GPU_QUERY), ("apps", APPS_QUERY)):

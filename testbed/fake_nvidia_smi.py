@@ -8,7 +8,7 @@ writes and rewrites, named by ``$PSCLUSTER_FAKE_GPUS``::
 
 It answers what pscluster and the GPU check ask, in the real tool's formats: ``-L``, and
 ``--query-gpu=FIELDS`` / ``--query-compute-apps=FIELDS`` with ``--format=csv,noheader,nounits``
-(FIELDS in the order asked, so a change of query in cluster/gpus.py needs no change here). A
+(FIELDS in the order asked, so a change of query in cluster/hosts/gpus.py needs no change here). A
 value of ``null`` in the file is printed as the driver prints a value it does not report:
 ``[N/A]``. Anything else exits 2, as the real one does on a bad option.
 
