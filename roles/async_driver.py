@@ -46,7 +46,7 @@ from roles.evaluation import EVAL_BATCH_SIZE, make_evaluator, means
 from roles.jobs import Job, Shard
 from roles.lifecycle import TrainerLink
 from roles.membership import MembershipRefused, Requests, apply_change, control_path, plan_change
-from roles.plan import StepSchedule, TrainPlan
+from roles.settings import StepSchedule, TrainPlan
 from roles.raw_updates import fused_apply, unsupported
 from roles.reporting import FirstStep, ProgressMeter, Reporter, TrainResult, placements_of
 from roles.tfconfig import ConfigError, TaskInfo

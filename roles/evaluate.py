@@ -121,7 +121,7 @@ def _evaluate_until_done(options: Any, task: TaskInfo, writer: EventWriter, star
 
     tf = import_tensorflow(threads_from_env())
     from roles.jobs import load_job
-    from roles.plan import make_plan
+    from roles.settings import make_plan
     from roles.reporting import Reporter
 
     job = load_job(options.job)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from roles.events import EventWriter
-from roles.plan import TrainPlan
+from roles.settings import TrainPlan
 
 if TYPE_CHECKING:
     from roles.summaries import Summaries

@@ -41,7 +41,7 @@ from roles.datasets import eval_dataset, sample_batch, train_dataset
 from roles.evaluation import EVAL_BATCH_SIZE, make_evaluator, means
 from roles.jobs import Job, Shard
 from roles.lifecycle import TrainerLink
-from roles.plan import StepSchedule, TrainPlan
+from roles.settings import StepSchedule, TrainPlan
 from roles.reporting import FirstStep, ProgressMeter, Reporter, TrainResult
 from roles.tfconfig import ConfigError, TaskInfo
 

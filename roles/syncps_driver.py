@@ -66,7 +66,7 @@ from roles.datasets import eval_dataset, train_dataset
 from roles.evaluation import EVAL_BATCH_SIZE, batch_sums, means
 from roles.jobs import Job, Shard
 from roles.lifecycle import TrainerLink
-from roles.plan import StepSchedule, TrainPlan
+from roles.settings import StepSchedule, TrainPlan
 from roles.reporting import FirstStep, ProgressMeter, Reporter, TrainResult, placements_of
 from roles.steptrace import StepTracer
 from roles.syncps_rendezvous import ControlChannel, container_name

@@ -37,7 +37,7 @@ from typing import Any, Callable, NoReturn, Sequence
 from roles.events import EventWriter
 from roles.jobs import JobError
 from roles.lifecycle import TrainerLink, split
-from roles.plan import DEFAULT_STEPS_PER_EXECUTION, DEFAULT_WARMUP_STEPS, MODES, TRAINER_DEFAULTS, TrainOptions
+from roles.settings import DEFAULT_STEPS_PER_EXECUTION, DEFAULT_WARMUP_STEPS, MODES, TRAINER_DEFAULTS, TrainOptions
 from roles.tfconfig import ConfigError, TaskInfo, task_from_env
 
 DRIVERS = {"async": "roles.async_driver", "sync": "roles.sync_driver",
@@ -306,7 +306,7 @@ def _train(options: TrainOptions, task: TaskInfo, writer: EventWriter,
     threads = threads_from_env()
     import_tensorflow(threads)
     from roles.jobs import load_job
-    from roles.plan import make_plan
+    from roles.settings import make_plan
     from roles.reporting import Reporter
 
     job = load_job(options.job)

@@ -38,7 +38,7 @@ from ..inventory import MODES, Inventory
 from ..plan import ClusterPlan, HostSpec, PlanOptions, plan_cluster
 from ..secrets import Secrets
 from ..state import StateStore
-from ..supervision.training import JobRef, TrainOptions
+from ..supervision.training import JobRef, JobOptions
 from ..transport import TransportPool
 
 PLACEMENTS = ("spread", "pack")
@@ -66,12 +66,12 @@ class StudySpec:
         if bad or not self.modes or not self.placements or not self.workers or min(self.workers) < 1:
             raise ValueError(f"invalid study: {self}")
 
-    def train_options(self) -> TrainOptions:
+    def train_options(self) -> JobOptions:
         """A benchmark measures one clean run: a restart would be timed as training."""
         eval_every = self.eval_every
         if self.target_accuracy is not None and eval_every is None:
             eval_every = max(1, self.steps // 10)
-        return TrainOptions(steps=self.steps, batch_size=self.batch_size, eval_every=eval_every,
+        return JobOptions(steps=self.steps, batch_size=self.batch_size, eval_every=eval_every,
                             steps_per_execution=self.steps_per_execution, restart_policy="never",
                             max_restarts=0, grace=5.0)
 

@@ -81,12 +81,12 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
     from ..lifecycle.resize import Elastic
     from ..supervision.train_job import Supervisor
-    from ..supervision.training import TrainOptions, resolve_job
+    from ..supervision.training import JobOptions, resolve_job
     if epochs is not None and steps is not None:
         raise UsageError("give --epochs or --steps, not both")
     resolved = env.store.resolve_name(name)
     job_ref = resolve_job(job, project_root())
-    options = TrainOptions(epochs=epochs, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
+    options = JobOptions(epochs=epochs, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
                            scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                            resume=resume, data=data, steps_per_execution=steps_per_execution,
                            eval_every=eval_every, warmup_steps=warmup_steps, summary_every=summary_every,

@@ -45,7 +45,7 @@ from . import core
 from .executor import LOOP_SECONDS, JobExecutor, JobFailed, JobInterrupted, Watched, restart_rules
 from .links import HostLink
 from ..layout import exit_file, ready_file
-from .training import (EventTail, JobRef, TrainOptions, host_layout, job_files, job_path_on, leader_layout, leader_task,
+from .training import (EventTail, JobRef, JobOptions, host_layout, job_files, job_path_on, leader_layout, leader_task,
                        path_on, summarize, train_argv, with_evaluator)
 from ..transport import TransportPool
 
@@ -62,7 +62,7 @@ class Supervisor(JobExecutor):
 
     job_kind = "train"
 
-    def __init__(self, *, store: StateStore, name: str, job: JobRef, options: TrainOptions, reporter: Reporter,
+    def __init__(self, *, store: StateStore, name: str, job: JobRef, options: JobOptions, reporter: Reporter,
                  pool: TransportPool, root: Path, secrets: Secrets | None = None,
                  elastic: "resize.Elastic | None" = None, **clocks):
         super().__init__(store=store, name=name, reporter=reporter, pool=pool, root=root,
@@ -614,7 +614,7 @@ class Supervisor(JobExecutor):
             self.set_job(val_accuracy=event.get("val_accuracy"), val_step=step)
         job = self.progress
         # The trainer's eval carries its epoch; the side-car evaluator's does not. Epochs are
-        # linear in steps (roles.plan.TrainPlan.epoch_at): scale the last progress's.
+        # linear in steps (roles.settings.TrainPlan.epoch_at): scale the last progress's.
         epoch = event.get("epoch")
         if epoch is None and job.epoch and job.step and step is not None:
             epoch = round(job.epoch * step / job.step, 4)

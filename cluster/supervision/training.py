@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from roles.plan import TrainerSettings
+from roles.settings import TrainerSettings
 
 from ..hosts import hostops
 from ..contracts import DEFAULT_GRACE, Mode, Role
@@ -90,9 +90,9 @@ def job_path_on(host: HostSpec, job: JobRef, plan: ClusterPlan, root: Path) -> s
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainOptions(TrainerSettings):
+class JobOptions(TrainerSettings):
     """``pscluster train`` options: what every training process is told (the fields of
-    :class:`roles.plan.TrainerSettings`, one definition for both sides) and how the job is
+    :class:`roles.settings.TrainerSettings`, one definition for both sides) and how the job is
     supervised."""
 
     restart_policy: str = "on-failure"
@@ -118,7 +118,7 @@ def _value(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def with_evaluator(options: TrainOptions) -> TrainOptions:
+def with_evaluator(options: JobOptions) -> JobOptions:
     """The trainers' options when a side-car evaluator evaluates each checkpoint: they never
     evaluate periodically (the workers never pause for it), and ``--eval-every N`` asks for a
     checkpoint every N steps instead, unless ``--checkpoint-every`` is given. The trainers' final
@@ -151,7 +151,7 @@ def leader_layout(plan: ClusterPlan) -> HostLayout:
 
 
 def train_argv(task: TaskSpec, *, mode: str, job_path: str, events_path: str, checkpoint_dir: str,
-               options: TrainOptions, resume: bool, summaries: str | None = None, restarts: int = 0) -> list[str]:
+               options: JobOptions, resume: bool, summaries: str | None = None, restarts: int = 0) -> list[str]:
     """The command line of one training process (``summaries``: the summary folder, written
     only by the leader; ``restarts``: the job's restarts so far, a TensorBoard scalar)."""
     argv = list(task.argv) + ["--job", job_path, "--events", events_path, "--checkpoint-dir", checkpoint_dir]

@@ -65,7 +65,7 @@ def idle_supervisor(tmp_path, *, name: str, mode: str, options=None):
     from cluster.plan import PlanOptions, plan_cluster
     from cluster.state import RunState, StateStore, StateWriter
     from cluster.supervision.train_job import Supervisor
-    from cluster.supervision.training import JobRef, TrainOptions
+    from cluster.supervision.training import JobRef, JobOptions
     from cluster.transport import TransportPool
 
     plan = plan_cluster(load_inventory(str(INVENTORIES / "local.yaml")),
@@ -73,7 +73,7 @@ def idle_supervisor(tmp_path, *, name: str, mode: str, options=None):
     store = StateStore(tmp_path / "state")
     store.save(RunState(name=name, plan=plan, phase="up"))
     job = JobRef("distributed_mnist", "distributed_mnist", pathlib.Path("/checkout/examples/distributed_mnist"), True)
-    supervisor = Supervisor(store=store, name=name, job=job, options=options or TrainOptions(),
+    supervisor = Supervisor(store=store, name=name, job=job, options=options or JobOptions(),
                             reporter=RecordingReporter(), pool=TransportPool(), root=pathlib.Path("/checkout"),
                             clock=lambda: 100.0, sleep=lambda _: None, wall=lambda: 1700000000.0)
     supervisor.state, supervisor.plan, supervisor.job_id = store.load(name), plan, 1

@@ -15,7 +15,7 @@ from cluster.export import tfjob_manifest
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
 from cluster.supervision.train_job import check_checkpoints_shared
-from cluster.supervision.training import TrainOptions, path_on, train_argv, with_evaluator
+from cluster.supervision.training import JobOptions, path_on, train_argv, with_evaluator
 from cluster.transport import TransportPool
 from roles.evaluate import CheckpointWatch, checkpoint_step
 from roles.tfconfig import ConfigError, parse_tf_config
@@ -88,13 +88,13 @@ def test_the_evaluator_reads_its_tf_config_outside_the_cluster():
     ((None, None), (None, None)),        # only the final checkpoint
 ])
 def test_beside_an_evaluator_the_trainers_never_evaluate_periodically(given, expected):
-    options = with_evaluator(TrainOptions(eval_every=given[0], checkpoint_every=given[1], steps=100))
+    options = with_evaluator(JobOptions(eval_every=given[0], checkpoint_every=given[1], steps=100))
     assert (options.eval_every, options.checkpoint_every, options.steps) == (*expected, 100)
 
 
 def test_the_evaluator_takes_the_trainers_command_line(write_inventory):
     planned = plan(write_inventory, "sync")
-    options = with_evaluator(TrainOptions(steps=321, batch_size=96, eval_every=64, data="/data/mnist.npz"))
+    options = with_evaluator(JobOptions(steps=321, batch_size=96, eval_every=64, data="/data/mnist.npz"))
     argv = train_argv(planned.task("evaluator:0"), mode="sync", job_path="examples/distributed_mnist", events_path="/run/e.jsonl",
                       checkpoint_dir="/ckpt", options=options, resume=True)
     assert argv[:5] == ["/venv/bin/python", "-m", "roles.evaluate", "--mode", "sync"]

@@ -18,7 +18,7 @@ import pytest
 
 from roles.events import EVENT_FIELDS, EventWriter, read_events
 from roles.jobs import Job, JobError, load_job
-from roles.plan import TrainOptions, make_plan
+from roles.settings import TrainOptions, make_plan
 from roles.tfconfig import ConfigError, parse_tf_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from roles.plan import Boundaries, StepSchedule, TrainPlan
+from roles.settings import Boundaries, StepSchedule, TrainPlan
 from roles.reporting import FirstStep, ProgressMeter
 
 PLAN = TrainPlan(mode="sync", workers=2, global_batch_size=64, worker_batch_size=32, steps_total=100,

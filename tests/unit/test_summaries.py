@@ -13,7 +13,7 @@ from cluster.contracts import ProcessKind
 from cluster.supervision.training import JobRef, leader_layout
 from cluster.tensorboard import board_spec, host_ports
 from roles import hostctl
-from roles.plan import StepSchedule
+from roles.settings import StepSchedule
 from roles.summaries import Summaries, SummaryPoint, SummaryWindow, event_file_name
 
 from .test_state import lab_state
@@ -171,11 +171,11 @@ def test_hostctl_finds_event_files_a_few_folders_down(tmp_path):
 
 def test_the_supervisor_tells_the_leader_where_to_write_and_how_many_restarts_came_before(tmp_path):
     """Only the leader gets --summary-dir; a relaunch after a restart carries the job's count."""
-    from cluster.supervision.training import TrainOptions
+    from cluster.supervision.training import JobOptions
     from roles.train import parse_options
 
     from .conftest import idle_supervisor
-    supervisor = idle_supervisor(tmp_path, name="tb", mode="sync", options=TrainOptions(summary_every=7))
+    supervisor = idle_supervisor(tmp_path, name="tb", mode="sync", options=JobOptions(summary_every=7))
     plan = supervisor.plan
     launched = {}
     supervisor.launch = lambda task, record, *, argv, **_: launched.setdefault(task.name, []).append(argv)

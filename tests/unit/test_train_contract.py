@@ -10,18 +10,18 @@ import pytest
 from cluster import cli
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.supervision.training import TrainOptions, leader_task, train_argv
-from roles.plan import TRAINER_DEFAULTS, TrainerSettings
+from cluster.supervision.training import JobOptions, leader_task, train_argv
+from roles.settings import TRAINER_DEFAULTS, TrainerSettings
 from roles.train import parse_options
 from tests.helpers import REPO
 
-CHOSEN = TrainOptions(steps=321, batch_size=96, learning_rate=0.0125, scale_lr=True, checkpoint_every=40,
+CHOSEN = JobOptions(steps=321, batch_size=96, learning_rate=0.0125, scale_lr=True, checkpoint_every=40,
                       data="/data/mnist.npz", eval_every=80, steps_per_execution=4, warmup_steps=64,
                       start_timeout=77.5,
                       collective_timeout=12.25, summary_every=25, max_restarts=9, extra_args=())
 
 
-def trainer_argvs(mode: str, options: TrainOptions, resume: bool):
+def trainer_argvs(mode: str, options: JobOptions, resume: bool):
     plan = plan_cluster(load_inventory(str(REPO / "inventories" / "local.yaml")),
                         PlanOptions(local_python="/venv/bin/python", local_workdir="/checkout", mode=mode))
     leader = leader_task(plan).name
@@ -34,7 +34,7 @@ def trainer_argvs(mode: str, options: TrainOptions, resume: bool):
 
 
 @pytest.mark.parametrize("mode", ["async", "sync", "sync-ps"])
-@pytest.mark.parametrize("options, resume", [(CHOSEN, True), (TrainOptions(), False)])
+@pytest.mark.parametrize("options, resume", [(CHOSEN, True), (JobOptions(), False)])
 def test_the_argv_parses_back_to_the_chosen_settings(mode, options, resume):
     seen = 0
     for task, argv in trainer_argvs(mode, options, resume):
@@ -53,7 +53,7 @@ def test_the_argv_parses_back_to_the_chosen_settings(mode, options, resume):
 
 
 def test_one_set_of_defaults():
-    assert {f.name: getattr(TrainOptions(), f.name) for f in dataclasses.fields(TrainerSettings)} == \
+    assert {f.name: getattr(JobOptions(), f.name) for f in dataclasses.fields(TrainerSettings)} == \
         dataclasses.asdict(TRAINER_DEFAULTS)
     defaults = {param.name: param.default for param in cli.cli.commands["train"].params}
     assert defaults["start_timeout"] == TRAINER_DEFAULTS.start_timeout

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from cluster.contracts import DEFAULT_MODE, DEFAULT_STOP_GRACE, MODES, ExitStatus, Mode, resolve_mode
-from roles import plan as trainer_plan
+from roles import settings as trainer_plan
 from roles import train as trainer
 
 

@@ -1,4 +1,5 @@
-"""Turns a job's defaults and the command line into one training plan.
+"""The trainer's settings (``TrainerSettings``, the one definition of its options and defaults)
+and how a job's defaults and the command line become one training plan (``make_plan``).
 
 Pure: no TensorFlow, no clock, no files, so every mode computes batch sizes, step
 budgets and learning rates the same way and the arithmetic is unit-tested.
@@ -37,7 +38,7 @@ class TrainerSettings:
 
     The one definition of these settings and their defaults: ``python -m roles.train``'s
     parser takes its defaults from :data:`TRAINER_DEFAULTS`, and ``pscluster train``'s
-    options (``cluster.supervision.training.TrainOptions``) extend this class, so both sides agree;
+    options (``cluster.supervision.training.JobOptions``) extend this class, so both sides agree;
     tests/unit/test_train_contract.py checks that the argv the orchestrator builds parses
     back to the same settings. None means the job's own default.
     """
