@@ -86,8 +86,8 @@ class JobProgress:
             fields["state"] = JobState(fields["state"])
         return dataclasses.replace(self, **fields)
 
-    def to_json(self) -> dict:
-        data = {}
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
         for item in dataclasses.fields(self):
             value = getattr(self, item.name)
             if value is None:

@@ -22,6 +22,7 @@ import functools
 import ipaddress
 import json
 from dataclasses import dataclass
+from typing import Any, cast
 
 from .errors import PlanError
 from .contracts import MODE_NAMES, MODE_ROLES, MODES, resolve_mode
@@ -170,8 +171,8 @@ class ClusterPlan:
         names the cluster it is not part of, as TensorFlow expects)."""
         return f'{{"cluster":{self._cluster_json},"task":{_compact_json({"type": task.role, "index": task.index})}}}'
 
-    def tf_config(self, task: TaskSpec) -> dict:
-        return json.loads(self.tf_config_text(task))
+    def tf_config(self, task: TaskSpec) -> dict[str, Any]:
+        return cast(dict[str, Any], json.loads(self.tf_config_text(task)))
 
     def task_env(self, task: TaskSpec) -> dict[str, str]:
         """``task``'s planned environment, TF_CONFIG included (secrets are added at start)."""
@@ -205,7 +206,7 @@ class ClusterPlan:
     def is_multi_host(self) -> bool:
         return len({task.address for task in self.tasks}) > 1
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The ``plan --json`` document. Beyond INLINE_TF_CONFIG_TASKS tasks, a task's
         ``tf_config`` holds only its ``task`` (its cluster is the document's ``cluster``) and its
         ``env`` no TF_CONFIG; ``tf_config_inline`` says which."""
@@ -481,7 +482,7 @@ def check_mode_roles(path: str, counts: dict[str, int], mode: str) -> None:
                             hint=f"add a '{role}' group with at least one host")
 
 
-def _compact_json(value) -> str:
+def _compact_json(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 

@@ -98,7 +98,7 @@ def parse_get_status(data: bytes) -> tuple[Device, ...]:
 class Prober:
     """Keeps one gRPC channel per target, so repeated probes reuse the connection."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._channels: dict[str, grpc.Channel] = {}
 
     def probe(self, target: str, *, timeout: float = 2.0, via=None) -> ProbeResult:

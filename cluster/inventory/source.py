@@ -17,7 +17,7 @@ import os
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Container
 
 from ..errors import InventoryError
 from .hostnames import split_host_port
@@ -45,13 +45,13 @@ class InventorySource:
     host_vars: list[tuple[str, str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)      # shown like Inventory.warnings
 
-    def vars_of(self, files: list[tuple[str, str, str]], owners) -> list[tuple[str, dict, KeyPath]]:
+    def vars_of(self, files: list[tuple[str, str, str]], owners: Container[str]) -> list[tuple[str, dict[str, Any], KeyPath]]:
         """(owner, mapping, key-path root) of each vars file whose owner is in ``owners``.
 
         Raises:
             InventoryError: a vars file that is not YAML/JSON or not a mapping.
         """
-        result = []
+        result: list[tuple[str, dict[str, Any], KeyPath]] = []
         for owner, full, file_name in files:
             if owner not in owners:
                 continue
@@ -142,12 +142,12 @@ def _read_inventory_file(path: str, name: str) -> tuple[Any, SourceMap]:
     return parse_ini(text, name)
 
 
-def parse_ini(text: str, name: str) -> tuple[dict, SourceMap]:
+def parse_ini(text: str, name: str) -> tuple[dict[str, Any], SourceMap]:
     """Ansible's INI inventory as the YAML structure: ``[g]`` host lines ``name key=value ...``,
     ``[g:vars]`` lines ``key=value``, ``[g:children]`` group names; values as Python literals
     when they parse as one (``2222`` is a number, ``yes`` stays a string), as Ansible reads them."""
     source = SourceMap(name)
-    data: dict[str, dict] = {}
+    data: dict[str, dict[str, Any]] = {}
     group, kind = "ungrouped", "hosts"
     for number, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
@@ -178,7 +178,7 @@ def parse_ini(text: str, name: str) -> tuple[dict, SourceMap]:
     return data, source
 
 
-def _ini_host(body: dict, source: SourceMap, group: str, line: str, number: int, name: str) -> None:
+def _ini_host(body: dict[str, Any], source: SourceMap, group: str, line: str, number: int, name: str) -> None:
     try:
         words = shlex.split(line, comments=True)
     except ValueError as exc:
@@ -199,7 +199,7 @@ def _ini_host(body: dict, source: SourceMap, group: str, line: str, number: int,
     body[host] = host_vars or None
 
 
-def _ini_set(target: dict, source: SourceMap, path: KeyPath, value: Any, number: int, name: str) -> None:
+def _ini_set(target: dict[str, Any], source: SourceMap, path: tuple[str, ...], value: Any, number: int, name: str) -> None:
     key = path[-1]
     if key in target and target[key] != value:
         raise InventoryError(name, number, ".".join(map(str, path)),

@@ -3,7 +3,7 @@ choices) and the ``pscluster_*`` keys they check."""
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from ..contracts import MODE_NAMES, canonical_mode
 from .yamlsrc import KeyPath
@@ -133,7 +133,7 @@ def _choice(options: tuple[str, ...]) -> Validator:
     def check(raw: _Raw, path: KeyPath, value: Any) -> str:
         if value not in options:
             raise _err(raw, path, f"expected one of {', '.join(options)}, got {_describe(value)}")
-        return value
+        return cast(str, value)     # a YAML value equal to one of the options
     return check
 
 

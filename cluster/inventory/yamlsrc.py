@@ -15,7 +15,7 @@ import yaml
 
 from ..errors import InventoryError
 
-KeyPath = tuple  # tuple[str | int, ...]
+KeyPath = tuple[str | int, ...]   # str keys and int indexes; a FileRoot (a str) first for another file
 
 # Bounds for hostile input (issue 16 item 13). A 400-byte alias bomb expands to ~10^9 values
 # without them (14 s, 1.3 GB measured); real inventories are a few KiB with < 1000 values.
@@ -116,15 +116,15 @@ def load_yaml_with_lines(path: str, display_name: str | None = None) -> tuple[An
     return _convert(node, (), source, 0), source
 
 
-class _DepthLimitedLoader(yaml.SafeLoader):
+class _DepthLimitedLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no stubs: SafeLoader is Any
     """SafeLoader whose composer stops at MAX_DEPTH levels (naming the line) instead of recursing
     until RecursionError: 5000 nested '[' took 0.5 s to fail, 20 s under tracemalloc."""
 
-    def __init__(self, stream: str):
+    def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self.depth = 0
 
-    def compose_node(self, parent, index):
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
         self.depth += 1
         try:
             if self.depth > MAX_DEPTH:

@@ -178,7 +178,8 @@ class RestartRules:
 
     def delay(self, used: int) -> float:
         """Seconds to wait before restart number ``used + 1``: 1, 2, 4, ... capped."""
-        return min(self.max_backoff, self.backoff * (2 ** used))
+        doubling: int = 2 ** used       # an int, as used >= 0 (mypy types int ** int as Any)
+        return min(self.max_backoff, self.backoff * doubling)
 
 
 class Action(str, Enum):

@@ -137,7 +137,7 @@ class SupervisorHealth:
     heartbeat_age: float | None      # seconds since its last heartbeat
     log: str | None = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"job": self.job_id, "pid": self.pid, "host": self.host, "detached": self.detached,
                 "state": self.state, "heartbeat_age": self.heartbeat_age, "log": self.log}
 
@@ -221,11 +221,11 @@ class EventLog(Reporter):
             self._file = None
 
 
-def parse_events(data: bytes) -> tuple[list[tuple[str, dict]], int]:
+def parse_events(data: bytes) -> tuple[list[tuple[str, dict[str, Any]]], int]:
     """Complete lines of an events file: the events and the bytes consumed (a last line still
     being written is left for the next read)."""
     end = data.rfind(b"\n") + 1
-    events = []
+    events: list[tuple[str, dict[str, Any]]] = []
     for line in data[:end].splitlines():
         try:
             item = json.loads(line)
@@ -249,7 +249,7 @@ def read_from(path: str, offset: int) -> bytes:
 
 @dataclass
 class Spawned:
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     log: Path
     log_offset: int          # where this daemon's lines start in the (shared, appended) log
 
@@ -258,7 +258,7 @@ class Spawned:
         return self.proc.pid
 
 
-def spawn_supervisor(root: Path, name: str, request: dict) -> Spawned:
+def spawn_supervisor(root: Path, name: str, request: dict[str, Any]) -> Spawned:
     """Start ``pscluster supervise --name NAME`` in its own session, the request on its stdin.
 
     The daemon imports the same code as this process (its package folder first on sys.path),
@@ -332,7 +332,7 @@ class SupervisorGone(PsclusterError):
     """The job is recorded as running but nobody supervises it any more."""
 
 
-def follow(store: StateStore, name: str, job_id: int, handle: Callable[[str, dict], None], *,
+def follow(store: StateStore, name: str, job_id: int, handle: Callable[[str, dict[str, Any]], None], *,
            sleep: Callable[[float], None] = time.sleep,
            alive: Callable[[Orchestrator | None], bool] = orchestrator_alive) -> JobProgress:
     """Replay job ``job_id``'s events into ``handle`` and follow them until it ends; its final
@@ -344,7 +344,7 @@ def follow(store: StateStore, name: str, job_id: int, handle: Callable[[str, dic
         SupervisorGone: the job is live but its supervisor is dead.
     """
     offset = 0
-    shown: dict | None = None
+    shown: dict[str, Any] | None = None
     while True:
         state = store.load(name)
         if state is None:

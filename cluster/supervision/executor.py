@@ -19,7 +19,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ..hosts import hostops
 from ..contracts import DEFAULT_GRACE, ExitStatus, JobState, ProcessKind, ProcState, RestartPolicy, Role
@@ -153,7 +153,7 @@ class JobExecutor:
         """True when the job is done (after stopping what must be stopped)."""
         raise NotImplementedError
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ the job record
@@ -216,7 +216,7 @@ class JobExecutor:
             raise RuntimeError("no job record: the job has not started")
         return self.state.job
 
-    def set_job(self, **fields) -> None:
+    def set_job(self, **fields: Any) -> None:
         self.state.job = self.progress.updated(**fields)
 
     def publish(self, now: float, force: bool = False) -> None:
@@ -225,7 +225,7 @@ class JobExecutor:
             self.set_job(heartbeat=self.wall())     # `status` shows its age: the supervisor's pulse
             self.writer.change(lambda s: None)
 
-    def finish(self, final: JobState, **fields) -> None:
+    def finish(self, final: JobState, **fields: Any) -> None:
         self.set_job(state=final, ended=self.wall(), **fields)
         try:
             self.writer.change(lambda s: None)
@@ -272,7 +272,7 @@ class JobExecutor:
         return core.restarts_in_job(self.progress.restarts)
 
     # ------------------------------------------------------------------ running
-    def run(self) -> dict:
+    def run(self) -> dict[str, Any]:
         """Run the job to its end and return its report.
 
         Raises:
@@ -327,13 +327,13 @@ class JobExecutor:
                            orchestrator=self.orchestrator(),
                            workers=len(self.plan.tasks_of("worker")))
 
-    def job_record(self) -> dict:
+    def job_record(self) -> dict[str, Any]:
         """The job record as reports and notifications show it (no orchestrator pid)."""
         record = self.progress.to_json()
         record.pop("orchestrator", None)
         return record
 
-    def announce(self, event: str, report: dict) -> None:
+    def announce(self, event: str, report: dict[str, Any]) -> None:
         """A change of the job's state (``job-state`` event; see :mod:`cluster.notify`)."""
         self.reporter.emit("job-state", cluster=self.name, job=self.job_name(), job_id=self.job_id,
                            entry=self.job_kind, event=event, time=self.wall(), report=report)

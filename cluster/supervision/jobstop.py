@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Iterable
+from typing import Any, Iterable
 
 from ..contracts import JobState, Mode, ProcessKind
 from .daemon import orchestrator_alive, stop_supervisor
@@ -100,7 +100,7 @@ def stop_orphaned_job(name: str, *, store: StateStore, reporter: Reporter, grace
             stop_grace = job.stop_grace if job is not None and job.stop_grace is not None else DEFAULT_STOP_GRACE
         first = first_to_stop(state.plan, records) if job is not None and job.entry == "train" and stop_grace > 0 else []
         stopped: list[ProcessRecord] = []
-        errors: dict = {}
+        errors: dict[str, PsclusterError] = {}
         if first:
             reporter.emit("message", text=f"asking {', '.join(r.task for r in first)} to checkpoint and stop "
                                           f"(up to {stop_grace:g} s)")
@@ -132,7 +132,7 @@ def stop_orphaned_job(name: str, *, store: StateStore, reporter: Reporter, grace
             pool.close()
 
 
-def _last_checkpoint(state: RunState, records: list[ProcessRecord], pool: TransportPool) -> dict | None:
+def _last_checkpoint(state: RunState, records: list[ProcessRecord], pool: TransportPool) -> dict[str, Any] | None:
     """The newest ``checkpoint`` event the leader wrote (read from its events file), if newer
     than the job's recorded one."""
     if not records:

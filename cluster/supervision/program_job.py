@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import posixpath
 import shlex
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ..hosts import hostops
 from ..hosts.codesync import LocalFile, needs_sync, sync_code, sync_files
@@ -33,6 +33,7 @@ from ..program.importscan import ImportedModule, scan_program
 from ..lifecycle.tasks import task_env
 from ..lifecycle.updown import bring_down, bring_up
 from ..secrets import Secrets
+from ..jobrecord import JobProgress
 from ..plan import ClusterPlan, HostSpec, TaskSpec
 from ..hosts.preflight import keras_check
 from ..program.runspec import (Workspace, effective_keras, expand, host_argv, placeholder_values, program_env, program_name,
@@ -64,7 +65,7 @@ class ProgramSupervisor(JobExecutor):
                  files: Sequence[LocalFile] | Callable[[], Sequence[LocalFile]], space: Workspace, reporter: Reporter, pool: TransportPool,
                  rules: core.RestartRules, host_timeout: float = 60.0, grace: float = DEFAULT_GRACE,
                  secrets: Secrets | None = None, one_shot: bool = False, until: Until | None = None,
-                 keras: str | None = None, min_workers: int | None = None, **clocks):
+                 keras: str | None = None, min_workers: int | None = None, **clocks: Any):
         super().__init__(store=store, name=name, reporter=reporter, pool=pool, root=space.root, rules=rules,
                          host_timeout=host_timeout, grace=grace, secrets=secrets, **clocks)
         self.argv = tuple(argv)
@@ -78,7 +79,7 @@ class ProgramSupervisor(JobExecutor):
         self.min_workers = min_workers          # run --min-workers: workers may drop out down to this
         self.dropped: set[str] = set()          # worker tasks left out of the run
         self.partial: dict[str, str] = {}          # log path -> its unfinished last line
-        self.outcomes: dict[str, dict] = {}         # task -> what became of it (for the report)
+        self.outcomes: dict[str, dict[str, Any]] = {}         # task -> what became of it (for the report)
         self.first_launch: dict[str, float] = {}
 
     # ------------------------------------------------------------------ the job
@@ -88,7 +89,7 @@ class ProgramSupervisor(JobExecutor):
     def command(self) -> tuple[str, ...]:
         return self.argv
 
-    def new_job(self):
+    def new_job(self) -> JobProgress:
         from ..program.runspec import select_tasks
         self.tasks = select_tasks(self.plan, self.on)
         roles = [task.role for task in self.tasks]
@@ -117,7 +118,7 @@ class ProgramSupervisor(JobExecutor):
         self.check_program(hosts)
         check_ports_free(self.tasks, self.pool, self.plan)
 
-    def check_program(self, hosts) -> None:
+    def check_program(self, hosts: Sequence[HostSpec]) -> None:
         """Before anything starts, per host in one call each: the script (or program path)
         exists, a bare program name is on the PATH, the modules the script imports resolve
         there (a static scan, cluster.program.importscan), and legacy Keras has its tf-keras. Every
@@ -291,10 +292,10 @@ class ProgramSupervisor(JobExecutor):
     def interrupted_hint(self) -> str | None:
         return None if self.one_shot else "'pscluster down' stops them"
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return self.report(exit_code=0)
 
-    def report(self, *, exit_code: int) -> dict:
+    def report(self, *, exit_code: int) -> dict[str, Any]:
         """The ``run --json`` document."""
         restarts = self.job_restarts() if hasattr(self, "state") and self.state.job else {}
         tasks = []
@@ -352,9 +353,9 @@ def _in_dir(task: TaskSpec, cwd: str) -> TaskSpec:
     return replace(task, workdir=cwd)
 
 
-def run_one_shot(plan: ClusterPlan, make_supervisor, *, store: StateStore, pool: TransportPool,
+def run_one_shot(plan: ClusterPlan, make_supervisor: Callable[[], ProgramSupervisor], *, store: StateStore, pool: TransportPool,
                  bringup_reporter: Reporter, secrets: Secrets, timeout: float, grace: float,
-                 allow_busy_gpus: bool = False) -> dict:
+                 allow_busy_gpus: bool = False) -> dict[str, Any]:
     """Bring ``plan`` up (no standing server: every task runs the program), run, and always
     take it down again, even after a failure or Ctrl-C.
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import signal
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, Callable, Iterable
 
 from ..hosts import hostops
 from ..lifecycle import resize
@@ -39,6 +40,7 @@ from .jobstop import first_to_stop
 from ..lifecycle.tasks import report_standbys, start_standbys, stop_records, task_env
 from ..lifecycle.resize import PlanDiff, ResizeRequest
 from ..secrets import Secrets
+from ..jobrecord import JobProgress
 from ..plan import ClusterPlan, TaskSpec
 from ..state import ProcessRecord, StateStore
 from . import core
@@ -64,18 +66,18 @@ class Supervisor(JobExecutor):
 
     def __init__(self, *, store: StateStore, name: str, job: JobRef, options: JobOptions, reporter: Reporter,
                  pool: TransportPool, root: Path, secrets: Secrets | None = None,
-                 elastic: "resize.Elastic | None" = None, **clocks):
+                 elastic: "resize.Elastic | None" = None, **clocks: Any):
         super().__init__(store=store, name=name, reporter=reporter, pool=pool, root=root,
                          rules=restart_rules(options.restart_policy, options.max_restarts, options.backoff),
                          host_timeout=options.host_timeout, grace=options.grace, secrets=secrets, **clocks)
         self.job = job
         self.options = options
         self.tails: dict[str, EventTail] = {}     # process key -> its events file
-        self.result: dict | None = None
+        self.result: dict[str, Any] | None = None
         self.last_step = 0
         self.steps_redone = 0
         self.placement_shown = False
-        self.evals: list[dict] = []       # {"step", "val_loss", "val_accuracy", "seconds", "task"} from "eval" events
+        self.evals: list[dict[str, Any]] = []       # {"step", "val_loss", "val_accuracy", "seconds", "task"} from "eval" events
         self.leader_done_at: float | None = None
         self.trainer_options = options    # what the trainers are told (with_evaluator when there is one)
         self.evaluated_step: int | None = None    # the evaluator's newest evaluated checkpoint step
@@ -88,7 +90,7 @@ class Supervisor(JobExecutor):
         # Requests to the chief to change in place, numbered from the clock: an answer left in a
         # reused events file by an earlier job of a cluster of the same name never matches.
         self.membership_seq = int(self.wall() * 1000)
-        self.membership_answers: dict[int, dict] = {}
+        self.membership_answers: dict[int, dict[str, Any]] = {}
 
     def interrupt(self) -> None:
         """Checkpoint on stop (:func:`cluster.supervision.jobstop.first_to_stop`): the leader (async chief,
@@ -127,7 +129,7 @@ class Supervisor(JobExecutor):
             self.reporter.emit("message", text=f"checkpoint saved at step {job.checkpoint_step}: {job.checkpoint}; "
                                                "continue with 'train --resume'")
 
-    def run(self) -> dict:
+    def run(self) -> dict[str, Any]:
         """The job (:meth:`JobExecutor.run`); after a finished one, new standbys for the next.
         SIGUSR2 (from ``pscluster scale``) asks for a resize between two turns of the loop."""
         previous = None
@@ -277,7 +279,7 @@ class Supervisor(JobExecutor):
             hostops.tell(self.pool.get(self.plan.host(chief.task.host)), chief.record.events,
                          {"seq": seq, "cluster": new.cluster_spec})
         except PsclusterError as exc:
-            answer: dict | None = {"refused": exc.message.splitlines()[0]}
+            answer: dict[str, Any] | None = {"refused": exc.message.splitlines()[0]}
         else:
             answer = self.pump_until(lambda: self.membership_answers.get(seq), chief, timeout=IN_PLACE_TIMEOUT)
         if answer is None or answer.get("refused"):
@@ -311,7 +313,7 @@ class Supervisor(JobExecutor):
         self.read_streams(now)
         self.publish(now)
 
-    def pump_until(self, found, chief: Watched, *, timeout: float) -> dict | None:
+    def pump_until(self, found: Callable[[], dict[str, Any] | None], chief: Watched, *, timeout: float) -> dict[str, Any] | None:
         """:meth:`pump` until ``found()`` gives an answer, the chief ends, or ``timeout`` passes (None)."""
         deadline = self.clock() + timeout
         while True:
@@ -451,7 +453,7 @@ class Supervisor(JobExecutor):
     def job_name(self) -> str:
         return self.job.name
 
-    def new_job(self):
+    def new_job(self) -> JobProgress:
         self.leader = leader_task(self.plan)
         self.checkpoint_dir = self.options.checkpoint_dir or leader_layout(self.plan).checkpoint_dir(self.job.name)
         if self.plan.evaluator_tasks:
@@ -534,7 +536,7 @@ class Supervisor(JobExecutor):
         self.stop_job_processes(grace=1.0)
         return True
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         report = summarize(self.result or {}, wall_seconds=self.clock() - self.began, restarts=self.job_restarts(),
                            steps_redone=self.steps_redone, job=self.job, evals=self.evals, progress=self.state.job)
         # --deadline: the trainers checkpointed and ended short of the budget (train exits 4).
@@ -551,7 +553,7 @@ class Supervisor(JobExecutor):
         for event in tail.feed(chunk):
             self.on_event(watched, event, now)
 
-    def on_event(self, watched: Watched, event: dict, now: float) -> None:
+    def on_event(self, watched: Watched, event: dict[str, Any], now: float) -> None:
         watched.last_event = now
         kind = event.get("event")
         is_leader = watched.task.name == self.leader.name
@@ -600,7 +602,7 @@ class Supervisor(JobExecutor):
             self.membership_answers[event["seq"]] = event
 
 
-    def on_eval(self, task: str, event: dict, now: float) -> None:
+    def on_eval(self, task: str, event: dict[str, Any], now: float) -> None:
         step = event.get("step")
         if task != self.leader.name:
             if any(e["task"] == task and e["step"] == step for e in self.evals):
@@ -622,7 +624,7 @@ class Supervisor(JobExecutor):
                            val_accuracy=event.get("val_accuracy"), seconds=self.evals[-1]["seconds"], epoch=epoch)
 
 
-def check_checkpoints_shared(plan, pool: TransportPool, checkpoint_dir: str, leader: TaskSpec,
+def check_checkpoints_shared(plan: ClusterPlan, pool: TransportPool, checkpoint_dir: str, leader: TaskSpec,
                              evaluators: tuple[TaskSpec, ...]) -> None:
     """Before the job starts: an evaluator on another host than the leader must see the very folder
     the leader writes its checkpoints to (a shared filesystem: an NFS home, a cluster filesystem).
@@ -634,7 +636,7 @@ def check_checkpoints_shared(plan, pool: TransportPool, checkpoint_dir: str, lea
     for evaluator in evaluators:
         if evaluator.host == leader.host:
             continue      # one host, one filesystem
-        seen = {}
+        seen: dict[str, tuple[str, str]] = {}
         for task in (leader, evaluator):
             host = plan.host(task.host)
             seen[task.host] = hostops.fsid(pool.get(host), path_on(host, checkpoint_dir))
@@ -646,7 +648,7 @@ def check_checkpoints_shared(plan, pool: TransportPool, checkpoint_dir: str, lea
                                   f"or put the evaluator on {leader.host}")
 
 
-def check_ports_free(tasks, pool: TransportPool, plan) -> None:
+def check_ports_free(tasks: Iterable[TaskSpec], pool: TransportPool, plan: ClusterPlan) -> None:
     """Before a job starts its processes: their ports must be free on their hosts."""
     by_host: dict[str, list[TaskSpec]] = {}
     for task in tasks:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from roles.settings import TrainerSettings
 
@@ -182,12 +183,12 @@ class EventTail:
     path: str
     offset: int = 0
     partial: str = ""
-    events: list[dict] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
 
-    def poll(self, transport: Transport) -> list[dict]:
+    def poll(self, transport: Transport) -> list[dict[str, Any]]:
         return self.feed(hostops.read(transport, self.path, offset=self.offset, limit=1 << 20))
 
-    def feed(self, chunk: hostops.FileChunk) -> list[dict]:
+    def feed(self, chunk: hostops.FileChunk) -> list[dict[str, Any]]:
         """Parse the new bytes of a read that started at ``self.offset``."""
         if not chunk.data or chunk.offset != self.offset:
             return []
@@ -195,7 +196,7 @@ class EventTail:
         text = self.partial + chunk.data
         lines = text.split("\n")
         self.partial = lines.pop()
-        fresh = []
+        fresh: list[dict[str, Any]] = []
         for line in lines:
             if not line.strip():
                 continue
@@ -206,12 +207,12 @@ class EventTail:
         self.events.extend(fresh)
         return fresh
 
-    def last(self, kind: str) -> dict | None:
+    def last(self, kind: str) -> dict[str, Any] | None:
         return next((event for event in reversed(self.events) if event.get("event") == kind), None)
 
 
-def summarize(result: dict, *, wall_seconds: float, restarts: dict[str, int], steps_redone: int,
-              job: JobRef, evals: list[dict] | None = None, progress: JobProgress | None = None) -> dict:
+def summarize(result: dict[str, Any], *, wall_seconds: float, restarts: dict[str, int], steps_redone: int,
+              job: JobRef, evals: list[dict[str, Any]] | None = None, progress: JobProgress | None = None) -> dict[str, Any]:
     """The final report (``train --json``)."""
     return {
         "job": job.name, "mode": result.get("mode"), "workers": result.get("workers"),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 from ..plan import HostSpec
 from .base import CommandResult, Transport
@@ -24,7 +25,7 @@ def open_transport(host: HostSpec) -> Transport:
 class TransportPool:
     """One transport per host for the length of a command, so connections are reused."""
 
-    def __init__(self, factory=open_transport):
+    def __init__(self, factory: Callable[[HostSpec], Transport] = open_transport) -> None:
         self._factory = factory
         self._transports: dict[str, Transport] = {}
         self._lock = threading.Lock()
