@@ -81,26 +81,20 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
     from ..lifecycle.resize import Elastic
     from ..supervision.train_job import Supervisor
-    from ..supervision.training import JobOptions, resolve_job
-    if epochs is not None and steps is not None:
-        raise UsageError("give --epochs or --steps, not both")
+    from ..supervision.training import JobOptions, check_job_options, resolve_job
+    options = JobOptions(epochs=epochs, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
+                         scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                         resume=resume, data=data, steps_per_execution=steps_per_execution,
+                         eval_every=eval_every, warmup_steps=warmup_steps, summary_every=summary_every,
+                         restart_policy=restart_policy,
+                         max_restarts=max_restarts, start_timeout=start_timeout,
+                         collective_timeout=collective_timeout, host_timeout=host_timeout,
+                         stop_grace=stop_grace, deadline=deadline)
+    check_job_options(options)          # before the cluster is looked up, as a usage error
     resolved = env.store.resolve_name(name)
     job_ref = resolve_job(job, project_root())
-    options = JobOptions(epochs=epochs, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
-                           scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                           resume=resume, data=data, steps_per_execution=steps_per_execution,
-                           eval_every=eval_every, warmup_steps=warmup_steps, summary_every=summary_every,
-                           restart_policy=restart_policy,
-                           max_restarts=max_restarts, start_timeout=start_timeout,
-                           collective_timeout=collective_timeout, host_timeout=host_timeout,
-                           stop_grace=stop_grace, deadline=deadline)
     state = _existing(env, resolved)
-    if warmup_steps and state.plan.mode != "async":
-        raise UsageError(f"--warmup-steps applies to async mode only; cluster {resolved!r} runs {state.plan.mode}")
-    workers = len(state.plan.tasks_of("worker"))
-    if min_workers is not None and min_workers > workers:
-        raise UsageError(f"--min-workers {min_workers} is larger than cluster {resolved!r}, which has {workers} worker(s)",
-                         hint=f"give at most --min-workers {workers}")
+    check_job_options(options, state.plan, min_workers=min_workers)
     elastic = (Elastic(min_workers, hosts_from, hosts_every) if min_workers is not None or hosts_from else None)
     if detach:
         _detach(env, resolved, state, replace=replace, as_json=as_json)

@@ -119,6 +119,21 @@ def _value(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def check_job_options(options: JobOptions, plan: ClusterPlan | None = None, *, min_workers: int | None = None) -> None:
+    """The options of a `train` that cannot run (on this cluster, given its ``plan``), refused
+    before anything starts."""
+    if options.epochs is not None and options.steps is not None:
+        raise UsageError("give --epochs or --steps, not both")
+    if plan is None:
+        return
+    if options.warmup_steps and plan.mode != Mode.ASYNC:
+        raise UsageError(f"--warmup-steps applies to async mode only; cluster {plan.name!r} runs {plan.mode}")
+    workers = len(plan.tasks_of(Role.WORKER))
+    if min_workers is not None and min_workers > workers:
+        raise UsageError(f"--min-workers {min_workers} is larger than cluster {plan.name!r}, which has {workers} worker(s)",
+                         hint=f"give at most --min-workers {workers}")
+
+
 def with_evaluator(options: JobOptions) -> JobOptions:
     """The trainers' options when a side-car evaluator evaluates each checkpoint: they never
     evaluate periodically (the workers never pause for it), and ``--eval-every N`` asks for a

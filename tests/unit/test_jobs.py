@@ -341,3 +341,20 @@ def test_event_writer_lines_and_contract(tmp_path):
     with open(path, "a") as f:
         f.write('{"event": "progre')  # a writer killed mid-line
     assert len(read_events(path)) == 2
+
+
+@pytest.mark.parametrize("options, min_workers, error", [
+    (dict(epochs=1.0, steps=5), None, "give --epochs or --steps, not both"),
+    (dict(warmup_steps=10), None, "--warmup-steps applies to async mode only"),
+    (dict(), 3, "--min-workers 3 is larger than cluster"),
+])
+def test_train_options_a_sync_cluster_cannot_run_are_refused(options, min_workers, error):
+    from cluster.errors import UsageError
+    from cluster.inventory import load_inventory
+    from cluster.plan import PlanOptions, plan_cluster
+    from cluster.supervision.training import JobOptions, check_job_options
+    plan = plan_cluster(load_inventory(str(REPO / "inventories" / "local.yaml")),
+                        PlanOptions(local_python="/py", local_workdir="/wd", mode="sync"))
+    with pytest.raises(UsageError, match=error.replace("-", "\\-")):
+        check_job_options(JobOptions(**options), plan, min_workers=min_workers)
+    check_job_options(JobOptions(), plan, min_workers=len(plan.tasks_of("worker")))     # the cluster's size: fine
