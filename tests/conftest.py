@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import signal
 import tempfile
 
 import pytest
@@ -32,6 +33,15 @@ LAB_BASE = pathlib.Path(os.environ.get("PSCLUSTER_LAB_DIR", "/tmp/pscluster-netl
 KEEP_DIRS = os.environ.get("PSCLUSTER_LAB_KEEP") == "1"
 
 write_lab_inventory = netlab.write_inventory  # plain helper, also a fixture below
+
+
+def pytest_configure(config):
+    """Tests send Ctrl-C (SIGINT) to the pscluster processes they start. A suite started in the
+    background by a non-interactive shell (`bash .ci/run &`) inherits SIGINT *ignored*, and so
+    would every process it starts (an ignored signal stays ignored across exec): pscluster would
+    never see the Ctrl-C, and `train` ran to its end. The suite's children get the default."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -18,8 +18,10 @@ _PORTS = itertools.count(0)
 
 
 def port_base() -> int:
-    """A distinct port range per test in this session (20 ports each), away from 2222."""
-    return 31000 + 40 * (os.getpid() % 50) + 20 * next(_PORTS) % 8000
+    """A distinct port range per test in this session (20 ports each), away from 2222 and below
+    Linux's ephemeral range (32768 and up): a port there may be taken at any moment by an
+    outgoing connection (seen: ps:1's port held, preflight refused the run)."""
+    return 20000 + 40 * (os.getpid() % 50) + 20 * next(_PORTS) % 10000
 
 
 def cli_env(state_dir, env: dict | None = None) -> dict:
