@@ -29,12 +29,16 @@ worker (keras-team/keras#20585), so each worker runs this loop:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import socket
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import tensorflow as tf
+from tensorflow.python.distribute import mirrored_strategy
 
 from roles.checkpoint import CheckpointKeeper, make_checkpoint, make_step_counter
 from roles.datasets import eval_dataset, sample_batch, train_dataset
@@ -46,6 +50,7 @@ from roles.reporting import FirstStep, ProgressMeter, Reporter, TrainResult
 from roles.tfconfig import ConfigError, TaskInfo
 
 log = logging.getLogger("pscluster.sync")
+LEADER_WAIT = 10.0     # seconds a worker waits for worker 0's port before joining the strategy
 
 # Objects whose destruction stalls (the distributed dataset iterator): kept until the
 # process ends by os._exit (see ``leave``).
@@ -53,7 +58,73 @@ _KEPT: list[Any] = []
 _LEFT_KEY = "pscluster/sync/left/{}"
 
 
+class _Phases:
+    """Seconds each phase of a sync worker's start took, for one log line at its first unit
+    (what a restart or a resize costs, and where)."""
+
+    def __init__(self) -> None:
+        self.began = self.last = time.monotonic()
+        self.spent: list[tuple[str, float]] = []
+        self.open = True
+
+    def mark(self, phase: str) -> None:
+        now = time.monotonic()
+        self.spent.append((phase, now - self.last))
+        self.last = now
+        if phase == "first agreement":
+            self.open = False
+
+    def summary(self) -> str:
+        return f"{self.last - self.began:.2f} s (" + ", ".join(f"{name} {seconds:.2f}" for name, seconds in self.spent) + ")"
+
+
+@contextlib.contextmanager
+def _initial_values_local(strategy: Any, local: bool) -> Iterator[None]:
+    """With ``local``, the variables made inside take their own initial value on every worker.
+
+    MultiWorkerMirroredStrategy otherwise makes worker 0 broadcast each variable's initial value
+    as it is created: one collective per variable (the MLP and its Adam slots: ~30), ~15 ms each
+    on a busy 2-core host, 0.4-0.6 s of every restart and resize. A resumed job overwrites all of
+    them with the chief's values at once (:func:`_copy_from_chief`, one all-reduce), so it skips
+    them. Every worker takes the same path (``--resume`` is the job's), so the collective
+    instance keys stay in step. TensorFlow 2.21's private hook (preflight pins the version);
+    where it is missing the broadcasts simply stay."""
+    extended = strategy.extended
+    hook = getattr(mirrored_strategy.MirroredExtended, "_get_variable_creator_initial_value", None)
+    if not local or hook is None or not hasattr(extended, "_get_variable_creator_initial_value"):
+        yield
+        return
+    extended._get_variable_creator_initial_value = functools.partial(hook, extended)
+    try:
+        yield
+    finally:
+        del extended._get_variable_creator_initial_value
+
+
+def wait_for_leader(task: TaskInfo, timeout: float = LEADER_WAIT) -> None:
+    """A worker other than 0 waits (at most ``timeout`` s) until worker 0's port accepts a
+    connection before joining the strategy.
+
+    Why: worker 0 hosts the coordination service. A worker whose agent registers before that
+    service is up is told to retry after a backoff of about a second: a sync start, restart or
+    resize whose workers are started together paid ~0.9 s more whenever worker 0 happened to be
+    the last to start (seen in half the resizes of benchmarks/elastic.py). Waiting here costs a
+    few milliseconds. Past ``timeout`` TensorFlow's own retries take over, as before."""
+    if task.task_index == 0:
+        return
+    host, _, port = str(task.cluster["worker"][0]).rpartition(":")
+    address = (host.strip("[]"), int(port))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(address, timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
 def make_strategy(task: TaskInfo, collective_timeout: float) -> Any:
+    wait_for_leader(task)
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec({"worker": list(task.cluster["worker"])}),
         task_type="worker", task_id=task.task_index, rpc_layer="grpc")
@@ -69,17 +140,23 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     if task.task_type != "worker":
         raise ConfigError(f"sync mode runs one process per worker task; this is {task.name}")
     is_chief = task.task_index == 0
+    phases = _Phases()
     strategy = make_strategy(task, plan.collective_timeout)
+    phases.mark("strategy")
     local_replicas = len(strategy.extended.worker_devices)  # >1 only with several GPUs
 
     x0, _ = sample_batch(job, plan.seed)
-    with strategy.scope():
+    # A resumed job sets every worker's variables to the chief's right after they are made
+    # (_copy_from_chief): the broadcast of each one's initial value is then redundant.
+    resumes = bool(plan.checkpoint_dir and plan.resume)
+    with strategy.scope(), _initial_values_local(strategy, resumes):
         model = job.build_model()
         model(x0, training=False)
         optimizer = job.optimizer(plan.learning_rate)
         optimizer.build(model.trainable_variables)
         step_var = make_step_counter()  # same role as in async mode
     state = list(model.variables) + list(optimizer.variables) + [step_var]
+    phases.mark("model")
 
     keeper = None
     restored_step = None
@@ -94,9 +171,11 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
                 else:
                     log.info("--resume: no checkpoint in %s yet; starting at step 0",
                              plan.checkpoint_dir)
+            phases.mark("restore")
             _copy_from_chief(strategy, state, is_chief, local_replicas)
             step = int(step_var.numpy())
             restored_step = step if step > 0 else None
+    phases.mark("state shared")
     reporter.start(restored_step)
 
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -110,17 +189,20 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     train_steps = _make_train_steps(job, plan, strategy, model, optimizer, step_var)
 
     evaluator = make_evaluator(job, model)
-    test_shard = eval_dataset(job, Shard(task.task_index, plan.workers, "test", plan.seed),
-                              EVAL_BATCH_SIZE)
+    test_shards: list[Any] = []     # made at the first evaluation: not on a restart's path
 
     def evaluate(step: int) -> tuple[float | None, float | None]:
         # Every worker evaluates its shard; one all-reduce sums the totals, so all
         # workers agree (and none waits at a collective for one that evaluates).
-        totals = _sum_over_workers(strategy, evaluator(test_shard), local_replicas)
+        if not test_shards:
+            test_shards.append(eval_dataset(job, Shard(task.task_index, plan.workers, "test", plan.seed),
+                                            EVAL_BATCH_SIZE))
+        totals = _sum_over_workers(strategy, evaluator(test_shards[0]), local_replicas)
         val_loss, val_accuracy = means(totals.numpy())
         reporter.eval(step, val_loss, val_accuracy)
         return val_loss, val_accuracy
 
+    phases.mark("input")
     meter = ProgressMeter(reporter)
     step = int(step_var.numpy())
     last_saved = -1
@@ -134,8 +216,13 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         n = schedule.chunk(step)
         loss = float(train_steps(iterator, tf.constant(n)))
         step += n
+        if phases.open:
+            phases.mark("first unit")
         stopping = agree_on_stop(strategy, deadline, local_replicas)
         counted = first.counts(step, loss)
+        if phases.open:
+            phases.mark("first agreement")
+            log.info("training after %s", phases.summary())
         reporter.trained(step, n, n * plan.global_batch_size, loss, timed=counted)
         if counted:
             meter.add(n, n * plan.global_batch_size, loss,

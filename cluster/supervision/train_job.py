@@ -197,6 +197,7 @@ class Supervisor(JobExecutor):
         if first and grace > 0:
             self.stop(first, grace=grace)
             self.read_final_events(first)
+        stopped_at = self.clock()
         leaving = [w for w in self.watched.values() if w.kind is not ProcessKind.SERVER or w.task.name in diff.stop]
         # A lost host's processes are not stopped now (an SSH connection to it would wait out its
         # timeout inside the pause): they stay recorded, and its rejoin or `down` stops them.
@@ -219,13 +220,15 @@ class Supervisor(JobExecutor):
         self.prepare_new_hosts()
         self.watch_servers()
         self.set_job(workers=workers_after, message=None)
+        launched_at = self.clock()
         self.launch_many(new.training_tasks + new.evaluator_tasks, lambda task: self.launch_train(task, resume=True))
         self.retarget()
         self.set_job(state=JobState.RUNNING)
         text = (f"resized ({request.reason}): {resize.describe(diff, new)}; {workers_before} -> {workers_after} "
                 f"worker(s), resuming from "
                 f"{'step %d' % self.progress.checkpoint_step if self.progress.checkpoint_step else 'the start'} "
-                f"({self.clock() - began:.1f} s to restart)")
+                f"({self.clock() - began:.2f} s to restart: {stopped_at - began:.2f} to checkpoint and stop, "
+                f"{launched_at - stopped_at:.2f} to apply the plan, {self.clock() - launched_at:.2f} to launch)")
         self.reporter.emit("message", text=text)
         self.announce("resized", {"old": resize.membership(old), "new": resize.membership(new),
                                   "reason": request.reason, "workers": workers_after,
