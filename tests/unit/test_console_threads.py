@@ -12,9 +12,10 @@ import time
 from rich.console import Console
 
 from cluster import console as ui
+from cluster.console import live
 
 
-class SlowStart(ui.Progress):
+class SlowStart(live.Progress):
     """A progress display that takes a while to start, as on a loaded machine."""
 
     made = 0
@@ -29,7 +30,7 @@ class SlowStart(ui.Progress):
 
 
 def test_task_started_from_many_threads_at_once_keeps_every_row(monkeypatch):
-    monkeypatch.setattr(ui, "Progress", SlowStart)
+    monkeypatch.setattr(live, "Progress", SlowStart)
     SlowStart.made = 0
     out = io.StringIO()
     reporter = ui.RichReporter(Console(file=out, force_terminal=False, width=120))

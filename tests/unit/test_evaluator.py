@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from cluster.liveview import eval_line
+from cluster.console.liveview import eval_line
 from cluster.errors import InventoryError, UsageError
 from cluster.export import tfjob_manifest
 from cluster.inventory import load_inventory

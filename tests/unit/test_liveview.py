@@ -1,4 +1,4 @@
-"""The live view (cluster/liveview.py, cluster/console.py TrainDisplay and ProgramOutput's bar):
+"""The live view (cluster/console/liveview.py, cluster/console/live.py TrainDisplay and ProgramOutput's bar):
 formats, rate windows and ETA on hand-checked numbers, plain lines when not on a terminal."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 
 from cluster import console as ui
-from cluster.liveview import (Frame, RateWindow, StepRate, Throttle, TrainView, WorkerLine, eval_line, fmt_duration,
+from cluster.console.liveview import (Frame, RateWindow, StepRate, Throttle, TrainView, WorkerLine, eval_line, fmt_duration,
                               fmt_epoch, progress_line, workers_line)
 
 
