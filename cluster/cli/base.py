@@ -24,7 +24,7 @@ from ..state import RunState, StateStore
 from ..transport import TransportPool
 
 if TYPE_CHECKING:
-    from rich.console import Console      # rich itself is console.py's (docs/architecture.md)
+    from rich.console import Console      # rich itself is console/'s (docs/architecture.md)
 
 
 @dataclass

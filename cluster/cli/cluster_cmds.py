@@ -5,8 +5,6 @@ import json
 import os
 import sys
 from dataclasses import asdict
-from typing import TYPE_CHECKING
-
 import click
 
 from .. import console as ui
@@ -16,9 +14,8 @@ from ..errors import PsclusterError
 from ..plan import PlanOptions
 from ..transport import TransportPool
 from ..slurm_layout import Layout
+from ..state import RunState
 
-if TYPE_CHECKING:
-    pass      # rich itself is console.py's (docs/architecture.md)
 from ..secrets import take_from_environment as take_secrets
 from .base import Env, _existing, _inventory, _plan, _planned, cli
 from .options import FiniteFloat, SECONDS, allow_busy_opt, inventory_arg, limit_opt, mode_opt, name_opt, port_opt
@@ -169,28 +166,15 @@ def _print_status(env: Env, name: str, *, as_json: bool, pool: TransportPool) ->
     _show_status(env, state, rows, as_json=as_json)
 
 
-def _show_status(env: Env, state, rows, *, as_json: bool) -> None:
-    import socket
-    import time
-    from ..supervision import daemon as detach
-    job = state.job
-    health = detach.supervisor_health(job, alive=detach.orchestrator_alive(job.orchestrator if job else None),
-                                      here=socket.gethostname(), now=time.time())
+def _show_status(env: Env, state: RunState, rows: list, *, as_json: bool) -> None:
+    from ..lifecycle.status import status_view
+    view = status_view(state, rows)
     if as_json:
-        env.out.print_json(json.dumps({
-            "name": state.name, "mode": state.mode, "phase": state.phase, "message": state.message,
-            "job": ({**state.job.to_json(), "steps_since_checkpoint": state.job.steps_since_checkpoint}
-                    if state.job is not None else None),
-            "supervisor": health.to_json() if health is not None else None,
-            "tasks": [{"role": r.role, "index": r.index, "host": r.host, "address": r.address, "port": r.port,
-                       "kind": r.kind, "pid": r.pid, "state": r.state, "devices": list(r.devices),
-                       "uptime": r.uptime, "exit_code": r.exit_code, "restarts": r.restarts, "detail": r.detail,
-                       "standby": r.standby.to_json() if r.standby else None}
-                      for r in rows]}))
+        env.out.print_json(json.dumps(view.to_json()))
     else:
-        ui.render_status(env.out, state.name, state.mode, state.phase, rows, job=state.job, message=state.message)
-        if health is not None:
-            ui.render_supervisor(env.out, health, cluster=state.name)
+        ui.render_status(env.out, state.name, state.mode, state.phase, view.rows, job=state.job, message=state.message)
+        if view.supervisor is not None:
+            ui.render_supervisor(env.out, view.supervisor, cluster=state.name)
 
 
 @cli.command()

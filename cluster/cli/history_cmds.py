@@ -1,16 +1,12 @@
 """Commands on what ran: logs, runs, clean."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import click
 
 from .. import console as ui
 from ..contracts import ExitStatus
 from ..errors import UsageError
 
-if TYPE_CHECKING:
-    pass      # rich itself is console.py's (docs/architecture.md)
 from .base import Env, _existing, cli
 from .options import name_opt
 

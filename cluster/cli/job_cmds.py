@@ -6,8 +6,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import click
 
 from .. import console as ui
@@ -21,8 +19,6 @@ from ..names import check_cluster_name
 from ..plan import ClusterPlan, PlanOptions
 from ..state import RunState
 
-if TYPE_CHECKING:
-    pass      # rich itself is console.py's (docs/architecture.md)
 from ..secrets import take_from_environment as take_secrets
 from .base import Env, _existing, _inventory, _notifier, _planned, _with_notifier, cli
 from .options import (restart_opts, DurationParam, FiniteFloat, SECONDS, allow_busy_opt, detach_opt,

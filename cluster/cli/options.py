@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
 import click
 
 from ..contracts import RestartPolicy
@@ -11,8 +9,6 @@ from ..errors import UsageError
 from ..inventory import MODE_NAMES, canonical_mode
 from ..names import check_cluster_name
 
-if TYPE_CHECKING:
-    pass      # rich itself is console.py's (docs/architecture.md)
 
 
 detach_opt = click.option("--detach", is_flag=True,

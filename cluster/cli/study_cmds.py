@@ -4,8 +4,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import click
 
 from .. import console as ui
@@ -15,8 +13,6 @@ from ..errors import UsageError
 from ..inventory import MODE_NAMES, canonical_mode
 from ..plan import PlanOptions
 
-if TYPE_CHECKING:
-    pass      # rich itself is console.py's (docs/architecture.md)
 from ..secrets import take_from_environment as take_secrets
 from .base import Env, _inventory, _plan, cli
 from .options import FiniteFloat, SECONDS, _csv, inventory_arg, limit_opt, mode_opt, name_opt, port_opt

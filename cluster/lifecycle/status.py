@@ -3,8 +3,10 @@ from the state, the hosts' monitors and a gRPC probe."""
 from __future__ import annotations
 
 import functools
+import socket
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from ..hosts import hostops
 from ..fanout import fan_out
@@ -137,3 +139,36 @@ def rows_after_up(state: RunState, devices: dict[str, tuple[str, ...]]) -> list[
             rows.append(row(pid=record.pid, state="ready", devices=devices.get(task.name, ()),
                                 uptime=max(0.0, time.time() - (record.started or time.time()))))
     return rows
+
+
+@dataclass(frozen=True)
+class StatusView:
+    """What ``status`` shows: the cluster, each task's row, and the health of the supervisor of
+    its last job (None: no job, or no supervisor to judge)."""
+
+    state: RunState
+    rows: list[TaskRow]
+    supervisor: Any = None          # supervision.daemon.SupervisorHealth
+
+    def to_json(self) -> dict[str, Any]:
+        state = self.state
+        return {
+            "name": state.name, "mode": state.mode, "phase": state.phase, "message": state.message,
+            "job": ({**state.job.to_json(), "steps_since_checkpoint": state.job.steps_since_checkpoint}
+                    if state.job is not None else None),
+            "supervisor": self.supervisor.to_json() if self.supervisor is not None else None,
+            "tasks": [{"role": r.role, "index": r.index, "host": r.host, "address": r.address, "port": r.port,
+                       "kind": r.kind, "pid": r.pid, "state": r.state, "devices": list(r.devices),
+                       "uptime": r.uptime, "exit_code": r.exit_code, "restarts": r.restarts, "detail": r.detail,
+                       "standby": r.standby.to_json() if r.standby else None}
+                      for r in self.rows]}
+
+
+def status_view(state: RunState, rows: list[TaskRow]) -> StatusView:
+    """``rows`` (:func:`cluster_status`'s, or :func:`rows_after_up`'s) with the health of the
+    job's supervisor (the daemon of a --detach job, or the `train` that runs it), judged from here."""
+    from ..supervision.daemon import orchestrator_alive, supervisor_health
+    job = state.job
+    health = supervisor_health(job, alive=orchestrator_alive(job.orchestrator if job else None),
+                               here=socket.gethostname(), now=time.time())
+    return StatusView(state, rows, health)
