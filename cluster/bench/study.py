@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..hosts import hostops
-from ..errors import PlanError, PsclusterError
+from ..contracts import MODE_NAMES, canonical_mode, resolve_mode
+from ..errors import PlanError, PsclusterError, UsageError
 from ..events import Reporter, TeeReporter
 from ..fanout import fan_out
 from ..inventory import MODES, Inventory
@@ -42,6 +43,18 @@ from ..supervision.training import JobRef, JobOptions
 from ..transport import TransportPool
 
 PLACEMENTS = ("spread", "pack")
+
+
+def comma_list(text: str, what: str, choices: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """``a,b,c`` as its distinct items, each one of ``choices`` when given (``what``: the option)."""
+    items = tuple(dict.fromkeys(item.strip() for item in text.split(",") if item.strip()))
+    if not items:
+        raise UsageError(f"{what}: give at least one value")
+    wrong = [item for item in items if choices is not None and item not in choices]
+    if wrong and choices is not None:
+        raise UsageError(f"{what}: {', '.join(wrong)} is not one of {', '.join(choices)}",
+                         hint=f"e.g. {what} {','.join(choices)}")
+    return items
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,29 @@ class StudySpec:
               [placement for placement in self.placements if placement not in PLACEMENTS]
         if bad or not self.modes or not self.placements or not self.workers or min(self.workers) < 1:
             raise ValueError(f"invalid study: {self}")
+
+    @classmethod
+    def from_command_line(cls, inventory: Inventory, *, workers: str, modes: str | None, placements: str,
+                          **settings: Any) -> StudySpec:
+        """The study ``pscluster bench`` asks for: comma-separated ``--workers``, ``--mode`` (default:
+        the inventory's mode) and ``--placement``, on an inventory whose GPU slots are known up front.
+
+        Raises:
+            UsageError: what the command line got wrong, naming the option.
+        """
+        auto = [host.name for host in inventory.hosts if any(slot.auto_gpus for slot in host.slots)]
+        if auto:
+            raise UsageError(f"<role>_gpus: auto on {', '.join(auto)}: bench needs each host's GPU slots up front",
+                             hint="list the masks (worker_gpus: [[0], [1]]) for bench")
+        try:
+            counts = tuple(sorted({int(item) for item in comma_list(workers, "--workers")}))
+        except ValueError:
+            raise UsageError(f"--workers: expected whole numbers, got {workers!r}", hint="e.g. --workers 1,2,4") from None
+        if counts[0] < 1:
+            raise UsageError("--workers: a configuration needs at least 1 worker")
+        chosen = comma_list(modes or resolve_mode(inventory.mode), "--mode", MODE_NAMES)
+        return cls(modes=tuple(dict.fromkeys(canonical_mode(mode) for mode in chosen)), workers=counts,
+                   placements=comma_list(placements, "--placement", PLACEMENTS), **settings)
 
     def train_options(self) -> JobOptions:
         """A benchmark measures one clean run: a restart would be timed as training."""

@@ -107,17 +107,6 @@ class DurationParam(click.ParamType):
         return seconds
 
 
-def _csv(text: str, what: str, choices: tuple[str, ...] | None = None) -> tuple[str, ...]:
-    items = tuple(dict.fromkeys(item.strip() for item in text.split(",") if item.strip()))
-    if not items:
-        raise UsageError(f"{what}: give at least one value")
-    wrong = [item for item in items if choices is not None and item not in choices]
-    if wrong and choices is not None:
-        raise UsageError(f"{what}: {', '.join(wrong)} is not one of {', '.join(choices)}",
-                         hint=f"e.g. {what} {','.join(choices)}")
-    return items
-
-
 def restart_opts(*, policy: str, policy_help: str, lost_host: str):
     """--restart-policy (default ``policy``), --max-restarts and --host-timeout, as train and run
     take them (``lost_host``: what fails when a host stays unreachable)."""

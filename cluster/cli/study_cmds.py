@@ -8,14 +8,13 @@ import click
 
 from .. import console as ui
 from ..hosts.codesync import local_workdir, project_root
-from ..contracts import ExitStatus, resolve_mode
+from ..contracts import ExitStatus
 from ..errors import UsageError
-from ..inventory import MODE_NAMES, canonical_mode
 from ..plan import PlanOptions
 
 from ..secrets import take_from_environment as take_secrets
 from .base import Env, _inventory, _plan, cli
-from .options import FiniteFloat, SECONDS, _csv, inventory_arg, limit_opt, mode_opt, name_opt, port_opt
+from .options import FiniteFloat, SECONDS, inventory_arg, limit_opt, mode_opt, name_opt, port_opt
 
 
 @cli.command()
@@ -167,23 +166,11 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
     from ..bench import study as study
     from ..supervision.training import resolve_job
     inv = _inventory(env, inventory, limit, None, roles=("worker",))
-    auto = [host.name for host in inv.hosts if any(slot.auto_gpus for slot in host.slots)]
-    if auto:
-        raise UsageError(f"<role>_gpus: auto on {', '.join(auto)}: bench needs each host's GPU slots up front",
-                         hint="list the masks (worker_gpus: [[0], [1]]) for bench")
-    try:
-        workers = tuple(sorted({int(item) for item in _csv(workers_text, "--workers")}))
-    except ValueError:
-        raise UsageError(f"--workers: expected whole numbers, got {workers_text!r}", hint="e.g. --workers 1,2,4") from None
-    if workers[0] < 1:
-        raise UsageError("--workers: a configuration needs at least 1 worker")
-    spec = study.StudySpec(modes=tuple(dict.fromkeys(canonical_mode(mode) for mode in
-                                                     _csv(modes_text or resolve_mode(inv.mode), "--mode", MODE_NAMES))),
-                           workers=workers,
-                           placements=_csv(placements_text, "--placement", study.PLACEMENTS), steps=steps,
-                           repeat=repeat, target_accuracy=target_accuracy, eval_every=eval_every,
-                           batch_size=batch_size, steps_per_execution=steps_per_execution, port_base=port_base,
-                           ready_timeout=timeout)
+    spec = study.StudySpec.from_command_line(inv, workers=workers_text, modes=modes_text, placements=placements_text,
+                                             steps=steps, repeat=repeat, target_accuracy=target_accuracy,
+                                             eval_every=eval_every, batch_size=batch_size,
+                                             steps_per_execution=steps_per_execution, port_base=port_base,
+                                             ready_timeout=timeout)
     if plot:
         from ..bench.plot import require_matplotlib
         require_matplotlib()

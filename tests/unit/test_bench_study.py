@@ -149,3 +149,28 @@ def test_bad_lists_are_usage_errors(tmp_path):
         env = Env(out=Console(file=io.StringIO()), err=Console(file=err, width=300), store=StateStore(tmp_path))
         assert run(["bench", "distributed_mnist", str(REPO / "inventories/local.yaml"), *argv], env=env) == 2, argv
         assert "--" in err.getvalue()
+
+
+def local_inventory():
+    return load_inventory(str(REPO / "inventories" / "local.yaml"))
+
+
+@pytest.mark.parametrize("workers, modes, placements, error", [
+    ("1,x", None, "spread", "--workers: expected whole numbers"),
+    ("0,1", None, "spread", "at least 1 worker"),
+    ("1", "sync,fast", "spread", "--mode: fast is not one of"),
+    ("1", None, "scatter", "--placement: scatter is not one of"),
+    (" , ", None, "spread", "--workers: give at least one value"),
+])
+def test_the_study_a_command_line_asks_for_is_checked_below_the_command(workers, modes, placements, error):
+    from cluster.errors import UsageError
+    with pytest.raises(UsageError, match=error):
+        bench.StudySpec.from_command_line(local_inventory(), workers=workers, modes=modes, placements=placements, steps=10)
+
+
+def test_a_study_defaults_to_the_inventory_s_mode_and_takes_aliases():
+    spec = bench.StudySpec.from_command_line(local_inventory(), workers="2,1,2", modes="between-graph,sync-ps", placements="pack",
+                                       steps=10)
+    assert (spec.modes, spec.workers, spec.placements) == (("sync-ps",), (1, 2), ("pack",))
+    assert bench.StudySpec.from_command_line(local_inventory(), workers="1", modes=None, placements="spread", steps=10).modes == \
+        (local_inventory().mode or "async",)
