@@ -199,8 +199,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
     `python` means each host's pscluster_python. The run is over when its chief exits (without a
     chief: every worker; see --until); exit code 0 when what it waited for exited 0.
     """
-    from dataclasses import replace as _replace
-    from ..supervision.program_job import ProgramSupervisor, run_one_shot
+    from ..supervision.program_job import ProgramSupervisor, check_program_tasks, one_shot_plan, run_one_shot
     from ..program.runspec import (Workspace, check_placeholders, check_sync_paths, local_files, one_shot_roles, parse_roles,
                           select_tasks)
     from ..supervision.executor import JobFailed, restart_rules
@@ -249,22 +248,12 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
     try:
         with env.pool_factory() as pool:
             if inventory is not None:
-                inv = load_inventory(inventory)
-                roles = on or one_shot_roles(inv, mode)
-                inv = _inventory(env, inventory, limit, mode, roles=roles)
+                roles = on or one_shot_roles(load_inventory(inventory), mode)
                 options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=name,
                                       mode=mode, port_base=port_base, roles=roles)
-                cluster = _planned(inv, options, pool)
-                if firewall:
-                    cluster = _replace(cluster, firewall=True)
-                _check_until(until, cluster.tasks)
-                _check_min_workers(min_workers, select_tasks(cluster, on))
-                if keras:            # preflight then checks tf-keras where legacy Keras is asked for
-                    cluster = _replace(cluster, hosts=tuple(_replace(host, keras=keras) for host in cluster.hosts))
-                if env.store.load(cluster.name) is not None:
-                    raise UsageError(f"a cluster named {cluster.name!r} exists already",
-                                     hint=f"run on it with 'pscluster run --name {cluster.name} -- ...', or give this "
-                                          "one-shot run another --name")
+                cluster = one_shot_plan(_planned(_inventory(env, inventory, limit, mode, roles=roles), options, pool),
+                                        store=env.store, on=on, firewall=firewall, keras=keras, until=until,
+                                        min_workers=min_workers)
                 secrets = take_secrets(cluster)
                 bringup = ui.RichReporter(env.err)
                 report = run_one_shot(cluster, lambda: remember(supervisor(cluster.name, True, cluster)), store=env.store,
@@ -275,8 +264,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 state = env.store.load(resolved)
                 if state is None:
                     raise UsageError(f"no cluster named {resolved!r}")
-                _check_until(until, select_tasks(state.plan, on))    # bad --on, --until: before anything happens
-                _check_min_workers(min_workers, select_tasks(state.plan, on))
+                check_program_tasks(select_tasks(state.plan, on), until=until, min_workers=min_workers)
                 if detach:
                     _detach(env, resolved, state, replace=replace, as_json=as_json)
                     return
@@ -292,24 +280,6 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 notifier.close()
         output.close()
     _show_run_report(env, report, as_json=as_json)
-
-
-def _check_until(until: str | None, tasks) -> None:
-    """``--until`` must name tasks that run the program (a usage error before anything starts)."""
-    from ..supervision.core import until_problem
-    roles = [task.role for task in tasks]
-    problem = until_problem(Until(until), roles) if until else None
-    if problem is not None:
-        raise UsageError(problem, hint=f"the program runs on {', '.join(dict.fromkeys(roles))}; "
-                                       "choose another --until")
-
-
-def _check_min_workers(min_workers: int | None, tasks) -> None:
-    """``--min-workers`` cannot exceed the workers that run the program (a usage error up front)."""
-    workers = sum(1 for task in tasks if task.role == "worker")
-    if min_workers is not None and min_workers > workers:
-        raise UsageError(f"--min-workers {min_workers} is larger than the {workers} worker(s) that run the program",
-                         hint=f"give at most --min-workers {workers}" if workers else "the program runs on no worker")
 
 
 def _dry_run(env: Env, inventory: str | None, *, name: str | None, mode: str | None, port_base: int | None,

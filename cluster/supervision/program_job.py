@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import posixpath
 import shlex
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from ..hosts import hostops
 from ..hosts.codesync import LocalFile, needs_sync, sync_code, sync_files
-from ..contracts import DEFAULT_GRACE, ExitStatus, JobState, Mode, ProcessKind, RestartPolicy, TensorFlowNeed, Until
+from ..contracts import DEFAULT_GRACE, ExitStatus, JobState, Mode, ProcessKind, RestartPolicy, Role, TensorFlowNeed, Until
 from ..errors import Failure, HostError, MultiHostError, PsclusterError, UsageError
 from ..events import Reporter
 from ..fanout import fan_out
@@ -37,7 +38,7 @@ from ..jobrecord import JobProgress
 from ..plan import ClusterPlan, HostSpec, TaskSpec
 from ..hosts.preflight import keras_check
 from ..program.runspec import (Workspace, effective_keras, expand, host_argv, placeholder_values, program_env, program_name,
-                      required_paths, same_command_lines, script_of)
+                               required_paths, same_command_lines, script_of, select_tasks)
 from ..state import ProcessRecord, StateStore
 from . import core
 from .executor import JobExecutor, JobFailed, JobInterrupted, Watched
@@ -391,3 +392,34 @@ def take_down(name: str, *, store: StateStore, pool: TransportPool, reporter: Re
 
 
 __all__ = ["ProgramSupervisor", "run_one_shot", "JobFailed", "JobInterrupted", "JobState"]
+
+
+def check_program_tasks(tasks: Sequence[TaskSpec], *, until: str | None, min_workers: int | None) -> None:
+    """``--until`` must name tasks that run the program, and ``--min-workers`` cannot exceed the
+    workers that run it: usage errors before anything starts."""
+    roles = [task.role for task in tasks]
+    problem = core.until_problem(Until(until), roles) if until else None
+    if problem is not None:
+        raise UsageError(problem, hint=f"the program runs on {', '.join(dict.fromkeys(roles))}; "
+                                       "choose another --until")
+    workers = sum(1 for task in tasks if task.role == Role.WORKER)
+    if min_workers is not None and min_workers > workers:
+        raise UsageError(f"--min-workers {min_workers} is larger than the {workers} worker(s) that run the program",
+                         hint=f"give at most --min-workers {workers}" if workers else "the program runs on no worker")
+
+
+def one_shot_plan(plan: ClusterPlan, *, store: StateStore, on: tuple[str, ...] | None, firewall: bool,
+                  keras: str | None, until: str | None, min_workers: int | None) -> ClusterPlan:
+    """A one-shot run's cluster: ``plan`` (its inventory planned with the program's roles) with
+    ``--firewall`` and ``--keras`` applied, its options checked, and a name no cluster has yet."""
+    if firewall:
+        plan = replace(plan, firewall=True)
+    check_program_tasks(plan.tasks, until=until, min_workers=None)
+    check_program_tasks(select_tasks(plan, on), until=None, min_workers=min_workers)
+    if keras:            # preflight then checks tf-keras where legacy Keras is asked for
+        plan = replace(plan, hosts=tuple(replace(host, keras=keras) for host in plan.hosts))
+    if store.load(plan.name) is not None:
+        raise UsageError(f"a cluster named {plan.name!r} exists already",
+                         hint=f"run on it with 'pscluster run --name {plan.name} -- ...', or give this "
+                              "one-shot run another --name")
+    return plan
