@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import socket
 import threading
 import time
 from typing import Any, Iterator, Sequence
@@ -47,10 +46,9 @@ from roles.jobs import Job, Shard
 from roles.lifecycle import TrainerLink
 from roles.settings import StepSchedule, TrainPlan
 from roles.reporting import FirstStep, ProgressMeter, Reporter, TrainResult
-from roles.tfconfig import ConfigError, TaskInfo
+from roles.tfconfig import ConfigError, TaskInfo, wait_for_leader
 
 log = logging.getLogger("pscluster.sync")
-LEADER_WAIT = 10.0     # seconds a worker waits for worker 0's port before joining the strategy
 
 # Objects whose destruction stalls (the distributed dataset iterator): kept until the
 # process ends by os._exit (see ``leave``).
@@ -99,28 +97,6 @@ def _initial_values_local(strategy: Any, local: bool) -> Iterator[None]:
         yield
     finally:
         del extended._get_variable_creator_initial_value
-
-
-def wait_for_leader(task: TaskInfo, timeout: float = LEADER_WAIT) -> None:
-    """A worker other than 0 waits (at most ``timeout`` s) until worker 0's port accepts a
-    connection before joining the strategy.
-
-    Why: worker 0 hosts the coordination service. A worker whose agent registers before that
-    service is up is told to retry after a backoff of about a second: a sync start, restart or
-    resize whose workers are started together paid ~0.9 s more whenever worker 0 happened to be
-    the last to start (seen in half the resizes of benchmarks/elastic.py). Waiting here costs a
-    few milliseconds. Past ``timeout`` TensorFlow's own retries take over, as before."""
-    if task.task_index == 0:
-        return
-    host, _, port = str(task.cluster["worker"][0]).rpartition(":")
-    address = (host.strip("[]"), int(port))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(address, timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.01)
 
 
 def make_strategy(task: TaskInfo, collective_timeout: float) -> Any:

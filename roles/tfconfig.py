@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import time
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -134,3 +136,28 @@ def threads_from_env(env: Mapping[str, str] | None = None) -> ThreadConfig:
         intra_op=_positive_int(env, "PSCLUSTER_INTRA_OP_THREADS"),
         inter_op=_positive_int(env, "PSCLUSTER_INTER_OP_THREADS"),
     )
+
+
+LEADER_WAIT = 10.0     # seconds a sync worker waits for worker 0's port before joining the strategy
+
+
+def wait_for_leader(task: TaskInfo, timeout: float = LEADER_WAIT) -> None:
+    """A worker other than 0 waits (at most ``timeout`` s) until worker 0's port accepts a
+    connection before joining the strategy.
+
+    Why: worker 0 hosts the coordination service. A worker whose agent registers before that
+    service is up is told to retry after a backoff of about a second: a sync start, restart or
+    resize whose workers are started together paid ~0.9 s more whenever worker 0 happened to be
+    the last to start (seen in half the resizes of benchmarks/elastic.py). Waiting here costs a
+    few milliseconds. Past ``timeout`` TensorFlow's own retries take over, as before."""
+    if task.task_index == 0 or not task.cluster.get("worker"):
+        return
+    host, _, port = str(task.cluster["worker"][0]).rpartition(":")
+    address = (host.strip("[]"), int(port))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(address, timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.01)
