@@ -65,18 +65,23 @@ def build_model() -> keras.Model:
 
 def dataset(shard) -> tf.data.Dataset:
     x, y = data.mixed_split(shard.split)
-    if shard.count > 1:
+    cut = isinstance(shard.index, int) and isinstance(shard.count, int)
+    if cut and shard.count > 1:
         # This worker's shard, cut before the copy into tensors: the elements `ds.shard(count,
         # index)` gives, in the same order, for a count-th of the copy, and the shuffle buffer
         # fills from them alone (a worker's first batch, at every start and restart, came after
-        # visiting the whole split).
+        # visiting the whole split). Async's per-worker datasets are traced: their index is a
+        # tensor there, and tf.data cuts the shard.
         x, y = x[shard.index::shard.count], y[shard.index::shard.count]
     with tf.init_scope():  # eager even while a tf.function traces this (see above)
         x, y = tf.constant(x), tf.constant(y)
     ds = tf.data.Dataset.from_tensor_slices((x, y))
+    if not cut:
+        ds = ds.shard(shard.count, shard.index)
     if shard.split == "train":
         # A full shuffle of the shard: it is at most 47 MB of uint8.
-        ds = ds.shuffle(len(x) + 1, seed=shard.seed, reshuffle_each_iteration=True)
+        ds = ds.shuffle(len(x) + 1 if cut else len(x) // shard.count + 1, seed=shard.seed,
+                        reshuffle_each_iteration=True)
     return ds
 
 
