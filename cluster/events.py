@@ -1,4 +1,4 @@
-"""Progress reporting without a console: the launcher, preflight and supervisor emit events;
+"""Progress reporting without a console: lifecycle, preflight and supervision emit events;
 the CLI renders them with rich (:mod:`cluster.console`), tests record them.
 
 Every event kind is a frozen dataclass below (the contract between emitters and renderers,

@@ -12,7 +12,7 @@ ports, masks and TF_CONFIG are exactly what ``up`` would use. Placement:
 
 :class:`Study` then brings each configuration up, trains, and always brings it down again;
 a failed configuration is recorded and the study goes on; Ctrl-C stops the study after taking
-the current cluster down. Besides the launcher's and supervisor's events, it emits
+the current cluster down. Besides lifecycle's and supervision's events, it emits
 ``bench-config`` (index, total, mode, workers, placement, repeat, name) before a configuration
 and ``bench-result`` (result: :class:`BenchResult`) after it.
 """

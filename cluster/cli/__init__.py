@@ -1,7 +1,7 @@
 """The ``pscluster`` command line: a thin layer over the modules that do the work.
 
-Each command parses its options, calls the function that does the work (launcher, training,
-supervision, export, bench, ...) and renders the result; errors become exit codes in one place,
+Each command parses its options, calls the function that does the work (lifecycle, supervision,
+export, bench, ...) and renders the result; errors become exit codes in one place,
 :func:`cluster.cli.base.run` (contracts.ExitStatus: 0 ok, 1 failure, 2 bad input or usage,
 4 ``train --deadline`` reached with its checkpoint saved, 130 interrupted, 143/129 terminated
 by SIGTERM/SIGHUP after the same clean-up as Ctrl-C).

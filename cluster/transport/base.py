@@ -1,7 +1,7 @@
 """The seam between pscluster and hosts.
 
 A :class:`Transport` runs argv lists on one host (with optional stdin) and copies files there.
-The launcher, preflight, code sync and supervisor speak only to this interface; the local
+Lifecycle, preflight, code sync and supervision speak only to this interface; the local
 implementation uses subprocess, the SSH one Fabric/paramiko. Higher-level host operations
 (start a task, stop groups, read logs) are in :mod:`cluster.hosts.hostops`, built on ``run``.
 """

@@ -1,6 +1,6 @@
 """`pscluster run`: the program's folder travels (cluster/program/progfiles.py, cluster/program/ignorerules.py),
 the static import scan (cluster/program/importscan.py) and the per-host verdicts on what a host lacks
-(cluster/runprog.program_problems), hand-checked."""
+(cluster/supervision/program_job.program_problems), hand-checked."""
 from __future__ import annotations
 
 import os

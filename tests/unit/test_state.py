@@ -141,7 +141,7 @@ def test_lock_is_exclusive(tmp_path):
 
 
 def test_lock_stays_exclusive_when_the_state_is_deleted_under_it(tmp_path):
-    # `down` deletes the state while it holds the lock (launcher.bring_down). Another command
+    # `down` deletes the state while it holds the lock (lifecycle/updown.bring_down). Another command
     # arriving meanwhile must still wait: deleting the state must not hand out a second lock.
     store = StateStore(tmp_path)
     store.save(lab_state())
