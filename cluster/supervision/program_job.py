@@ -397,11 +397,19 @@ __all__ = ["ProgramSupervisor", "run_one_shot", "JobFailed", "JobInterrupted", "
 def check_program_tasks(tasks: Sequence[TaskSpec], *, until: str | None, min_workers: int | None) -> None:
     """``--until`` must name tasks that run the program, and ``--min-workers`` cannot exceed the
     workers that run it: usage errors before anything starts."""
+    check_until(tasks, until)
+    check_min_workers(tasks, min_workers)
+
+
+def check_until(tasks: Sequence[TaskSpec], until: str | None) -> None:
     roles = [task.role for task in tasks]
     problem = core.until_problem(Until(until), roles) if until else None
     if problem is not None:
         raise UsageError(problem, hint=f"the program runs on {', '.join(dict.fromkeys(roles))}; "
                                        "choose another --until")
+
+
+def check_min_workers(tasks: Sequence[TaskSpec], min_workers: int | None) -> None:
     workers = sum(1 for task in tasks if task.role == Role.WORKER)
     if min_workers is not None and min_workers > workers:
         raise UsageError(f"--min-workers {min_workers} is larger than the {workers} worker(s) that run the program",
@@ -414,8 +422,8 @@ def one_shot_plan(plan: ClusterPlan, *, store: StateStore, on: tuple[str, ...] |
     ``--firewall`` and ``--keras`` applied, its options checked, and a name no cluster has yet."""
     if firewall:
         plan = replace(plan, firewall=True)
-    check_program_tasks(plan.tasks, until=until, min_workers=None)
-    check_program_tasks(select_tasks(plan, on), until=None, min_workers=min_workers)
+    check_until(plan.tasks, until)
+    check_min_workers(select_tasks(plan, on), min_workers)
     if keras:            # preflight then checks tf-keras where legacy Keras is asked for
         plan = replace(plan, hosts=tuple(replace(host, keras=keras) for host in plan.hosts))
     if store.load(plan.name) is not None:

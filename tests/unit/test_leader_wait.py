@@ -21,24 +21,16 @@ def worker(index: int, port: int) -> TaskInfo:
 
 def test_worker_1_returns_once_worker_0_listens():
     port = free_port()
-    listening = threading.Event()
-    server = socket.socket()
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-
-    def listen_later() -> None:
-        time.sleep(0.3)         # worker 0 starts after worker 1
+    returned = threading.Event()
+    waiter = threading.Thread(target=lambda: (wait_for_leader(worker(1, port), timeout=60), returned.set()))
+    waiter.start()                      # worker 1 starts first: nobody listens on worker 0's port
+    with socket.socket() as server:
+        assert not returned.is_set()    # it cannot return before worker 0 listens (or 60 s pass)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         server.bind(("127.0.0.1", port))
         server.listen()
-        listening.set()
-
-    thread = threading.Thread(target=listen_later)
-    thread.start()
-    try:
-        wait_for_leader(worker(1, port), timeout=30)
-        assert listening.is_set()       # it did not return before worker 0 listened
-    finally:
-        thread.join()
-        server.close()
+        waiter.join(timeout=60)         # a safety net only: it returns at its next try
+        assert returned.is_set()
 
 
 def test_worker_0_and_a_leader_that_never_comes_do_not_hold_it_up():
