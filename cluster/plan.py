@@ -69,7 +69,7 @@ class HostSpec:
 
     name: str
     address: str
-    connection: str            # "ssh" | "local"
+    connection: str            # "ssh" | "local" | "slurm" | "docker"
     ssh_port: int | None
     user: str | None
     key_file: str | None
@@ -81,6 +81,7 @@ class HostSpec:
     secret_env: tuple[str, ...] = ()
     secret_env_roles: tuple[str, ...] = ()     # standing roles that also get the secrets
     jump: tuple[str, ...] = ()                 # ProxyJump hops "[user@]host[:port]", first hop first
+    docker_args: tuple[str, ...] = ()          # ansible_docker_extra_args (connection docker)
     become_user: str | None = None             # tasks run as this user (sudo -n -H -u)
     gpu_busy_mib: int = 1024                   # a GPU using more memory is busy at preflight
     # A standby (roles/standby.py) for this host's training tasks: pscluster_standby, never on
@@ -338,6 +339,7 @@ def _host_spec(host: HostConfig, options: PlanOptions) -> HostSpec:
                     workdir=workdir, host_key_policy=host.host_key_policy, known_hosts=host.known_hosts,
                     connect_timeout=host.connect_timeout, secret_env=host.secret_env,
                     secret_env_roles=host.secret_env_roles, jump=host.jump, become_user=host.become_user,
+                    docker_args=host.docker_args,
                     gpu_busy_mib=host.gpu_busy_mib, standby=host.standby and host.connection != "slurm",
                     keras=host.keras,
                     origins=tuple((key, f"{origin.file}:{origin.line}" if origin.line else origin.file)

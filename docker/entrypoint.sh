@@ -6,6 +6,8 @@
 #   lab-train JOB [ARG]  the control container of docker/compose.yaml: `pscluster up` on
 #                        $PSCLUSTER_INVENTORY, `pscluster train JOB ARG...`, then `pscluster down`
 #                        whatever train did; exits with train's status (or down's, if train passed).
+#   idle                 a node reached with `docker exec` (ansible_connection: docker): no sshd,
+#                        PID 1 (tini) waits and reaps what pscluster starts in the container.
 #   anything else        run as given; started as root, it runs as `pscluster` instead.
 #
 # Node settings (environment):
@@ -102,6 +104,11 @@ fi
 case "$1" in
 sshd)
     start_sshd
+    ;;
+idle)
+    # Stays root: `docker exec --user pscluster` (ansible_user) chooses who runs the tasks.
+    [ "$UID_NOW" -eq 0 ] && touch /run/pscluster-idle    # the image's HEALTHCHECK: healthy without sshd
+    exec sleep infinity
     ;;
 *)
     if [ "$UID_NOW" -eq 0 ]; then

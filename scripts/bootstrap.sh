@@ -18,6 +18,14 @@ command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || apt_missin
 command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ] || apt_missing+=(slurmd)
 command -v srun >/dev/null 2>&1 || apt_missing+=(slurm-client)
 command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || apt_missing+=(munge)
+# The container tests (tests/docker, testbed/dockerlab.py): Debian's Docker engine and client,
+# compose v1, debootstrap for the registry-free base image, iptables for dockerd's NAT.
+# Without their recommends (apparmor, git, needrestart...), as docs/platform-notes.md D1 measured.
+docker_missing=()
+[ -x /usr/bin/docker ] && [ -x /usr/sbin/dockerd ] || docker_missing+=(docker.io)
+command -v docker-compose >/dev/null 2>&1 || docker_missing+=(docker-compose)
+command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || docker_missing+=(debootstrap)
+command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || docker_missing+=(iptables)
 if [ ${#apt_missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "bootstrap: installing Debian packages: ${apt_missing[*]}"
@@ -26,6 +34,15 @@ if [ ${#apt_missing[@]} -gt 0 ]; then
   else
     echo "bootstrap: missing ${apt_missing[*]}; install them (apt-get install ${apt_missing[*]}) or run as root" >&2
     echo "bootstrap: continuing; the SSH lab tests will be skipped without them" >&2
+  fi
+fi
+if [ ${#docker_missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "bootstrap: installing Debian packages: ${docker_missing[*]}"
+    [ ${#apt_missing[@]} -gt 0 ] || DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${docker_missing[@]}" >/dev/null
+  else
+    echo "bootstrap: missing ${docker_missing[*]}; the container tests (tests/docker) will be skipped without them" >&2
   fi
 fi
 

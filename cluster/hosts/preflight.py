@@ -5,6 +5,7 @@ functions of those facts and the plan, so they are tested without hosts.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -119,7 +120,8 @@ def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, conn
     name = host.name
     tasks = [task for task in plan.tasks if task.host == name]
     results = [
-        CheckResult(name, "ssh", True, "local (no SSH)" if host.is_local else f"connected in {connect_seconds:.2f} s"),
+        CheckResult(name, "ssh", True, "local (no SSH)" if host.is_local else
+                    f"{'docker exec' if host.connection == 'docker' else 'connected'} in {connect_seconds:.2f} s"),
         CheckResult(name, "python", True, f"{facts.python} ({facts.executable})"),
     ]
     results.append(_tensorflow_check(host, facts, tensorflow))
@@ -324,6 +326,15 @@ def resolve_auto_gpus(inventory: Inventory, plan: ClusterPlan, pool: TransportPo
     return gpus.resolve_auto(inventory, counted.ok)
 
 
+def _where(pool: TransportPool, host: HostSpec, result: CheckResult) -> CheckResult:
+    """A failed Python or TensorFlow check names what runs the host's commands when the host name
+    does not (a container's image: the image lacks them, not a machine)."""
+    if result.ok or result.check not in ("python", "tensorflow", "keras"):
+        return result
+    where = pool.get(host).describe()
+    return dataclasses.replace(result, detail=f"{result.detail} ({where})") if where else result
+
+
 def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, *,
                   allow_busy_gpus: bool = False, tensorflow: TensorFlowNeed = TensorFlowNeed.REQUIRED) -> CheckReport:
     """Check every host of the plan in parallel and report each check as it is known
@@ -349,11 +360,12 @@ def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, *,
     for outcome in fan_out(plan.hosts, one, name="preflight", catch=HostError, max_workers=MAX_PARALLEL):
         if outcome.error is not None:       # unreachable, or no usable interpreter there
             check = "ssh" if "interpreter" not in outcome.error.message else "python"
-            results.append(CheckResult(outcome.key, check, False, outcome.error.message.split(": ", 1)[-1],
-                                       hint=outcome.error.hint))
+            results.append(_where(pool, outcome.item, CheckResult(
+                outcome.key, check, False, outcome.error.message.split(": ", 1)[-1], hint=outcome.error.hint)))
             continue
         facts[outcome.key], connected = outcome.result()
-        results.extend(check_host(plan, outcome.item, facts[outcome.key], connected, allow_busy_gpus=allow_busy_gpus,
+        results.extend(_where(pool, outcome.item, result) for result in
+                       check_host(plan, outcome.item, facts[outcome.key], connected, allow_busy_gpus=allow_busy_gpus,
                                   tensorflow=tensorflow))
     results.extend(check_cluster(plan, facts, tensorflow=tensorflow))
     if all(result.ok for result in results):

@@ -16,7 +16,7 @@ ORIGIN_KEYS = ("ansible_host", "ansible_ssh_host", "ansible_port", "ansible_ssh_
                "ansible_ssh_user", "ansible_ssh_private_key_file", "ansible_ssh_common_args",
                "ansible_ssh_extra_args", "ansible_become", "ansible_become_user", "ansible_connection",
                "pscluster_transport", "ansible_python_interpreter", "pscluster_python", "pscluster_workdir",
-               "pscluster_port_base", "ansible_ssh_timeout", "pscluster_connect_timeout")
+               "pscluster_port_base", "ansible_ssh_timeout", "pscluster_connect_timeout", "ansible_docker_extra_args")
 
 
 CONNECTION_KEYS: dict[str, Validator] = {
@@ -29,7 +29,9 @@ CONNECTION_KEYS: dict[str, Validator] = {
     "ansible_ssh_timeout": lambda raw, path, value: _as_int(raw, path, value, 1, 600, "seconds"),
     "ansible_host_key_checking": lambda raw, path, value: _ansible_bool(raw, path, value),
     "ansible_ssh_private_key_file": lambda raw, path, value: _as_str(raw, path, value, "a key file path"),
-    "ansible_connection": _choice(("ssh", "local", "paramiko", "smart", "slurm")),
+    "ansible_connection": _choice(("ssh", "local", "paramiko", "smart", "slurm", "docker", "community.docker.docker")),
+    # docker connection (community.docker.docker): the docker client's own arguments (-H, --context).
+    "ansible_docker_extra_args": lambda raw, path, value: _docker_args(raw, path, value),
     "ansible_python_interpreter": lambda raw, path, value: _as_str(raw, path, value, "an interpreter path"),
     "ansible_become": lambda raw, path, value: _ansible_bool(raw, path, value),
     "ansible_become_user": lambda raw, path, value: _as_str(raw, path, value, "a user name"),
@@ -46,6 +48,14 @@ def _address(raw: _Raw, path: KeyPath, value: Any) -> str:
     if problem:
         raise _err(raw, path, problem, hint="ansible_host is a host name, IPv4 or IPv6 address")
     return text
+
+
+def _docker_args(raw: _Raw, path: KeyPath, value: Any) -> tuple[str, ...]:
+    text = _as_str(raw, path, value, "docker client arguments")
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:
+        raise _err(raw, path, f"cannot split the docker arguments: {exc}") from None
 
 
 def _ansible_bool(raw: _Raw, path: KeyPath, value: Any) -> bool:

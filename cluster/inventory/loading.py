@@ -208,7 +208,9 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
         return validators[key](raw, item[1], item[0])
 
     connection = get("ansible_connection", CONNECTION_KEYS, "ssh")
-    connection = connection if connection in ("local", "slurm") else "ssh"   # slurm: steps of a job
+    # slurm: steps of a job; docker: docker exec into a container (Ansible's community.docker.docker).
+    connection = "docker" if connection == "community.docker.docker" else connection
+    connection = connection if connection in ("local", "slurm", "docker") else "ssh"
     transport = get("pscluster_transport", PSCLUSTER_KEYS)
     if transport is not None:
         if merged.get("ansible_connection") is not None and transport != connection:
@@ -257,6 +259,7 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
         origin=_origin(raw, first),
         become_user=become_user,
         jump=jump,
+        docker_args=get("ansible_docker_extra_args", CONNECTION_KEYS, ()),
         gpu_busy_mib=get("pscluster_gpu_busy_mib", PSCLUSTER_KEYS, 1024),
         standby=get("pscluster_standby", PSCLUSTER_KEYS, True),
         keras=get("pscluster_keras", PSCLUSTER_KEYS, "keras3"),

@@ -81,7 +81,7 @@ class HostConfig:
 
     name: str
     address: str
-    connection: str                   # "ssh", "local" or "slurm"
+    connection: str                   # "ssh", "local", "slurm" or "docker"
     ssh_port: int | None
     user: str | None
     key_file: str | None
@@ -101,6 +101,7 @@ class HostConfig:
     become_user: str | None = None
     # ProxyJump hops ("[user@]host[:port]", first hop first) from ansible_ssh_common_args/extra_args.
     jump: tuple[str, ...] = ()
+    docker_args: tuple[str, ...] = ()     # ansible_docker_extra_args: the docker client's own arguments
     # A GPU with more memory in use than this (MiB) is busy at preflight (pscluster_gpu_busy_mib).
     gpu_busy_mib: int = 1024
     # Standing server roles that also get this host's secrets (pscluster_secret_env_roles).

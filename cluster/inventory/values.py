@@ -149,7 +149,7 @@ PSCLUSTER_KEYS: dict[str, Validator] = {
     "pscluster_port_base": lambda raw, path, value: _as_int(raw, path, value, 1024, 65000, "a port number"),
     "pscluster_host_key_policy": _choice(HOST_KEY_POLICIES),
     # How pscluster reaches the host (issue 13's name); the same as ansible_connection's ssh/local/slurm.
-    "pscluster_transport": _choice(("ssh", "local", "slurm")),
+    "pscluster_transport": _choice(("ssh", "local", "slurm", "docker")),
     "pscluster_known_hosts": lambda raw, path, value: _as_str(raw, path, value, "a known_hosts path"),
     "pscluster_env": _env_map,
     "pscluster_secret_env": _name_list,

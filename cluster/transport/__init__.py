@@ -1,4 +1,5 @@
-"""Transports to hosts: :class:`LocalTransport` (subprocess) and ``SSHTransport`` (Fabric)."""
+"""Transports to hosts: :class:`LocalTransport` (subprocess), ``SSHTransport`` (Fabric),
+``SlurmTransport`` (job steps) and ``DockerTransport`` (docker exec)."""
 from __future__ import annotations
 
 import threading
@@ -18,6 +19,9 @@ def open_transport(host: HostSpec) -> Transport:
     if host.connection == "slurm":
         from .slurm import SlurmTransport   # steps of $SLURM_JOB_ID (srun), see transport/slurm.py
         return SlurmTransport(host)
+    if host.connection == "docker":
+        from .docker import DockerTransport   # docker exec into a container, see transport/docker.py
+        return DockerTransport(host)
     from .ssh import SSHTransport   # Fabric and paramiko load only when a host needs SSH
     return SSHTransport(host)
 

@@ -137,6 +137,11 @@ class Transport(abc.ABC):
     def connect(self) -> None:
         """Open the connection now (so preflight can time and report it)."""
 
+    def describe(self) -> str | None:
+        """What runs the host's commands, when the host name alone does not say it (a container
+        and its image); preflight adds it to a missing Python or TensorFlow."""
+        return None
+
     def close(self) -> None:
         """Release the connection; the transport may be used again (it reconnects)."""
 
