@@ -17,7 +17,7 @@ have, checked here with real servers (tests/local/test_resize.py, benchmarks/ela
 
 Only a change at the end of the worker list is made in place: workers are numbered in
 inventory order, and a task whose index or address changes must restart. The orchestrator
-(cluster/supervision/train_job.py) asks only for such changes and otherwise restarts the job from a
+(cluster/supervision/train_resize.py) asks only for such changes and otherwise restarts the job from a
 checkpoint; the chief still refuses anything else, and says why.
 
 The request comes as a file beside the chief's events file (``<events>.membership``, JSON

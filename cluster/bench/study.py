@@ -322,7 +322,7 @@ def time_to_target(report: Mapping[str, Any], target: float | None) -> float | N
 def measured(config: BenchConfig, *, bringup_seconds: float, report: Mapping[str, Any],
              global_batch_size: int | None, per_worker: Mapping[str, float] | None,
              target: float | None) -> BenchResult:
-    """A result from ``Supervisor.run()``'s report (pure).
+    """A result from the training executor's report (``train_executor(...).run()``; pure).
 
     steps/s is the report's examples/s over the global batch: both are measured by the driver
     after the first step (so tracing and start-up are not counted). A run too short for a
@@ -515,7 +515,8 @@ class Study:
 
     def _one(self, config: BenchConfig) -> BenchResult:
         from ..lifecycle.updown import bring_up
-        from ..supervision.train_job import JobInterrupted, Supervisor
+        from ..supervision.jobkind import JobInterrupted
+        from ..supervision.train_job import train_executor
         if config.plan is None:
             return _failed(config, "impossible", config.impossible or "cannot be planned")
         existing = self.store.load(config.name)
@@ -531,8 +532,8 @@ class Study:
             bring_up(config.plan, store=self.store, reporter=reporter, timeout=self.spec.ready_timeout,
                      root=self.root, pool=self.pool, secrets=self.secrets)
             bringup = self.clock() - began
-            report = Supervisor(store=self.store, name=config.name, job=self.job, options=self.options,
-                                reporter=reporter, pool=self.pool, root=self.root, secrets=self.secrets).run()
+            report = train_executor(store=self.store, name=config.name, job=self.job, options=self.options,
+                                    reporter=reporter, pool=self.pool, root=self.root, secrets=self.secrets).run()
             result = measured(config, bringup_seconds=bringup, report=report,
                               global_batch_size=collector.global_batch_size,
                               per_worker=collector.per_worker(

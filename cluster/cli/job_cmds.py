@@ -76,7 +76,7 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
           hosts_every, notify_urls, notify_cmds, as_json: bool, detach: bool, replace: bool) -> None:
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
     from ..lifecycle.resize import Elastic
-    from ..supervision.train_job import Supervisor
+    from ..supervision.train_job import train_executor
     from ..supervision.training import JobOptions, check_job_options, resolve_job
     options = JobOptions(epochs=epochs, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
                          scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
@@ -99,10 +99,10 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
     notifier = _notifier(env, state.plan, notify_urls, notify_cmds, display)
     try:
         with env.pool_factory() as pool:
-            summary = Supervisor(store=env.store, name=resolved, job=job_ref, options=options,
-                                 reporter=_with_notifier(display, notifier), pool=pool, root=project_root(),
-                                 secrets=take_secrets(state.plan), detached=env.detached, replace=replace,
-                                 elastic=elastic).run()
+            summary = train_executor(store=env.store, name=resolved, job=job_ref, options=options,
+                                     reporter=_with_notifier(display, notifier), pool=pool, root=project_root(),
+                                     secrets=take_secrets(state.plan), detached=env.detached, replace=replace,
+                                     elastic=elastic).run()
     finally:
         if notifier is not None:
             notifier.close()
@@ -199,10 +199,11 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
     `python` means each host's pscluster_python. The run is over when its chief exits (without a
     chief: every worker; see --until); exit code 0 when what it waited for exited 0.
     """
-    from ..supervision.program_job import ProgramSupervisor, check_program_tasks, one_shot_plan, run_one_shot
+    from ..supervision.program_job import ProgramJob, check_program_tasks, one_shot_plan, run_one_shot
     from ..program.runspec import (Workspace, check_placeholders, check_sync_paths, local_files, one_shot_roles, parse_roles,
                           select_tasks)
-    from ..supervision.executor import JobFailed, restart_rules
+    from ..supervision.executor import JobExecutor, restart_rules
+    from ..supervision.jobkind import JobFailed
     env: Env = ctx.obj
     program = ctx.meta.get("pscluster.program")
     if not program:
@@ -226,18 +227,18 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
 
     notifiers: list = []
 
-    def supervisor(cluster_name: str, one_shot: bool, plan: ClusterPlan) -> ProgramSupervisor:
+    def supervisor(cluster_name: str, one_shot: bool, plan: ClusterPlan) -> JobExecutor[ProgramJob]:
         notifier = _notifier(env, plan, notify_urls, notify_cmds, output)
         notifiers.append(notifier)
-        return ProgramSupervisor(store=env.store, name=cluster_name, argv=program, on=on, files=files, space=space,
-                                 reporter=_with_notifier(output, notifier), pool=pool, rules=rules,
-                                 host_timeout=host_timeout, grace=grace, secrets=secrets, one_shot=one_shot,
-                                 detached=env.detached, replace=replace, until=Until(until) if until else None,
-                                 keep=keep, keras=keras, min_workers=min_workers)
+        kind = ProgramJob(argv=program, on=on, files=files, space=space, one_shot=one_shot,
+                          until=Until(until) if until else None, keras=keras, min_workers=min_workers)
+        return JobExecutor(kind, store=env.store, name=cluster_name, reporter=_with_notifier(output, notifier), pool=pool,
+                           root=space.root, rules=rules, host_timeout=host_timeout, grace=grace, secrets=secrets,
+                           detached=env.detached, replace=replace, keep=keep)
 
-    current: list[ProgramSupervisor] = []
+    current: list[JobExecutor[ProgramJob]] = []
 
-    def remember(item: ProgramSupervisor) -> ProgramSupervisor:
+    def remember(item: JobExecutor[ProgramJob]) -> JobExecutor[ProgramJob]:
         current.append(item)
         return item
 
@@ -272,7 +273,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 report = remember(supervisor(resolved, False, state.plan)).run()
     except JobFailed:
         if current:
-            _show_run_report(env, current[-1].report(exit_code=1), as_json=as_json)
+            _show_run_report(env, current[-1].kind.report(current[-1], exit_code=1), as_json=as_json)
         raise
     finally:
         for notifier in notifiers:

@@ -9,8 +9,8 @@ Carrying the diff out (:func:`apply_plan`) is the same with or without a job: st
 standbys of the tasks that stop, record the new plan, sync the code to new hosts, start the new
 standing servers and wait until they answer, start the standbys the new plan wants (not under a
 running job: its relaunch takes the standbys that are there, and the job leaves new ones after). With a live
-``train`` job its supervisor does it between two turns of its loop (cluster/supervision/train_job.py
-``Supervisor.resize``): new servers that need no port of the old plan start while the job still
+``train`` job its supervisor does it between two turns of its loop (cluster/supervision/train_resize.py
+``Resizer.resize``): new servers that need no port of the old plan start while the job still
 trains (:func:`early_servers`), then the job checkpoints (every mode: cluster/supervision/jobstop.py), its processes
 stop, the plan changes, and the training processes start again from that checkpoint at the new
 size (``--resume``). TensorFlow 2.21 cannot change a running ClusterCoordinator's workers in place

@@ -5,10 +5,11 @@
 or interrupted. It records the job (:class:`~cluster.jobrecord.JobProgress`) and every process
 in the cluster state before waiting on it, watches every process of the job through one
 :class:`~cluster.supervision.links.HostLink` per host, and on each turn of its loop asks the
-core for an incident, a verdict and a recovery plan, then carries it out. Two jobs build on it:
-``train`` (:class:`cluster.supervision.train_job.Supervisor`) and ``run``
-(:class:`cluster.supervision.program_job.ProgramSupervisor`); they supply how to launch a task, what the
-watched files say, the watchdog, the recovery table and when the job is complete.
+core for an incident, a verdict and a recovery plan, then carries it out. It holds one job kind
+(:class:`~cluster.supervision.jobkind.JobKind`): ``train``
+(:class:`cluster.supervision.train_job.TrainJob`) or ``run``
+(:class:`cluster.supervision.program_job.ProgramJob`); the kind supplies how to launch a task, what
+the watched files say, the watchdog, the recovery table and when the job is complete.
 
 Clock and sleep are passed in (``clock``, ``sleep``, ``wall``) so tests can replace them.
 """
@@ -17,12 +18,11 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generic, Sequence, TypeVar
 
 from ..hosts import hostops
-from ..contracts import DEFAULT_GRACE, ExitStatus, JobState, ProcessKind, ProcState, RestartPolicy, Role
+from ..contracts import DEFAULT_GRACE, JobState, ProcessKind, ProcState, RestartPolicy
 from ..errors import HostError, PsclusterError, TaskError, UsageError
 from .daemon import DaemonFiles, job_conflict, orchestrator_alive, process_starttime, stop_supervisor
 from ..events import Reporter
@@ -36,6 +36,7 @@ from ..jobrecord import JobProgress, Orchestrator
 from ..state import ProcessRecord, RunState, StateStore, StateWriter
 from ..transport import TransportPool
 from . import core
+from .jobkind import JobFailed, JobInterrupted, JobKind, Watched
 from .links import HostLink
 
 LOOP_SECONDS = 0.1          # bounds how late an exit or event is acted on; cheap when idle
@@ -44,56 +45,18 @@ SERVER_READY_TIMEOUT = 120.0
 REPLACE_TIMEOUT = 300.0     # --replace: the old job's leader may take --stop-grace to checkpoint, then its grace
 
 
-class JobFailed(PsclusterError):
-    """The job failed for good (policy or budget); ``cause`` is the root cause."""
-
-    def __init__(self, cause: PsclusterError, *, prefix: str = "training failed"):
-        self.cause = cause
-        super().__init__(f"{prefix}: {cause.message}", hint=cause.hint)
+K = TypeVar("K", bound=JobKind)
 
 
-class JobInterrupted(PsclusterError):
-    exit_code = ExitStatus.INTERRUPTED
+class JobExecutor(Generic[K]):
+    """Runs one job's processes; its ``kind`` says what the job is (see the module docstring)."""
 
-
-@dataclass
-class Watched:
-    """A live process of the job, as the executor tracks it (mutable; :meth:`view` snapshots)."""
-
-    task: TaskSpec
-    record: ProcessRecord
-    kind: ProcessKind
-    launched: float
-    files: tuple[str, ...] = ()       # files whose new bytes the host streams (events, logs)
-    state: ProcState = ProcState.RUNNING
-    exit_code: int | None = None
-    signal: int | None = None
-    started: bool = False
-    last_event: float = 0.0
-    frozen_since: float | None = None
-    done: bool = False
-    finished: bool = False
-    ended_at: float | None = None
-    error: str | None = None          # its own "error" event, if any
-
-    def view(self) -> core.Proc:
-        return core.Proc(key=self.record.key, task=self.task.name, role=Role(self.task.role), host=self.task.host,
-                         kind=self.kind, state=self.state, exit_code=self.exit_code, signal=self.signal,
-                         launched=self.launched, frozen_since=self.frozen_since, started=self.started,
-                         last_event=self.last_event, done=self.done, finished=self.finished)
-
-
-class JobExecutor:
-    """Runs one job's processes; subclasses say what the job is (see the module docstring)."""
-
-    job_kind = "train"
-    failure_prefix = "training failed"
-
-    def __init__(self, *, store: StateStore, name: str, reporter: Reporter, pool: TransportPool, root: Path,
+    def __init__(self, kind: K, *, store: StateStore, name: str, reporter: Reporter, pool: TransportPool, root: Path,
                  rules: core.RestartRules, host_timeout: float = 60.0, grace: float = DEFAULT_GRACE,
                  secrets: Secrets | None = None, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep, wall: Callable[[], float] = time.time,
                  detached: DaemonFiles | None = None, replace: bool = False, keep: int = DEFAULT_KEEP):
+        self.kind = kind
         self.store = store
         self.name = name
         self.reporter = reporter
@@ -114,47 +77,6 @@ class JobExecutor:
         self.offsets: dict[str, int] = {}       # watched file -> bytes consumed so far
         self.began = clock()
         self._published = 0.0
-
-    # ------------------------------------------------------------------ hooks
-    def job_name(self) -> str:
-        raise NotImplementedError
-
-    def watchdog(self) -> core.Watchdog:
-        return core.Watchdog()
-
-    def prepare(self) -> None:
-        """Before the first launch (sync code, check ports, ...)."""
-
-    def drop_out(self, host: str, why: str, task: str | None = None) -> bool:
-        """Go on without ``host`` (elastic training); False: the job fails as before."""
-        return False
-
-    def between_turns(self) -> None:
-        """Once per turn of the loop, before the streams are read (a resize, for ``train``)."""
-
-    def launch_group(self) -> None:
-        """Start the job's processes."""
-        raise NotImplementedError
-
-    def relaunch(self, task: TaskSpec) -> Watched:
-        """Start a job process of ``task`` again (after a failure)."""
-        raise NotImplementedError
-
-    def recovery(self, incident: core.Incident) -> core.Recovery:
-        raise NotImplementedError
-
-    def on_chunk(self, watched: Watched, chunk: hostops.FileChunk, now: float) -> None:
-        """New bytes of one of ``watched.files``."""
-
-    def on_exit(self, watched: Watched, now: float) -> None:
-        """``watched`` was just seen ended (exited or gone)."""
-
-    def complete(self, now: float) -> bool:
-        """True when the job is done (after stopping what must be stopped)."""
-        raise NotImplementedError
-
-    def summary(self) -> dict[str, Any]:
-        raise NotImplementedError
 
     # ------------------------------------------------------------------ the job record
     def _load(self) -> RunState:
@@ -236,10 +158,6 @@ class JobExecutor:
         self.prune_runs()
 
     # ------------------------------------------------------------------ the run history (cluster/history.py)
-    def command(self) -> tuple[str, ...]:
-        """What the run history shows as the job's command."""
-        return (self.job_name(),)
-
     def record_run(self, final: JobState | None = None, exit_code: int | None = None) -> None:
         """This job in the run history: at its start, once its processes run (their logs), at its end."""
         # A host an elastic job dropped is no longer in its plan: its logs cannot be read later.
@@ -249,11 +167,11 @@ class JobExecutor:
                      and r.host in known)
         hosts = tuple(known[name] for name in dict.fromkeys(log.host for log in logs))
         job = self.state.job
-        record = RunRecord(name=self.name, id=self.job_id, entry=self.job_kind, command=self.command(),
+        record = RunRecord(name=self.name, id=self.job_id, entry=self.kind.entry, command=self.kind.command(),
                            started=(job.started if job and job.started else self.wall()),
                            ended=None if final is None else self.wall(),
                            state=str(final or JobState.RUNNING), exit_code=exit_code,
-                           one_shot=bool(getattr(self, "one_shot", False)), logs=logs, hosts=hosts)
+                           one_shot=self.kind.one_shot, logs=logs, hosts=hosts)
         try:
             self.history.save(record)
         except (OSError, PsclusterError) as exc:     # the history is for later reading; the job goes on
@@ -279,6 +197,10 @@ class JobExecutor:
             JobFailed: the job failed for good (the root cause inside).
             JobInterrupted: Ctrl-C (or SIGTERM/SIGHUP); the job's processes were stopped.
         """
+        with self.kind.running(self):
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         self.began = self.clock()
         self.state = self.claim()
         self.plan: ClusterPlan = self.state.plan
@@ -293,21 +215,22 @@ class JobExecutor:
         self.writer.change(lambda s: setattr(s, "job", self.new_job()))
         self.record_run()
         try:
-            self.prepare()
-            self.launch_group()
+            self.kind.prepare(self)
+            self.kind.launch_group(self)
             self.retarget()
             self.record_run()
             self.set_job(state=JobState.RUNNING)
             self.announce("started", self.job_record())
             self.loop()
-            report = self.summary()
+            report = self.kind.summary(self)
             self.finish(JobState.DONE, result=report)
             self.announce("deadline" if report.get("deadline_reached") else "finished", report)
             return report
         except KeyboardInterrupt:
             self.interrupt()
-            self.announce("stopped", {"message": self.interrupted_message()})
-            raise JobInterrupted(self.interrupted_message(), hint=self.interrupted_hint()) from None
+            message, hint = self.kind.interrupted(self)
+            self.announce("stopped", {"message": message})
+            raise JobInterrupted(message, hint=hint) from None
         except JobFailed as exc:
             self.finish(JobState.FAILED, message=str(exc.cause))
             self.announce("failed", {"message": exc.message})
@@ -322,10 +245,10 @@ class JobExecutor:
                 link.close()
 
     def new_job(self) -> JobProgress:
-        return JobProgress(id=self.job_id, job=self.job_name(), mode=self.plan.mode, entry=self.job_kind,
-                           state=JobState.STARTING, started=self.wall(), heartbeat=self.wall(),
-                           orchestrator=self.orchestrator(),
-                           workers=len(self.plan.tasks_of("worker")))
+        progress = JobProgress(id=self.job_id, job=self.kind.job_name(), mode=self.plan.mode, entry=self.kind.entry,
+                               state=JobState.STARTING, started=self.wall(), heartbeat=self.wall(),
+                               orchestrator=self.orchestrator(), workers=len(self.plan.tasks_of("worker")))
+        return self.kind.new_job(self, progress)
 
     def job_record(self) -> dict[str, Any]:
         """The job record as reports and notifications show it (no orchestrator pid)."""
@@ -335,8 +258,8 @@ class JobExecutor:
 
     def announce(self, event: str, report: dict[str, Any]) -> None:
         """A change of the job's state (``job-state`` event; see :mod:`cluster.notify`)."""
-        self.reporter.emit("job-state", cluster=self.name, job=self.job_name(), job_id=self.job_id,
-                           entry=self.job_kind, event=event, time=self.wall(), report=report)
+        self.reporter.emit("job-state", cluster=self.name, job=self.kind.job_name(), job_id=self.job_id,
+                           entry=self.kind.entry, event=event, time=self.wall(), report=report)
 
     def orchestrator(self) -> Orchestrator:
         """This process, as the job's supervisor (a detached daemon records its files too)."""
@@ -345,16 +268,10 @@ class JobExecutor:
             return self.detached.orchestrator(pid, host)
         return Orchestrator(pid, host, starttime=process_starttime(pid))
 
-    def interrupted_message(self) -> str:
-        return f"job {self.job_id} stopped: its processes were stopped; the standing servers are still up"
-
-    def interrupted_hint(self) -> str | None:
-        return "'pscluster down' stops them"
-
     def loop(self) -> None:
         while True:
             now = self.clock()
-            self.between_turns()
+            self.kind.between_turns(self)
             self.read_streams(now)
             if self.decide(now):
                 return
@@ -381,12 +298,12 @@ class JobExecutor:
             self.offsets[chunk.path] = chunk.end
             for watched in list(self.watched.values()):
                 if chunk.path in watched.files:
-                    self.on_chunk(watched, chunk, now)
+                    self.kind.on_chunk(self, watched, chunk, now)
         for key, status in update.states.items():      # after the chunks: a final event comes first
             watched = self.watched.get(key)
             if watched is not None and watched.ended_at is None and watched.state in (ProcState.EXITED, ProcState.GONE):
                 watched.ended_at = now
-                self.on_exit(watched, now)
+                self.kind.on_exit(self, watched, now)
 
     def views(self) -> list[core.Proc]:
         return [watched.view() for watched in self.watched.values()]
@@ -398,18 +315,18 @@ class JobExecutor:
             if view.lost_since is not None:
                 self.on_host_lost(self.links[view.host])
         lost = core.lost_host_failure(views, now=now, host_timeout=self.host_timeout, policy=self.rules.policy)
-        if lost is not None and self.drop_out(lost.host, f"lost for over {self.host_timeout:.0f} s ({lost.error})"):
+        if lost is not None and self.kind.drop_out(self, lost.host, f"lost for over {self.host_timeout:.0f} s ({lost.error})"):
             return False
         if lost is not None:
             tasks = self.tasks_on(lost.host)
             raise self.fail(HostError(lost.host, f"unreachable for {now - (lost.lost_since or now):.0f} s; its tasks "
                                                  f"{', '.join(tasks)} are lost ({lost.error})",
                                       hint="when the host is back, 'pscluster down' stops what is left there"))
-        incident = core.find_incident(self.views(), now=now, watch=self.watchdog())
+        incident = core.find_incident(self.views(), now=now, watch=self.kind.watchdog(self))
         if incident is not None:
             self.handle(incident)
             return False
-        return self.complete(now)
+        return self.kind.complete(self, now)
 
     def tasks_on(self, host: str) -> list[str]:
         return sorted({w.task.name for w in self.watched.values() if w.task.host == host})
@@ -445,8 +362,8 @@ class JobExecutor:
                 return
             if verdict.action is core.Action.FAIL:
                 used_up = verdict.reason is core.FailReason.BUDGET
-                if verdict.for_good and self.drop_out(
-                        proc.host, f"used up its restarts ({reason})" if used_up else f"failed ({reason})", task=proc.task):
+                if verdict.for_good and self.kind.drop_out(
+                        self, proc.host, f"used up its restarts ({reason})" if used_up else f"failed ({reason})", task=proc.task):
                     return
                 if used_up:
                     raise self.fail(exhausted(error, watched.task, self.rules.max_restarts))
@@ -457,10 +374,10 @@ class JobExecutor:
                                attempt=used + 1, delay=verdict.delay)
             self.sleep(verdict.delay)
             try:
-                self.carry_out(self.recovery(incident))
+                self.carry_out(self.kind.recovery(self, incident))
             except (TaskError, HostError) as exc:      # the restart itself failed: try again, on budget
                 if isinstance(exc, HostError) and exc.host in self.links and self.links[exc.host].lost_since is not None:
-                    if self.drop_out(exc.host, f"lost while restarting {proc.task} ({exc.message.splitlines()[0]})"):
+                    if self.kind.drop_out(self, exc.host, f"lost while restarting {proc.task} ({exc.message.splitlines()[0]})"):
                         return
                     raise
                 error, reason = exc, exc.message.split("\n")[0]
@@ -494,15 +411,20 @@ class JobExecutor:
         if recovery.ensure_servers:
             self.ensure_servers()
         for name in recovery.relaunch:
-            self.relaunch(self.plan.task(name))
+            self.kind.relaunch(self, self.plan.task(name))
         self.retarget()
         self.set_job(state=JobState.RUNNING, message=None)
 
     def fail(self, cause: PsclusterError, why: str | None = None) -> JobFailed:
         self.stop_job_processes(grace=3.0)
-        return JobFailed(cause, prefix=self.failure_prefix + (f" ({why})" if why else ""))
+        failed = JobFailed(cause, prefix=self.kind.failure_prefix + (f" ({why})" if why else ""))
+        more = self.kind.failure_hint(self)
+        if more:
+            failed.hint = f"{failed.hint}; {more}" if failed.hint else more
+        return failed
 
     def interrupt(self) -> None:
+        self.kind.before_interrupt(self)
         self.reporter.emit("message", level="warning",
                            text="stopping the job's processes (Ctrl-C again to kill them at once)")
         try:
@@ -614,6 +536,7 @@ class JobExecutor:
             self.reporter.emit("message", level="warning",
                                text=f"could not stop processes on {host}: {error.message.splitlines()[0]}; "
                                     "'pscluster down' will retry")
+        self.kind.on_stopped(self, records)
 
     def stop_job_processes(self, *, grace: float, first_signal: str = "TERM") -> None:
         records = [r for r in self.state.live_records() if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM)]

@@ -9,8 +9,8 @@ the rest. Only ``down --now`` skips it.
 Who carries it out depends on who supervises the job:
 
 * its supervisor runs on this machine (an attached ``train`` in another terminal, or a detached
-  one): it is sent SIGTERM, which is its own Ctrl-C path (:meth:`cluster.supervision.train_job.Supervisor.
-  interrupt`), and waited for;
+  one): it is sent SIGTERM, which is its own Ctrl-C path (:meth:`cluster.supervision.executor.JobExecutor.
+  interrupt`, the leader first: ``TrainJob.before_interrupt``), and waited for;
 * otherwise (the supervisor died, or runs on another machine): the recorded processes are
   stopped from here, the checkpointing ones first, and the leader's last ``checkpoint`` event is
   read from its events file into the job record.

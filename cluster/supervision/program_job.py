@@ -9,7 +9,7 @@ Two ways in (see :mod:`cluster.program.runspec` for the pure parts):
   code sync and firewall only), runs the program on all of them, and always takes the cluster
   down again, so nothing is left behind.
 
-:class:`ProgramSupervisor` is the ``run`` job on the shared executor: the program's output
+:class:`ProgramJob` is the ``run`` job kind of the shared executor: the program's output
 streams live from each host's watch stream (the task's log file) to the reporter as ``output``
 events; the run ends as ``--until`` says (:func:`cluster.supervision.core.program_end`: by
 default when the chief exits, as TFJob's success policy has it, else when every worker has);
@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import posixpath
 import shlex
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from ..hosts import hostops
 from ..hosts.codesync import LocalFile, needs_sync, sync_code, sync_files
-from ..contracts import DEFAULT_GRACE, ExitStatus, JobState, Mode, ProcessKind, RestartPolicy, Role, TensorFlowNeed, Until
+from ..contracts import ExitStatus, Mode, ProcessKind, RestartPolicy, Role, TensorFlowNeed, Until
 from ..errors import Failure, HostError, MultiHostError, PsclusterError, UsageError
 from ..events import Reporter
 from ..fanout import fan_out
@@ -41,7 +42,8 @@ from ..program.runspec import (Workspace, effective_keras, expand, host_argv, pl
                                required_paths, same_command_lines, script_of, select_tasks)
 from ..state import ProcessRecord, StateStore
 from . import core
-from .executor import JobExecutor, JobFailed, JobInterrupted, Watched
+from .executor import JobExecutor
+from .jobkind import Watched
 from .train_job import check_ports_free
 from ..layout import exit_file
 from .training import host_layout
@@ -56,19 +58,18 @@ class ProgramMissing(MultiHostError):
     exit_code = ExitStatus.BAD_INPUT
 
 
-class ProgramSupervisor(JobExecutor):
-    """Runs the user's program on ``tasks`` of a cluster that is up, to its end."""
+class ProgramJob:
+    """The ``run`` job kind (:class:`~cluster.supervision.jobkind.JobKind`): the user's program on
+    ``on``'s tasks (None: every task without a standing server) of a cluster that is up, run by
+    the executor to its end."""
 
-    job_kind = "run"
+    entry = "run"
     failure_prefix = "run failed"
 
-    def __init__(self, *, store: StateStore, name: str, argv: Sequence[str], on: tuple[str, ...] | None,
-                 files: Sequence[LocalFile] | Callable[[], Sequence[LocalFile]], space: Workspace, reporter: Reporter, pool: TransportPool,
-                 rules: core.RestartRules, host_timeout: float = 60.0, grace: float = DEFAULT_GRACE,
-                 secrets: Secrets | None = None, one_shot: bool = False, until: Until | None = None,
-                 keras: str | None = None, min_workers: int | None = None, **clocks: Any):
-        super().__init__(store=store, name=name, reporter=reporter, pool=pool, root=space.root, rules=rules,
-                         host_timeout=host_timeout, grace=grace, secrets=secrets, **clocks)
+    def __init__(self, *, argv: Sequence[str], on: tuple[str, ...] | None,
+                 files: Sequence[LocalFile] | Callable[[], Sequence[LocalFile]], space: Workspace,
+                 one_shot: bool = False, until: Until | None = None, keras: str | None = None,
+                 min_workers: int | None = None):
         self.argv = tuple(argv)
         self.on = on
         self.files = files            # or a function that finds them, called only if some host needs them
@@ -90,42 +91,44 @@ class ProgramSupervisor(JobExecutor):
     def command(self) -> tuple[str, ...]:
         return self.argv
 
-    def new_job(self) -> JobProgress:
-        from ..program.runspec import select_tasks
-        self.tasks = select_tasks(self.plan, self.on)
+    def new_job(self, ex: JobExecutor[Any], progress: JobProgress) -> JobProgress:
+        self.tasks = select_tasks(ex.plan, self.on)
         roles = [task.role for task in self.tasks]
         self.until = self.until or core.default_until(roles)
         problem = core.until_problem(self.until, roles)
         if problem is not None:
             raise UsageError(problem, hint=f"the program runs on {', '.join(dict.fromkeys(roles))}")
-        return super().new_job().updated(command=self.argv)
+        return progress.updated(command=self.argv)
 
-    def watchdog(self) -> core.Watchdog:
-        return core.Watchdog(restart_clean_exits=self.rules.policy is RestartPolicy.ALWAYS)
+    def running(self, ex: JobExecutor[Any]) -> AbstractContextManager[None]:
+        return nullcontext()
 
-    def prepare(self) -> None:
+    def watchdog(self, ex: JobExecutor[Any]) -> core.Watchdog:
+        return core.Watchdog(restart_clean_exits=ex.rules.policy is RestartPolicy.ALWAYS)
+
+    def prepare(self, ex: JobExecutor[Any]) -> None:
         """Code and the program's files to hosts that need them; the program must exist on
         every host; the tasks' ports must be free."""
         if not self.one_shot:            # a one-shot run's bring-up has just synced the code
-            sync_code(self.plan, self.pool, self.reporter, self.root)
-        hosts = [self.plan.host(name) for name in dict.fromkeys(task.host for task in self.tasks)]
-        if any(needs_sync(host, self.root) for host in hosts):
+            sync_code(ex.plan, ex.pool, ex.reporter, ex.root)
+        hosts = [ex.plan.host(name) for name in dict.fromkeys(task.host for task in self.tasks)]
+        if any(needs_sync(host, ex.root) for host in hosts):
             files = list(self.files() if callable(self.files) else self.files)
             if files:
-                self.reporter.emit("phase", name="sync", detail=f"{len(files)} file(s) of the program")
-                sync_files(self.plan, self.pool, self.reporter, files, self.root)
-        for warning in same_command_lines(self.plan, self.tasks, self.argv):
-            self.reporter.emit("message", level="warning", text=warning)
-        self.check_program(hosts)
-        check_ports_free(self.tasks, self.pool, self.plan)
+                ex.reporter.emit("phase", name="sync", detail=f"{len(files)} file(s) of the program")
+                sync_files(ex.plan, ex.pool, ex.reporter, files, ex.root)
+        for warning in same_command_lines(ex.plan, self.tasks, self.argv):
+            ex.reporter.emit("message", level="warning", text=warning)
+        self.check_program(ex, hosts)
+        check_ports_free(self.tasks, ex.pool, ex.plan)
 
-    def check_program(self, hosts: Sequence[HostSpec]) -> None:
+    def check_program(self, ex: JobExecutor[Any], hosts: Sequence[HostSpec]) -> None:
         """Before anything starts, per host in one call each: the script (or program path)
         exists, a bare program name is on the PATH, the modules the script imports resolve
         there (a static scan, cluster.program.importscan), and legacy Keras has its tf-keras. Every
         problem is named per host; a module imported only in a function or a ``try`` that is
         missing is a warning."""
-        values = placeholder_values(self.plan, self.tasks[0])
+        values = placeholder_values(ex.plan, self.tasks[0])
         argv = expand(self.argv, values)
         paths = required_paths(argv)
         script = script_of(argv)
@@ -135,7 +138,7 @@ class ProgramSupervisor(JobExecutor):
         def one(host: HostSpec) -> tuple[list[HostError], list[str]]:
             env = next(dict(task.env) for task in self.tasks if task.host == host.name)
             facts = hostops.program(
-                self.pool.get(host), cwd=self.space.host_cwd(host), paths=paths,
+                ex.pool.get(host), cwd=self.space.host_cwd(host), paths=paths,
                 tools=() if paths or "/" in host_argv(argv, host)[0] else (host_argv(argv, host)[0],),
                 modules=[module.name for module in modules], script_dir=script_dir or ".",
                 pythonpath=env.get("PYTHONPATH"), tf_keras=effective_keras(host, self.keras) == "legacy")
@@ -147,37 +150,37 @@ class ProgramSupervisor(JobExecutor):
         for host, (errors, warnings) in checked.succeeded:
             failures.extend(Failure(host.name, error) for error in errors)
             for warning in warnings:
-                self.reporter.emit("message", level="warning", text=f"{host.name}: {warning}")
+                ex.reporter.emit("message", level="warning", text=f"{host.name}: {warning}")
         if failures:
             hosts_failed = len({failure.where for failure in failures})
             raise ProgramMissing(f"the program cannot start on {hosts_failed} host(s); nothing was started", failures)
 
-    def launch_group(self) -> None:
-        self.watch_servers()
+    def launch_group(self, ex: JobExecutor[Any]) -> None:
+        ex.watch_servers()
         where = ", ".join(sorted({t.role for t in self.tasks}, key=["chief", "ps", "worker", "evaluator"].index))
-        self.reporter.emit("phase", name="run", detail=f"{shlex.join(self.argv)} on {len(self.tasks)} task(s) "
-                                                        f"({where}) of {self.name!r}")
-        self.launch_many(self.tasks, self.launch_program)
+        ex.reporter.emit("phase", name="run", detail=f"{shlex.join(self.argv)} on {len(self.tasks)} task(s) "
+                                                      f"({where}) of {ex.name!r}")
+        ex.launch_many(self.tasks, lambda task: self.launch_program(ex, task))
 
-    def relaunch(self, task: TaskSpec) -> Watched:
-        return self.launch_program(task)
+    def relaunch(self, ex: JobExecutor[Any], task: TaskSpec) -> Watched:
+        return self.launch_program(ex, task)
 
-    def launch_program(self, task: TaskSpec) -> Watched:
-        attempt = self.attempt(task, ProcessKind.PROGRAM)
-        log, _ = host_layout(task, self.plan).job_paths(self.job_id, task.role, task.index, attempt)
-        record = ProcessRecord(key=f"{task.name}#j{self.job_id}.{attempt}", task=task.name, host=task.host,
+    def launch_program(self, ex: JobExecutor[Any], task: TaskSpec) -> Watched:
+        attempt = ex.attempt(task, ProcessKind.PROGRAM)
+        log, _ = host_layout(task, ex.plan).job_paths(ex.job_id, task.role, task.index, attempt)
+        record = ProcessRecord(key=f"{task.name}#j{ex.job_id}.{attempt}", task=task.name, host=task.host,
                                kind=str(ProcessKind.PROGRAM), attempt=attempt, log=log, exit_file=exit_file(log))
-        host = self.plan.host(task.host)
-        argv = host_argv(expand(self.argv, placeholder_values(self.plan, task)), host)
-        env = {**task_env(self.plan, task, self.secrets, standing=False), **program_env(self.plan, task, self.keras)}
+        host = ex.plan.host(task.host)
+        argv = host_argv(expand(self.argv, placeholder_values(ex.plan, task)), host)
+        env = {**task_env(ex.plan, task, ex.secrets, standing=False), **program_env(ex.plan, task, self.keras)}
         launch_task = _in_dir(task, self.space.host_cwd(host))
-        watched = self.launch(launch_task, record, argv=argv, env=env, kind=ProcessKind.PROGRAM, files=(log,))
+        watched = ex.launch(launch_task, record, argv=argv, env=env, kind=ProcessKind.PROGRAM, files=(log,))
         watched.task = task
         self.first_launch.setdefault(task.name, watched.launched)
         self.outcomes[task.name] = {"state": "running"}
         return watched
 
-    def drop_out(self, host: str, why: str, task: str | None = None) -> bool:
+    def drop_out(self, ex: JobExecutor[Any], host: str, why: str, task: str | None = None) -> bool:
         """``run --min-workers N``: a worker program that used up its restarts (``task``), or a
         lost host that runs only worker programs, is left out and the run goes on, as long as N
         worker programs remain. The program's own coordinator must go on without it, as a
@@ -185,41 +188,44 @@ class ProgramSupervisor(JobExecutor):
         collectives cannot). A dropped worker does not come back in this run."""
         if self.min_workers is None:
             return False
-        on_host = [w for w in self.watched.values() if w.task.host == host]
+        on_host = [w for w in ex.watched.values() if w.task.host == host]
         going = [w for w in on_host if task is None or w.task.name == task]
         kept_out = [w.task.name for w in going if w.kind is not ProcessKind.PROGRAM or w.task.role != "worker"]
         if not going or kept_out:
             if kept_out:
-                self.reporter.emit("message", level="warning",
-                                   text=f"cannot go on without {host}: it runs {', '.join(sorted(kept_out))}")
+                ex.reporter.emit("message", level="warning",
+                                 text=f"cannot go on without {host}: it runs {', '.join(sorted(kept_out))}")
             return False
         leaving = {w.task.name for w in going}
         workers = [t.name for t in self.tasks if t.role == "worker" and t.name not in self.dropped]
         left = [name for name in workers if name not in leaving]
         if len(left) < self.min_workers:
-            self.reporter.emit("message", level="warning",
-                               text=f"cannot go on without {', '.join(sorted(leaving))}: {len(left)} worker(s) would "
-                                    f"remain, --min-workers is {self.min_workers}")
+            ex.reporter.emit("message", level="warning",
+                             text=f"cannot go on without {', '.join(sorted(leaving))}: {len(left)} worker(s) would "
+                                  f"remain, --min-workers is {self.min_workers}")
             return False
-        self.forget_and_stop(going)
-        self.retarget()          # a lost host's stream closes: it is no longer the run's
+        ex.forget_and_stop(going)
+        ex.retarget()          # a lost host's stream closes: it is no longer the run's
         self.dropped |= leaving
         for name in leaving:
             self.outcomes[name] = {"state": "dropped", "why": why}
         text = (f"resized ({task or host} {why}): {', '.join(sorted(leaving))} dropped out; "
                 f"{len(workers)} -> {len(left)} worker(s) go on")
-        self.reporter.emit("message", level="warning", text=text)
-        self.set_job(workers=len(left), message=text)
-        self.announce("resized", {"old": workers, "new": left, "reason": f"{task or host} {why}", "workers": len(left)})
+        ex.reporter.emit("message", level="warning", text=text)
+        ex.set_job(workers=len(left), message=text)
+        ex.announce("resized", {"old": workers, "new": left, "reason": f"{task or host} {why}", "workers": len(left)})
         return True
 
-    def recovery(self, incident: core.Incident) -> core.Recovery:
+    def between_turns(self, ex: JobExecutor[Any]) -> None:
+        pass
+
+    def recovery(self, ex: JobExecutor[Any], incident: core.Incident) -> core.Recovery:
         proc = incident.proc
         if proc.kind is ProcessKind.SERVER:      # a standing server of `up` died during the run
             return core.Recovery(wait_hosts=(proc.host,), stop=(proc.key,), restart_servers=(proc.task,))
         return core.program_recovery(proc)
 
-    def on_chunk(self, watched: Watched, chunk: hostops.FileChunk, now: float) -> None:
+    def on_chunk(self, ex: JobExecutor[Any], watched: Watched, chunk: hostops.FileChunk, now: float) -> None:
         path = chunk.path
         text = self.partial.pop(path, "") + chunk.data
         lines = text.split("\n")
@@ -228,85 +234,82 @@ class ProgramSupervisor(JobExecutor):
             self.partial[path] = rest
         for line in lines:
             if not line.startswith(MONITOR_PREFIX):
-                self.reporter.emit("output", task=watched.task.name, host=watched.task.host, line=line)
+                ex.reporter.emit("output", task=watched.task.name, host=watched.task.host, line=line)
 
-    def on_exit(self, watched: Watched, now: float) -> None:
+    def on_exit(self, ex: JobExecutor[Any], watched: Watched, now: float) -> None:
         if watched.kind is not ProcessKind.PROGRAM:
             return
         for path in watched.files:                   # a last line without a newline
             rest = self.partial.pop(path, "")
             if rest and not rest.startswith(MONITOR_PREFIX):
-                self.reporter.emit("output", task=watched.task.name, host=watched.task.host, line=rest)
+                ex.reporter.emit("output", task=watched.task.name, host=watched.task.host, line=rest)
         view = watched.view()
         self.outcomes[watched.task.name] = {"state": "exited" if view.state.value == "exited" else "lost",
                                             "exit_code": view.exit_code, "signal": view.signal,
                                             "seconds": round(now - self.first_launch.get(watched.task.name, now), 2)}
-        self.reporter.emit("task-exited", task=watched.task.name, host=watched.task.host, exit_code=view.exit_code,
-                           signal=view.signal, detail=view.exit_reason())
-        if view.clean_exit and self.rules.policy is not RestartPolicy.ALWAYS:
+        ex.reporter.emit("task-exited", task=watched.task.name, host=watched.task.host, exit_code=view.exit_code,
+                         signal=view.signal, detail=view.exit_reason())
+        if view.clean_exit and ex.rules.policy is not RestartPolicy.ALWAYS:
             watched.finished = True
 
-    def complete(self, now: float) -> bool:
+    def complete(self, ex: JobExecutor[Any], now: float) -> bool:
         # A ParameterServerStrategy program (async: the chief coordinates) has workers that serve.
-        end = core.program_end(self.views(), until=self.until or Until.WORKERS,
-                               serving_workers=self.plan.mode == Mode.ASYNC, idle_since=self.idle_since, now=now)
+        end = core.program_end(ex.views(), until=self.until or Until.WORKERS,
+                               serving_workers=ex.plan.mode == Mode.ASYNC, idle_since=self.idle_since, now=now)
         order = {task.name: i for i, task in enumerate(self.tasks)}
         if end.idle and self.idle_since is None:
             self.idle_since = now
             idle = sorted(end.idle, key=lambda name: order.get(name, len(order)))
-            self.reporter.emit("message", text=f"only {', '.join(idle)} still run, and they never exit by "
-                                               f"themselves (servers in server.join(), an evaluator loop); "
-                                               f"stopping them in {core.IDLE_LINGER:.0f} s")
+            ex.reporter.emit("message", text=f"only {', '.join(idle)} still run, and they never exit by "
+                                             f"themselves (servers in server.join(), an evaluator loop); "
+                                             f"stopping them in {core.IDLE_LINGER:.0f} s")
         elif not end.idle:
             self.idle_since = None
         if not end.done:
             return False
-        left = sorted((w for w in self.watched.values() if w.record.key in end.stop),
+        left = sorted((w for w in ex.watched.values() if w.record.key in end.stop),
                       key=lambda w: order.get(w.task.name, len(order)))
         if left:
-            self.reporter.emit("message", text=f"{end.why}: the run is over; stopping "
-                                               f"{', '.join(w.task.name for w in left)}")
-            self.stop([w.record for w in left], grace=self.grace)
-        self.stop_job_processes(grace=1.0)      # records of what ended are closed too
+            ex.reporter.emit("message", text=f"{end.why}: the run is over; stopping "
+                                             f"{', '.join(w.task.name for w in left)}")
+            ex.stop([w.record for w in left], grace=ex.grace)
+        ex.stop_job_processes(grace=1.0)      # records of what ended are closed too
         return True
 
-    def stop(self, records: list[ProcessRecord], *, grace: float, first_signal: str = "TERM") -> None:
-        super().stop(records, grace=grace, first_signal=first_signal)
-        now = self.clock()
+    def on_stopped(self, ex: JobExecutor[Any], records: list[ProcessRecord]) -> None:
+        now = ex.clock()
         for record in records:
             if self.outcomes.get(record.task, {}).get("state") == "running":
                 self.outcomes[record.task] = {"state": "stopped", "exit_code": None, "signal": None,
                                               "seconds": round(now - self.first_launch.get(record.task, now), 2)}
 
-    def fail(self, cause: PsclusterError, why: str | None = None) -> JobFailed:
-        failed = super().fail(cause, why)
+    def failure_hint(self, ex: JobExecutor[Any]) -> str | None:
         if self.one_shot:          # its cluster is gone when the error is shown: say where the logs stay
-            where = f"'pscluster logs --name {self.name} --run {self.job_id}' shows every task's log of this run"
-            failed.hint = f"{failed.hint}; {where}" if failed.hint else where
-        return failed
+            return f"'pscluster logs --name {ex.name} --run {ex.job_id}' shows every task's log of this run"
+        return None
 
-    def interrupted_message(self) -> str:
+    def before_interrupt(self, ex: JobExecutor[Any]) -> None:
+        pass
+
+    def interrupted(self, ex: JobExecutor[Any]) -> tuple[str, str | None]:
         if self.one_shot:
-            return "run interrupted: its processes were stopped"
-        return "run interrupted: its processes were stopped; the standing servers are still up"
+            return "run interrupted: its processes were stopped", None
+        return "run interrupted: its processes were stopped; the standing servers are still up", "'pscluster down' stops them"
 
-    def interrupted_hint(self) -> str | None:
-        return None if self.one_shot else "'pscluster down' stops them"
+    def summary(self, ex: JobExecutor[Any]) -> dict[str, Any]:
+        return self.report(ex, exit_code=0)
 
-    def summary(self) -> dict[str, Any]:
-        return self.report(exit_code=0)
-
-    def report(self, *, exit_code: int) -> dict[str, Any]:
+    def report(self, ex: JobExecutor[Any], *, exit_code: int) -> dict[str, Any]:
         """The ``run --json`` document."""
-        restarts = self.job_restarts() if hasattr(self, "state") and self.state.job else {}
+        restarts = ex.job_restarts() if hasattr(ex, "state") and ex.state.job else {}
         tasks = []
         for task in getattr(self, "tasks", ()):
             outcome = self.outcomes.get(task.name, {"state": "not started"})
             tasks.append({"role": task.role, "index": task.index, "host": task.host, "state": outcome["state"],
                           "exit_code": outcome.get("exit_code"), "signal": outcome.get("signal"),
                           "restarts": restarts.get(task.name, 0), "seconds": outcome.get("seconds")})
-        return {"command": list(self.argv), "cluster": self.name, "tasks": tasks, "exit_code": exit_code,
-                "wall_seconds": round(self.clock() - self.began, 2)}
+        return {"command": list(self.argv), "cluster": ex.name, "tasks": tasks, "exit_code": exit_code,
+                "wall_seconds": round(ex.clock() - ex.began, 2)}
 
 
 def program_problems(host: HostSpec, cwd: str, argv: Sequence[str], paths: Sequence[str],
@@ -354,13 +357,13 @@ def _in_dir(task: TaskSpec, cwd: str) -> TaskSpec:
     return replace(task, workdir=cwd)
 
 
-def run_one_shot(plan: ClusterPlan, make_supervisor: Callable[[], ProgramSupervisor], *, store: StateStore, pool: TransportPool,
+def run_one_shot(plan: ClusterPlan, make_executor: Callable[[], JobExecutor[ProgramJob]], *, store: StateStore, pool: TransportPool,
                  bringup_reporter: Reporter, secrets: Secrets, timeout: float, grace: float,
                  allow_busy_gpus: bool = False) -> dict[str, Any]:
     """Bring ``plan`` up (no standing server: every task runs the program), run, and always
     take it down again, even after a failure or Ctrl-C.
 
-    ``make_supervisor()`` returns the :class:`ProgramSupervisor` once the cluster is up.
+    ``make_executor()`` returns the run's executor (its kind a :class:`ProgramJob`) once the cluster is up.
 
     Preflight only warns about a host without a usable TensorFlow: no TensorFlow server
     stands in a one-shot run, and whether the user's program imports TensorFlow is its own
@@ -371,7 +374,7 @@ def run_one_shot(plan: ClusterPlan, make_supervisor: Callable[[], ProgramSupervi
              allow_busy_gpus=allow_busy_gpus, tensorflow=need)
     bringup_reporter.close()
     try:
-        return make_supervisor().run()
+        return make_executor().run()
     finally:
         take_down(plan.name, store=store, pool=pool, reporter=bringup_reporter, grace=grace)
 
@@ -391,7 +394,7 @@ def take_down(name: str, *, store: StateStore, pool: TransportPool, reporter: Re
             return
 
 
-__all__ = ["ProgramSupervisor", "run_one_shot", "JobFailed", "JobInterrupted", "JobState"]
+__all__ = ["ProgramJob", "run_one_shot"]
 
 
 def check_program_tasks(tasks: Sequence[TaskSpec], *, until: str | None, min_workers: int | None) -> None:

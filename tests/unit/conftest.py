@@ -58,13 +58,14 @@ def write_inventory(tmp_path, monkeypatch):
 
 
 def idle_supervisor(tmp_path, *, name: str, mode: str, options=None):
-    """A `Supervisor` for the local inventory's plan, with its job record made and nothing started:
-    for tests of what it decides and reports (the clock stands at 100 s, the job began at 90 s)."""
+    """The executor of a training job (its kind a `TrainJob`) for the local inventory's plan, with
+    its job record made and nothing started: for tests of what it decides and reports (the clock
+    stands at 100 s, the job began at 90 s)."""
     from cluster.events import RecordingReporter
     from cluster.inventory import load_inventory
     from cluster.plan import PlanOptions, plan_cluster
     from cluster.state import RunState, StateStore, StateWriter
-    from cluster.supervision.train_job import Supervisor
+    from cluster.supervision.train_job import train_executor
     from cluster.supervision.training import JobRef, JobOptions
     from cluster.transport import TransportPool
 
@@ -73,9 +74,9 @@ def idle_supervisor(tmp_path, *, name: str, mode: str, options=None):
     store = StateStore(tmp_path / "state")
     store.save(RunState(name=name, plan=plan, phase="up"))
     job = JobRef("distributed_mnist", "distributed_mnist", pathlib.Path("/checkout/examples/distributed_mnist"), True)
-    supervisor = Supervisor(store=store, name=name, job=job, options=options or JobOptions(),
-                            reporter=RecordingReporter(), pool=TransportPool(), root=pathlib.Path("/checkout"),
-                            clock=lambda: 100.0, sleep=lambda _: None, wall=lambda: 1700000000.0)
+    supervisor = train_executor(store=store, name=name, job=job, options=options or JobOptions(),
+                                reporter=RecordingReporter(), pool=TransportPool(), root=pathlib.Path("/checkout"),
+                                clock=lambda: 100.0, sleep=lambda _: None, wall=lambda: 1700000000.0)
     supervisor.state, supervisor.plan, supervisor.job_id = store.load(name), plan, 1
     supervisor.writer = StateWriter(store, supervisor.state, expect_phase="up")
     supervisor.state.job = supervisor.new_job()

@@ -261,8 +261,8 @@ def test_claim_refuses_an_orphaned_job_whose_processes_run_unless_replace(cluste
     running = {"count": 1}
     monkeypatch.setattr(JobExecutor, "count_running", lambda self, state, records: running["count"])
 
-    def executor(replace: bool) -> JobExecutor:
-        return JobExecutor(store=store, name="c", reporter=RecordingReporter(), pool=TransportPool(), root=store.root,
+    def executor(replace: bool) -> JobExecutor:        # claim() asks nothing of a job kind
+        return JobExecutor(None, store=store, name="c", reporter=RecordingReporter(), pool=TransportPool(), root=store.root,
                            rules=core.RestartRules(RestartPolicy.ON_FAILURE, 1), replace=replace)
 
     with pytest.raises(UsageError) as caught:

@@ -180,9 +180,9 @@ def test_the_supervisor_tells_the_leader_where_to_write_and_how_many_restarts_ca
     launched = {}
     supervisor.launch = lambda task, record, *, argv, **_: launched.setdefault(task.name, []).append(argv)
     for task in plan.training_tasks:
-        supervisor.launch_train(task, resume=False)
+        supervisor.kind.launch_train(supervisor, task, resume=False)
     supervisor.count_restart("worker:1")
-    supervisor.launch_train(plan.task("worker:0"), resume=True)
+    supervisor.kind.launch_train(supervisor, plan.task("worker:0"), resume=True)
     first, again = (parse_options(argv[3:]) for argv in launched["worker:0"])
     (other,) = (parse_options(argv[3:]) for argv in launched["worker:1"])
     assert first.summary_dir == again.summary_dir == "/checkout/.pscluster/tb/tensorboard/distributed_mnist"

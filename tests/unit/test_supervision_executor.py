@@ -14,26 +14,42 @@ from cluster.plan import PlanOptions, plan_cluster
 from cluster.jobrecord import JobProgress
 from cluster.state import ProcessRecord, RunState, StateStore
 from cluster.supervision import core
-from cluster.supervision.executor import JobExecutor, JobFailed, Watched
+from cluster.supervision.executor import JobExecutor
+from cluster.supervision.jobkind import JobFailed, Watched
 from cluster.transport import TransportPool
 
 from .conftest import INVENTORIES
 
 
-class ScriptedJob(JobExecutor):
-    """A job whose recoveries only count; its processes are made up."""
+class ScriptedKind:
+    """A job kind whose recoveries only count (the hooks these tests reach); its processes are made up."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    entry = "train"
+    failure_prefix = "training failed"
+    one_shot = False
+
+    def __init__(self):
         self.recoveries: list[core.Recovery] = []
 
-    def retarget(self):
-        pass                      # no watch streams: nothing runs
+    def job_name(self):
+        return "new"
 
-    def recovery(self, incident):
+    def new_job(self, ex, progress):
+        return progress
+
+    def recovery(self, ex, incident):
         plan = core.Recovery(wait_hosts=(), stop=())
         self.recoveries.append(plan)
         return plan
+
+    def drop_out(self, ex, host, why, task=None):
+        return False
+
+    def on_stopped(self, ex, records):
+        pass
+
+    def failure_hint(self, ex):
+        return None
 
 
 @pytest.fixture
@@ -46,15 +62,15 @@ def job(tmp_path):
                      job=JobProgress(id=1, job="old", mode="async", state=JobState.FAILED, restarts={"worker:0": 3}))
     store.save(state)
     sleeps: list[float] = []
-    executor = ScriptedJob(store=store, name="budget", reporter=RecordingReporter(), pool=TransportPool(),
+    executor = JobExecutor(ScriptedKind(), store=store, name="budget", reporter=RecordingReporter(), pool=TransportPool(),
                            root=tmp_path, rules=core.RestartRules(RestartPolicy.ON_FAILURE, max_restarts=2),
                            clock=lambda: 100.0, sleep=sleeps.append, wall=lambda: 1700000000.0)
+    executor.retarget = lambda: None          # no watch streams: nothing runs
     executor.state = store.load("budget")
     executor.plan = plan
     from cluster.state import StateWriter
     executor.writer = StateWriter(store, executor.state, expect_phase="up")
     executor.job_id = 2
-    executor.job_name = lambda: "new"
     executor.state.job = executor.new_job()
     task = plan.task("worker:0")
     record = ProcessRecord(key="worker:0#j2.1", task="worker:0", host=task.host, kind="run", attempt=1,
@@ -73,7 +89,7 @@ def test_a_new_job_gets_the_whole_budget_again(job):
     executor, store, sleeps = job
     assert executor.state.job.restarts == {}
     executor.handle(incident_of(executor))               # restarted: the old job's 3 restarts do not count
-    assert executor.recoveries and sleeps == [1.0]
+    assert executor.kind.recoveries and sleeps == [1.0]
     assert executor.state.job.restarts == {"worker:0": 1}
     assert store.load("budget").restarts == {"worker:0": 4}      # the cluster's lifetime total, for status
 
@@ -95,7 +111,7 @@ def test_policy_never_fails_at_once(job):
     with pytest.raises(JobFailed) as caught:
         executor.handle(incident_of(executor))
     assert str(caught.value).startswith("training failed (restart policy 'never'): worker:0@localhost")
-    assert sleeps == [] and not executor.recoveries
+    assert sleeps == [] and not executor.kind.recoveries
 
 
 def test_a_restart_is_announced_as_a_job_state_change(job):
@@ -119,6 +135,6 @@ def test_a_failed_evaluator_is_given_up_and_the_job_goes_on(job, policy):
     executor.watched[record.key] = Watched(evaluator, record, ProcessKind.TRAIN, launched=90.0,
                                            state=ProcState.EXITED, exit_code=1)
     executor.handle(incident_of(executor))               # no JobFailed
-    assert executor.watched == {} and sleeps == [] and not executor.recoveries
+    assert executor.watched == {} and sleeps == [] and not executor.kind.recoveries
     given_up = [e for e in executor.reporter.events if e.kind == "message" and "given up" in e.data["text"]]
     assert given_up and "training goes on without it" in executor.state.job.message

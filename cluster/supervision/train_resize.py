@@ -1,0 +1,353 @@
+"""A training job's resizes, between two turns of the executor's loop: ``pscluster scale``'s
+request (SIGUSR2), and elastic training (``train --min-workers``: a lost or failed worker host
+drops out; ``--hosts-from``: the job follows a discovery command; a dropped host that answers
+again rejoins).
+
+A resize either happens in place (async: the running chief takes the new cluster between two
+closures, roles/membership.py) or checkpoints, stops the job's processes, applies the new plan
+(:mod:`cluster.lifecycle.resize`) and relaunches the trainers from the checkpoint, with standbys
+started beforehand so that the relaunch skips TensorFlow's import. :class:`Resizer` is the part
+of :class:`~cluster.supervision.train_job.TrainJob` that does it.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..contracts import JobState, Mode, ProcessKind
+from ..errors import Failure, PsclusterError
+from ..events import Reporter
+from ..hosts import hostops
+from ..hosts.codesync import needs_sync, sync_code, sync_files
+from ..layout import ready_file
+from ..lifecycle import resize
+from ..lifecycle.resize import Elastic, PlanDiff, ResizeRequest
+from ..lifecycle.tasks import report_standbys, start_standbys, stop_records
+from ..plan import ClusterPlan
+from . import core
+from .executor import LOOP_SECONDS, JobExecutor
+from .jobkind import Watched
+from .jobstop import first_to_stop
+from .links import HostLink
+from .training import job_files, leader_task
+
+if TYPE_CHECKING:
+    from .train_job import TrainJob
+
+REJOIN_RETRY = 5.0      # seconds between two tries to take a host back (each runs preflight there)
+LOST_HOST_GRACE = 5.0   # the leader's time to save when a resize leaves a lost host out
+IN_PLACE_TIMEOUT = 60.0  # for the async chief to take a change in place (it looks between closures)
+STANDBY_WAIT = 60.0      # for the standbys of a resize's relaunch to import TensorFlow (then: started afresh)
+
+
+class Resizer:
+    """Resizes ``train``'s job: what a resize needs of the job's processes is the executor's
+    (given to each method), what it needs of the training job is ``train``'s."""
+
+    def __init__(self, train: TrainJob, elastic: Elastic | None):
+        self.train = train
+        self.elastic = elastic                    # --min-workers / --hosts-from
+        self.asked = False                        # SIGUSR2: `pscluster scale` posted a request
+        self.dropped: dict[str, HostLink] = {}    # worker hosts left out while lost: watched until they answer
+        self.next_discovery = 0.0
+        self.next_rejoin = 0.0
+        # Requests to the chief to change in place, numbered from the clock when the job starts
+        # (TrainJob.new_job): an answer left in a reused events file by an earlier job of a
+        # cluster of the same name never matches.
+        self.membership_seq = 0
+        self.membership_answers: dict[int, dict[str, Any]] = {}
+
+    def between_turns(self, ex: JobExecutor[Any]) -> None:
+        if self.elastic is not None:
+            if self.train.standby_tasks and self.train.last_step > 0:
+                # Once it trains: a standby for its next relaunch (the resize after a host's loss
+                # restarts the chief), which then skips TensorFlow's import.
+                self.train.refill_standbys(ex)
+                self.train.standby_tasks.clear()
+            self.elastic_turn(ex)
+        if not self.asked:
+            return
+        self.asked = False
+        request = resize.take_request(ex.store, ex.name)
+        if request is None:
+            return
+        try:
+            text = self.resize(ex, request)
+        except PsclusterError as exc:
+            resize.post_result(ex.store, ex.name, ok=False, message=exc.message)
+            raise ex.fail(exc, "the resize failed") from None
+        resize.post_result(ex.store, ex.name, ok=True, message=text)
+
+    def resize(self, ex: JobExecutor[Any], request: ResizeRequest, unreachable: frozenset[str] | set[str] = frozenset()) -> str:
+        # With a host lost, the leader usually cannot save: TensorFlow holds the async chief's
+        # writes behind its closure on the lost worker, so after 2 s without a closure returning
+        # it ends without saving (roles/async_driver.py). The grace is short for any mode, and
+        # the job goes back to its last periodic checkpoint.
+        """Checkpoint, stop the job's processes, bring the servers in line with the new plan, and
+        start the training processes again from the checkpoint at the new size."""
+        old, new = ex.plan, request.plan
+        diff = resize.diff_plans(old, new)
+        resize.check_resize(old, new, diff, job_live=True)
+        early = resize.early_servers(old, new, diff, unreachable)
+        if early:      # while the job still trains: their import stays out of the pause
+            resize.start_early(ex.writer, ex.pool, ex.reporter, new, early, ex.secrets, root=ex.root,
+                               idle=lambda: self.pump(ex))
+        if not unreachable and resize.in_place(old, new, diff, early):
+            text = self.resize_in_place(ex, request, diff)
+            if text is not None:
+                return text
+        # While the job still trains: standbys for the relaunch, so that it skips TensorFlow's import
+        # (not for a lost host: the job is stuck until the restart, which a wait would only delay).
+        ready = self.standbys_for(ex, new) if not unreachable else []
+        ex.reporter.emit("message", text=f"resizing: {resize.describe(diff, new)}; "
+                                         f"the job checkpoints first (up to {self.train.options.stop_grace:g} s)")
+        began = ex.clock()        # the pause: from here to the relaunch
+        ex.set_job(state=JobState.RESTARTING, message="resizing")
+        first = [r for r in first_to_stop(old, ex.state.live_records()) if r.host not in unreachable]
+        grace = min(self.train.options.stop_grace, LOST_HOST_GRACE) if unreachable else self.train.options.stop_grace
+        if first and grace > 0:
+            ex.stop(first, grace=grace)
+            self.train.read_final_events(ex, first)
+        stopped_at = ex.clock()
+        leaving = [w for w in ex.watched.values() if w.kind is not ProcessKind.SERVER or w.task.name in diff.stop]
+        # A lost host's processes are not stopped now (an SSH connection to it would wait out its
+        # timeout inside the pause): they stay recorded, and its rejoin or `down` stops them.
+        ex.forget_and_stop([w for w in leaving if w.record.host not in unreachable])
+        for item in leaving:
+            ex.watched.pop(item.record.key, None)
+        resize.apply_plan(ex.writer, ex.pool, ex.reporter, old, new, diff, ex.secrets, root=ex.root,
+                          standbys=False, unreachable=unreachable,
+                          known_hosts=[link.host for link in self.dropped.values()],
+                          started=[task.name for task in early], running=ready)
+        ex.plan = new
+        self.train.leader = leader_task(new)
+        workers_before, workers_after = len(old.tasks_of("worker")), len(new.tasks_of("worker"))
+        if new.mode != Mode.ASYNC and not request.keep_global_batch and workers_after != workers_before:
+            # Each worker keeps its batch (torchrun's model): the global batch follows the size.
+            global_batch = ex.progress.global_batch_size or 0
+            if global_batch:
+                per_worker = max(1, global_batch // workers_before)
+                self.train.trainer_options = replace(self.train.trainer_options, batch_size=per_worker * workers_after)
+        self.prepare_new_hosts(ex)
+        ex.watch_servers()
+        ex.set_job(workers=workers_after, message=None)
+        launched_at = ex.clock()
+        ex.launch_many(new.training_tasks + new.evaluator_tasks, lambda task: self.train.launch_train(ex, task, resume=True))
+        ex.retarget()
+        ex.set_job(state=JobState.RUNNING)
+        text = (f"resized ({request.reason}): {resize.describe(diff, new)}; {workers_before} -> {workers_after} "
+                f"worker(s), resuming from "
+                f"{'step %d' % ex.progress.checkpoint_step if ex.progress.checkpoint_step else 'the start'} "
+                f"({ex.clock() - began:.2f} s to restart: {stopped_at - began:.2f} to checkpoint and stop, "
+                f"{launched_at - stopped_at:.2f} to apply the plan, {ex.clock() - launched_at:.2f} to launch)")
+        ex.reporter.emit("message", text=text)
+        ex.announce("resized", {"old": resize.membership(old), "new": resize.membership(new),
+                                "reason": request.reason, "workers": workers_after,
+                                "checkpoint_step": ex.progress.checkpoint_step})
+        return text
+
+    def standbys_for(self, ex: JobExecutor[Any], new: ClusterPlan) -> list[str]:
+        """Before a relaunch at ``new``: a standby for each of its training tasks that has none,
+        and wait (reading the job's streams) until they imported TensorFlow, up to
+        :data:`STANDBY_WAIT`. Best effort (a standby that is late or failed is passed over and its
+        task starts afresh); the keys of the standbys started, which the resize keeps."""
+        names = [task.name for task in new.training_tasks if ex.state.standby(task.name) is None]
+        if not names:
+            return []
+        try:
+            sync_code(new, ex.pool, ex.reporter, ex.root)     # a host new to the cluster needs the code
+            records, failures = start_standbys(ex.writer, ex.pool, new, ex.secrets, names)
+        except PsclusterError as exc:
+            records, failures = {}, [Failure("the relaunch", exc)]
+        report_standbys(Reporter(), {}, failures)
+        if not records:
+            return []
+        ex.reporter.emit("message", text=f"starting {len(records)} standby(s) for the relaunch while the job trains")
+        pending, deadline = dict(records), ex.clock() + STANDBY_WAIT
+        while pending and ex.clock() < deadline:
+            for name, record in list(pending.items()):
+                try:
+                    if hostops.read(ex.pool.get(new.host(record.host)), ready_file(record.log), limit=16).exists:
+                        del pending[name]
+                except PsclusterError:
+                    del pending[name]           # its host does not answer: the relaunch will say more
+            self.pump(ex)
+            ex.sleep(0.3)
+        return [record.key for record in records.values()]
+
+    def resize_in_place(self, ex: JobExecutor[Any], request: ResizeRequest, diff: PlanDiff) -> str | None:
+        """Async, workers added after the last one or the last ones removed: the running chief takes
+        the new cluster between two closures (roles/membership.py), with no checkpoint and no
+        restart. None if it did not (it refused, ended, or did not answer): then the caller
+        restarts the job from a checkpoint."""
+        old, new = ex.plan, request.plan
+        chief = ex.current(self.train.leader.name)
+        if chief is None or not chief.started or chief.done or chief.ended_at is not None or not chief.record.events:
+            return None
+        self.membership_seq += 1
+        seq = self.membership_seq
+        began = ex.clock()
+        ex.reporter.emit("message", text=f"resizing in place: {resize.describe(diff, new)}; "
+                                         "the chief takes the new cluster between two steps")
+        try:
+            hostops.tell(ex.pool.get(ex.plan.host(chief.task.host)), chief.record.events,
+                         {"seq": seq, "cluster": new.cluster_spec})
+        except PsclusterError as exc:
+            answer: dict[str, Any] | None = {"refused": exc.message.splitlines()[0]}
+        else:
+            answer = self.pump_until(ex, lambda: self.membership_answers.get(seq), chief, timeout=IN_PLACE_TIMEOUT)
+        if answer is None or answer.get("refused"):
+            why = answer.get("refused") if answer else "it did not answer"
+            ex.reporter.emit("message", level="warning",
+                             text=f"the chief did not take the change in place ({why}); restarting from a checkpoint")
+            return None
+        ex.forget_and_stop([w for w in ex.watched.values()
+                            if w.kind is ProcessKind.SERVER and w.task.name in diff.stop])
+        running = [w.record.key for w in ex.watched.values() if w.kind is ProcessKind.TRAIN]
+        resize.apply_plan(ex.writer, ex.pool, ex.reporter, old, new, diff, ex.secrets, root=ex.root,
+                          standbys=False, started=diff.start, running=running)
+        ex.plan = new
+        ex.watch_servers()
+        workers_before, workers_after = len(old.tasks_of("worker")), len(new.tasks_of("worker"))
+        ex.set_job(workers=workers_after, message=None)
+        ex.retarget()
+        text = (f"resized ({request.reason}) in place: {resize.describe(diff, new)}; {workers_before} -> "
+                f"{workers_after} worker(s) at step {answer.get('step')}, no restart "
+                f"({ex.clock() - began:.1f} s; the chief paused {answer.get('seconds', 0):.1f} s)")
+        ex.reporter.emit("message", text=text)
+        ex.announce("resized", {"old": resize.membership(old), "new": resize.membership(new),
+                                "reason": request.reason, "workers": workers_after, "in_place": True,
+                                "step": answer.get("step")})
+        return text
+
+    def pump(self, ex: JobExecutor[Any]) -> None:
+        """What the loop does besides deciding: read the hosts' watch streams (the job's events)
+        and keep its record current, e.g. while a resize waits for new servers or for the chief."""
+        now = ex.clock()
+        ex.read_streams(now)
+        ex.publish(now)
+
+    def pump_until(self, ex: JobExecutor[Any], found: Callable[[], dict[str, Any] | None], chief: Watched, *,
+                   timeout: float) -> dict[str, Any] | None:
+        """:meth:`pump` until ``found()`` gives an answer, the chief ends, or ``timeout`` passes (None)."""
+        deadline = ex.clock() + timeout
+        while True:
+            now = ex.clock()
+            self.pump(ex)
+            answer = found()
+            if answer is not None:
+                return answer
+            if chief.ended_at is not None or now > deadline:
+                return None
+            ex.sleep(LOOP_SECONDS)
+
+    # ------------------------------------------------------------------ elastic (train --min-workers, --hosts-from)
+    def drop_out(self, ex: JobExecutor[Any], host: str, why: str, task: str | None = None) -> bool:
+        """A worker host lost beyond --host-timeout (``task`` None: all its tasks go, and it is
+        watched until it answers again), or a worker that used up its restarts (``task``: its
+        host runs one worker fewer): go on without it if at least --min-workers remain (True),
+        else let the job fail as before (False)."""
+        if self.elastic is None or self.elastic.min_workers is None:
+            return False
+        counts = resize.worker_counts(ex.plan)
+        others = sorted({t.role for t in ex.plan.tasks if t.host == host} - {"worker"})
+        verdict = core.drop_out(counts, host=host, other_roles=others, task=task, min_workers=self.elastic.min_workers)
+        if not verdict.drop:
+            ex.reporter.emit("message", level="warning", text=f"cannot go on without {task or host}: {verdict.why}")
+            return False
+        fewer = counts.get(host, 0) if task is None else 1
+        dropped_left = {h: 0 for h in self.dropped}
+        new = resize.replan(ex.plan, port_base=ex.state.port_base, limit=ex.state.limit,
+                            counts={**counts, **dropped_left, host: counts.get(host, 0) - fewer}, pool=None)
+        if task is None:
+            self.dropped[host] = HostLink(ex.plan.host(host), ex.pool, clock=ex.clock)
+            self.dropped[host].set_targets([], [])
+        self.resize(ex, resize.ResizeRequest(new, reason=f"{task or host} {why}"),
+                        unreachable={host} if task is None else set())
+        return True
+
+    def elastic_turn(self, ex: JobExecutor[Any]) -> None:
+        """Take back a dropped host that answers again; follow the discovery command."""
+        elastic = self.elastic
+        assert elastic is not None
+        now = ex.clock()
+        for host, link in list(self.dropped.items()):
+            if link.poll(now) and now >= self.next_rejoin:        # its watch stream answers: the host is back
+                self.next_rejoin = now + REJOIN_RETRY
+                self.stop_leftovers(ex, host)
+                self.rejoin(ex, {host: None}, f"{host} is back")
+                return
+        if elastic.hosts_from and now >= self.next_discovery:
+            self.next_discovery = now + elastic.hosts_every
+            wanted = resize.discover(elastic.hosts_from, ex.reporter)
+            if wanted is not None:
+                self.follow_discovery(ex, wanted)
+
+    def stop_leftovers(self, ex: JobExecutor[Any], host: str) -> None:
+        """What a lost host still runs of this cluster (its processes lived on behind the cut: a
+        server would hold its port): stopped before the host rejoins."""
+        left = [r for r in ex.state.live_records() if r.host == host and r.key not in ex.watched]
+        if left:
+            ex.reporter.emit("message", text=f"{host} answers again: stopping {len(left)} process(es) it still "
+                                             "runs from before it was lost")
+            plan = resize.knowing_hosts(ex.plan, self.dropped[host].host) if host in self.dropped else ex.plan
+            stopped, errors = stop_records(plan, left, ex.pool, ex.reporter, grace=3.0)
+            ex.writer.change(lambda s: s.replace_records(stopped))
+            for where, error in errors.items():
+                ex.reporter.emit("message", level="warning",
+                                 text=f"could not stop what {where} still runs: {error.message.splitlines()[0]}")
+
+    def follow_discovery(self, ex: JobExecutor[Any], wanted: dict[str, int | None]) -> None:
+        """Grow or shrink to the discovery command's host list (hosts of the inventory's worker group)."""
+        from ..inventory import load_inventory
+        inventory_workers = load_inventory(ex.plan.inventory_path).hosts_of("worker")
+        unknown = sorted(set(wanted) - set(inventory_workers))
+        if unknown:
+            ex.reporter.emit("message", level="warning",
+                             text=f"--hosts-from names {', '.join(unknown)}, not in the inventory's worker group: "
+                                  "left out")
+        counts = resize.worker_counts(ex.plan)
+        target = {host: (0 if host not in wanted else wanted[host]) for host in inventory_workers}
+        changed = {h: c for h, c in target.items() if (c if c is not None else -1) != counts.get(h, 0)
+                   and not (c is None and h in counts)}
+        if not changed or not any(c != 0 for c in target.values()):
+            return
+        self.rejoin(ex, changed, "--hosts-from")
+
+    def rejoin(self, ex: JobExecutor[Any], changes: dict[str, int | None], reason: str) -> None:
+        """Resize to the current plan with ``changes`` (None: the inventory's count), after a
+        preflight of the hosts that get tasks; a failed preflight waits for the next try."""
+        counts: dict[str, int] = dict(resize.worker_counts(ex.plan))
+        for host in changes:
+            counts.pop(host, None)
+        fixed = {h: c for h, c in changes.items() if c is not None}
+        dropped_left = {h: 0 for h in self.dropped if h not in changes}
+        try:
+            new = resize.replan(ex.plan, port_base=ex.state.port_base, limit=ex.state.limit,
+                                counts={**counts, **dropped_left, **fixed}, pool=ex.pool)
+            diff = resize.diff_plans(ex.plan, new)
+            if diff.empty:
+                return
+            resize.check_resize(ex.plan, new, diff, job_live=True)
+            to_check = resize.plan_changes_for(new, diff, ex.plan)
+            if to_check.tasks:
+                from ..hosts.preflight import run_preflight
+                report = run_preflight(to_check, ex.pool, Reporter())
+                if not report.ok:
+                    failed = next(r for r in report.results if not r.ok)
+                    ex.reporter.emit("message", level="warning",
+                                     text=f"{reason}: not yet ({failed.host}: {failed.check}: {failed.detail}); trying again later")
+                    return
+        except PsclusterError as exc:
+            ex.reporter.emit("message", level="warning", text=f"{reason}: {exc.message.splitlines()[0]}")
+            return
+        for host in changes:
+            link = self.dropped.pop(host, None)
+            if link is not None:
+                link.close()
+        self.resize(ex, resize.ResizeRequest(new, reason=reason))
+
+    def prepare_new_hosts(self, ex: JobExecutor[Any]) -> None:
+        """The job's files on hosts that just joined (the code itself came with apply_plan)."""
+        if not self.train.job.example and any(needs_sync(h, ex.root) for h in ex.plan.hosts):
+            sync_files(ex.plan, ex.pool, ex.reporter, job_files(self.train.job, ex.plan), ex.root)
