@@ -14,27 +14,20 @@ ports, masks and TF_CONFIG are exactly what ``up`` would use. Placement:
 a failed configuration is recorded and the study goes on; Ctrl-C stops the study after taking
 the current cluster down. Besides lifecycle's and supervision's events, it emits
 ``bench-config`` (index, total, mode, workers, placement, repeat, name) before a configuration
-and ``bench-result`` (result: :class:`BenchResult`) after it.
+and ``bench-result`` (result: :class:`BenchResult`) after it. Where and how the study ran (this
+machine, the hosts' facts, the command line) is :mod:`cluster.bench.environment`'s.
 """
 from __future__ import annotations
 
-import datetime
-import importlib.metadata
-import os
-import platform
-import shlex
-import socket
 import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..hosts import hostops
 from ..contracts import MODE_NAMES, canonical_mode, resolve_mode
 from ..errors import PlanError, PsclusterError, UsageError
 from ..events import Reporter, TeeReporter
-from ..fanout import fan_out
 from ..inventory import MODES, Inventory
 from ..plan import ClusterPlan, HostSpec, PlanOptions, plan_cluster
 from ..secrets import Secrets
@@ -565,63 +558,7 @@ def _down(name: str, *, store: StateStore, pool: TransportPool, reporter: Report
     return f"interrupted while stopping; run 'pscluster down --name {name}'"
 
 
-# ----------------------------------------------------------------------------- environment
-
-def gather_facts(hosts: Sequence[HostSpec], pool: TransportPool) -> dict[str, hostops.HostFacts | str]:
-    """CPU count, GPUs and TensorFlow of each host, in parallel; an error text for a host
-    that could not be asked (its configurations will then fail at preflight)."""
-    asked = fan_out(hosts, lambda host: hostops.facts(pool.get(host), ports=[], gpus=True, workdir=None),
-                    name="bench facts")
-    return {o.key: o.error.message if o.error is not None else o.result() for o in asked}
-
-
-def host_environment(facts: Mapping[str, hostops.HostFacts | str]) -> list[dict]:
-    rows: list[dict[str, object]] = []
-    for host, item in facts.items():
-        if isinstance(item, str):
-            rows.append({"host": host, "error": item})
-            continue
-        rows.append({"host": host, "hostname": item.hostname, "python": item.python, "executable": item.executable,
-                     "cpus": item.cpus, "tf_dist": item.tf_dist, "tf_version": item.tf_version,
-                     "gpus": list(item.gpus or ()), "gpu_error": item.gpu_error})
-    return rows
-
-
 def document(results: Sequence[BenchResult], environment: dict) -> dict:
     """The ``--json`` / ``--out`` document."""
     return {"environment": environment, "results": [r.to_json() for r in results],
             "summary": [s.to_json() for s in summarize(results)]}
-
-
-def command_line(job: str, inventory: str, spec: StudySpec) -> str:
-    """The study as one explicit command line (every default spelled out), to rerun it."""
-    argv = ["pscluster", "bench", job, inventory, "--workers", ",".join(map(str, spec.workers)),
-            "--mode", ",".join(spec.modes), "--placement", ",".join(spec.placements),
-            "--steps", str(spec.steps), "--repeat", str(spec.repeat)]
-    for flag, value in (("--target-accuracy", spec.target_accuracy), ("--eval-every", spec.eval_every),
-                        ("--batch-size", spec.batch_size), ("--steps-per-execution", spec.steps_per_execution),
-                        ("--port-base", spec.port_base)):
-        if value is not None:
-            argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
-    return shlex.join(argv)
-
-
-def environment(facts: Mapping[str, hostops.HostFacts | str], *, job: str, inventory: str,
-                spec: StudySpec) -> dict:
-    """Where, when and how the study ran: this machine, each host's facts, the command."""
-    try:
-        version = importlib.metadata.version("pscluster")
-    except importlib.metadata.PackageNotFoundError:
-        version = None
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": command_line(job, inventory, spec),
-        "pscluster": version, "job": job, "inventory": inventory,
-        "control": {"hostname": socket.gethostname(), "python": platform.python_version(),
-                    "platform": platform.platform(), "cpus": os.cpu_count()},
-        "hosts": host_environment(facts),
-        "study": {"modes": list(spec.modes), "workers": list(spec.workers), "placements": list(spec.placements),
-                  "steps": spec.steps, "repeat": spec.repeat, "target_accuracy": spec.target_accuracy,
-                  "eval_every": spec.train_options().eval_every, "batch_size": spec.batch_size,
-                  "steps_per_execution": spec.steps_per_execution, "restart_policy": "never"},
-    }

@@ -163,7 +163,7 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
     cluster (bench-<mode>-<n>w-<placement>-r<k>), trained for --steps and always brought down.
     Exit code 1 when a configuration failed, 130 when interrupted (what was measured is still shown).
     """
-    from ..bench import study as study
+    from ..bench import environment, study
     from ..supervision.training import resolve_job
     inv = _inventory(env, inventory, limit, None, roles=("worker",))
     spec = study.StudySpec.from_command_line(inv, workers=workers_text, modes=modes_text, placements=placements_text,
@@ -179,7 +179,7 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
     display = ui.BenchProgress(env.err)
     try:
         with env.pool_factory() as pool:
-            facts = study.gather_facts(study.study_hosts(inv, spec, options), pool)
+            facts = environment.gather_facts(study.study_hosts(inv, spec, options), pool)
             cpus = {host: item.cpus for host, item in facts.items() if not isinstance(item, str)}
             configs = study.plan_study(inv, spec, options, cpus)
             secrets = take_secrets(*(config.plan for config in configs if config.plan))
@@ -187,7 +187,7 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
                                   root=project_root(), secrets=secrets).run(configs)
     finally:
         display.close()
-    document = study.document(outcome.results, study.environment(facts, job=job, inventory=inventory, spec=spec))
+    document = study.document(outcome.results, environment.environment(facts, job=job, inventory=inventory, spec=spec))
     if out:
         try:
             Path(out).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
