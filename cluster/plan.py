@@ -232,6 +232,7 @@ class ClusterPlan:
                 "ssh_port": host.ssh_port, "user": host.user, "key_file": host.key_file,
                 "jump": list(host.jump), "become_user": host.become_user, "python": host.python,
                 "workdir": host.workdir, "sources": dict(host.origins),
+                **({"docker_args": list(host.docker_args)} if host.connection == "docker" else {}),
             } for host in self.hosts],
             "unused": [{"role": role, "reason": reason} for role, reason in self.unused],
             "notify": [mask_url(url) for url in self.notify],

@@ -149,7 +149,8 @@ def host_from_json(host: dict) -> HostSpec:
     """A :class:`HostSpec` from its ``dataclasses.asdict`` form (fields added later default)."""
     return HostSpec(**dict(host, secret_env=tuple(host.get("secret_env", ())),
                            secret_env_roles=tuple(host.get("secret_env_roles", ())),
-                           jump=tuple(host.get("jump", ())), become_user=host.get("become_user"),
+                           jump=tuple(host.get("jump", ())), docker_args=tuple(host.get("docker_args", ())),
+                           become_user=host.get("become_user"),
                            gpu_busy_mib=host.get("gpu_busy_mib", 1024),
                            origins=tuple(tuple(item) for item in host.get("origins", ()))))
 

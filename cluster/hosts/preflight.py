@@ -113,6 +113,11 @@ def keras_check(host: str, tf_version: str | None, tf_keras_version: str | None,
     return CheckResult(host, "keras", True, f"legacy Keras: tf-keras {tf_keras_version}")
 
 
+def reach_check(host: HostSpec) -> str:
+    """The name of the check that a host answers: ``docker`` for a container, else ``ssh``."""
+    return "docker" if host.connection == "docker" else "ssh"
+
+
 def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, connect_seconds: float, *,
                allow_busy_gpus: bool = False,
                tensorflow: TensorFlowNeed = TensorFlowNeed.REQUIRED) -> list[CheckResult]:
@@ -120,7 +125,7 @@ def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, conn
     name = host.name
     tasks = [task for task in plan.tasks if task.host == name]
     results = [
-        CheckResult(name, "ssh", True, "local (no SSH)" if host.is_local else
+        CheckResult(name, reach_check(host), True, "local (no SSH)" if host.is_local else
                     f"{'docker exec' if host.connection == 'docker' else 'connected'} in {connect_seconds:.2f} s"),
         CheckResult(name, "python", True, f"{facts.python} ({facts.executable})"),
     ]
@@ -332,7 +337,11 @@ def _where(pool: TransportPool, host: HostSpec, result: CheckResult) -> CheckRes
     if result.ok or result.check not in ("python", "tensorflow", "keras"):
         return result
     where = pool.get(host).describe()
-    return dataclasses.replace(result, detail=f"{result.detail} ({where})") if where else result
+    if not where:
+        return result
+    first, newline, rest = result.detail.partition("\n")
+    first = first.replace(" (exit code 127)", "")
+    return dataclasses.replace(result, detail=f"{first} ({where}){newline}{rest}")
 
 
 def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, *,
@@ -359,7 +368,7 @@ def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, *,
     facts: dict[str, hostops.HostFacts] = {}
     for outcome in fan_out(plan.hosts, one, name="preflight", catch=HostError, max_workers=MAX_PARALLEL):
         if outcome.error is not None:       # unreachable, or no usable interpreter there
-            check = "ssh" if "interpreter" not in outcome.error.message else "python"
+            check = reach_check(outcome.item) if "interpreter" not in outcome.error.message else "python"
             results.append(_where(pool, outcome.item, CheckResult(
                 outcome.key, check, False, outcome.error.message.split(": ", 1)[-1], hint=outcome.error.hint)))
             continue

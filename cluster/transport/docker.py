@@ -154,11 +154,17 @@ class DockerTransport(LocalTransport):   # its subprocess stream serves; run and
         except subprocess.TimeoutExpired:
             raise HostError(self.host.name, f"command timed out after {timeout:.0f} s", argv=argv) from None
         stderr = proc.stderr.decode("utf-8", "replace")
-        # docker exec's own failures (not the command's): 125 from the client, or the daemon's message.
-        if proc.returncode in (125, 126, 127, 1) and not proc.stdout and _docker_failed(stderr):
+        # docker exec's own failures (not the command's): 125 from the client, 126/127 when the
+        # runtime cannot start the program (Docker 20.10 says why on stdout), or the daemon's message.
+        if proc.returncode in (126, 127):
+            said = proc.stdout.decode("utf-8", "replace") + stderr
+            if "unable to find user" in said:
+                raise UnreachableHostError(self.host.name, f"no user {self.host.user!r} in {self.describe()}",
+                                           hint="ansible_user must be a user of the container's image")
+            if "OCI runtime exec failed" in said or "executable file not found" in said:
+                return CommandResult(self.host.name, tuple(argv), 127, "", said)   # the program is missing
+        if proc.returncode in (1, 125) and not proc.stdout and _docker_failed(stderr):
             why = diagnose(self.host) or stderr.strip()
-            if proc.returncode in (126, 127) and why == stderr.strip():
-                return CommandResult(self.host.name, tuple(argv), 127, "", stderr)   # the program is missing
             raise UnreachableHostError(self.host.name, why, argv=command[:command.index("exec") + 1])
         return CommandResult(self.host.name, tuple(argv), proc.returncode,
                              proc.stdout.decode("utf-8", "replace"), stderr)

@@ -4,6 +4,7 @@ stream guard), run here as plain subprocesses. The real thing, against a Docker 
 tests/docker/test_docker_connection.py."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -168,3 +169,10 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as handle:
         return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_container_answers_the_docker_check_not_ssh(tmp_path, write_inventory, monkeypatch):
+    from cluster.hosts.preflight import reach_check
+    host = docker_host(write_inventory, monkeypatch, None)
+    assert reach_check(host) == "docker"
+    assert reach_check(dataclasses.replace(host, connection="ssh")) == "ssh"
