@@ -130,6 +130,15 @@ def knowing_hosts(plan: ClusterPlan, *others: ClusterPlan | HostSpec) -> Cluster
     return replace(plan, hosts=tuple(hosts.values()))
 
 
+def keep_reach(new: ClusterPlan, state: RunState, *known: ClusterPlan | HostSpec) -> ClusterPlan:
+    """``new``, also knowing each host of ``known`` on which ``state`` still records live processes."""
+    planned = {host.name for host in new.hosts}
+    left = {record.host for record in state.live_records() if record.host not in planned}
+    hosts = [host for other in known for host in (other.hosts if isinstance(other, ClusterPlan) else (other,))
+             if host.name in left]
+    return knowing_hosts(new, *hosts) if hosts else new
+
+
 def plan_changes_for(new: ClusterPlan, diff: PlanDiff, old: ClusterPlan | None = None) -> ClusterPlan:
     """The part of ``new`` that starts: what preflight checks before a resize (ports, TensorFlow,
     GPUs on the hosts that get tasks), so that the servers that stay are not in its way. A task
@@ -182,7 +191,10 @@ def apply_plan(writer: StateWriter, pool: TransportPool, reporter: Reporter, old
         leaving = [r for r in state.processes if r.stopped and r.host not in staying and r.host not in unreachable]
         if leaving:
             forget_pid_files(reach, leaving, pool)
-    writer.change(lambda s: setattr(s, "plan", new))
+    # A lost host that still has processes stays known to the recorded plan (with no tasks), so
+    # that `down` can reach it once it answers; found by the containers' fault tests, where
+    # `down` after an elastic drop-out failed on the host it no longer knew.
+    writer.change(lambda s: setattr(s, "plan", keep_reach(new, s, old, *known_hosts)))
     sync_code(new, pool, reporter, root)
     standing = [new.task(name) for name in diff.start if new.task(name).standing and name not in started]
     _start_servers(writer, pool, reporter, new, standing, secrets, timeout)

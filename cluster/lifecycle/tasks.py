@@ -246,7 +246,13 @@ def stop_records(plan: ClusterPlan, records: Sequence[ProcessRecord], pool: Tran
     stopped: list[ProcessRecord] = []
     errors: dict[str, PsclusterError] = {}
 
+    known = {spec.name for spec in plan.hosts}
+
     def one(host: str) -> dict[str, hostops.StopResult]:
+        if host not in known:       # a record older than the plan's knowledge of its host
+            raise HostError(host, "the cluster's plan no longer says how to reach this host",
+                            hint=f"stop its processes there by hand: pids "
+                                 f"{', '.join(str(r.pid) for r in grouped[host] if r.pid)}")
         return hostops.stop(pool.get(plan.host(host)), grouped[host], grace=grace, first_signal=first_signal)
 
     for outcome in fan_out(grouped, one, name="stop"):

@@ -1,7 +1,8 @@
 """Containers for real: a Docker engine of the suite's own (testbed/dockerlab.py), the registry-free
 base image, and the node image built from this checkout.
 
-The engine is started once per session and stopped at its end; stopping removes every container
+The engine is started once for this package and stopped after its last test (so nothing of it
+is left while the rest of the suite runs); stopping removes every container
 and network it made, its iptables chains and bridges, and restores ``ip_forward``
 (tests/docker/test_engine.py checks that). Images are kept in the engine's data root between
 runs (``/var/cache/pscluster-dockerlab``): a cold machine builds them in about 1.5 minutes,
@@ -29,7 +30,7 @@ IMAGE = dockerlab.NODE_IMAGE
 NODE_PYTHON = "/opt/pscluster/venv/bin/python"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def engine():
     try:
         dockerlab.check_available()

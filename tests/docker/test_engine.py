@@ -1,0 +1,48 @@
+"""The suite's Docker engine leaves the machine as it found it: after a container on a network of
+its own has run, stopping the engine removes dockerd's iptables rules and chains, docker0 and the
+network's bridge, and restores ip_forward and the FORWARD policy (docs/platform-notes.md D4, D5).
+Then the engine starts again for the tests that follow (its data root, with the images, is kept)."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from testbed import dockerlab
+from tests.docker.conftest import docker
+
+pytestmark = [pytest.mark.docker]
+
+
+def machine() -> dict:
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    return {
+        "rules": {table: sorted(subprocess.run(["iptables", "-t", table, "-S"], capture_output=True,
+                                               text=True).stdout.splitlines()) for table in ("filter", "nat")},
+        "links": sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines()),
+        "ip_forward": open("/proc/sys/net/ipv4/ip_forward").read().strip(),
+    }
+
+
+def test_stopping_the_engine_undoes_what_dockerd_did(engine):
+    before = engine._saved      # what start() found
+    docker(engine, "network", "create", "psc-engine-test")
+    docker(engine, "run", "-d", "--name", "psc-engine-test", "--network", "psc-engine-test",
+           dockerlab.BASE_IMAGE, "sleep", "infinity")
+    during = machine()
+    assert "docker0" in during["links"] and any(link.startswith("br-") for link in during["links"])
+    assert any("DOCKER" in rule for rule in during["rules"]["filter"])
+    assert during["ip_forward"] == "1"
+
+    engine.stop()
+    after = machine()
+    try:
+        assert after["rules"]["filter"] == sorted(before["rules"]["filter"])
+        assert after["rules"]["nat"] == sorted(before["rules"]["nat"])
+        assert set(after["links"]) == set(before["links"])
+        assert after["ip_forward"] == before["ip_forward"]
+        assert engine.pid is None
+    finally:
+        engine.start()
+    assert engine.image_exists(dockerlab.NODE_IMAGE)       # the data root (images) is kept
+    assert engine.containers() == []                       # ...but not what ran
