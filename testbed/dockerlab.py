@@ -350,19 +350,19 @@ def extra_ca_bundle(directory: pathlib.Path) -> pathlib.Path | None:
 
 
 def build_node_image(engine: Engine, *, tag: str = NODE_IMAGE, base: str = BASE_IMAGE,
-                     extra_args: Sequence[str] = (), log=print) -> dict:
+                     extra_args: Sequence[str] = (), context: pathlib.Path = REPO, log=print) -> dict:
     """``docker build`` of docker/Dockerfile from this checkout (BuildKit, the extra CAs as a secret).
 
     Returns ``{"seconds", "size_bytes", "tag"}``.
     """
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        argv = [DOCKER, "build", "-f", str(REPO / "docker" / "Dockerfile"), "-t", tag,
+        argv = [DOCKER, "build", "-f", str(context / "docker" / "Dockerfile"), "-t", tag,
                 "--build-arg", f"BASE_IMAGE={base}", *extra_args]
         bundle = extra_ca_bundle(pathlib.Path(tmp))
         if bundle is not None:
             argv += ["--secret", f"id=extra_ca,src={bundle}"]
-        proc = subprocess.run([*argv, str(REPO)], env=engine.env(), capture_output=True, timeout=1800)
+        proc = subprocess.run([*argv, str(context)], env=engine.env(), capture_output=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"docker build failed: {proc.stderr.decode('utf-8', 'replace')[-3000:]}")
     took = time.monotonic() - start
