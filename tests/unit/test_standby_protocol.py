@@ -107,9 +107,18 @@ def test_another_import_time_environment_is_declined_and_the_standby_is_gone(tmp
     assert "s3cr3t" not in open(standby["log"]).read() and not os.path.exists(log + ".pid")
 
 
-def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as handle:
-        return handle.read().rsplit(")", 1)[1].split()[0]
+def _all_threads_stopped(pid: int) -> bool:
+    """Every thread of ``pid`` has taken the stop. /proc/PID/stat is the main thread only: a thread
+    blocked in the FIFO's open keeps counting as its reader until it is scheduled and takes the
+    stop itself, which on a loaded machine can come well after the main thread's "T"."""
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as handle:
+                states.append(handle.read().rsplit(")", 1)[1].split()[0])
+        except OSError:
+            continue        # a thread that ended
+    return bool(states) and all(state in ("T", "t") for state in states)
 
 
 def _children_ended(pid: int) -> bool:
@@ -130,8 +139,9 @@ def test_no_listener_is_declined_at_once(tmp_path, env):
     standby = start_standby(tmp_path, env)
     os.kill(standby["pid"], 19)       # SIGSTOP: its blocking open of the FIFO is interrupted
     try:
-        # Stopped ("T") only once it woke, left its open of the FIFO (no reader then) and took the stop.
-        _wait(lambda: _state(standby["pid"]) == "T", "the standby is stopped")
+        # Stopped ("T") only once it woke, left its open of the FIFO (no reader then) and took the
+        # stop: every thread of it, since the open may be in any of them.
+        _wait(lambda: _all_threads_stopped(standby["pid"]), "every thread of the standby is stopped")
         began = time.monotonic()
         answer, _, _ = adopt(tmp_path, standby, env)
         assert answer == {"declined": "the standby is not listening"} and time.monotonic() - began < 5
