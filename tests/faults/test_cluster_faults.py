@@ -57,12 +57,15 @@ def test_short_link_cut_fails_at_once_under_policy_never(fault_cluster):
     training.wait_step(100)
     cluster.lab.cut("node-3")
     cut_at = time.monotonic()
-    code, report = training.finish(timeout=60)
+    code, report = training.finish(timeout=120)
     failed_after = time.monotonic() - cut_at
     cluster.lab.heal("node-3")
     assert code == 1 and report is None
     assert "error: training failed: node-3: unreachable" in training.stderr, training.stderr
-    assert failed_after < 15, failed_after
+    # At once: the loss is seen after 4 s of silence and fails the job, where the default policy
+    # waits out the 60 s host timeout. Seeing the loss, stopping the job's processes and exiting
+    # take 2-3x longer on a loaded machine: the bound is set against the 60 s, not against them.
+    assert failed_after < 45, failed_after
     assert cluster.state()["job"]["state"] == "failed"
 
 
@@ -81,7 +84,9 @@ def test_host_lost_for_good_fails_the_job_and_down_finishes_later(fault_cluster)
     failed_after = time.monotonic() - cut_at
     assert code == 1
     assert "node-3: unreachable for" in training.stderr and "worker:1" in training.stderr
-    assert failed_after < 10 + 15, failed_after
+    # Within --host-timeout 10 (plus detection and the stop, slow on a loaded machine), not the
+    # default 60 s: a job that ignored the option would fail 60 s or more after the cut.
+    assert failed_after < 10 + 40, failed_after
 
     others = [r for r in cluster.state()["processes"] if not r["stopped"] and r["host"] != "node-3"]
     assert others, "servers on node-1 and node-2 are still recorded"
@@ -111,7 +116,9 @@ def test_policy_never_fails_at_once_with_the_root_cause(fault_cluster):
     killed_at = time.monotonic()
     code, _ = training.finish(timeout=60)
     assert code == 1
-    assert time.monotonic() - killed_at < 10
+    # At once: no restart, no waiting for a timeout (the host timeout is 60 s). The exit is seen
+    # in under a second; the stop of the other tasks and the CLI's exit are slower under load.
+    assert time.monotonic() - killed_at < 30
     error = next(line for line in training.stderr.splitlines() if line.startswith("error:"))
     assert error == "error: training failed (restart policy 'never'): worker:1@node-3: was killed by signal 9"
     assert "last lines of its log" in training.stderr or "its log, at the failure" in training.stderr

@@ -165,7 +165,9 @@ def test_unreachable_host_is_named_and_nothing_starts(cluster):
     assert up.returncode == 1
     assert f"node-3: ssh: cannot reach root@{lab.host('node-3').address}" in up.stderr
     assert "nothing was started" in up.stderr
-    assert elapsed < 3 + 15, elapsed        # connect timeout 3 s, plus interpreter start-ups
+    # Connect timeout 3 s, plus interpreter start-ups and the preflight of the other hosts (2-3x
+    # slower on a loaded machine): bounded by the connect timeout, not TCP's own ~2 min of SYNs.
+    assert elapsed < 3 + 45, elapsed
     assert not (state_dir / f"{name}.json").exists()
     assert cluster_pids(name) == []
 

@@ -95,7 +95,9 @@ def test_cut_times_out_and_heal_restores(lab3):
     t0 = time.monotonic()
     with pytest.raises(OSError):  # a dead host: silence, then timeout (not "refused")
         socket.create_connection((h.address, 22), timeout=2).close()
-    assert 1.5 < time.monotonic() - t0 < 4
+    # Silence until the 2 s timeout (not refused at once; not TCP's own ~2 min of SYNs): the
+    # upper bound leaves room for a loaded machine.
+    assert 1.5 < time.monotonic() - t0 < 10
     # also from another host
     r = lab3.exec_in_netns("node-1", [sys.executable, "-c",
                                       "import socket,sys; socket.create_connection((sys.argv[1],22),2)",
@@ -105,7 +107,7 @@ def test_cut_times_out_and_heal_restores(lab3):
     r = subprocess.run(lab3.ssh_argv("node-2", "true", connect_timeout=2),
                        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
     assert r.returncode == 255
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 15          # ConnectTimeout=2 (plus ssh's start-up, slow under load)
     # others are unaffected
     assert lab3.run("node-3", "hostname").stdout.strip() == "node-3"
     lab3.heal("node-2")
@@ -123,9 +125,10 @@ def test_cut_detected_by_keepalive(lab3):
         assert proc.stdout.readline().strip() == "started"
         lab3.cut("node-3")
         t0 = time.monotonic()
-        rc = proc.wait(timeout=15)
+        rc = proc.wait(timeout=40)
         assert rc == 255
-        assert time.monotonic() - t0 < 8
+        # ~3 s by the keepalive; without it the session would sit out `sleep 60` and TCP's retries
+        assert time.monotonic() - t0 < 30
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -189,13 +192,15 @@ def test_stop_removes_everything(make_lab):
     assert r.returncode == 0, r.stderr
     detached = int(r.stdout.strip())
     assert netlab._alive(detached)
-    session = subprocess.Popen(lab.ssh_argv("node-1", "sleep 300"), stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    session = subprocess.Popen(lab.ssh_argv("node-1", "echo started; sleep 300"), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        time.sleep(0.5)
+        assert session.stdout.readline().strip() == "started"      # the session is open (not just starting)
         t0 = time.monotonic()
         lab.stop()
-        assert time.monotonic() - t0 < 5
+        # Not stuck in its own waits (10 s for processes, 5 s twice for links); on a loaded machine
+        # the kernel's removal of namespaces and veths alone can take seconds.
+        assert time.monotonic() - t0 < 15
         netns = _ip_list("netns", "list")
         links = _ip_list("-o", "link", "show")
         for ns, veth, pid in names:
@@ -212,7 +217,7 @@ def test_stop_removes_everything(make_lab):
     finally:
         if session.poll() is None:
             session.kill()
-        session.wait()
+        session.communicate()
 
 
 def test_two_labs_coexist(make_lab):
@@ -237,7 +242,9 @@ def test_many_hosts(make_lab):
     assert all(_tcp_ok(h.address) for h in lab.hosts)
     for name in ("node-1", "node-33", "node-64"):
         assert lab.run(name, "hostname").stdout.strip() == name
-    assert started < 30, started
+    # A smoke bound against a start that does not scale (say, one host after the other), not a
+    # quiet machine's figure: a loaded 2-core machine starts 64 sshds 2-3x slower.
+    assert started < 60, started
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

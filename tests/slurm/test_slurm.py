@@ -31,7 +31,7 @@ def _cli(lab, job_env, args, state_dir, timeout=600):
                           timeout=timeout)
 
 
-def _wait_gone(lab, name, seconds=20.0):
+def _wait_gone(lab, name, seconds=60.0):      # a wait for a state: Slurm's kill (KillWait 5 s) is slower under load
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and (cluster_pids(name) or lab.cgroup_pids()):
         time.sleep(0.3)
