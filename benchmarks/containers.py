@@ -45,16 +45,6 @@ GROUPS = {"chief": ["node-1"], "ps": ["node-1", "node-2"], "worker": ["node-1", 
 STEPS = "400"
 
 
-def _wait(what: str, condition, timeout: float = 300.0, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(interval)
-
 
 def builds(engine: dockerlab.Engine, cold: bool) -> dict:
     found: dict = {}
@@ -108,7 +98,7 @@ def compose_startup(engine: dockerlab.Engine, work: Path) -> dict:
         subprocess.run([*compose, "up", "-d", "--no-build", "node-1", "node-2", "node-3"], env=env, check=True,
                        capture_output=True)
         marks["containers started"] = time.monotonic() - began
-        _wait("healthy nodes", lambda: engine.docker("inspect", "--format", "{{.State.Health.Status}}", *NODES,
+        dockerlab.wait_for("healthy nodes", lambda: engine.docker("inspect", "--format", "{{.State.Health.Status}}", *NODES,
                                                      check=False).stdout.decode().split() == ["healthy"] * 3)
         marks["sshd healthy"] = time.monotonic() - began
         subprocess.run([*compose, "run", "-d", "--name", CONTROL, "control", "sleep", "infinity"], env=env,
@@ -128,7 +118,7 @@ def compose_startup(engine: dockerlab.Engine, work: Path) -> dict:
                 return ((json.loads(out).get("job") or {}).get("step") or 0) >= 1
             except ValueError:
                 return False
-        _wait("the first step", stepped)
+        dockerlab.wait_for("the first step", stepped)
         marks["first step"] = time.monotonic() - began
         train.communicate(timeout=600)
         subprocess.run([dockerlab.DOCKER, "exec", CONTROL, "pscluster", "down"], env=env, capture_output=True)
@@ -159,7 +149,7 @@ def lab_startup(work: Path) -> dict:
             except (OSError, ValueError):
                 return False
             return ((state.get("job") or {}).get("step") or 0) >= 1
-        _wait("the first step", stepped)
+        dockerlab.wait_for("the first step", stepped)
         marks["first step"] = time.monotonic() - began
         train.communicate(timeout=600)
         subprocess.run([*cli, "down", "--name", "docker"], cwd=REPO, env=env, capture_output=True)

@@ -41,6 +41,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -50,7 +51,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Iterator, Mapping, Sequence
 
-__all__ = ["DockerUnavailable", "Engine", "ensure_base_image", "build_node_image", "extra_ca_bundle",
+__all__ = ["DockerUnavailable", "Engine", "wait_for", "ensure_base_image", "build_node_image", "extra_ca_bundle",
            "check_available", "DOCKER", "COMPOSE", "BASE_IMAGE", "NODE_IMAGE"]
 
 DOCKER = "/usr/bin/docker"
@@ -60,7 +61,6 @@ BASE_IMAGE = "local/debian:bookworm"
 NODE_IMAGE = "pscluster-node:tf2.21.0-cpu"
 BRIDGE_IP = "198.18.100.1/24"
 ADDRESS_POOL = "base=198.18.128.0/17,size=24"
-POOL_PREFIXES = ("198.18.100.", "198.18.1", "198.18.2")   # what our rules may name (filtered below)
 CACHE = pathlib.Path(os.environ.get("PSCLUSTER_DOCKER_CACHE", "/var/cache/pscluster-dockerlab"))
 MACHINE_LOCK = pathlib.Path("/run/pscluster-dockerlab.lock")
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -265,7 +265,7 @@ class Engine:
             rules = _rules(table)
             for rule in rules:     # rules in chains (ours or built-in) that dockerd added
                 if rule.startswith("-A ") and rule not in before and _ours(rule):
-                    _run(["iptables", "-t", table, *_split(rule.replace("-A ", "-D ", 1))], check=False)
+                    _run(["iptables", "-t", table, *shlex.split(rule.replace("-A ", "-D ", 1))], check=False)
             for rule in _rules(table):   # then its chains, emptied first
                 if rule.startswith("-N ") and rule not in before and "DOCKER" in rule:
                     chain = rule.split()[1]
@@ -297,17 +297,25 @@ class Engine:
         return self.docker("ps", "-aq", check=False).stdout.decode().split()
 
 
-def _split(rule: str) -> list[str]:
-    import shlex
-    return shlex.split(rule)
-
-
 def _alive(pid: int) -> bool:
     try:
         state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+def wait_for(what: str, condition, timeout: float = 120.0, interval: float = 0.3):
+    """Poll ``condition`` until it returns something true, and return that value; AssertionError
+    naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
 
 
 def apt_mirror() -> str:

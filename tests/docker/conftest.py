@@ -18,11 +18,11 @@ import pathlib
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 
 from testbed import dockerlab
+from testbed.dockerlab import wait_for  # noqa: F401  (the tests import it from here)
 
 pytestmark = [pytest.mark.docker]
 
@@ -63,18 +63,6 @@ def processes(engine, container: str) -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip() and not line.strip().startswith("ps ")]
 
 
-def wait_for(what: str, condition, timeout: float = 120.0, interval: float = 0.3):
-    """Poll ``condition`` until it returns something true; its value is returned."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
-
-
 def healthy(engine, *containers: str) -> bool:
     out = docker(engine, "inspect", "--format", "{{.State.Health.Status}}", *containers, check=False)
     return out.split() == ["healthy"] * len(containers)
@@ -91,9 +79,11 @@ def cli_env(engine, state_dir: pathlib.Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def pscluster(engine, state_dir, *args, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """``pscluster ARGS`` on this machine (the docker connection reaches the containers)."""
-    return subprocess.run([sys.executable, "-m", "cluster", *map(str, args)], cwd=dockerlab.REPO,
+def pscluster(engine, state_dir, *args, env: dict | None = None, timeout: float = 600,
+              cwd: pathlib.Path | None = None) -> subprocess.CompletedProcess:
+    """``pscluster ARGS`` on this machine (the docker connection reaches the containers), from
+    ``cwd`` (a user's project; default the checkout)."""
+    return subprocess.run([sys.executable, "-m", "cluster", *map(str, args)], cwd=cwd or dockerlab.REPO,
                           env={**cli_env(engine, state_dir), **(env or {})}, capture_output=True, text=True,
                           timeout=timeout)
 

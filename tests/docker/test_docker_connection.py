@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from testbed import dockerlab
-from tests.docker.conftest import IMAGE, NODE_PYTHON, cli_env, docker, final_report, healthy, processes, pscluster, wait_for
+from tests.docker.conftest import IMAGE, NODE_PYTHON, docker, final_report, healthy, processes, pscluster, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.tf]
 
@@ -72,7 +70,8 @@ def test_up_train_run_logs_status_down_through_docker_exec(engine, nodes, tmp_pa
         (project / "data").mkdir(parents=True)
         shutil.copy(dockerlab.REPO / "examples" / "byo" / "tf2_ps_coordinator.py", project / "coord.py")
         shutil.copy(dockerlab.REPO / "examples" / "distributed_mnist" / "data" / "mnist.npz", project / "data")
-        run = _in(project, engine, state, "run", "--name", "exec", "--json", "--", "python", "coord.py", "--steps", "200")
+        run = pscluster(engine, state, "run", "--name", "exec", "--json", "--", "python", "coord.py", "--steps", "200",
+                        cwd=project)
         assert run.returncode == 0, run.stderr[-3000:]
         assert re.search(r"\[chief:0@alpha\] final test_accuracy=0\.[89]", run.stderr), run.stderr[-3000:]
         assert json.loads(run.stdout)["tasks"]
@@ -90,11 +89,6 @@ def test_up_train_run_logs_status_down_through_docker_exec(engine, nodes, tmp_pa
     for node in NODES:     # nothing of ours: no task, no watcher, no standby
         wait_for(f"only init and sleep in {node}", lambda node=node: processes(engine, node) == IDLE, timeout=30)
 
-
-def _in(folder, engine, state, *args) -> subprocess.CompletedProcess:
-    """``pscluster ARGS`` run from ``folder`` (a user's project)."""
-    return subprocess.run([sys.executable, "-m", "cluster", *args], cwd=folder, env=cli_env(engine, state),
-                          capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
