@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from .jobrecord import JobProgress
+from .supervision.jobrecord import JobProgress
 
 
 class UnknownEvent(ValueError):
@@ -130,9 +130,9 @@ class Output:
 @dataclass(frozen=True)
 class JobStateChange:
     """The job started, restarted a task, failed, finished, reached ``--deadline`` or was
-    stopped (``event``, one of :data:`cluster.notify.EVENTS`); ``time`` is wall-clock seconds.
+    stopped (``event``, one of :data:`cluster.notify.notifier.EVENTS`); ``time`` is wall-clock seconds.
     ``report`` says more: the job record when it starts, the task restarted, the failure, the
-    final report. Notifications (:mod:`cluster.notify`) are built from it."""
+    final report. Notifications (:mod:`cluster.notify.notifier`) are built from it."""
     cluster: str
     job: str
     job_id: int

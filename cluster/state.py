@@ -26,7 +26,7 @@ from .contracts import ProcessKind
 from .errors import Aborted, StateError, UsageError
 from .names import check_cluster_name
 from .plan import ClusterPlan, HostSpec, TaskSpec
-from .jobrecord import JobProgress
+from .supervision.jobrecord import JobProgress
 
 PHASES = ("starting", "up", "failed", "stopping", "down")
 

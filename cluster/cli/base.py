@@ -18,7 +18,7 @@ from ..hosts.codesync import local_workdir
 from ..contracts import ExitStatus
 from ..errors import PsclusterError, Terminated, UsageError
 from ..inventory import Inventory, load_inventory
-from ..notify import Notifier
+from ..notify.notifier import Notifier
 from ..plan import ClusterPlan, PlanOptions, plan_cluster
 from ..state import RunState, StateStore
 from ..transport import TransportPool
@@ -71,7 +71,7 @@ def _notifier(env: Env, plan: ClusterPlan, urls: tuple[str, ...], commands: tupl
               display) -> Notifier | None:
     """The notifier of the inventory's pscluster_notify and the command line's targets (None: no target).
     Its warnings go to ``display`` as messages."""
-    from ..notify import parse_targets
+    from ..notify.notifier import parse_targets
     targets = parse_targets([*plan.notify, *urls], commands)
     if not targets:
         return None

@@ -61,7 +61,7 @@ SECONDS = FiniteFloat(1, 86400)      # timeouts: a second to a day
 
 
 def _check_notify_urls(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
-    from ..urls import url_problem
+    from ..notify.urls import url_problem
     for value in values:
         problem = url_problem(value)
         if problem:
@@ -70,7 +70,7 @@ def _check_notify_urls(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _check_notify_cmds(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
-    from ..notify import parse_targets
+    from ..notify.notifier import parse_targets
     try:
         parse_targets([], values)
     except UsageError as exc:
@@ -79,7 +79,7 @@ def _check_notify_cmds(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def notify_opts(command):
-    """``--notify URL`` and ``--notify-cmd CMD`` (train, run): job state changes, see cluster/notify.py."""
+    """``--notify URL`` and ``--notify-cmd CMD`` (train, run): job state changes, see cluster/notify/notifier.py."""
     command = click.option("--notify-cmd", "notify_cmds", multiple=True, metavar="CMD", callback=_check_notify_cmds,
                            help="Run CMD with the event JSON on stdin on each job state change; repeatable.")(command)
     return click.option("--notify", "notify_urls", multiple=True, metavar="URL", callback=_check_notify_urls,

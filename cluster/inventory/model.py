@@ -139,7 +139,7 @@ class Inventory:
     groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # Host names in the order the files define them (Ansible's order when a pattern matches names).
     defined: tuple[str, ...] = ()
-    # pscluster_notify: URLs that train and run POST job state changes to (cluster.notify).
+    # pscluster_notify: URLs that train and run POST job state changes to (cluster.notify.notifier).
     notify: tuple[str, ...] = ()
 
     def host(self, name: str) -> HostConfig:

@@ -43,7 +43,7 @@ from ..contracts import ExitStatus, JobState
 from ..errors import PsclusterError
 from ..events import Reporter
 from ..layout import DaemonLayout
-from ..jobrecord import JobProgress, Orchestrator
+from .jobrecord import JobProgress, Orchestrator
 from ..state import StateStore, open_private, private_dir
 
 POLL_SECONDS = 0.25

@@ -35,7 +35,7 @@ from ..program.importscan import ImportedModule, scan_program
 from ..lifecycle.tasks import task_env
 from ..lifecycle.updown import bring_down, bring_up
 from ..secrets import Secrets
-from ..jobrecord import JobProgress
+from .jobrecord import JobProgress
 from ..plan import ClusterPlan, HostSpec, TaskSpec
 from ..hosts.preflight import keras_check
 from ..program.runspec import (Workspace, effective_keras, expand, host_argv, placeholder_values, program_env, program_name,

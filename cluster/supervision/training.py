@@ -22,7 +22,7 @@ from ..errors import UsageError
 from ..layout import HostLayout, job_code_dir
 from ..names import is_cluster_name
 from ..plan import ClusterPlan, HostSpec, TaskSpec
-from ..jobrecord import JobProgress
+from .jobrecord import JobProgress
 from ..transport import Transport
 
 RESTART_POLICIES = ("never", "on-failure", "always")

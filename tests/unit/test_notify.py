@@ -1,4 +1,4 @@
-"""Notifications (cluster/notify.py): masking, the event document, retries, and delivery from
+"""Notifications (cluster/notify/notifier.py): masking, the event document, retries, and delivery from
 background threads against real HTTP servers on 127.0.0.1 (one that records, one that fails,
 one that hangs until the test lets it answer)."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from cluster.errors import InventoryError, UsageError
 from cluster.inventory import load_inventory
-from cluster.notify import DeliveryError, Notifier, Target, deliver, event_document, iso_time, parse_targets, run_command
-from cluster.urls import mask_url, url_problem
+from cluster.notify.notifier import DeliveryError, Notifier, Target, deliver, event_document, iso_time, parse_targets, run_command
+from cluster.notify.urls import mask_url, url_problem
 from cluster.plan import PlanOptions, plan_cluster
 from tests.helpers import RecordingServer
 

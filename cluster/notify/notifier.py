@@ -32,9 +32,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from .errors import UsageError
+from ..errors import UsageError
+from ..events import Reporter
 from .urls import mask_url, url_problem
-from .events import Reporter
 
 EVENTS = ("started", "restarted", "resized", "failed", "finished", "deadline", "stopped")
 DELIVERY_TIMEOUT = 5.0             # seconds for one POST or one command run

@@ -3,6 +3,10 @@
 ``status``, the live display, ``bench``, ``--json`` and the fault tests read it, so it is one
 typed value instead of a dict with implied keys. Its JSON form (``to_json``) is the
 ``"job"`` object of the state file and of ``status --json``: only fields that are set appear.
+
+It lives with the supervision that writes it, but in the house it is a record (docs/architecture.md,
+"Records"): it imports only the contracts, so cluster/state.py and cluster/events.py read it without
+importing any supervisor.
 """
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .contracts import JobState
+from ..contracts import JobState
 
 
 @dataclass(frozen=True)
