@@ -134,26 +134,6 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     state = list(model.variables) + list(optimizer.variables) + [step_var]
     phases.mark("model")
 
-    keeper = None
-    restored_step = None
-    if plan.checkpoint_dir:
-        keeper = CheckpointKeeper(make_checkpoint(model, optimizer, step_var),
-                                  plan.checkpoint_dir, keep=is_chief)
-        if plan.resume:
-            if is_chief:
-                path = keeper.restore_latest()
-                if path:
-                    log.info("restored %s", path)
-                else:
-                    log.info("--resume: no checkpoint in %s yet; starting at step 0",
-                             plan.checkpoint_dir)
-            phases.mark("restore")
-            _copy_from_chief(strategy, state, is_chief, local_replicas)
-            step = int(step_var.numpy())
-            restored_step = step if step > 0 else None
-    phases.mark("state shared")
-    reporter.start(restored_step)
-
     def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         shard = Shard(index=context.input_pipeline_id, count=context.num_input_pipelines,
                       split="train", seed=plan.seed)
@@ -179,6 +159,31 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         return val_loss, val_accuracy
 
     phases.mark("input")
+    # Traced before the state is shared: a worker that is ahead traces instead of waiting at
+    # that all-reduce for the slowest one (often the chief, which also restores). Every worker
+    # traces at the same point, so the collectives' instance keys stay in step.
+    train_steps.get_concrete_function(iterator, tf.constant(1))
+    phases.mark("trace")
+
+    keeper = None
+    restored_step = None
+    if plan.checkpoint_dir:
+        keeper = CheckpointKeeper(make_checkpoint(model, optimizer, step_var),
+                                  plan.checkpoint_dir, keep=is_chief)
+        if plan.resume:
+            if is_chief:
+                path = keeper.restore_latest()
+                if path:
+                    log.info("restored %s", path)
+                else:
+                    log.info("--resume: no checkpoint in %s yet; starting at step 0",
+                             plan.checkpoint_dir)
+            phases.mark("restore")
+            _copy_from_chief(strategy, state, is_chief, local_replicas)
+            step = int(step_var.numpy())
+            restored_step = step if step > 0 else None
+    phases.mark("state shared")
+    reporter.start(restored_step)
     meter = ProgressMeter(reporter)
     step = int(step_var.numpy())
     last_saved = -1
@@ -189,7 +194,9 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     schedule = StepSchedule(plan, step)
     stopping = False
     while step < plan.steps_total and not stopping:
-        n = schedule.chunk(step)
+        # The first unit is one step: the job's first step after a start, a restart or a resize
+        # is reported without waiting for the rest of a unit (the function's first run is slow).
+        n = min(1, schedule.chunk(step)) if phases.open else schedule.chunk(step)
         loss = float(train_steps(iterator, tf.constant(n)))
         step += n
         if phases.open:

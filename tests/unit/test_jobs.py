@@ -228,13 +228,52 @@ def test_download_only_when_no_local_file(data, tmp_path, monkeypatch):
         data.load_mnist({}, tmp_path / "home-c", allow_download=False)
 
 
-def test_real_file_loads(data):
-    arrays = data.load_mnist({"PSCLUSTER_DATA": str(data.REPO_COPY)}, Path("/nonexistent"))
+def test_real_file_loads(data, tmp_path):
+    env = {"PSCLUSTER_DATA": str(data.REPO_COPY), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    arrays = data.load_mnist(env, Path("/nonexistent"))
     assert arrays["x_train"].shape == (60000, 28, 28)
     assert arrays["y_test"].shape == (10000,)
-    x, y = data.mixed_split("train")
+    mixed = data.mixed("train", env, Path("/nonexistent"))
+    x, y = mixed["x"], mixed["y"]
     assert x.shape == (60000, 28, 28) and sorted(np.bincount(y)) == sorted(
         np.bincount(arrays["y_train"]))
+    assert not (x == arrays["x_train"]).all()          # mixed, not the file's order
+
+
+def test_mixed_splits_are_kept_and_reused(data, tmp_path, monkeypatch):
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    first = data.mixed("test", env, tmp_path / "home")
+    folder = data.kept_folder(env, tmp_path / "home")
+    assert folder.parent == tmp_path / "cache" / "pscluster"
+    assert sorted(p.name for p in folder.iterdir()) == ["test-x.npy", "test-y.npy"]   # no partials left
+
+    # A process that starts later reads the kept copy: no decompression at all.
+    def no_decompressing(*args, **kwargs):
+        raise AssertionError("mnist.npz was read although a kept copy exists")
+
+    monkeypatch.setattr(data, "load_mnist", no_decompressing)
+    again = data.mixed("test", env, tmp_path / "home")
+    assert (again["x"] == first["x"]).all() and (again["y"] == first["y"]).all()
+    monkeypatch.undo()
+
+    # A damaged copy is decompressed again and replaced.
+    (folder / "test-x.npy").write_bytes(b"not an array")
+    assert data.read_kept(folder, "test") is None
+    repaired = data.mixed("test", env, tmp_path / "home")
+    assert (repaired["x"] == first["x"]).all()
+    assert data.read_kept(folder, "test") is not None
+
+    # The kept copy belongs to the published file only: another source is not served from it.
+    other = fake_npz(tmp_path / "other.npz", 5)
+    with pytest.raises(data.MnistDataError, match="SHA-256"):
+        data.mixed("test", {**env, "PSCLUSTER_DATA": str(other)}, tmp_path / "home")
+
+
+def test_a_home_that_cannot_keep_copies_still_loads(data, tmp_path):
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file where the cache folder would go")
+    mixed = data.mixed("test", {"XDG_CACHE_HOME": str(blocked)}, tmp_path / "home")
+    assert mixed["x"].shape == (10000, 28, 28)
 
 
 # --- plan: batch sizes, budgets, learning rate ---------------------------------------
