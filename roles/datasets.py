@@ -29,16 +29,7 @@ def _job_dataset(job: Job, shard: Shard) -> tf.data.Dataset:
 def train_dataset(job: Job, shard: Shard, batch_size: int) -> tf.data.Dataset:
     """Endless batches of ``batch_size`` from this shard of the train split."""
     ds = _job_dataset(job, shard)
-    ds = ds.repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-    return ds.with_options(_warm_start())
-
-
-def _warm_start() -> tf.data.Options:
-    """The pipeline's background threads start when its iterator is made, not at the first
-    batch: a shuffle buffer fills while the step function is traced, off a restart's path."""
-    options = tf.data.Options()
-    options.experimental_warm_start = True
-    return options
+    return ds.repeat().batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def eval_dataset(job: Job, shard: Shard, batch_size: int) -> tf.data.Dataset:
