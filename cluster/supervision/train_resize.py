@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .train_job import TrainJob
 
 REJOIN_RETRY = 5.0      # seconds between two tries to take a host back (each runs preflight there)
-LOST_HOST_GRACE = 5.0   # the leader's time to save when a resize leaves a lost host out
+LOST_HOST_GRACE = 3.0   # the leader's time to save when a resize leaves a lost host out (it usually cannot: see resize())
 IN_PLACE_TIMEOUT = 60.0  # for the async chief to take a change in place (it looks between closures)
 STANDBY_WAIT = 60.0      # for the standbys of a resize's relaunch to import TensorFlow (then: started afresh)
 
