@@ -158,6 +158,7 @@ def _load_data_module():
 def data():
     module = _load_data_module()
     module._CACHE.clear()
+    module._PUBLISHED.clear()
     return module
 
 
