@@ -9,4 +9,4 @@ export PYTHONDONTWRITEBYTECODE=1
 # Lint and type-check first: seconds, not a run of the suite (configuration in pyproject.toml).
 .venv/bin/ruff check cluster roles tests testbed benchmarks examples
 .venv/bin/mypy
-exec .venv/bin/python -m pytest -q -rs --durations=15 "${@:-tests}"
+exec .venv/bin/python -m pytest -q -rs --durations=40 "${@:-tests}"
