@@ -18,12 +18,14 @@ Usage: ``python -m benchmarks.sync_start [--workers 3] [--repeats 3] [--chunks 1
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -55,7 +57,9 @@ def worker(index: int, ports: list[int], setting: str, go: Path, chunks: int) ->
     import tensorflow as tf
 
     from roles.datasets import sample_batch, train_dataset
+    from roles.checkpoint import make_step_counter
     from roles.jobs import Shard, load_job
+    from roles.sync_driver import _make_train_steps
 
     job = load_job(str(JOB))
     if setting == "grappler-off":
@@ -77,6 +81,7 @@ def worker(index: int, ports: list[int], setting: str, go: Path, chunks: int) ->
         model(x0, training=False)
         optimizer = job.optimizer(job.learning_rate)
         optimizer.build(model.trainable_variables)
+        step_var = make_step_counter()
 
     def dataset_fn(context: Any) -> Any:
         shard = Shard(index=context.input_pipeline_id, count=context.num_input_pipelines, split="train", seed=1)
@@ -84,6 +89,34 @@ def worker(index: int, ports: list[int], setting: str, go: Path, chunks: int) ->
 
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
 
+    if setting == "loop-no-autograph":
+        train_steps = _loop_without_autograph(tf, job, strategy, model, optimizer, iterator, global_batch)
+    else:      # the step loop roles/sync_driver.py traces, as it is
+        shipped = _make_train_steps(job, _plan(global_batch, len(ports)), strategy, model, optimizer, step_var)
+        train_steps = functools.partial(shipped, iterator)
+    float(train_steps(tf.constant(1)))
+    start, start_cpu = time.monotonic() - began, time.process_time() - cpu
+    steady = time.monotonic()
+    for _ in range(chunks):
+        float(train_steps(tf.constant(STEPS_PER_CHUNK)))
+    rate = chunks * STEPS_PER_CHUNK / (time.monotonic() - steady)
+    return {"start": start, "cpu": start_cpu, "steps_per_second": rate}
+
+
+def _plan(global_batch: int, workers: int) -> Any:
+    """The part of a sync job's TrainPlan that its step loop reads (the global batch)."""
+    from roles.settings import TrainPlan
+
+    return TrainPlan(mode="sync", workers=workers, global_batch_size=global_batch, worker_batch_size=BATCH,
+                     steps_total=1, epochs=None, learning_rate=0.0, steps_per_execution=STEPS_PER_CHUNK,
+                     train_examples=None, checkpoint_dir=None, checkpoint_every=None, eval_every=None,
+                     resume=False, seed=1, start_timeout=120, collective_timeout=120)
+
+
+def _loop_without_autograph(tf: Any, job: Any, strategy: Any, model: Any, optimizer: Any, iterator: Any,
+                            global_batch: int) -> Any:
+    """The shipped loop (roles/sync_driver.py, _make_train_steps) with ``tf.while_loop`` traced
+    without autograph; the per-replica step (the user's model and loss) keeps autograph."""
     def step_fn(x: Any, y: Any) -> Any:
         with tf.GradientTape() as tape:
             per_example = tf.cast(job.loss(y, model(x, training=True)), tf.float32)
@@ -92,34 +125,16 @@ def worker(index: int, ports: list[int], setting: str, go: Path, chunks: int) ->
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return tf.reduce_mean(per_example)
 
-    def one_step(total: Any) -> Any:
+    replica_step = tf.autograph.to_graph(step_fn)
+
+    def one_step(i: Any, total: Any) -> Any:
         local = strategy.experimental_local_results(strategy.run(replica_step, args=next(iterator)))
-        return total + tf.add_n(local) / len(local)
+        return i + 1, total + tf.add_n(local) / len(local)
 
-    if setting == "loop-no-autograph":
-        replica_step = tf.autograph.to_graph(step_fn)     # the user's code keeps autograph
-
-        def loop(n: Any) -> Any:
-            _, total = tf.while_loop(lambda i, t: i < n, lambda i, t: (i + 1, one_step(t)),
-                                     (tf.constant(0), tf.constant(0.0)))
-            return total / tf.cast(n, tf.float32)
-        train_steps = tf.function(loop, autograph=False)
-    else:
-        replica_step = step_fn
-
-        def loop(n: Any) -> Any:
-            total = tf.constant(0.0)
-            for _ in tf.range(n):
-                total = one_step(total)
-            return total / tf.cast(n, tf.float32)
-        train_steps = tf.function(loop)
-    float(train_steps(tf.constant(1)))
-    start, start_cpu = time.monotonic() - began, time.process_time() - cpu
-    steady = time.monotonic()
-    for _ in range(chunks):
-        float(train_steps(tf.constant(STEPS_PER_CHUNK)))
-    rate = chunks * STEPS_PER_CHUNK / (time.monotonic() - steady)
-    return {"start": start, "cpu": start_cpu, "steps_per_second": rate}
+    def loop(n: Any) -> Any:
+        _, total = tf.while_loop(lambda i, _: i < n, one_step, (tf.constant(0), tf.constant(0.0)))
+        return total / tf.cast(n, tf.float32)
+    return tf.function(loop, autograph=False)
 
 
 def run_once(setting: str, workers: int, chunks: int, model: str, work: Path) -> dict[str, Any]:
@@ -142,11 +157,16 @@ def run_once(setting: str, workers: int, chunks: int, model: str, work: Path) ->
         time.sleep(0.05)
     go.touch()
     rows = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{setting}: a worker failed (exit {proc.returncode})")
-        rows.append(json.loads(out.strip().splitlines()[-1]))
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=600)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{setting}: a worker failed (exit {proc.returncode})")
+            rows.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
     return {"setting": setting, "wall": max(r["start"] for r in rows),
             "cpu": statistics.mean(r["cpu"] for r in rows),
             "steps_per_second": statistics.mean(r["steps_per_second"] for r in rows)}
@@ -173,25 +193,20 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
         p.error(f"--settings: unknown {unknown}; choose from {', '.join(SETTINGS)}")
-    work = Path(os.environ.get("TMPDIR", "/tmp")) / f"sync-start-{os.getpid()}"
-    work.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in settings}
-    for _ in range(args.repeats):
-        for setting in settings:
-            runs[setting].append(run_once(setting, args.workers, args.chunks, args.model, work))
+    with tempfile.TemporaryDirectory(prefix="sync-start-") as work:
+        for _ in range(args.repeats):
+            for setting in settings:
+                runs[setting].append(run_once(setting, args.workers, args.chunks, args.model, Path(work)))
     if args.json:
         print(json.dumps(runs, indent=1))
         return 0
-    base = runs[settings[0]]
-
     def median(setting: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[setting])
-    rows = []
-    for setting in settings:
-        rows.append([setting, f"{median(setting, 'wall'):.2f}", f"{median(setting, 'cpu'):.2f}",
-                     f"{median(setting, 'cpu') / statistics.median(r['cpu'] for r in base):.2f}",
-                     f"{median(setting, 'steps_per_second'):.2f}",
-                     f"{median(setting, 'steps_per_second') / statistics.median(r['steps_per_second'] for r in base):.2f}"])
+    base = settings[0]
+    rows = [[setting, f"{median(setting, 'wall'):.2f}", f"{median(setting, 'cpu'):.2f}",
+             f"{median(setting, 'cpu') / median(base, 'cpu'):.2f}", f"{median(setting, 'steps_per_second'):.2f}",
+             f"{median(setting, 'steps_per_second') / median(base, 'steps_per_second'):.2f}"] for setting in settings]
     print(f"{args.workers} sync workers started at once ({args.model}), medians of {args.repeats} alternated runs")
     print_columns(["setting", "wall to first step s", "CPU s per worker", f"CPU vs {settings[0]}",
                    "steps/s after", f"steps/s vs {settings[0]}"], rows)
