@@ -8,9 +8,11 @@ setting: the wall seconds until every worker has made its first step, each worke
 for it, and the steady steps/s after it. TensorFlow is imported before the clock starts, as in a
 standby. Settings, alternated:
 
-* ``shipped``: the step loop as roles/sync_driver.py traces it (autograph converts the loop);
-* ``loop-no-autograph``: the loop written with ``tf.while_loop`` and traced without autograph;
-  the per-replica step (the user's model and loss) still goes through autograph;
+* ``shipped``: the step loop as roles/sync_driver.py traces it (since the eighth session: a
+  ``tf.while_loop`` traced without autograph; the per-replica step, the user's model and loss,
+  still goes through autograph);
+* ``loop-autograph``: the loop as it was before, a ``for ... in tf.range`` loop that autograph
+  converts (for the record of what the change saved);
 * ``grappler-off``: TensorFlow's graph optimizer disabled for the whole process.
 
 Usage: ``python -m benchmarks.sync_start [--workers 3] [--repeats 3] [--chunks 10] [--model cnn]``
@@ -35,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.common import print_columns  # noqa: E402
 
-SETTINGS = ("shipped", "loop-no-autograph", "grappler-off")
+SETTINGS = ("shipped", "loop-autograph", "grappler-off")
 JOB = REPO / "examples" / "distributed_mnist"
 BATCH = 128
 STEPS_PER_CHUNK = 20
@@ -89,8 +91,8 @@ def worker(index: int, ports: list[int], setting: str, go: Path, chunks: int) ->
 
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
 
-    if setting == "loop-no-autograph":
-        train_steps = _loop_without_autograph(tf, job, strategy, model, optimizer, iterator, global_batch)
+    if setting == "loop-autograph":
+        train_steps = _loop_with_autograph(tf, job, strategy, model, optimizer, iterator, global_batch)
     else:      # the step loop roles/sync_driver.py traces, as it is
         shipped = _make_train_steps(job, _plan(global_batch, len(ports)), strategy, model, optimizer, step_var)
         train_steps = functools.partial(shipped, iterator)
@@ -113,10 +115,10 @@ def _plan(global_batch: int, workers: int) -> Any:
                      resume=False, seed=1, start_timeout=120, collective_timeout=120)
 
 
-def _loop_without_autograph(tf: Any, job: Any, strategy: Any, model: Any, optimizer: Any, iterator: Any,
-                            global_batch: int) -> Any:
-    """The shipped loop (roles/sync_driver.py, _make_train_steps) with ``tf.while_loop`` traced
-    without autograph; the per-replica step (the user's model and loss) keeps autograph."""
+def _loop_with_autograph(tf: Any, job: Any, strategy: Any, model: Any, optimizer: Any, iterator: Any,
+                         global_batch: int) -> Any:
+    """The step loop roles/sync_driver.py shipped until the eighth session: a ``for ... in
+    tf.range`` loop that autograph converts, with the per-replica step inside."""
     def step_fn(x: Any, y: Any) -> Any:
         with tf.GradientTape() as tape:
             per_example = tf.cast(job.loss(y, model(x, training=True)), tf.float32)
@@ -125,16 +127,14 @@ def _loop_without_autograph(tf: Any, job: Any, strategy: Any, model: Any, optimi
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return tf.reduce_mean(per_example)
 
-    replica_step = tf.autograph.to_graph(step_fn)
-
-    def one_step(i: Any, total: Any) -> Any:
-        local = strategy.experimental_local_results(strategy.run(replica_step, args=next(iterator)))
-        return i + 1, total + tf.add_n(local) / len(local)
-
+    @tf.function
     def loop(n: Any) -> Any:
-        _, total = tf.while_loop(lambda i, _: i < n, one_step, (tf.constant(0), tf.constant(0.0)))
+        total = tf.constant(0.0)
+        for _ in tf.range(n):
+            local = strategy.experimental_local_results(strategy.run(step_fn, args=next(iterator)))
+            total += tf.add_n(local) / len(local)
         return total / tf.cast(n, tf.float32)
-    return tf.function(loop, autograph=False)
+    return loop
 
 
 def run_once(setting: str, workers: int, chunks: int, model: str, work: Path) -> dict[str, Any]:
