@@ -76,6 +76,10 @@ class TrainJob:
         self.trainer_options = options    # what the trainers are told (with_evaluator when there is one)
         self.evaluated_step: int | None = None    # the evaluator's newest evaluated checkpoint step
         self.standby_tasks: set[str] = set()      # tasks whose standby a launch took (or passed over)
+        # Whether the leader reported a step since the last launch that took a standby: an
+        # elastic job refills its standbys only then, so that their TensorFlow import does not
+        # take the CPU a relaunch's start needs (the pause of a resize).
+        self.trained_since_launch = False
         self.resizer = Resizer(self, elastic)     # `pscluster scale`, --min-workers, --hosts-from
 
     @contextmanager
@@ -199,6 +203,7 @@ class TrainJob:
         standby = ex.state.standby(task.name) if task.role != "evaluator" else None
         if standby is not None:
             self.standby_tasks.add(task.name)
+            self.trained_since_launch = False
         return ex.launch(task, record, argv=argv, env=task_env(ex.plan, task, ex.secrets, standing=False), kind=ProcessKind.TRAIN,
                          files=(events,), standby=standby)
 
@@ -298,6 +303,7 @@ class TrainJob:
                     "rate": (event.get("per_worker") or {}).get(watched.task.name)}     # its own examples/s
             if is_leader:
                 self.last_step = max(self.last_step, step)
+                self.trained_since_launch = True
                 ex.set_job(state="running", step=step, steps_total=event.get("steps_total"),
                            epoch=event.get("epoch"), loss=event.get("loss"),
                            examples_per_second=event.get("examples_per_second"),

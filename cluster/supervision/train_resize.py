@@ -59,9 +59,11 @@ class Resizer:
 
     def between_turns(self, ex: JobExecutor[Any]) -> None:
         if self.elastic is not None:
-            if self.train.standby_tasks and self.train.last_step > 0:
-                # Once it trains: a standby for its next relaunch (the resize after a host's loss
-                # restarts the chief), which then skips TensorFlow's import.
+            if self.train.standby_tasks and self.train.trained_since_launch:
+                # Once it trains again after a launch (not inside a relaunch's pause, where the
+                # import would slow the new processes' start): a standby for its next relaunch
+                # (the resize after a host's loss restarts the chief), which then skips
+                # TensorFlow's import.
                 self.train.refill_standbys(ex)
                 self.train.standby_tasks.clear()
             self.elastic_turn(ex)

@@ -162,3 +162,35 @@ def test_a_standby_start_removes_an_earlier_ready_file(tmp_path):
     plan = _plan(tmp_path, INVENTORY, "async")
     (task, record, argv, env), = standby_starts(plan, RunState(name=plan.name, plan=plan), None)
     assert _start_request(task, record, argv, env)["fresh"] == [record.log + ".ready"]
+
+
+def test_an_elastic_job_refills_its_standbys_only_once_the_relaunched_leader_trains():
+    """After a relaunch that took standbys (a resize, a host's loss), new standbys are started
+    once the leader reports a step again, not inside the relaunch's pause, where their
+    TensorFlow import would take the CPU the new processes' start needs."""
+    from types import SimpleNamespace
+
+    from cluster.contracts import Mode
+    from cluster.lifecycle.resize import Elastic
+    from cluster.supervision.train_job import TrainJob
+
+    train = TrainJob(SimpleNamespace(name="j"), SimpleNamespace(), Elastic(min_workers=1))
+    refills: list[set[str]] = []
+    train.refill_standbys = lambda ex: refills.append(set(train.standby_tasks))     # type: ignore[method-assign]
+    train.resizer.elastic_turn = lambda ex: None                                   # type: ignore[method-assign]
+    leader = SimpleNamespace(name="worker:0", role="worker")
+    train.leader = leader
+    ex = SimpleNamespace(plan=SimpleNamespace(mode=Mode.SYNC), set_job=lambda **_: None, job_record=dict,
+                         reporter=SimpleNamespace(emit=lambda *_, **__: None))
+    train.last_step = 1224                     # trained before the relaunch
+    train.standby_tasks = {"worker:0", "worker:1", "worker:2"}     # the relaunch took these
+    train.resizer.between_turns(ex)            # the relaunched workers still start: no refill
+    assert refills == []
+    follower = SimpleNamespace(task=SimpleNamespace(name="worker:1", role="worker"), last_event=0.0)
+    train.on_event(ex, follower, {"event": "progress", "step": 1225}, 1.0)
+    train.resizer.between_turns(ex)            # a follower's step is not the job's
+    assert refills == []
+    watched = SimpleNamespace(task=leader, last_event=0.0)
+    train.on_event(ex, watched, {"event": "progress", "step": 1225}, 1.0)
+    train.resizer.between_turns(ex)
+    assert refills == [{"worker:0", "worker:1", "worker:2"}] and not train.standby_tasks
