@@ -25,6 +25,12 @@ LOCAL = REPO / "inventories" / "local.yaml"
 
 pytestmark = pytest.mark.tf
 NAMES = itertools.count(1)
+# Budgets: 40-65 % of what these tests trained before the eighth session, enough to show that a
+# job trains on after its resize (the CNN is past 96 %), for ~5 min less of the suite. A budget
+# must outlast the scale: a sync relaunch's standbys import TensorFlow while the job trains, and
+# at 1,200 steps the job was done before they were (it resumed at its last step). Issue 23's
+# 98.5 % after a resize, with the full budget, is the SSH lab's (tests/lab/test_elastic_lab.py).
+ACCURACY_BOUND = 0.96
 
 
 def inventory(tmp_path, mode: str, workers: int):
@@ -98,7 +104,7 @@ class Cluster:
         assert_no_survivors(self.name)
 
 
-@pytest.mark.parametrize("mode, steps", [("async", 6000), ("sync", 3000)])
+@pytest.mark.parametrize("mode, steps", [("async", 2500), ("sync", 2000)])
 def test_scale_adds_a_worker_to_a_running_job(tmp_path, mode, steps):
     cluster = Cluster(tmp_path, mode, 2)
     try:
@@ -115,7 +121,7 @@ def test_scale_adds_a_worker_to_a_running_job(tmp_path, mode, steps):
             assert report["restored_step"], report
         assert report["workers"] == 3 and report["steps_redone"] == 0, report
         print(f"{mode}: accuracy {report['val_accuracy']} after {report['global_step']} steps")
-        assert report["val_accuracy"] >= 0.985, report
+        assert report["val_accuracy"] >= ACCURACY_BOUND, report
         # The new worker trained: async, the chief's per-worker rates; sync, worker 2's own steps.
         if mode == "async":
             assert report["per_worker_examples_per_second"]["worker:2"] > 0, report
@@ -151,9 +157,9 @@ def test_scale_removes_a_worker_and_a_host_that_fails_preflight_changes_nothing(
             assert after["plan"] == before["plan"] and after["job"]["state"] == "running"
             seen["worker2"] = next(r for r in after["processes"] if r["task"] == "worker:2" and r["kind"] == "server")
 
-        report, err = cluster.scale_mid_train(5000, inventory(tmp_path, "async", 2), refused_then_running)
+        report, err = cluster.scale_mid_train(2500, inventory(tmp_path, "async", 2), refused_then_running)
         worker2 = seen["worker2"]
-        assert report["workers"] == 2 and report["steps_redone"] == 0 and report["val_accuracy"] >= 0.985, report
+        assert report["workers"] == 2 and report["steps_redone"] == 0 and report["val_accuracy"] >= ACCURACY_BOUND, report
         # The last worker leaves in place: it finished its closure, the chief went on with two.
         assert "resized (scale) in place: stop worker:2; 3 -> 2 worker(s)" in " ".join(err.split()), err
         assert not report["restored_step"], report
@@ -168,7 +174,7 @@ def test_scale_removes_a_worker_and_a_host_that_fails_preflight_changes_nothing(
 def test_min_workers_a_worker_that_used_up_its_restarts_drops_out_and_training_goes_on(tmp_path):
     cluster = Cluster(tmp_path, "async", 3)
     try:
-        train = subprocess.Popen(cli_argv(["train", "distributed_mnist", "--name", cluster.name, "--steps", "5000",
+        train = subprocess.Popen(cli_argv(["train", "distributed_mnist", "--name", cluster.name, "--steps", "2500",
                                            "--checkpoint-dir", str(cluster.ckpt), "--json", "--min-workers", "2",
                                            "--max-restarts", "0"]),
                                  cwd=REPO, env=cli_env(cluster.state_dir), stdout=subprocess.PIPE,
@@ -186,7 +192,7 @@ def test_min_workers_a_worker_that_used_up_its_restarts_drops_out_and_training_g
         report = json.loads(out)
         said = " ".join(err.split())
         assert "resized (worker:2 used up its restarts" in said and "3 -> 2 worker(s)" in said, err
-        assert report["workers"] == 2 and report["val_accuracy"] >= 0.985, report
+        assert report["workers"] == 2 and report["val_accuracy"] >= ACCURACY_BOUND, report
         state = state_of(cluster.state_dir, cluster.name)
         assert [t["index"] for t in state["plan"]["tasks"] if t["role"] == "worker"] == [0, 1]
     finally:
@@ -200,7 +206,7 @@ def test_hosts_from_grows_and_shrinks_an_async_job_in_place(tmp_path):
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("# host:workers, as horovodrun's --host-discovery-script prints them\nlocalhost:2\n")
     try:
-        train = subprocess.Popen(cli_argv(["train", "distributed_mnist", "--name", cluster.name, "--steps", "4000",
+        train = subprocess.Popen(cli_argv(["train", "distributed_mnist", "--name", cluster.name, "--steps", "2500",
                                            "--checkpoint-dir", str(cluster.ckpt), "--json",
                                            "--hosts-from", f"cat {hosts}", "--hosts-every", "1"]),
                                  cwd=REPO, env=cli_env(cluster.state_dir), stdout=subprocess.PIPE,
@@ -220,7 +226,7 @@ def test_hosts_from_grows_and_shrinks_an_async_job_in_place(tmp_path):
         report, said = json.loads(out), " ".join(err.split())
         assert "resized (--hosts-from) in place: start worker:2@localhost; 2 -> 3 worker(s)" in said, err
         assert "resized (--hosts-from) in place: stop worker:2; 3 -> 2 worker(s)" in said, err
-        assert report["workers"] == 2 and not report["restored_step"] and report["val_accuracy"] >= 0.985, report
+        assert report["workers"] == 2 and not report["restored_step"] and report["val_accuracy"] >= ACCURACY_BOUND, report
         assert report["per_worker_examples_per_second"]["worker:2"] > 0, report      # it trained while in
         state = state_of(cluster.state_dir, cluster.name)
         assert not [r for r in state["processes"] if r["task"] == "worker:2" and not r.get("stopped")]
