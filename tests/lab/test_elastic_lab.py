@@ -92,7 +92,9 @@ def events_steps(record: dict) -> int:
         return max((json.loads(line).get("step") or 0 for line in handle if line.strip()), default=0)
 
 
-@pytest.mark.parametrize("mode, steps", [("async", 6000), ("sync", 3000)])
+# Budgets: what reaches issue 23's 98.5 % with a margin (here 98.97 % after 3,500 async steps and
+# 99.25 % after 2,000 sync steps); the eighth session cut them from 6,000 and 3,000.
+@pytest.mark.parametrize("mode, steps", [("async", 4000), ("sync", 2000)])
 def test_scale_adds_node_3_mid_run(tmp_path, lab3, mode, steps):
     name = f"elastic-add-{mode}"
     with lab_cluster(tmp_path, lab3, name, mode, ("node-1", "node-2")) as (state_dir, base):
@@ -123,7 +125,7 @@ def test_scale_adds_node_3_mid_run(tmp_path, lab3, mode, steps):
 def test_scale_removes_node_2_mid_run_and_drains_it(tmp_path, lab3):
     name = "elastic-remove"
     with lab_cluster(tmp_path, lab3, name, "async", HOSTS) as (state_dir, base):
-        train = start_train(state_dir, name, "--steps", 6000)
+        train = start_train(state_dir, name, "--steps", 4000)
         try:
             before = wait_until(state_dir, name, train, "trained 300 steps", lambda s: step(s) >= 300)
             on_node_2 = [r["pid"] for r in before["processes"] if r["host"] == "node-2" and not r.get("stopped")]
