@@ -323,10 +323,11 @@ def _make_train_steps(job: Job, plan: TrainPlan, strategy: Any, model: Any,
         return tf.reduce_mean(per_example)
 
     # The loop is a tf.while_loop traced without autograph: autograph's conversion of a
-    # ``for ... in tf.range`` loop costs ~0.2 s of CPU per worker at every start, and a sync
-    # resize starts every worker at once (benchmarks/sync_start.py: 0.90 of the CPU, 0.28 s
-    # less to the first step, the same graph). The per-replica step, the user's model and
-    # loss, is still converted, so Python control flow on tensors there keeps working.
+    # ``for ... in tf.range`` loop cost ~0.3 s of CPU per worker at every start, and a sync
+    # resize starts every worker at once (benchmarks/sync_start.py, three workers: 1.54 s of
+    # CPU each against 1.85, 0.48 s less to the first step, the same steady speed). The
+    # per-replica step, the user's model and loss, is still converted, so Python control flow
+    # on tensors there keeps working.
     replica_step = tf.autograph.to_graph(step_fn)
 
     def loop(iterator: Any, n: tf.Tensor) -> tf.Tensor:

@@ -25,7 +25,7 @@ LOCAL = REPO / "inventories" / "local.yaml"
 
 pytestmark = pytest.mark.tf
 NAMES = itertools.count(1)
-# Budgets: 40-65 % of what these tests trained before the eighth session, enough to show that a
+# Budgets: 40-67 % of what these tests trained before the eighth session, enough to show that a
 # job trains on after its resize (the CNN is past 96 %), for ~5 min less of the suite. A budget
 # must outlast the scale: a sync relaunch's standbys import TensorFlow while the job trains, and
 # at 1,200 steps the job was done before they were (it resumed at its last step). Issue 23's
