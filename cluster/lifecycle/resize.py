@@ -24,10 +24,11 @@ import fcntl
 import json
 import os
 import signal
+import subprocess
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Collection, Iterator, Mapping, Sequence
+from typing import IO, Callable, Collection, Iterator, Mapping, Sequence
 
 from ..hosts.codesync import sync_code
 from ..contracts import DEFAULT_GRACE, Mode, ProcessKind
@@ -354,27 +355,103 @@ class Elastic:
     hosts_every: float = 10.0
 
 
-def discover(command: str, reporter: Reporter, timeout: float = 30.0) -> dict[str, int | None] | None:
-    """Run the discovery command (on this machine, split like a shell line but with no shell, as
-    ``--notify-cmd``) and read its host list; None, with a warning, if it failed (the membership
-    then stays as it is)."""
-    import shlex
-    import subprocess
-    try:
-        done = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
-        reporter.emit("message", level="warning", text=f"--hosts-from: {exc}; membership unchanged")
+DISCOVERY_TIMEOUT = 30.0            # seconds a --hosts-from command may run before it is stopped
+DISCOVERY_OUTPUT_LIMIT = 1 << 20    # bytes of host list read at most (more: refused, with a warning)
+
+
+class Discovery:
+    """``--hosts-from``'s command, run in the background, never waited on: the supervisor's loop
+    goes on while it runs (it was run in the loop, and a slow command held back every turn:
+    exits, stop requests and the job's events waited up to 30 s).
+
+    Run on this machine, split like a shell line but with no shell (as ``--notify-cmd``), in a
+    process group of its own, its output in unnamed files (no pipe to fill). :meth:`poll`, once
+    per turn, starts it when it is due and none runs, and gives its host list once it ended well;
+    None otherwise (not due, still running, or failed: a warning says why, and the membership
+    stays as it is). A command still running after ``timeout`` seconds is stopped with what it
+    started (a script's children too), and so is one still running when the job ends
+    (:meth:`close`)."""
+
+    def __init__(self, command: str, every: float, *, timeout: float = DISCOVERY_TIMEOUT,
+                 limit: int = DISCOVERY_OUTPUT_LIMIT):
+        self.command, self.every, self.timeout, self.limit = command, every, timeout, limit
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.output: tuple[IO[bytes], IO[bytes]] | None = None
+        self.started = 0.0
+        self.next_run: float | None = None      # None: at the first poll
+
+    def poll(self, now: float, reporter: Reporter) -> dict[str, int | None] | None:
+        if self.proc is None:
+            if self.next_run is None or now >= self.next_run:
+                self.next_run = now + self.every
+                self._start(now, reporter)
+            return None
+        code = self.proc.poll()
+        if code is None:
+            if now - self.started > self.timeout:
+                self.close()
+                reporter.emit("message", level="warning",
+                              text=f"--hosts-from: still running after {self.timeout:g} s: stopped, with what it "
+                                   "started; membership unchanged")
+            return None
+        out, err = self._collect()
+        if code != 0:
+            tail = err.decode(errors="replace").strip()[-200:]
+            reporter.emit("message", level="warning",
+                          text=f"--hosts-from exited with {code}: {tail!r}; membership unchanged")
+            return None
+        if len(out) > self.limit:
+            reporter.emit("message", level="warning",
+                          text=f"--hosts-from printed more than {self.limit >> 20} MiB; membership unchanged")
+            return None
+        try:
+            return parse_host_list(out.decode(), source="--hosts-from")
+        except UnicodeDecodeError:
+            reporter.emit("message", level="warning",
+                          text="--hosts-from printed bytes that are not UTF-8; membership unchanged")
+        except UsageError as exc:
+            reporter.emit("message", level="warning", text=f"{exc.message}; membership unchanged")
         return None
-    if done.returncode != 0:
-        reporter.emit("message", level="warning", text=f"--hosts-from exited with {done.returncode}: "
-                                                       f"{done.stderr.strip()[-200:]!r}; membership unchanged")
-        return None
-    try:
-        return parse_host_list(done.stdout, source="--hosts-from")
-    except UsageError as exc:
-        reporter.emit("message", level="warning", text=f"{exc.message}; membership unchanged")
-        return None
+
+    def close(self) -> None:
+        """Stop a command still running, and every process of its group (not yet reaped, so the
+        group is still its own)."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+        if proc is not None:
+            self._collect()
+
+    def _start(self, now: float, reporter: Reporter) -> None:
+        import shlex
+        import tempfile
+        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        try:
+            self.proc = subprocess.Popen(shlex.split(self.command), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                         start_new_session=True, close_fds=True)
+        except (OSError, ValueError) as exc:
+            out.close()
+            err.close()
+            reporter.emit("message", level="warning", text=f"--hosts-from: {exc}; membership unchanged")
+            return
+        self.output, self.started = (out, err), now
+
+    def _collect(self) -> tuple[bytes, bytes]:
+        """The ended command's stdout (up to one byte past the limit) and stderr's last 4 KiB."""
+        self.proc = None
+        if self.output is None:
+            return b"", b""
+        out, err = self.output
+        self.output = None
+        with out, err:
+            out.seek(0)
+            size = err.seek(0, os.SEEK_END)
+            err.seek(max(0, size - 4096))
+            return out.read(self.limit + 1), err.read()
 
 
 # ------------------------------------------------------------------ the request to a supervisor

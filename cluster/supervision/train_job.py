@@ -94,6 +94,7 @@ class TrainJob:
         try:
             yield
         finally:
+            self.resizer.close()
             if previous is not None:
                 signal.signal(signal.SIGUSR2, previous)
         self.refill_standbys(ex)     # only after a job that ended well (an exception skips this)

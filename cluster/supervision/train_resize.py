@@ -49,7 +49,8 @@ class Resizer:
         self.elastic = elastic                    # --min-workers / --hosts-from
         self.asked = False                        # SIGUSR2: `pscluster scale` posted a request
         self.dropped: dict[str, HostLink] = {}    # worker hosts left out while lost: watched until they answer
-        self.next_discovery = 0.0
+        self.discovery = (resize.Discovery(elastic.hosts_from, elastic.hosts_every)
+                          if elastic is not None and elastic.hosts_from else None)
         self.next_rejoin = 0.0
         # Requests to the chief to change in place, numbered from the clock when the job starts
         # (TrainJob.new_job): an answer left in a reused events file by an earlier job of a
@@ -279,11 +280,15 @@ class Resizer:
                 self.stop_leftovers(ex, host)
                 self.rejoin(ex, {host: None}, f"{host} is back")
                 return
-        if elastic.hosts_from and now >= self.next_discovery:
-            self.next_discovery = now + elastic.hosts_every
-            wanted = resize.discover(elastic.hosts_from, ex.reporter)
+        if self.discovery is not None:
+            wanted = self.discovery.poll(now, ex.reporter)
             if wanted is not None:
                 self.follow_discovery(ex, wanted)
+
+    def close(self) -> None:
+        """When the job ends, however it ends: a discovery command still running is stopped."""
+        if self.discovery is not None:
+            self.discovery.close()
 
     def stop_leftovers(self, ex: JobExecutor[Any], host: str) -> None:
         """What a lost host still runs of this cluster (its processes lived on behind the cut: a
