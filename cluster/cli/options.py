@@ -78,6 +78,20 @@ def _check_notify_cmds(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
     return values
 
 
+def check_hosts_from(ctx, param, value: str | None) -> str | None:
+    """``train --hosts-from COMMAND``: a command that splits into words (it runs with no shell)."""
+    if value is None:
+        return None
+    import shlex
+    try:
+        argv = shlex.split(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"cannot split the command: {exc}", ctx, param) from None
+    if not argv:
+        raise click.BadParameter("the command is empty (e.g. --hosts-from ./discover_hosts.sh)", ctx, param)
+    return value
+
+
 def notify_opts(command):
     """``--notify URL`` and ``--notify-cmd CMD`` (train, run): job state changes, see cluster/notify/notifier.py."""
     command = click.option("--notify-cmd", "notify_cmds", multiple=True, metavar="CMD", callback=_check_notify_cmds,

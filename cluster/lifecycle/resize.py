@@ -431,7 +431,10 @@ class Discovery:
         import tempfile
         out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         try:
-            self.proc = subprocess.Popen(shlex.split(self.command), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            argv = shlex.split(self.command)
+            if not argv:        # the command line refuses it (cli/options.py): not expected
+                raise ValueError("the command is empty")
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                          start_new_session=True, close_fds=True)
         except (OSError, ValueError) as exc:
             out.close()

@@ -115,6 +115,7 @@ def test_a_command_that_fails_or_prints_nonsense_changes_nothing_and_says_why(tm
 @pytest.mark.parametrize("command, said", [
     ("/nonexistent/discover", "--hosts-from: [Errno 2]"),
     ("discover 'unclosed", "--hosts-from: No closing quotation"),
+    ("  ", "--hosts-from: the command is empty"),
 ])
 def test_a_command_that_cannot_start_is_a_warning_and_is_tried_again_when_due(command, said):
     reporter = RecordingReporter()
@@ -134,3 +135,22 @@ def test_no_file_is_left_open(tmp_path):
     discovery.poll(3.0, reporter)
     discovery.close()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.parametrize("value, shown", [
+    ("", "Invalid value for '--hosts-from': the command is empty"),
+    ("   ", "Invalid value for '--hosts-from': the command is empty"),
+    ("discover 'unclosed", "Invalid value for '--hosts-from': cannot split the command: No closing quotation"),
+])
+def test_a_hosts_from_that_cannot_run_is_refused_before_anything_starts(tmp_path, capsys, value, shown):
+    import io
+
+    from rich.console import Console
+
+    from cluster.cli import Env, run
+    from cluster.state import StateStore
+    err = io.StringIO()
+    env = Env(out=Console(file=io.StringIO()), err=Console(file=err, width=500), store=StateStore(tmp_path))
+    assert run(["train", "distributed_mnist", "--hosts-from", value], env=env) == 2
+    assert shown in " ".join((capsys.readouterr().err + err.getvalue()).split())
+    assert not list(tmp_path.iterdir())         # no cluster state written
