@@ -80,6 +80,10 @@ class RunState:
     firewall: dict[str, str] = field(default_factory=dict)
     port_base: int | None = None      # `up --port-base`, which `scale` plans the edited inventory with
     limit: str | None = None          # `up --limit`, likewise (and an elastic job's re-plans)
+    # Where `up` took the mode: "option" (`up --mode`, which `scale` keeps) or "inventory" (then an
+    # edited inventory that asks for another mode is refused by `scale`); None: a state written
+    # before it was recorded, or a cluster `up` did not start (`run`'s one-shot cluster).
+    mode_from: str | None = None
 
     @property
     def mode(self) -> str:
@@ -112,7 +116,7 @@ class RunState:
             "updated": self.updated, "message": self.message,
             "job": self.job.to_json() if self.job is not None else None,
             "restarts": self.restarts, "synced": self.synced, "firewall": self.firewall, "port_base": self.port_base,
-            "limit": self.limit,
+            "limit": self.limit, "mode_from": self.mode_from,
             "plan": plan_to_json(self.plan),
             "processes": [dataclasses.asdict(record) for record in self.processes],
         }
@@ -124,7 +128,7 @@ class RunState:
                    created=data["created"], updated=data["updated"], message=data.get("message"),
                    job=JobProgress.from_json(data["job"]) if data.get("job") else None, restarts=data.get("restarts", {}), synced=data.get("synced", {}),
                    firewall=data.get("firewall", {}), port_base=data.get("port_base"),
-                   limit=data.get("limit"))
+                   limit=data.get("limit"), mode_from=data.get("mode_from"))
 
 
 def plan_to_json(plan: ClusterPlan) -> dict:

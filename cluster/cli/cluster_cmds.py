@@ -127,7 +127,7 @@ def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: 
             secrets = take_secrets(cluster)
             result = bring_up(cluster, store=env.store, reporter=reporter, timeout=timeout, pool=pool,
                               secrets=secrets, allow_busy_gpus=allow_busy_gpus, standby=True, port_base=port_base,
-                              limit=limit)
+                              limit=limit, mode_from="option" if mode else "inventory")
             reporter.close()
         _show_status(env, result.state, rows_after_up(result.state, result.devices), as_json=as_json)
     finally:
@@ -260,7 +260,9 @@ def scale(env: Env, inventory: str, name: str | None, port_base: int | None, lim
     reporter = ui.RichReporter(env.err)
     try:
         with env.pool_factory() as pool:
-            new = _planned(_inventory(env, inventory, limit, state.mode), PlanOptions(
+            edited = _inventory(env, inventory, limit, state.mode)
+            _check_scale_mode(edited, inventory, state)
+            new = _planned(edited, PlanOptions(
                 local_python=sys.executable, local_workdir=local_workdir(), name=resolved, mode=state.mode,
                 port_base=port_base), pool)
             result = scale_cluster(env.store, resolved, new, pool=pool, reporter=reporter, secrets=take_secrets(new),
@@ -269,6 +271,23 @@ def scale(env: Env, inventory: str, name: str | None, port_base: int | None, lim
     finally:
         reporter.close()
     env.err.print(result.message, markup=False, highlight=False)
+
+
+def _check_scale_mode(edited, path: str, state: RunState) -> None:
+    """``scale`` keeps the mode: an edited inventory that asks for another one (where `up` took
+    the mode from the inventory) is refused, not quietly run in the old mode."""
+    from ..contracts import resolve_mode
+    from ..errors import UsageError
+    wanted = resolve_mode(edited.mode)
+    if state.mode_from != "inventory" or wanted == state.mode:
+        return
+    message = (f"the edited inventory runs {wanted}, but cluster {state.name!r} runs {state.mode}: "
+               "'scale' keeps the mode")
+    hint = (f"to change the mode: pscluster stop-job --name {state.name} (a job checkpoints), "
+            f"pscluster down --name {state.name}, pscluster up {path}, then train ... --resume")
+    if edited.mode_origin is not None:
+        raise edited.mode_origin.error(message, hint=hint)
+    raise UsageError(f"{path}: {message} (it sets no pscluster_mode: the default is {wanted})", hint=hint)
 
 
 @cli.command()

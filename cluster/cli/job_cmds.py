@@ -21,7 +21,7 @@ from ..state import RunState
 
 from ..secrets import take_from_environment as take_secrets
 from .base import Env, _existing, _inventory, _notifier, _planned, _with_notifier, cli
-from .options import (restart_opts, DurationParam, FiniteFloat, SECONDS, allow_busy_opt, detach_opt,
+from .options import (restart_opts, check_hosts_from, DurationParam, FiniteFloat, SECONDS, allow_busy_opt, detach_opt,
                       limit_opt, mode_opt, name_opt, notify_opts, port_opt, replace_opt)
 
 
@@ -60,7 +60,7 @@ from .options import (restart_opts, DurationParam, FiniteFloat, SECONDS, allow_b
               help="Elastic: a worker host lost beyond --host-timeout, or whose worker failed for good (restarts used "
                    "up, or --restart-policy never), drops out and training goes on while N workers remain; a lost "
                    "host rejoins when it answers again.")
-@click.option("--hosts-from", metavar="COMMAND",
+@click.option("--hosts-from", metavar="COMMAND", callback=check_hosts_from,
               help="Elastic: a discovery command (run here, split like a shell line, no shell) printing 'host' or 'host:workers' lines; the job "
                    "grows or shrinks to match (hosts of the inventory's worker group).")
 @click.option("--hosts-every", type=FiniteFloat(1, 3600), default=10.0, show_default=True, metavar="SECONDS",

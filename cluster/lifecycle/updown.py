@@ -39,7 +39,7 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
              root: Path | None = None, pool: TransportPool | None = None,
              secrets: Secrets | None = None, allow_busy_gpus: bool = False, standby: bool = False,
              tensorflow: TensorFlowNeed = TensorFlowNeed.REQUIRED, port_base: int | None = None,
-             limit: str | None = None) -> UpResult:
+             limit: str | None = None, mode_from: str | None = None) -> UpResult:
     """Preflight, sync, install the firewall if asked, start the standing servers (and, with
     ``standby``, a standby for each training task: roles/standby.py) and wait until the servers
     answer. ``tensorflow``: whether preflight fails on a host without a usable TensorFlow
@@ -64,7 +64,7 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
         if existing is not None and existing.live_records():
             raise UsageError(f"cluster {plan.name!r} failed earlier and may still have processes",
                              hint=f"run 'pscluster down --name {plan.name}' first")
-        state = RunState(name=plan.name, plan=plan, port_base=port_base, limit=limit)
+        state = RunState(name=plan.name, plan=plan, port_base=port_base, limit=limit, mode_from=mode_from)
         store.save(state)
     writer = StateWriter(store, state, expect_phase="starting")
     devices: dict[str, tuple[str, ...]] = {}

@@ -208,3 +208,41 @@ def test_new_servers_that_can_start_before_the_job_stops(write_inventory):
     # Removing h2 renumbers h3's worker onto the address and port the old worker:2 holds: it waits.
     full, shrunk = lab(write_inventory, "h1", "h2", "h3"), lab(write_inventory, "h1", "h3")
     assert early_servers(full, shrunk, diff_plans(full, shrunk)) == []
+
+
+@pytest.mark.parametrize("mode_from, up_mode, edited_mode, refused", [
+    ("inventory", "async", "sync", "lab.yaml:2: all.vars.pscluster_mode: the edited inventory runs sync, "
+                                   "but cluster 'lab' runs async: 'scale' keeps the mode"),
+    ("inventory", "sync", None, "lab.yaml: the edited inventory runs async, but cluster 'lab' runs sync: "
+                                "'scale' keeps the mode (it sets no pscluster_mode: the default is async)"),
+    ("inventory", "sync-ps", "between-graph", None),    # an alias of sync-ps: the same mode
+    ("option", "sync", "async", None),                  # `up --mode sync`: scale keeps it, as before
+    (None, "async", "sync", None),                      # a state written before mode_from: as before
+])
+def test_scale_refuses_an_edited_inventory_that_asks_for_another_mode(write_inventory, tmp_path, capsys,
+                                                                      mode_from, up_mode, edited_mode, refused):
+    import io
+
+    from rich.console import Console
+
+    from cluster.cli import Env
+    from cluster.cli.cluster_cmds import _check_scale_mode
+    from cluster.inventory import load_inventory
+    from cluster.state import RunState
+    store = StateStore(tmp_path / "state")
+    state = RunState(name="lab", plan=lab(write_inventory, "h1", mode=up_mode), phase="up", mode_from=mode_from)
+    store.save(state)
+    assert store.load("lab").mode_from == mode_from             # kept in the state file
+    text = LAB.replace("WORKERS", "        h1: {ansible_host: 127.77.0.2}\n        h2: {ansible_host: 127.77.0.3}")
+    text = text.replace("MODE", edited_mode) if edited_mode else text.replace(", pscluster_mode: MODE", "")
+    path = write_inventory(text)
+    if refused is None:
+        _check_scale_mode(load_inventory(path), path, state)     # no error: scale goes on
+        return
+    from cluster.cli import run
+    err = io.StringIO()
+    env = Env(out=Console(file=io.StringIO()), err=Console(file=err, width=500), store=store)
+    assert run(["scale", path, "--name", "lab"], env=env) == 2
+    shown = " ".join((capsys.readouterr().err + err.getvalue()).split())
+    assert refused in shown and "pscluster down --name lab, pscluster up lab.yaml" in shown, shown
+    assert store.load("lab").plan == state.plan                 # nothing changed
