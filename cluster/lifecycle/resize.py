@@ -28,7 +28,7 @@ import subprocess
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Callable, Collection, Iterator, Mapping, Sequence
+from typing import Callable, Collection, Iterator, Mapping, Sequence
 
 from ..hosts.codesync import sync_code
 from ..contracts import DEFAULT_GRACE, Mode, ProcessKind
@@ -365,18 +365,19 @@ class Discovery:
     exits, stop requests and the job's events waited up to 30 s).
 
     Run on this machine, split like a shell line but with no shell (as ``--notify-cmd``), in a
-    process group of its own, its output in unnamed files (no pipe to fill). :meth:`poll`, once
-    per turn, starts it when it is due and none runs, and gives its host list once it ended well;
+    process group of its own. :meth:`poll`, once per turn, starts it when it is due and none runs,
+    reads what it printed so far (pipes read without blocking: at most ``limit`` bytes of host
+    list are kept, and the last 4 KiB of its stderr), and gives its host list once it ended well;
     None otherwise (not due, still running, or failed: a warning says why, and the membership
-    stays as it is). A command still running after ``timeout`` seconds is stopped with what it
-    started (a script's children too), and so is one still running when the job ends
-    (:meth:`close`)."""
+    stays as it is). A command that prints more than ``limit``, or still runs after ``timeout``
+    seconds, is stopped with what it started (a script's children too), and so is one still
+    running when the job ends (:meth:`close`)."""
 
     def __init__(self, command: str, every: float, *, timeout: float = DISCOVERY_TIMEOUT,
                  limit: int = DISCOVERY_OUTPUT_LIMIT):
         self.command, self.every, self.timeout, self.limit = command, every, timeout, limit
         self.proc: subprocess.Popen[bytes] | None = None
-        self.output: tuple[IO[bytes], IO[bytes]] | None = None
+        self.out, self.err = bytearray(), bytearray()
         self.started = 0.0
         self.next_run: float | None = None      # None: at the first poll
 
@@ -386,7 +387,12 @@ class Discovery:
                 self.next_run = now + self.every
                 self._start(now, reporter)
             return None
-        code = self.proc.poll()
+        code = self.proc.poll()         # before reading: all it printed before it ended is then read below
+        if not self._read():
+            self.close()
+            reporter.emit("message", level="warning",
+                          text=f"--hosts-from printed more than {self.limit >> 20} MiB: stopped; membership unchanged")
+            return None
         if code is None:
             if now - self.started > self.timeout:
                 self.close()
@@ -394,15 +400,12 @@ class Discovery:
                               text=f"--hosts-from: still running after {self.timeout:g} s: stopped, with what it "
                                    "started; membership unchanged")
             return None
-        out, err = self._collect()
+        out, err = bytes(self.out), bytes(self.err)
+        self.close()
         if code != 0:
             tail = err.decode(errors="replace").strip()[-200:]
             reporter.emit("message", level="warning",
                           text=f"--hosts-from exited with {code}: {tail!r}; membership unchanged")
-            return None
-        if len(out) > self.limit:
-            reporter.emit("message", level="warning",
-                          text=f"--hosts-from printed more than {self.limit >> 20} MiB; membership unchanged")
             return None
         try:
             return parse_host_list(out.decode(), source="--hosts-from")
@@ -414,47 +417,55 @@ class Discovery:
         return None
 
     def close(self) -> None:
-        """Stop a command still running, and every process of its group (not yet reaped, so the
-        group is still its own)."""
-        proc = self.proc
-        if proc is not None and proc.poll() is None:
+        """Stop a command still running, and every process of its group (its leader not yet
+        reaped, so the group is still its own); close its pipes."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
             proc.wait()
-        if proc is not None:
-            self._collect()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        self.out, self.err = bytearray(), bytearray()
 
     def _start(self, now: float, reporter: Reporter) -> None:
         import shlex
-        import tempfile
-        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         try:
             argv = shlex.split(self.command)
             if not argv:        # the command line refuses it (cli/options.py): not expected
                 raise ValueError("the command is empty")
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                         start_new_session=True, close_fds=True)
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
         except (OSError, ValueError) as exc:
-            out.close()
-            err.close()
             reporter.emit("message", level="warning", text=f"--hosts-from: {exc}; membership unchanged")
             return
-        self.output, self.started = (out, err), now
+        for stream in (self.proc.stdout, self.proc.stderr):
+            assert stream is not None
+            os.set_blocking(stream.fileno(), False)
+        self.started = now
 
-    def _collect(self) -> tuple[bytes, bytes]:
-        """The ended command's stdout (up to one byte past the limit) and stderr's last 4 KiB."""
-        self.proc = None
-        if self.output is None:
-            return b"", b""
-        out, err = self.output
-        self.output = None
-        with out, err:
-            out.seek(0)
-            size = err.seek(0, os.SEEK_END)
-            err.seek(max(0, size - 4096))
-            return out.read(self.limit + 1), err.read()
+    def _read(self) -> bool:
+        """Read what the pipes hold now; False once stdout passed the limit."""
+        assert self.proc is not None and self.proc.stdout is not None and self.proc.stderr is not None
+        for stream, kept in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
+            while True:
+                try:
+                    chunk = os.read(stream.fileno(), 1 << 16)
+                except BlockingIOError:
+                    break
+                if not chunk:
+                    break
+                kept += chunk
+                if kept is self.err:
+                    del kept[:-4096]
+                elif len(kept) > self.limit:
+                    return False
+        return True
 
 
 # ------------------------------------------------------------------ the request to a supervisor

@@ -101,7 +101,8 @@ def test_close_stops_a_command_still_running_when_the_job_ends(tmp_path):
     ("printf 'node-1\\n\\377\\n'\n", "--hosts-from printed bytes that are not UTF-8"),
     ("echo 'node 1'\n", "--hosts-from, line 1: expected 'host' or 'host:workers'"),
     ("echo node-1:x\n", "--hosts-from, line 1: expected 'host' or 'host:workers'"),
-    ("head -c 1100000 /dev/zero | tr '\\0' 'a'\n", "--hosts-from printed more than 1 MiB"),
+    ("head -c 1100000 /dev/zero | tr '\\0' 'a'\n", "--hosts-from printed more than 1 MiB: stopped"),
+    ("yes node-1\n", "--hosts-from printed more than 1 MiB: stopped"),        # never ends by itself
 ])
 def test_a_command_that_fails_or_prints_nonsense_changes_nothing_and_says_why(tmp_path, body, said):
     reporter = RecordingReporter()
