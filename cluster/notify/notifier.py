@@ -22,8 +22,10 @@ more, or 8 or more with a digit: Slack's ``/services/T0.../B0.../xxxx``, Discord
 from __future__ import annotations
 
 import json
+import os
 import queue
 import shlex
+import signal
 import subprocess
 import threading
 import time
@@ -118,17 +120,26 @@ def post_json(url: str, body: bytes, timeout: float) -> None:
 
 
 def run_command(argv: Sequence[str], body: bytes, timeout: float) -> None:
-    """Run ``argv`` with ``body`` on stdin; a non-zero exit or the timeout is a failed attempt."""
+    """Run ``argv`` with ``body`` on stdin; a non-zero exit or the timeout is a failed attempt.
+    It runs in a process group of its own: past the timeout the whole group is stopped (a
+    script's children too, e.g. the ``sendmail`` a ``mail`` left behind), not only its leader."""
     try:
-        done = subprocess.run(list(argv), input=body, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        raise DeliveryError(f"did not finish within {timeout:g} s") from None
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True)
     except OSError as exc:
         raise DeliveryError(exc.strerror or str(exc), retry=False) from None
-    if done.returncode != 0:
-        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
-        raise DeliveryError(f"exit code {done.returncode}" + (f": {tail[0][:200]}" if tail[0] else ""))
+    try:
+        _, stderr = proc.communicate(body, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)     # its leader is not reaped yet: the group is its own
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.communicate()
+        raise DeliveryError(f"did not finish within {timeout:g} s") from None
+    if proc.returncode != 0:
+        tail = stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        raise DeliveryError(f"exit code {proc.returncode}" + (f": {tail[0][:200]}" if tail[0] else ""))
 
 
 def deliver(target: Target, body: bytes, *, timeout: float = DELIVERY_TIMEOUT,

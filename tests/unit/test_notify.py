@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
 
@@ -127,6 +128,27 @@ def test_run_command_gets_the_event_on_stdin(tmp_path):
     with pytest.raises(DeliveryError) as caught:
         run_command(["/nonexistent/notify-me"], b"", timeout=30)
     assert not caught.value.retry
+
+
+def test_a_command_past_its_timeout_is_stopped_with_what_it_started(tmp_path):
+    child = tmp_path / "child.pid"
+    script = tmp_path / "notify.sh"
+    script.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {child}\nwait\n")    # a child that outlives a killed script
+    script.chmod(0o755)
+    with pytest.raises(DeliveryError, match="did not finish within 1 s"):
+        run_command([str(script)], b"", timeout=1)
+    sleeper = int(child.read_text())
+
+    def running() -> bool:
+        try:
+            with open(f"/proc/{sleeper}/stat") as handle:
+                return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+    deadline = time.monotonic() + 30
+    while running():            # SIGKILL'd: gone once its new parent reaps it
+        assert time.monotonic() < deadline, "the notify command's child is still running"
+        time.sleep(0.05)
 
 
 # ----------------------------------------------------------------------------- real servers
