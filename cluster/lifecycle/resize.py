@@ -450,16 +450,20 @@ class Discovery:
         self.started = now
 
     def _read(self) -> bool:
-        """Read what the pipes hold now; False once stdout passed the limit."""
+        """Read what the pipes hold now, at most ``limit`` bytes of each per call (a command that
+        floods its stderr would otherwise keep this turn reading); False once stdout passed the
+        limit."""
         assert self.proc is not None and self.proc.stdout is not None and self.proc.stderr is not None
         for stream, kept in ((self.proc.stdout, self.out), (self.proc.stderr, self.err)):
-            while True:
+            read = 0
+            while read <= self.limit:
                 try:
                     chunk = os.read(stream.fileno(), 1 << 16)
                 except BlockingIOError:
                     break
                 if not chunk:
                     break
+                read += len(chunk)
                 kept += chunk
                 if kept is self.err:
                     del kept[:-4096]

@@ -86,6 +86,20 @@ def test_a_slow_command_does_not_hold_the_loop_and_is_stopped_with_its_children_
                                   "membership unchanged"]
 
 
+def test_one_turn_reads_at_most_the_limit_of_a_flooded_stderr(tmp_path):
+    """A pipe that a command fills as fast as it is read would keep a turn reading; a file the
+    size of a flood stands for it, deterministically: one read takes at most the limit of it."""
+    from types import SimpleNamespace
+    (tmp_path / "out").write_bytes(b"")
+    (tmp_path / "err").write_bytes(b"x" * (8 << 20))
+    discovery = Discovery("unused", every=10, limit=1 << 20)
+    with open(tmp_path / "out", "rb") as out, open(tmp_path / "err", "rb") as err:
+        discovery.proc = SimpleNamespace(stdout=out, stderr=err)      # type: ignore[assignment]
+        assert discovery._read()
+        assert err.tell() <= (1 << 20) + (1 << 16) and len(discovery.err) == 4096
+    discovery.proc = None
+
+
 def test_close_stops_a_command_still_running_when_the_job_ends(tmp_path):
     reporter = RecordingReporter()
     discovery = Discovery(f"{sys.executable} -c 'import time; time.sleep(300)'", every=10)
