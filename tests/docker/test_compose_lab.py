@@ -3,7 +3,7 @@ and the control container running pscluster against them over SSH (host keys che
 what the nodes published, key-only login), exactly as the README tells a user to run it.
 
 Then faults, injected with Docker itself while a job trains: a worker node killed, a node frozen
-for 20 s, a ps node restarted. Each job must still end at 98.5 % validation accuracy or more.
+for 20 s, a ps node restarted. Each job (4 epochs) must still end at 98.5 % validation accuracy or more.
 """
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ CONTROL = f"{PROJECT}-control"
 STATE = "/home/pscluster/.local/state/pscluster/docker.json"      # cluster 'docker' (inventories/docker.yaml)
 IMAGE_UID = 1000          # the image's pscluster user (docker/Dockerfile PSCLUSTER_UID)
 ACCURACY = 0.985
+# Four epochs, the job's default: issue 27 named three, but three clear 98.5 % by too thin a
+# margin (examples/distributed_mnist/job.py says so), and a CI run failed at 98.33 % after three
+# with node-3 killed (2026-11-28).
+EPOCHS = "4"
 
 
 @dataclass
@@ -155,7 +159,7 @@ def test_three_modes_run_logs_status_and_down_leave_nothing(lab):
 def test_a_killed_worker_node_is_a_lost_host(cluster):
     """docker kill: node-3 (worker:2) is gone, with every process in it. Past --host-timeout it
     drops out (--min-workers 2) and the job finishes on node-1 and node-2."""
-    training = cluster.train("--epochs", "3", "--checkpoint-every", "50", "--host-timeout", "10", "--min-workers", "2")
+    training = cluster.train("--epochs", EPOCHS, "--checkpoint-every", "50", "--host-timeout", "10", "--min-workers", "2")
     training.wait_step(200)
     docker(cluster.engine, "kill", NODES["node-3"])
     code, report = training.finish()
@@ -166,7 +170,7 @@ def test_a_killed_worker_node_is_a_lost_host(cluster):
 
 def test_a_node_paused_for_20_s_is_a_frozen_host(cluster):
     """docker pause: node-2 (ps:1 and worker:1) stops answering for 20 s, then goes on."""
-    training = cluster.train("--epochs", "3", "--checkpoint-every", "50")
+    training = cluster.train("--epochs", EPOCHS, "--checkpoint-every", "50")
     training.wait_step(200)
     docker(cluster.engine, "pause", NODES["node-2"])
     frozen_at = time.monotonic()
@@ -181,7 +185,7 @@ def test_a_node_paused_for_20_s_is_a_frozen_host(cluster):
 def test_a_restarted_ps_node_is_a_ps_restart(cluster):
     """docker restart: node-2 comes back with sshd only; its ps:1 (and worker:1) are restarted and
     training goes on from the chief's checkpoint."""
-    training = cluster.train("--epochs", "3", "--checkpoint-every", "50")
+    training = cluster.train("--epochs", EPOCHS, "--checkpoint-every", "50")
     training.wait_step(200)
     docker(cluster.engine, "restart", "-t", "1", NODES["node-2"])
     code, report = training.finish()
