@@ -80,15 +80,13 @@ def _check_notify_cmds(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
 
 def check_hosts_from(ctx, param, value: str | None) -> str | None:
     """``train --hosts-from COMMAND``: a command that splits into words (it runs with no shell)."""
-    if value is None:
-        return None
-    import shlex
-    try:
-        argv = shlex.split(value)
-    except ValueError as exc:
-        raise click.BadParameter(f"cannot split the command: {exc}", ctx, param) from None
-    if not argv:
-        raise click.BadParameter("the command is empty (e.g. --hosts-from ./discover_hosts.sh)", ctx, param)
+    from ..notify.notifier import split_command
+    if value is not None:
+        try:
+            split_command(value, "--hosts-from", "./discover_hosts.sh")
+        except UsageError as exc:
+            shown = exc.message.split(": ", 1)[-1] + (f" ({exc.hint})" if exc.hint else "")
+            raise click.BadParameter(shown, ctx, param) from None
     return value
 
 

@@ -73,14 +73,24 @@ def parse_targets(urls: Sequence[str], commands: Sequence[str]) -> tuple[Target,
             raise UsageError(f"--notify: {problem}", hint="e.g. --notify https://hooks.example.com/T/B/KEY")
         targets.append(Target(url=url))
     for command in commands:
-        try:
-            argv = tuple(shlex.split(command))
-        except ValueError as exc:
-            raise UsageError(f"--notify-cmd: cannot split the command: {exc}") from None
-        if not argv:
-            raise UsageError("--notify-cmd: the command is empty", hint="e.g. --notify-cmd 'mail -s pscluster me@example.com'")
-        targets.append(Target(argv=argv))
+        targets.append(Target(argv=split_command(command, "--notify-cmd", "'mail -s pscluster me@example.com'")))
     return tuple(dict.fromkeys(targets))
+
+
+def split_command(command: str, option: str, example: str) -> tuple[str, ...]:
+    """The words of a command given as ``option`` (``--notify-cmd``, ``train --hosts-from``),
+    split like a shell line: it runs with no shell.
+
+    Raises:
+        UsageError: it cannot be split (an unclosed quote), or it is empty (the hint: ``example``).
+    """
+    try:
+        argv = tuple(shlex.split(command))
+    except ValueError as exc:
+        raise UsageError(f"{option}: cannot split the command: {exc}") from None
+    if not argv:
+        raise UsageError(f"{option}: the command is empty", hint=f"e.g. {option} {example}")
+    return argv
 
 
 def iso_time(seconds: float) -> str:
