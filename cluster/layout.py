@@ -89,6 +89,12 @@ def ready_file(log: str) -> str:
     return log + READY_SUFFIX
 
 
+def gate_file(events: str) -> str:
+    """Written by a sync worker of a resize's next incarnation (``--gate``), beside its events
+    file, once it waits for the previous workers to stop (roles/handover.py)."""
+    return events + ".gate"
+
+
 def job_code_dir(cluster: str, job: str) -> str:
     """Where a user's job is copied, relative to every host's workdir (the processes' working
     directory), so the same on every host: ``.pscluster/<cluster>/jobs/<job>``."""

@@ -47,7 +47,9 @@ Field meanings:
 * ``membership`` (async chief): its answer to the orchestrator's request ``seq`` to change
   the workers in place (roles/membership.py): ``workers`` (the new count), ``step`` (the
   global step then), ``added``, ``removed``, ``seconds`` (the chief's pause), or only
-  ``refused`` (the reason; nothing changed).
+  ``refused`` (the reason; nothing changed). A sync worker answers a request to release its
+  port before a resize's next incarnation starts (roles/handover.py) with ``released`` (the
+  listening sockets it shut) and ``step``.
 
 This module imports no TensorFlow, so the orchestrator's tests may use it to write or
 validate fixtures.

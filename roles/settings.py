@@ -89,6 +89,9 @@ class TrainOptions(TrainerSettings):
     # (None: nowhere) and how many restarts the job had before this process (a scalar there).
     summary_dir: str | None = None
     restarts: int = 0
+    # Sync: write this file after the trace, then wait, before the restore, until the orchestrator
+    # says go (a resize's next incarnation started while the previous one trains: roles/handover.py).
+    gate: str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,7 @@ class TrainPlan:
     collective_timeout: float
     summary_every: int | None = None
     warmup_steps: int = 0
+    gate: str | None = None
 
     def next_boundary(self, step: int, every: int | None) -> int | None:
         """The first multiple of ``every`` after ``step`` (None when ``every`` is unset)."""
@@ -298,4 +302,5 @@ def make_plan(job: Job, options: TrainOptions, workers: int) -> TrainPlan:
         collective_timeout=options.collective_timeout,
         summary_every=options.summary_every or None,
         warmup_steps=warmup,
+        gate=options.gate,
     )

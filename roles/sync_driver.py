@@ -42,8 +42,10 @@ from tensorflow.python.distribute import mirrored_strategy
 from roles.checkpoint import CheckpointKeeper, make_checkpoint, make_step_counter
 from roles.datasets import eval_dataset, sample_batch, train_dataset
 from roles.evaluation import EVAL_BATCH_SIZE, make_evaluator, means
+from roles.handover import release_port, wait_at_gate
 from roles.jobs import Job, Shard
 from roles.lifecycle import TrainerLink
+from roles.membership import Requests, control_path
 from roles.settings import StepSchedule, TrainPlan
 from roles.reporting import FirstStep, ProgressMeter, Reporter, TrainResult
 from roles.tfconfig import ConfigError, TaskInfo, wait_for_leader
@@ -117,6 +119,9 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         raise ConfigError(f"sync mode runs one process per worker task; this is {task.name}")
     is_chief = task.task_index == 0
     phases = _Phases()
+    # The orchestrator's requests (roles/handover.py): "release" your port while you train, or,
+    # started with --gate, "go" once the previous workers have checkpointed.
+    requests = Requests(control_path(reporter.writer.path))
     strategy = make_strategy(task, plan.collective_timeout)
     phases.mark("strategy")
     local_replicas = len(strategy.extended.worker_devices)  # >1 only with several GPUs
@@ -164,6 +169,12 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     # traces at the same point, so the collectives' instance keys stay in step.
     train_steps.get_concrete_function(iterator, tf.constant(1))
     phases.mark("trace")
+    if plan.gate:
+        # The next incarnation of a resized job: the checkpoint to restore is written when the
+        # previous workers, still training on their established connections, stop.
+        if not wait_at_gate(plan.gate, requests.poll, lambda: deadline.stop_requested):
+            raise RuntimeError("stopped while waiting for the previous workers to checkpoint")
+        phases.mark("gate")
 
     keeper = None
     restored_step = None
@@ -207,6 +218,12 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             phases.mark("first agreement")
             log.info("training after %s", phases.summary())
         reporter.trained(step, n, n * plan.global_batch_size, loss, timed=counted)
+        request = requests.poll()
+        if request is not None and request.get("release"):
+            # The next incarnation takes this port (roles/handover.py); this one trains on.
+            released = release_port(int(task.address.rsplit(":", 1)[1]))
+            log.info("released port %s (%d listener(s)) at step %d", task.address, released, step)
+            reporter.writer.emit("membership", seq=request["seq"], released=released, step=step)
         if counted:
             meter.add(n, n * plan.global_batch_size, loss,
                       [(task.name, n * plan.worker_batch_size)])

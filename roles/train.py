@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--restarts", type=int, default=0,
                    help="restarts of the job before this process (the 'restarts' scalar)")
     p.add_argument("--seed", type=int, default=TRAINER_DEFAULTS.seed, help=argparse.SUPPRESS)
+    p.add_argument("--gate", metavar="PATH", help=argparse.SUPPRESS)   # roles/handover.py (sync)
     return p
 
 
@@ -128,7 +129,7 @@ def parse_options(argv: Sequence[str]) -> TrainOptions:
     # named "~" appears in the workdir and the orchestrator never finds the events).
     home = {name: os.path.expanduser(value) if value else value
             for name, value in (("job", ns.job), ("events", ns.events), ("checkpoint_dir", ns.checkpoint_dir),
-                                ("data", ns.data), ("summary_dir", ns.summary_dir))}
+                                ("data", ns.data), ("summary_dir", ns.summary_dir), ("gate", ns.gate))}
     return TrainOptions(
         mode=ns.mode, job=home["job"], events=home["events"], epochs=ns.epochs, steps=ns.steps,
         batch_size=ns.batch_size, learning_rate=ns.learning_rate, scale_lr=ns.scale_lr,
@@ -137,7 +138,7 @@ def parse_options(argv: Sequence[str]) -> TrainOptions:
         steps_per_execution=ns.steps_per_execution, warmup_steps=ns.warmup_steps,
         start_timeout=ns.start_timeout, collective_timeout=ns.collective_timeout,
         stop_grace=ns.stop_grace, deadline=ns.deadline, summary_every=ns.summary_every,
-        summary_dir=home["summary_dir"], restarts=ns.restarts, seed=ns.seed)
+        summary_dir=home["summary_dir"], restarts=ns.restarts, seed=ns.seed, gate=home["gate"])
 
 
 def _flag(argv: Sequence[str], name: str) -> str | None:

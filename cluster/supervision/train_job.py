@@ -46,7 +46,7 @@ from ..state import ProcessRecord, StateStore
 from . import core
 from .executor import JobExecutor, restart_rules
 from .jobkind import Watched
-from ..layout import exit_file
+from ..layout import exit_file, gate_file
 from .train_resize import Resizer
 from .training import (EventTail, JobRef, JobOptions, host_layout, job_files, job_path_on, leader_layout, leader_task,
                        path_on, summarize, train_argv, with_evaluator)
@@ -187,26 +187,46 @@ class TrainJob:
     def relaunch(self, ex: JobExecutor[Any], task: TaskSpec) -> Watched:
         return self.launch_train(ex, task, resume=True)
 
-    def launch_train(self, ex: JobExecutor[Any], task: TaskSpec, *, resume: bool) -> Watched:
+    def train_process(self, ex: JobExecutor[Any], task: TaskSpec, plan: ClusterPlan, *, resume: bool,
+                      gate: bool = False) -> tuple[ProcessRecord, list[str], dict[str, str], str]:
+        """One training process of ``plan`` (the record, its argv, environment and events file), not
+        started."""
+        leader = leader_task(plan)
         attempt = ex.attempt(task, ProcessKind.TRAIN)
-        log, events = host_layout(task, ex.plan).job_paths(ex.job_id, task.role, task.index, attempt)
+        log, events = host_layout(task, plan).job_paths(ex.job_id, task.role, task.index, attempt)
         record = ProcessRecord(key=f"{task.name}#j{ex.job_id}.{attempt}", task=task.name, host=task.host,
                                kind="train", attempt=attempt, log=log, exit_file=exit_file(log), events=events)
         # The leader writes TensorBoard summaries; the restarts before this launch are one of them.
         # A side-car evaluator that shares the leader's workdir path writes its scalars beside them
         # (`<job>/eval`, one more run in `pscluster tensorboard`); elsewhere in <checkpoint dir>/eval.
-        shares = task.role == "evaluator" and task.workdir == self.leader.workdir
-        summaries = leader_layout(ex.plan).summary_dir(self.job.name) if task.name == self.leader.name or shares else None
-        argv = train_argv(task, mode=ex.plan.mode, job_path=job_path_on(ex.plan.host(task.host), self.job, ex.plan, ex.root),
+        shares = task.role == "evaluator" and task.workdir == leader.workdir
+        summaries = leader_layout(plan).summary_dir(self.job.name) if task.name == leader.name or shares else None
+        argv = train_argv(task, mode=plan.mode, job_path=job_path_on(plan.host(task.host), self.job, plan, ex.root),
                           events_path=events, checkpoint_dir=self.checkpoint_dir, options=self.trainer_options,
-                          resume=resume, summaries=summaries, restarts=sum(ex.job_restarts().values()))
+                          resume=resume, summaries=summaries, restarts=sum(ex.job_restarts().values()),
+                          gate=gate_file(events) if gate else None)
+        return record, argv, task_env(plan, task, ex.secrets, standing=False), events
+
+    def launch_train(self, ex: JobExecutor[Any], task: TaskSpec, *, resume: bool) -> Watched:
+        record, argv, env, events = self.train_process(ex, task, ex.plan, resume=resume)
         self.tails[record.key] = EventTail(events)
         standby = ex.state.standby(task.name) if task.role != "evaluator" else None
         if standby is not None:
             self.standby_tasks.add(task.name)
             self.trained_since_launch = False
-        return ex.launch(task, record, argv=argv, env=task_env(ex.plan, task, ex.secrets, standing=False), kind=ProcessKind.TRAIN,
+        return ex.launch(task, record, argv=argv, env=env, kind=ProcessKind.TRAIN,
                          files=(events,), standby=standby)
+
+    def adopt_started(self, ex: JobExecutor[Any], task: TaskSpec, record: ProcessRecord, events: str) -> Watched:
+        """Watch a training process started before the job reached it (a sync resize's next
+        incarnation, roles/handover.py), as :meth:`launch_train` watches the ones it starts."""
+        self.tails[record.key] = EventTail(events)
+        self.standby_tasks.add(task.name)
+        self.trained_since_launch = False
+        now = ex.clock()
+        watched = Watched(task, record, ProcessKind.TRAIN, launched=now, last_event=now, files=(events,))
+        ex.watched[record.key] = watched
+        return watched
 
     def recovery(self, ex: JobExecutor[Any], incident: core.Incident) -> core.Recovery:
         return core.train_recovery(Mode(ex.plan.mode), incident.proc, ex.views(),
@@ -322,7 +342,7 @@ class TrainJob:
                 self.result = event
         elif kind == "error":
             watched.error = event.get("message")
-        elif kind == "membership" and is_leader and isinstance(event.get("seq"), int):
+        elif kind == "membership" and isinstance(event.get("seq"), int):     # the async chief's, a sync worker's
             self.resizer.membership_answers[event["seq"]] = event
 
     def on_eval(self, ex: JobExecutor[Any], task: str, event: dict[str, Any], now: float) -> None:

@@ -14,16 +14,17 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..contracts import JobState, Mode, ProcessKind
+from ..contracts import DEFAULT_GRACE, JobState, Mode, ProcessKind
 from ..errors import Failure, PsclusterError
 from ..events import Reporter
 from ..hosts import hostops
 from ..hosts.codesync import needs_sync, sync_code, sync_files
-from ..layout import ready_file
+from ..layout import gate_file, ready_file
 from ..lifecycle import resize
 from ..lifecycle.resize import Elastic, PlanDiff, ResizeRequest
-from ..lifecycle.tasks import report_standbys, start_standbys, stop_records
-from ..plan import ClusterPlan
+from ..lifecycle.tasks import report_standbys, start_standbys, start_task, stop_records
+from ..plan import ClusterPlan, TaskSpec
+from ..state import ProcessRecord
 from . import core
 from .executor import LOOP_SECONDS, JobExecutor
 from .jobkind import Watched
@@ -38,6 +39,7 @@ REJOIN_RETRY = 5.0      # seconds between two tries to take a host back (each ru
 LOST_HOST_GRACE = 3.0   # the leader's time to save when a resize leaves a lost host out (it usually cannot: see resize())
 IN_PLACE_TIMEOUT = 60.0  # for the async chief to take a change in place (it looks between closures)
 STANDBY_WAIT = 60.0      # for the standbys of a resize's relaunch to import TensorFlow (then: started afresh)
+HANDOVER_TIMEOUT = 10.0  # sync: for the old workers to release their ports (roles/handover.py)
 
 
 class Resizer:
@@ -102,11 +104,22 @@ class Resizer:
         # While the job still trains: standbys for the relaunch, so that it skips TensorFlow's import
         # (not for a lost host: the job is stuck until the restart, which a wait would only delay).
         ready = self.standbys_for(ex, new) if not unreachable else []
+        workers_before, workers_after = len(old.tasks_of("worker")), len(new.tasks_of("worker"))
+        if new.mode != Mode.ASYNC and not request.keep_global_batch and workers_after != workers_before:
+            # Each worker keeps its batch (torchrun's model): the global batch follows the size.
+            global_batch = ex.progress.global_batch_size or 0
+            if global_batch:
+                per_worker = max(1, global_batch // workers_before)
+                self.train.trainer_options = replace(self.train.trainer_options, batch_size=per_worker * workers_after)
+        # Sync: the new workers start in those standbys while the old ones train (roles/handover.py).
+        following = self.start_next(ex, new, diff) if not unreachable else {}
         ex.reporter.emit("message", text=f"resizing: {resize.describe(diff, new)}; "
                                          f"the job checkpoints first (up to {self.train.options.stop_grace:g} s)")
         began = ex.clock()        # the pause: from here to the relaunch
         ex.set_job(state=JobState.RESTARTING, message="resizing")
-        first = [r for r in first_to_stop(old, ex.state.live_records()) if r.host not in unreachable]
+        early_keys = {record.key for _, record, _ in following.values()}
+        first = [r for r in first_to_stop(old, ex.state.live_records())
+                 if r.host not in unreachable and r.key not in early_keys]
         grace = min(self.train.options.stop_grace, LOST_HOST_GRACE) if unreachable else self.train.options.stop_grace
         if first and grace > 0:
             ex.stop(first, grace=grace)
@@ -121,33 +134,103 @@ class Resizer:
         resize.apply_plan(ex.writer, ex.pool, ex.reporter, old, new, diff, ex.secrets, root=ex.root,
                           standbys=False, unreachable=unreachable,
                           known_hosts=[link.host for link in self.dropped.values()],
-                          started=[task.name for task in early], running=ready)
+                          started=[task.name for task in early], running=[*ready, *early_keys])
         ex.plan = new
         self.train.leader = leader_task(new)
-        workers_before, workers_after = len(old.tasks_of("worker")), len(new.tasks_of("worker"))
-        if new.mode != Mode.ASYNC and not request.keep_global_batch and workers_after != workers_before:
-            # Each worker keeps its batch (torchrun's model): the global batch follows the size.
-            global_batch = ex.progress.global_batch_size or 0
-            if global_batch:
-                per_worker = max(1, global_batch // workers_before)
-                self.train.trainer_options = replace(self.train.trainer_options, batch_size=per_worker * workers_after)
-        self.prepare_new_hosts(ex)
+        self.prepare_new_hosts(ex, new)
         ex.watch_servers()
         ex.set_job(workers=workers_after, message=None)
         launched_at = ex.clock()
-        ex.launch_many(new.training_tasks + new.evaluator_tasks, lambda task: self.train.launch_train(ex, task, resume=True))
+        self.membership_seq += 1
+        go = {"seq": self.membership_seq, "go": True}
+
+        def launch(task: TaskSpec) -> Watched:       # in parallel, a thread per task
+            if task.name not in following:
+                return self.train.launch_train(ex, task, resume=True)
+            _, record, events = following[task.name]
+            hostops.tell(ex.pool.get(new.host(task.host)), events, go)
+            return self.train.adopt_started(ex, task, record, events)
+        ex.launch_many(new.training_tasks + new.evaluator_tasks, launch)
         ex.retarget()
         ex.set_job(state=JobState.RUNNING)
+        overlap = ", the new workers started while the old ones trained" if following else ""
         text = (f"resized ({request.reason}): {resize.describe(diff, new)}; {workers_before} -> {workers_after} "
                 f"worker(s), resuming from "
                 f"{'step %d' % ex.progress.checkpoint_step if ex.progress.checkpoint_step else 'the start'} "
                 f"({ex.clock() - began:.2f} s to restart: {stopped_at - began:.2f} to checkpoint and stop, "
-                f"{launched_at - stopped_at:.2f} to apply the plan, {ex.clock() - launched_at:.2f} to launch)")
+                f"{launched_at - stopped_at:.2f} to apply the plan, {ex.clock() - launched_at:.2f} to launch{overlap})")
         ex.reporter.emit("message", text=text)
         ex.announce("resized", {"old": resize.membership(old), "new": resize.membership(new),
                                 "reason": request.reason, "workers": workers_after,
                                 "checkpoint_step": ex.progress.checkpoint_step})
         return text
+
+    def start_next(self, ex: JobExecutor[Any], new: ClusterPlan, diff: PlanDiff
+                   ) -> dict[str, tuple[TaskSpec, ProcessRecord, str]]:
+        """Sync to sync with every new worker's standby ready: the old workers release their ports
+        and the new ones start on them, in their standbys, up to the gate before their restore
+        (roles/handover.py). {task name: (task, record, events file)} of the processes started,
+        which wait there for :meth:`resize`'s go; empty when the resize takes the usual path
+        (not sync, a standby missing, a release or a start that failed: said in a warning)."""
+        old = ex.plan
+        if old.mode != Mode.SYNC or new.mode != Mode.SYNC or new.evaluator_tasks or old.evaluator_tasks:
+            return {}
+        if any(new.task(name).standing for name in diff.start) or any(old.task(name).standing for name in diff.stop):
+            return {}
+        standbys = {task.name: ex.state.standby(task.name) for task in new.training_tasks}
+        running = [w for w in ex.watched.values() if w.kind is ProcessKind.TRAIN]
+        if (not running or any(s is None for s in standbys.values())
+                or any(not w.started or w.done or w.ended_at is not None or not w.record.events for w in running)):
+            return {}
+        asked: dict[int, Watched] = {}
+        try:
+            for item in running:
+                self.membership_seq += 1
+                asked[self.membership_seq] = item
+                hostops.tell(ex.pool.get(old.host(item.task.host)), item.record.events or "",
+                             {"seq": self.membership_seq, "release": True})
+        except PsclusterError as exc:
+            return self.not_overlapped(ex, f"could not ask the workers to release their ports: {exc.message.splitlines()[0]}")
+        deadline = ex.clock() + HANDOVER_TIMEOUT
+        while not all(seq in self.membership_answers for seq in asked):
+            if ex.clock() > deadline or any(w.ended_at is not None or w.done for w in asked.values()):
+                return self.not_overlapped(ex, "a worker did not release its port")
+            self.pump(ex)
+            ex.sleep(LOOP_SECONDS)
+        following: dict[str, tuple[TaskSpec, ProcessRecord, str]] = {}
+        try:
+            self.prepare_new_hosts(ex, new)      # the job's own files, on a host that joins
+            for task in new.training_tasks:
+                record, argv, env, events = self.train.train_process(ex, task, new, resume=True, gate=True)
+                started = start_task(ex.writer, ex.pool, new, task, record, argv=argv, env=env,
+                                     reporter=ex.reporter, standby=standbys[task.name])
+                following[task.name] = (task, started, events)
+            pending = dict(following)
+            while pending:
+                for name, (task, record, events) in list(pending.items()):
+                    transport = ex.pool.get(new.host(task.host))
+                    if hostops.read(transport, gate_file(events), limit=16).exists:
+                        del pending[name]
+                    elif hostops.read(transport, record.exit_file, limit=16).exists:
+                        raise PsclusterError(f"{name} ended before it was ready (see {record.log} on {task.host})")
+                if pending and ex.clock() > deadline + STANDBY_WAIT:
+                    raise PsclusterError(f"{', '.join(sorted(pending))} not ready within {STANDBY_WAIT:g} s")
+                self.pump(ex)
+                if pending:
+                    ex.sleep(LOOP_SECONDS)
+        except PsclusterError as exc:
+            records = [record for _, record, _ in following.values()]
+            if records:
+                stopped, _ = stop_records(resize.knowing_hosts(old, new), records, ex.pool, ex.reporter,
+                                          grace=DEFAULT_GRACE)
+                ex.writer.change(lambda s: s.replace_records(stopped))
+            return self.not_overlapped(ex, exc.message.splitlines()[0])
+        return following
+
+    def not_overlapped(self, ex: JobExecutor[Any], why: str) -> dict[str, tuple[TaskSpec, ProcessRecord, str]]:
+        ex.reporter.emit("message", level="warning",
+                         text=f"the new workers start after the old ones stop ({why})")
+        return {}
 
     def standbys_for(self, ex: JobExecutor[Any], new: ClusterPlan) -> list[str]:
         """Before a relaunch at ``new``: a standby for each of its training tasks that has none,
@@ -354,7 +437,8 @@ class Resizer:
                 link.close()
         self.resize(ex, resize.ResizeRequest(new, reason=reason))
 
-    def prepare_new_hosts(self, ex: JobExecutor[Any]) -> None:
-        """The job's files on hosts that just joined (the code itself came with apply_plan)."""
-        if not self.train.job.example and any(needs_sync(h, ex.root) for h in ex.plan.hosts):
-            sync_files(ex.plan, ex.pool, ex.reporter, job_files(self.train.job, ex.plan), ex.root)
+    def prepare_new_hosts(self, ex: JobExecutor[Any], plan: ClusterPlan) -> None:
+        """The job's files on hosts that just joined (the code itself came with apply_plan, or
+        with the standbys)."""
+        if not self.train.job.example and any(needs_sync(h, ex.root) for h in plan.hosts):
+            sync_files(plan, ex.pool, ex.reporter, job_files(self.train.job, plan), ex.root)

@@ -167,9 +167,12 @@ def leader_layout(plan: ClusterPlan) -> HostLayout:
 
 
 def train_argv(task: TaskSpec, *, mode: str, job_path: str, events_path: str, checkpoint_dir: str,
-               options: JobOptions, resume: bool, summaries: str | None = None, restarts: int = 0) -> list[str]:
+               options: JobOptions, resume: bool, summaries: str | None = None, restarts: int = 0,
+               gate: str | None = None) -> list[str]:
     """The command line of one training process (``summaries``: the summary folder, written
-    only by the leader; ``restarts``: the job's restarts so far, a TensorBoard scalar)."""
+    only by the leader; ``restarts``: the job's restarts so far, a TensorBoard scalar; ``gate``:
+    a file a sync worker writes before it waits, ahead of its restore, for a resize's previous
+    workers to stop: roles/handover.py)."""
     argv = list(task.argv) + ["--job", job_path, "--events", events_path, "--checkpoint-dir", checkpoint_dir]
     if summaries:
         argv += ["--summary-dir", summaries]
@@ -187,6 +190,8 @@ def train_argv(task: TaskSpec, *, mode: str, job_path: str, events_path: str, ch
         argv.append("--scale-lr")
     if resume:
         argv.append("--resume")
+    if gate:
+        argv += ["--gate", gate]
     argv += list(options.extra_args)
     return argv
 

@@ -119,6 +119,15 @@ def test_scale_adds_a_worker_to_a_running_job(tmp_path, mode, steps):
         else:
             assert "resized (scale): start worker:2@localhost; 2 -> 3 worker(s)" in said, err
             assert report["restored_step"], report
+            # The new workers started on the old ones' ports while those trained (roles/handover.py),
+            # each at its gate until the old ones had saved; the old ones released their listeners.
+            assert "the new workers started while the old ones trained" in said, err
+            workers = [r for r in state["processes"] if r["kind"] == "train" and r["task"].startswith("worker:")]
+            first = [r for r in workers if r["attempt"] == 1 and r["task"] != "worker:2"]
+            relaunched = [r for r in workers if r not in first]
+            assert len(first) == 2 and len(relaunched) == 3, workers
+            assert all(os.path.exists(r["events"] + ".gate") for r in relaunched), relaunched
+            assert sorted(e.get("released") for r in first for e in events_of(r) if e["event"] == "membership") == [1, 1]
         assert report["workers"] == 3 and report["steps_redone"] == 0, report
         print(f"{mode}: accuracy {report['val_accuracy']} after {report['global_step']} steps")
         assert report["val_accuracy"] >= ACCURACY_BOUND, report
