@@ -220,6 +220,18 @@ def in_place(old: ClusterPlan, new: ClusterPlan, diff: PlanDiff, early: Collecti
     return 0 < after < before and set(diff.stop) == {f"worker:{i}" for i in range(after, before)}
 
 
+def can_overlap(old: ClusterPlan, new: ClusterPlan, diff: PlanDiff, standby_hosts: Mapping[str, str | None]) -> bool:
+    """Whether a resize's new workers can start while the old ones train (sync to sync,
+    roles/handover.py): no standing server starts or stops, and every training task of ``new``
+    has a standby (``standby_hosts``: task name -> the host of its live standby, None without one)
+    on its own host (a task that moves host has its old standby on the old one)."""
+    if old.mode != Mode.SYNC or new.mode != Mode.SYNC or diff.empty:
+        return False
+    if any(new.task(name).standing for name in diff.start) or any(old.task(name).standing for name in diff.stop):
+        return False
+    return all(standby_hosts.get(task.name) == task.host for task in new.training_tasks)
+
+
 def early_servers(old: ClusterPlan, new: ClusterPlan, diff: PlanDiff, unreachable: Collection[str] = ()) -> list[TaskSpec]:
     """New standing servers that can start while the job still runs: on a host that answers, on
     an address and port no task of ``old`` holds (a renumbered task waits for the old one to stop)."""

@@ -173,14 +173,11 @@ class Resizer:
         which wait there for :meth:`resize`'s go; empty when the resize takes the usual path
         (not sync, a standby missing, a release or a start that failed: said in a warning)."""
         old = ex.plan
-        if old.mode != Mode.SYNC or new.mode != Mode.SYNC or new.evaluator_tasks or old.evaluator_tasks:
-            return {}
-        if any(new.task(name).standing for name in diff.start) or any(old.task(name).standing for name in diff.stop):
-            return {}
         standbys = {task.name: ex.state.standby(task.name) for task in new.training_tasks}
-        running = [w for w in ex.watched.values() if w.kind is ProcessKind.TRAIN]
-        if (not running or any(s is None for s in standbys.values())
-                or any(not w.started or w.done or w.ended_at is not None or not w.record.events for w in running)):
+        if not resize.can_overlap(old, new, diff, {name: s.host if s else None for name, s in standbys.items()}):
+            return {}
+        running = [w for w in ex.watched.values() if w.kind is ProcessKind.TRAIN and w.task.role == "worker"]
+        if not running or any(not w.started or w.done or w.ended_at is not None or not w.record.events for w in running):
             return {}
         asked: dict[int, Watched] = {}
         try:

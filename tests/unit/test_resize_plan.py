@@ -8,7 +8,7 @@ import pytest
 
 from cluster.errors import PlanError, UsageError
 from cluster.plan import plan_cluster
-from cluster.lifecycle.resize import (ResizeRequest, check_resize, diff_plans, early_servers, in_place, membership,
+from cluster.lifecycle.resize import (ResizeRequest, can_overlap, check_resize, diff_plans, early_servers, in_place, membership,
                             parse_host_list, plan_changes_for, resize_lock, with_workers)
 from cluster.supervision.core import drop_out
 from cluster.state import StateStore
@@ -246,3 +246,38 @@ def test_scale_refuses_an_edited_inventory_that_asks_for_another_mode(write_inve
     shown = " ".join((capsys.readouterr().err + err.getvalue()).split())
     assert refused in shown and "pscluster down --name lab, pscluster up lab.yaml" in shown, shown
     assert store.load("lab").plan == state.plan                 # nothing changed
+
+
+def _standbys(plan, **moved):
+    """Every training task's standby on its own host, but for ``moved`` (task name -> host or None)."""
+    hosts = {task.name: task.host for task in plan.training_tasks}
+    hosts.update({name.replace("_", ":"): host for name, host in moved.items()})
+    return hosts
+
+
+@pytest.mark.parametrize("before, after, elsewhere", [
+    (("h1", "h2"), ("h1", "h2", "h3"), {"worker_2": "h1"}),
+    # the renumbered worker:1 moved to h3: its standby from before is on h2
+    (("h1", "h2", "h3"), ("h1", "h3"), {"worker_1": "h2"})])
+def test_a_sync_resize_overlaps_when_every_new_worker_has_its_standby_on_its_host(write_inventory, before, after,
+                                                                                   elsewhere):
+    old, new = lab(write_inventory, *before, mode="sync"), lab(write_inventory, *after, mode="sync")
+    diff = diff_plans(old, new)
+    assert can_overlap(old, new, diff, _standbys(new))
+    assert not can_overlap(old, new, diff, _standbys(new, worker_0=None))      # a standby missing
+    assert not can_overlap(old, new, diff, _standbys(new, **elsewhere))        # on another host
+
+
+def test_no_overlap_for_async_or_a_change_of_standing_servers(write_inventory):
+    old, new = lab(write_inventory, "h1", "h2"), lab(write_inventory, "h1", "h2", "h3")
+    assert not can_overlap(old, new, diff_plans(old, new), _standbys(new))              # async
+    old, new = lab(write_inventory, "h1", "h2", mode="sync-ps"), lab(write_inventory, "h1", "h2", "h3", mode="sync-ps")
+    assert new.standing_tasks and not can_overlap(old, new, diff_plans(old, new), _standbys(new))
+    same = lab(write_inventory, "h1", "h2", mode="sync")
+    assert not can_overlap(same, same, diff_plans(same, same), _standbys(same))          # nothing changes
+    # a ps more: a standing server starts, which the usual path does between stop and relaunch
+    more_ps = plan_text(write_inventory, LAB.replace("MODE", "sync-ps").replace(
+        "ps: {hosts: {h1: {ansible_host: 127.77.0.2}}}",
+        "ps: {hosts: {h1: {ansible_host: 127.77.0.2}, h2: {ansible_host: 127.77.0.3}}}").replace(
+        "WORKERS", "        h1: {ansible_host: 127.77.0.2}\n        h2: {ansible_host: 127.77.0.3}"), name="lab")
+    assert not can_overlap(old, more_ps, diff_plans(old, more_ps), _standbys(more_ps))
