@@ -158,6 +158,17 @@ def _take(request: Mapping[str, Any]) -> None:
     os.close(fd)
 
 
+def _visible_gpus(tf: Any) -> int | None:
+    """The GPUs this process sees (None: unknown). Listing the physical devices leaves
+    TensorFlow's context uninitialised, as a standby must (it is how one sets memory growth before
+    the first op). The orchestrator starts a sync resize's next workers beside the running ones
+    only without GPUs or with memory growth (cluster/lifecycle/resize.py ``gpus_allow_overlap``)."""
+    try:
+        return len(tf.config.list_physical_devices("GPU"))
+    except Exception:  # noqa: BLE001 - only a hint for the orchestrator
+        return None
+
+
 def _trainer(link_fd: int, request_fd: int, ready: str | None) -> NoReturn:
     """The child: import TensorFlow, say so in ``ready``, wait for the request, run it as
     roles.train does."""
@@ -167,7 +178,7 @@ def _trainer(link_fd: int, request_fd: int, ready: str | None) -> NoReturn:
     seconds = time.monotonic() - began
     log.info("TensorFlow %s imported in %.1f s; waiting for a job", tf.__version__, seconds)
     if ready:
-        _answer(ready, tensorflow=tf.__version__, import_seconds=round(seconds, 2))
+        _answer(ready, tensorflow=tf.__version__, import_seconds=round(seconds, 2), gpus=_visible_gpus(tf))
     data = _read_all(request_fd)
     os.close(request_fd)
     if not data:        # declined, or the guardian-to-be is gone

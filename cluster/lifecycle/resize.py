@@ -232,6 +232,20 @@ def can_overlap(old: ClusterPlan, new: ClusterPlan, diff: PlanDiff, standby_host
     return all(standby_hosts.get(task.name) == task.host for task in new.training_tasks)
 
 
+GROWTH = "TF_FORCE_GPU_ALLOW_GROWTH"
+
+
+def gpus_allow_overlap(task: TaskSpec, standby_gpus: int | None) -> bool:
+    """Whether ``task``'s next incarnation may start while the current one trains, as far as GPU
+    memory goes: its standby sees no GPU, or the task's environment turns on memory growth
+    (``TF_FORCE_GPU_ALLOW_GROWTH=true``). TensorFlow otherwise reserves nearly all of a GPU's memory
+    at its first op, so a second process on that GPU would start with almost none and fail; the
+    usual path (stop, then start) is taken instead. Unknown (None): no overlap."""
+    if standby_gpus == 0:
+        return True
+    return standby_gpus is not None and dict(task.env).get(GROWTH, "").strip().lower() == "true"
+
+
 def early_servers(old: ClusterPlan, new: ClusterPlan, diff: PlanDiff, unreachable: Collection[str] = ()) -> list[TaskSpec]:
     """New standing servers that can start while the job still runs: on a host that answers, on
     an address and port no task of ``old`` holds (a renumbered task waits for the old one to stop)."""

@@ -11,6 +11,7 @@ of :class:`~cluster.supervision.train_job.TrainJob` that does it.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -39,7 +40,7 @@ REJOIN_RETRY = 5.0      # seconds between two tries to take a host back (each ru
 LOST_HOST_GRACE = 3.0   # the leader's time to save when a resize leaves a lost host out (it usually cannot: see resize())
 IN_PLACE_TIMEOUT = 60.0  # for the async chief to take a change in place (it looks between closures)
 STANDBY_WAIT = 60.0      # for the standbys of a resize's relaunch to import TensorFlow (then: started afresh)
-HANDOVER_TIMEOUT = 10.0  # sync: for the old workers to release their ports (roles/handover.py)
+HANDOVER_TIMEOUT = 30.0  # sync: for the old workers to release their ports (one unit of work each; roles/handover.py)
 
 
 class Resizer:
@@ -179,6 +180,13 @@ class Resizer:
         running = [w for w in ex.watched.values() if w.kind is ProcessKind.TRAIN and w.task.role == "worker"]
         if not running or any(not w.started or w.done or w.ended_at is not None or not w.record.events for w in running):
             return {}
+        for task in new.training_tasks:
+            gpus = self.standby_gpus(ex, new, standbys[task.name])
+            if not resize.gpus_allow_overlap(task, gpus):
+                why = ("its standby has not said which GPUs it sees" if gpus is None else
+                       f"it sees {gpus} GPU(s) without memory growth ({resize.GROWTH}=true)")
+                ex.reporter.emit("message", text=f"the new workers start after the old ones stop: {task.name}: {why}")
+                return {}
         asked: dict[int, Watched] = {}
         try:
             for item in running:
@@ -223,6 +231,18 @@ class Resizer:
                 ex.writer.change(lambda s: s.replace_records(stopped))
             return self.not_overlapped(ex, exc.message.splitlines()[0])
         return following
+
+    @staticmethod
+    def standby_gpus(ex: JobExecutor[Any], plan: ClusterPlan, standby: ProcessRecord | None) -> int | None:
+        """The GPUs a ready standby said it sees (roles/standby.py's ready file; None: unknown)."""
+        if standby is None:
+            return None
+        try:
+            chunk = hostops.read(ex.pool.get(plan.host(standby.host)), ready_file(standby.log), limit=4096)
+            gpus = json.loads(chunk.data).get("gpus") if chunk.exists else None
+        except (PsclusterError, ValueError, AttributeError):
+            return None
+        return gpus if isinstance(gpus, int) and not isinstance(gpus, bool) else None
 
     def not_overlapped(self, ex: JobExecutor[Any], why: str) -> dict[str, tuple[TaskSpec, ProcessRecord, str]]:
         ex.reporter.emit("message", level="warning",

@@ -281,3 +281,15 @@ def test_no_overlap_for_async_or_a_change_of_standing_servers(write_inventory):
         "ps: {hosts: {h1: {ansible_host: 127.77.0.2}, h2: {ansible_host: 127.77.0.3}}}").replace(
         "WORKERS", "        h1: {ansible_host: 127.77.0.2}\n        h2: {ansible_host: 127.77.0.3}"), name="lab")
     assert not can_overlap(old, more_ps, diff_plans(old, more_ps), _standbys(more_ps))
+
+
+def test_gpus_rule_out_an_overlap_without_memory_growth(write_inventory):
+    from cluster.lifecycle.resize import gpus_allow_overlap
+    task = lab(write_inventory, "h1", "h2", mode="sync").task("worker:1")
+    growing = replace(task, env=task.env + (("TF_FORCE_GPU_ALLOW_GROWTH", "true"),))
+    assert gpus_allow_overlap(task, 0) and gpus_allow_overlap(growing, 0)
+    # TensorFlow takes nearly all of a GPU at its first op: a second process there would start with none
+    assert not gpus_allow_overlap(task, 1)
+    assert gpus_allow_overlap(growing, 2)
+    assert not gpus_allow_overlap(replace(task, env=(("TF_FORCE_GPU_ALLOW_GROWTH", "false"),)), 1)
+    assert not gpus_allow_overlap(task, None) and not gpus_allow_overlap(growing, None)     # unknown
