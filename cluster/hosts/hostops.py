@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import HostError
 from ..contracts import ProcessKind
-from ..layout import fifo_file, ready_file
+from ..layout import fifo_file, gate_file, ready_file
 from ..plan import TaskSpec
 from ..state import ProcessRecord
 from ..transport import Transport
@@ -175,8 +175,9 @@ def start(transport: Transport, task: TaskSpec, record: ProcessRecord, *, argv: 
 def _start_request(task: TaskSpec, record: ProcessRecord, argv: Sequence[str], env: dict[str, str]) -> dict:
     # Files the process will write, removed before it starts: an earlier cluster or job of the
     # same name left its own (a standby's ready file would claim an import not yet done).
-    # And a request to change in place (``tell``) left beside the events file.
-    fresh = [record.events, record.events + ".membership"] if record.events else []
+    # And a request to change in place (``tell``) left beside the events file, and a sync worker's
+    # gate (a resize's successor would look ready before it is: roles/handover.py).
+    fresh = [record.events, record.events + ".membership", gate_file(record.events)] if record.events else []
     if record.kind == ProcessKind.STANDBY:
         fresh.append(ready_file(record.log))
     return {"argv": list(argv), "env": env, "cwd": task.workdir, "log": record.log, "token": record.token,

@@ -132,3 +132,17 @@ def test_the_gate_reaches_the_trainer_only_when_asked():
             for gate in (None, gate_file("/run/w1.events"))}
     assert "--gate" not in argv[None] and parse_options(argv[None][3:]).gate is None
     assert parse_options(argv["/run/w1.events.gate"][3:]).gate == "/run/w1.events.gate"
+
+
+def test_a_start_removes_a_gate_left_by_an_earlier_job_of_the_same_name():
+    """Job folders are reused by a cluster of the same name: a stale gate would make a resize's new
+    worker look ready at once, and the old workers would stop before it could take over."""
+    from cluster.hosts.hostops import _start_request
+    from cluster.state import ProcessRecord
+    plan = plan_cluster(load_inventory(str(REPO / "inventories" / "local.yaml")),
+                        PlanOptions(local_python="/venv/bin/python", local_workdir="/checkout", mode="sync"))
+    record = ProcessRecord(key="worker:0#j1.2", task="worker:0", host="localhost", kind="train", attempt=2,
+                           log="/w/job-1/worker-0.2.log", exit_file="/w/job-1/worker-0.2.log.exit",
+                           events="/w/job-1/worker-0.2.events.jsonl")
+    fresh = _start_request(plan.task("worker:0"), record, ["python"], {})["fresh"]
+    assert gate_file(record.events) in fresh and record.events in fresh
