@@ -210,7 +210,7 @@ class Resizer:
                 started = start_task(ex.writer, ex.pool, new, task, record, argv=argv, env=env,
                                      reporter=ex.reporter, standby=standbys[task.name])
                 following[task.name] = (task, started, events)
-            pending = dict(following)
+            pending, ready_by = dict(following), ex.clock() + STANDBY_WAIT
             while pending:
                 for name, (task, record, events) in list(pending.items()):
                     transport = ex.pool.get(new.host(task.host))
@@ -218,7 +218,7 @@ class Resizer:
                         del pending[name]
                     elif hostops.read(transport, record.exit_file, limit=16).exists:
                         raise PsclusterError(f"{name} ended before it was ready (see {record.log} on {task.host})")
-                if pending and ex.clock() > deadline + STANDBY_WAIT:
+                if pending and ex.clock() > ready_by:
                     raise PsclusterError(f"{', '.join(sorted(pending))} not ready within {STANDBY_WAIT:g} s")
                 self.pump(ex)
                 if pending:
