@@ -81,7 +81,12 @@ def test_a_slow_command_does_not_hold_the_loop_and_is_stopped_with_its_children_
     assert discovery.poll(4.0, reporter) is None and discovery.proc is not None      # still running: not waited on
     assert alive(sleeper)
     assert discovery.poll(5.5, reporter) is None
-    assert discovery.proc is None and not alive(sleeper)
+    assert discovery.proc is None
+    # SIGKILL to the group is delivered asynchronously: wait for the child's death (a CI run saw it alive)
+    deadline = time.monotonic() + 10
+    while alive(sleeper):
+        assert time.monotonic() < deadline, "the script's child outlived the stop"
+        time.sleep(0.01)
     assert warnings(reporter) == ["--hosts-from: still running after 5 s: stopped, with what it started; "
                                   "membership unchanged"]
 
