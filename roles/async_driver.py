@@ -39,6 +39,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from roles import closures
 from roles.checkpoint import (CheckpointKeeper, chief_io_device, make_checkpoint,
                               make_step_counter)
 from roles.datasets import eval_dataset, sample_batch, train_dataset
@@ -183,6 +184,9 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     last_done = time.monotonic()        # when the last closure was collected
     abandoned = False                   # a stop left closures in flight (see STOP_DRAIN_SECONDS)
     slowest = 0.0                       # the longest a collected closure took from schedule to result
+    # A closure whose worker vanished never returns by itself: say which worker the chief waits
+    # on, and cut a hung one loose so that TensorFlow runs it elsewhere (roles/closures.py).
+    watch = closures.ClosureWatch(cluster.get("worker", []), reporter.writer.emit) if closures.install() else None
 
     def collect_one() -> bool:
         """Collect the oldest closure in flight. False, leaving it in flight, once a stop was
@@ -190,10 +194,12 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         nonlocal finished, stop_seen, last_done, abandoned, slowest
         remote, n, sent = in_flight[0]
         while not abandoned and not _finished_within(remote, WAIT_SLICE):
+            now = time.monotonic()
             if deadline.stop_requested:
-                now = time.monotonic()
                 stop_seen = now if stop_seen is None else stop_seen
                 abandoned = now - max(stop_seen, last_done) > drain_limit(slowest)
+            elif watch is not None and first.done:
+                watch.check(now, now - max(last_done, sent), slowest, finished)
         if abandoned:
             return False
         in_flight.popleft()
@@ -252,6 +258,8 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
                 coordinator.join()
                 apply_change(strategy, coordinator, request["cluster"], added, removed)
                 cluster, workers = dict(request["cluster"]), len(request["cluster"]["worker"])
+                if watch is not None:
+                    watch.workers = list(cluster["worker"])
                 per_worker_iterator = per_worker_datasets(workers)
                 max_in_flight = IN_FLIGHT_PER_WORKER * workers
                 reporter.writer.emit("membership", seq=request["seq"], workers=workers,

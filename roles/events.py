@@ -50,6 +50,9 @@ Field meanings:
   ``refused`` (the reason; nothing changed). A sync worker answers a request to release its
   port before a resize's next incarnation starts (roles/handover.py) with ``released`` (the
   listening sockets it shut) and ``step``.
+* ``waiting`` (async chief): no closure has finished for a while and the oldest running one is
+  ``worker``'s, running for ``seconds``; ``step`` is the global step the chief has collected
+  (roles/closures.py). Repeated every few seconds while it lasts; not progress.
 
 This module imports no TensorFlow, so the orchestrator's tests may use it to write or
 validate fixtures.
@@ -82,6 +85,7 @@ EVENT_FIELDS: Mapping[str, tuple[str, ...]] = {
     ),
     "error": ("message", "exception"),
     "membership": ("seq",),
+    "waiting": ("worker", "seconds", "step"),
 }
 
 

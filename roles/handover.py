@@ -57,11 +57,17 @@ def listening_inodes(table_lines: Iterable[str], port: int) -> set[str]:
 
 def own_listeners(port: int, proc: str = "/proc") -> list[int]:
     """This process's file descriptors that listen on TCP ``port`` (IPv4 or IPv6)."""
+    return own_sockets(lambda lines: listening_inodes(lines, port), proc)
+
+
+def own_sockets(select: Callable[[Iterable[str]], set[str]], proc: str = "/proc") -> list[int]:
+    """This process's file descriptors of the TCP sockets that ``select`` picks (it gets the
+    lines of ``/proc/self/net/tcp`` and of ``tcp6`` in turn and returns their inodes)."""
     inodes: set[str] = set()
     for table in ("net/tcp", "net/tcp6"):
         try:
             with open(os.path.join(proc, "self", table)) as handle:
-                inodes |= listening_inodes(handle, port)
+                inodes |= select(handle)
         except OSError:
             continue
     if not inodes:
@@ -78,20 +84,29 @@ def own_listeners(port: int, proc: str = "/proc") -> list[int]:
     return sorted(fds)
 
 
+def shut(fds: Iterable[int], what: str) -> int:
+    """``shutdown`` each socket (through a duplicate: the descriptors stay open, their owner, gRPC,
+    closes them); the number shut."""
+    done = 0
+    for fd in fds:
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue        # closed meanwhile
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+            done += 1
+        except OSError as exc:
+            log.warning("could not shut %s (fd %d): %s", what, fd, exc)
+        finally:
+            sock.close()        # the duplicate only
+    return done
+
+
 def release_port(port: int) -> int:
     """Stop accepting connections on ``port`` in this process (see the module docstring); the
     number of listening sockets shut. The descriptors stay open (gRPC owns them)."""
-    shut = 0
-    for fd in own_listeners(port):
-        sock = socket.socket(fileno=os.dup(fd))
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-            shut += 1
-        except OSError as exc:
-            log.warning("could not shut the listener on port %d (fd %d): %s", port, fd, exc)
-        finally:
-            sock.close()        # the duplicate only
-    return shut
+    return shut(own_listeners(port), f"the listener on port {port}")
 
 
 def wait_at_gate(path: str, poll: Callable[[], dict | None], stopping: Callable[[], bool],

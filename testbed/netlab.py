@@ -851,6 +851,17 @@ class Lab:
         for table in ("netlab_hide", "netlab_block"):
             self.exec_in_netns(name, ["nft", "delete", "table", "inet", table])
 
+    def forget_connections(self, name: str, peer: str) -> None:
+        """``name``'s kernel forgets its TCP connections to ``peer`` (``ss -K``) while ``peer``
+        drops whatever comes from ``name``, so the resets never arrive: ``peer`` is left holding
+        half-open connections, as after ``name`` rebooted or gave up on a connection while its
+        link was down. ``peer`` learns of it only when it next sends on one of them."""
+        self.block(name, peer)
+        try:
+            self.exec_in_netns(name, ["ss", "-K", "dst", self.host(peer).address], check=True)
+        finally:
+            self.unhide(peer)
+
     def exec_in_netns(self, name: str, argv: Sequence[str], *, timeout: float = 30,
                       check: bool = False, input: str | None = None) -> subprocess.CompletedProcess:
         """Run ``argv`` inside that host's namespace via ``ip netns exec`` (no ssh)."""

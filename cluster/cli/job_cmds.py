@@ -21,7 +21,7 @@ from ..state import RunState
 
 from ..secrets import take_from_environment as take_secrets
 from .base import Env, _existing, _inventory, _notifier, _planned, _with_notifier, cli
-from .options import (restart_opts, check_hosts_from, DurationParam, FiniteFloat, SECONDS, allow_busy_opt, detach_opt,
+from .options import (restart_opts, check_hosts_from, DurationParam, FiniteFloat, SECONDS, StallTimeout, allow_busy_opt, detach_opt,
                       limit_opt, mode_opt, name_opt, notify_opts, port_opt, replace_opt)
 
 
@@ -54,6 +54,10 @@ from .options import (restart_opts, check_hosts_from, DurationParam, FiniteFloat
 @click.option("--stop-grace", type=FiniteFloat(0, 3600), default=DEFAULT_STOP_GRACE, show_default=True, metavar="SECONDS",
               help="On Ctrl-C/SIGTERM/down the leader (sync: every worker, at one step) checkpoints and stops "
                    "within SECONDS (0: kill at once).")
+@click.option("--stall-timeout", type=StallTimeout(), metavar="SECONDS",
+              help="A job whose leader reports no progress this long is restarted from its last checkpoint, "
+                   "naming the task it waited on (default: the larger of 60 s and 20 times its slowest unit of "
+                   "work, sync modes also twice --collective-timeout + 30 s; 0: off).")
 @click.option("--deadline", type=DurationParam(), metavar="DURATION",
               help="Checkpoint and stop this long after the start (90s, 45m, 2h); exit 4.")
 @click.option("--min-workers", type=click.IntRange(1), metavar="N",
@@ -72,8 +76,8 @@ from .options import (restart_opts, check_hosts_from, DurationParam, FiniteFloat
 @click.pass_obj
 def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learning_rate, scale_lr, checkpoint_dir,
           checkpoint_every, resume, data, steps_per_execution, eval_every, warmup_steps, summary_every, restart_policy,
-          max_restarts, start_timeout, collective_timeout, host_timeout, stop_grace, deadline, min_workers, hosts_from,
-          hosts_every, notify_urls, notify_cmds, as_json: bool, detach: bool, replace: bool) -> None:
+          max_restarts, start_timeout, collective_timeout, host_timeout, stop_grace, stall_timeout, deadline, min_workers,
+          hosts_from, hosts_every, notify_urls, notify_cmds, as_json: bool, detach: bool, replace: bool) -> None:
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
     from ..lifecycle.resize import Elastic
     from ..supervision.train_job import train_executor
@@ -85,7 +89,7 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
                          restart_policy=restart_policy,
                          max_restarts=max_restarts, start_timeout=start_timeout,
                          collective_timeout=collective_timeout, host_timeout=host_timeout,
-                         stop_grace=stop_grace, deadline=deadline)
+                         stop_grace=stop_grace, stall_timeout=stall_timeout, deadline=deadline)
     check_job_options(options)          # before the cluster is looked up, as a usage error
     resolved = env.store.resolve_name(name)
     job_ref = resolve_job(job, project_root())

@@ -59,6 +59,27 @@ class FiniteFloat(click.FloatRange):
 
 SECONDS = FiniteFloat(1, 86400)      # timeouts: a second to a day
 
+# --stall-timeout: 0 turns the watch off; below this a single unit of work (a closure of
+# --steps-per-execution steps, a sync collective, a checkpoint) would pass for a stall.
+MIN_STALL_TIMEOUT = 10.0
+
+
+class StallTimeout(FiniteFloat):
+    """``train --stall-timeout``: 0 (off) or 10 s to a day."""
+
+    name = "seconds"
+
+    def __init__(self) -> None:
+        super().__init__(0, 86400)
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if 0 < number < MIN_STALL_TIMEOUT:
+            self.fail(f"{number:g} s is shorter than a unit of work may take (a closure of --steps-per-execution "
+                      f"steps, a collective, a checkpoint): give at least {MIN_STALL_TIMEOUT:g} s, or 0 to turn the "
+                      "stall watch off", param, ctx)
+        return number
+
 
 def _check_notify_urls(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
     from ..notify.urls import url_problem

@@ -160,6 +160,8 @@ def render_job_line(job: JobProgress) -> str:
         saved = (f"checkpoint at step {job.checkpoint_step}" if job.checkpoint_step is not None
                  else "no checkpoint yet")
         parts.append(f"{saved}, {job.steps_since_checkpoint} step(s) since")
+    if job.stalled_for is not None:
+        parts.append(f"stalled for {job.stalled_for:.0f} s" + (f" (waiting on {job.waiting_on})" if job.waiting_on else ""))
     if job.exit_code is not None:
         parts.append(f"exit code {job.exit_code}")
     if job.restarts:

@@ -154,7 +154,8 @@ class StatusView:
         state = self.state
         return {
             "name": state.name, "mode": state.mode, "phase": state.phase, "message": state.message,
-            "job": ({**state.job.to_json(), "steps_since_checkpoint": state.job.steps_since_checkpoint}
+            "job": ({**state.job.to_json(), "steps_since_checkpoint": state.job.steps_since_checkpoint,
+                     "stalled_for": state.job.stalled_for}
                     if state.job is not None else None),
             "supervisor": self.supervisor.to_json() if self.supervisor is not None else None,
             "tasks": [{"role": r.role, "index": r.index, "host": r.host, "address": r.address, "port": r.port,

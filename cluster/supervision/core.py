@@ -108,8 +108,9 @@ class Watchdog:
     """What counts as failed, besides an exit.
 
     ``start_timeout``: a training process that has not reported ``start`` this long after its
-    launch failed (None: no deadline). ``stall_after``: in sync modes, a leader silent this long
-    means a peer blocks the collective (None: not checked). ``blame_frozen``: when a process
+    launch failed (None: no deadline). ``stall_after``: a leader that reported no progress this
+    long is stalled (:func:`stall_limit`; None: not checked): in sync modes a peer blocks the
+    collective, in async mode a closure never returned; ``waiting_on`` names the task it waits on. ``blame_frozen``: when a process
     fails while a peer is frozen, blame the frozen one (sync peers fail *because* it froze).
     ``restart_clean_exits``: ``run --restart-policy always`` also restarts a program that
     exited 0.
@@ -119,6 +120,7 @@ class Watchdog:
     start_timeout: float | None = None
     stall_after: float | None = None
     leader: str | None = None
+    waiting_on: str | None = None       # the task the leader said it waits on (``worker:2@h3``)
     blame_frozen: bool = False
     restart_clean_exits: bool = False
 
@@ -161,8 +163,41 @@ def _stall(procs: Sequence[Proc], *, now: float, watch: Watchdog) -> Incident | 
     # The evaluator is silent between checkpoints by design, and blocks no collective.
     training = [p for p in procs if p.kind is ProcessKind.TRAIN and not p.is_evaluator]
     culprit = min(training, key=lambda p: p.last_event)
+    waiting = f"; waiting on {watch.waiting_on}" if watch.waiting_on else ""
     return Incident(IncidentKind.STALLED, culprit,
-                    f"stopped making progress ({now - culprit.last_event:.0f} s without an event)")
+                    f"stopped making progress ({now - culprit.last_event:.0f} s without an event{waiting})")
+
+
+# A job counts as stalled once its leader reported no progress for the larger of STALL_MIN and
+# STALL_FACTOR times its slowest unit of work (the longest gap between two of the leader's
+# events once it trained: a closure, a collective step, an evaluation, a checkpoint); the stall
+# is shown (status, attach, the live view) after the larger of STALL_SHOWN_MIN and
+# STALL_SHOWN_FACTOR times that unit, well before it is acted on.
+STALL_MIN = 60.0
+STALL_FACTOR = 20.0
+STALL_SHOWN_MIN = 10.0
+STALL_SHOWN_FACTOR = 4.0
+
+
+def stall_limit(option: float | None, *, slowest_unit: float, sync: bool, collective_timeout: float) -> float | None:
+    """Seconds without progress after which the job is stalled (None: never).
+
+    ``option``: ``train --stall-timeout`` (None: derived; 0: off). A given limit shorter than
+    twice the slowest unit of work seen is raised to that: a legitimately slow unit (a first
+    evaluation, a big checkpoint) is progress, not a stall. Sync modes wait at least as long
+    as a collective may (twice ``--collective-timeout`` and 30 s), so that TensorFlow's own
+    timeout names the peer first."""
+    if option == 0:
+        return None
+    if option is not None:
+        return max(option, 2.0 * slowest_unit)
+    limit = max(STALL_MIN, STALL_FACTOR * slowest_unit)
+    return max(limit, collective_timeout * 2 + 30) if sync else limit
+
+
+def stall_shown_after(slowest_unit: float) -> float:
+    """Seconds without progress after which status says the job is stalled."""
+    return max(STALL_SHOWN_MIN, STALL_SHOWN_FACTOR * slowest_unit)
 
 
 # ----------------------------------------------------------------------------- restarts

@@ -66,6 +66,10 @@ class JobProgress:
     val_step: int | None = None
     checkpoint: str | None = None
     checkpoint_step: int | None = None
+    # a stall (cluster/supervision/core.py stall_limit): since when (wall time) the leader has
+    # reported no progress, and the task it waits on (``worker:2@h3``) when known
+    stalled_since: float | None = None
+    waiting_on: str | None = None
     # `run` jobs
     command: tuple[str, ...] | None = None
     exit_code: int | None = None
@@ -83,6 +87,13 @@ class JobProgress:
         if self.entry != "train" or self.step is None:
             return None
         return max(0, self.step - (self.checkpoint_step or self.restored_step or 0))
+
+    @property
+    def stalled_for(self) -> float | None:
+        """Seconds without progress as of the supervisor's last turn (None: not stalled)."""
+        if self.stalled_since is None or not self.live:
+            return None
+        return max(0.0, (self.heartbeat or self.stalled_since) - self.stalled_since)
 
     def updated(self, **fields: Any) -> "JobProgress":
         """A copy with ``fields`` changed (``state`` may be given as its string)."""

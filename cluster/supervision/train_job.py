@@ -81,6 +81,11 @@ class TrainJob:
         # take the CPU a relaunch's start needs (the pause of a resize).
         self.trained_since_launch = False
         self.resizer = Resizer(self, elastic)     # `pscluster scale`, --min-workers, --hosts-from
+        # The stall watch (core.stall_limit): the longest gap between two of the leader's events
+        # once it trained, and the task the async chief last said it waits on.
+        self.slowest_unit = 0.0
+        self.waiting_on: str | None = None
+        self.stall_shown = False
 
     @contextmanager
     def running(self, ex: JobExecutor[Any]) -> Iterator[None]:
@@ -160,8 +165,9 @@ class TrainJob:
     def watchdog(self, ex: JobExecutor[Any]) -> core.Watchdog:
         sync = ex.plan.mode != Mode.ASYNC
         return core.Watchdog(start_timeout=self.options.start_timeout + 15,
-                             stall_after=self.options.collective_timeout * 2 + 30 if sync else None,
-                             leader=self.leader.name, blame_frozen=sync)
+                             stall_after=core.stall_limit(self.options.stall_timeout, slowest_unit=self.slowest_unit,
+                                                          sync=sync, collective_timeout=self.options.collective_timeout),
+                             leader=self.leader.name, blame_frozen=sync, waiting_on=self.waiting_on)
 
     def prepare(self, ex: JobExecutor[Any]) -> None:
         """Sync code and the job where needed; check the training ports are free."""
@@ -269,6 +275,7 @@ class TrainJob:
     # ------------------------------------------------------------------ resizes (cluster/supervision/train_resize.py)
     def between_turns(self, ex: JobExecutor[Any]) -> None:
         self.resizer.between_turns(ex)
+        self.watch_stall(ex, ex.clock())
 
     def drop_out(self, ex: JobExecutor[Any], host: str, why: str, task: str | None = None) -> bool:
         return self.resizer.drop_out(ex, host, why, task)
@@ -297,9 +304,19 @@ class TrainJob:
         pass
 
     def on_event(self, ex: JobExecutor[Any], watched: Watched, event: dict[str, Any], now: float) -> None:
-        watched.last_event = now
         kind = event.get("event")
         is_leader = watched.task.name == self.leader.name
+        if kind == "waiting":       # the async chief waits on a closure (roles/closures.py): not progress
+            if is_leader:
+                self.on_waiting(ex, event, now)
+            return
+        if is_leader and self.trained_since_launch and watched.started:
+            self.slowest_unit = max(self.slowest_unit, now - watched.last_event)
+        watched.last_event = now
+        if is_leader and (self.stall_shown or self.waiting_on):
+            self.waiting_on, self.stall_shown = None, False
+            ex.set_job(stalled_since=None, waiting_on=None)
+            ex.reporter.emit("message", text=f"{self.leader.name} reports progress again")
         if kind == "start":
             watched.started = True
             restored = event.get("restored_step") or 0
@@ -344,6 +361,47 @@ class TrainJob:
             watched.error = event.get("message")
         elif kind == "membership" and isinstance(event.get("seq"), int):     # the async chief's, a sync worker's
             self.resizer.membership_answers[event["seq"]] = event
+
+    def on_waiting(self, ex: JobExecutor[Any], event: dict[str, Any], now: float) -> None:
+        """The chief has collected no closure for ``seconds`` and waits on ``worker``'s."""
+        worker = event.get("worker")
+        try:
+            self.waiting_on = f"{worker}@{ex.plan.task(worker).host}" if isinstance(worker, str) else None
+        except KeyError:        # a worker that left meanwhile (or an event of an older plan)
+            self.waiting_on = str(worker)[:64]
+        self.show_stall(ex, now, silent_for=event.get("seconds"))
+
+    def show_stall(self, ex: JobExecutor[Any], now: float, silent_for: Any = None) -> None:
+        """Say once (status, attach, the live view) that the leader makes no progress, and on
+        whom it waits; the stall watch acts later (:meth:`watchdog`)."""
+        seconds = float(silent_for) if isinstance(silent_for, (int, float)) and silent_for >= 0 else 0.0
+        if not self.stall_shown:
+            self.stall_shown = True
+            ex.set_job(stalled_since=ex.wall() - seconds, waiting_on=self.waiting_on)
+            limit = core.stall_limit(self.options.stall_timeout, slowest_unit=self.slowest_unit,
+                                     sync=ex.plan.mode != Mode.ASYNC, collective_timeout=self.options.collective_timeout)
+            then = f"; restarted from its last checkpoint after {limit:.0f} s" if limit is not None else ""
+            ex.reporter.emit("message", level="warning",
+                             text=f"no progress for {seconds:.0f} s" + (f": waiting on {self.waiting_on}" if self.waiting_on
+                                                                         else "") + then)
+            ex.reporter.emit("job", **ex.job_record())
+        elif self.waiting_on and ex.progress.waiting_on != self.waiting_on:
+            ex.set_job(waiting_on=self.waiting_on)
+
+    def watch_stall(self, ex: JobExecutor[Any], now: float) -> None:
+        """Each turn: a leader silent for a few units of work is shown as stalled; sync modes
+        name the worker heard from least recently (the one the collective waits for)."""
+        if self.stall_shown or not self.trained_since_launch:
+            return
+        trainers = [w for w in ex.watched.values() if w.kind is ProcessKind.TRAIN and w.task.role != "evaluator"
+                    and w.ended_at is None and not w.done]
+        leader = next((w for w in trainers if w.task.name == self.leader.name and w.started), None)
+        if leader is None or now - leader.last_event <= core.stall_shown_after(self.slowest_unit):
+            return
+        if ex.plan.mode != Mode.ASYNC and not self.waiting_on:
+            quiet = min(trainers, key=lambda w: w.last_event)
+            self.waiting_on = f"{quiet.task.name}@{quiet.task.host}"
+        self.show_stall(ex, now, silent_for=now - leader.last_event)
 
     def on_eval(self, ex: JobExecutor[Any], task: str, event: dict[str, Any], now: float) -> None:
         step = event.get("step")

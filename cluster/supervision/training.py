@@ -101,6 +101,9 @@ class JobOptions(TrainerSettings):
     backoff: float = 1.0
     host_timeout: float = 60.0
     grace: float = DEFAULT_GRACE
+    # Seconds without progress from the leader before the job counts as stalled (None: derived
+    # from the job, see cluster/supervision/core.py stall_limit; 0: never).
+    stall_timeout: float | None = None
     extra_args: tuple[str, ...] = ()
 
 

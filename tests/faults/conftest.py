@@ -41,16 +41,21 @@ class Training:
 
     def wait_step(self, step: int, timeout: float = 180) -> dict:
         """Wait until the leader reported ``step`` (and a checkpoint at or after half of it)."""
+        return self.wait_for(lambda job: (job.get("step") or 0) >= step and (job.get("checkpoint_step") or 0) >= step // 2,
+                             timeout, f"step {step}")
+
+    def wait_for(self, predicate, timeout: float = 180, what: str = "the state") -> dict:
+        """Wait until ``predicate(job record)`` holds; the record."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.finish(0)
-                raise AssertionError(f"training ended before step {step}:\n{self.stdout}\n{self.stderr}")
+                raise AssertionError(f"training ended before {what}:\n{self.stdout}\n{self.stderr}")
             job = self.job()
-            if (job.get("step") or 0) >= step and (job.get("checkpoint_step") or 0) >= step // 2:
+            if predicate(job):
                 return job
             time.sleep(0.2)
-        raise AssertionError(f"step {step} not reached in {timeout} s; job: {self.job()}")
+        raise AssertionError(f"{what} not reached in {timeout} s; job: {self.job()}")
 
     def record(self, task: str, kind: str | None = None) -> dict:
         """The newest live process record of ``task``."""

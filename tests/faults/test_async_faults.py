@@ -64,3 +64,33 @@ def test_chief_killed_job_resumes_from_the_last_checkpoint(fault_cluster):
     assert report["restored_step"] >= job["checkpoint_step"] > 0
     assert report["restored_step"] % CHECKPOINT_EVERY == 0
     assert 0 <= report["steps_redone"] <= CHECKPOINT_EVERY     # one recovery: at most one interval redone
+
+
+def test_a_worker_that_vanishes_mid_closure_never_hangs_the_chief(fault_cluster):
+    """Issue 41's hang: node-3's link is cut while worker:1 runs a closure, node-3 forgets its
+    connections to the chief's host meanwhile and its resets are lost (as when it gave up on them
+    while its link was down, or rebooted), and the link heals: the chief's call may then never
+    return by itself. The chief cuts it loose and
+    TensorFlow runs the closure on worker:0 while worker:1 rejoins. Twice in one job, with no
+    restart of the chief and no checkpoint restored (roles/closures.py). Long closures (256 steps)
+    make it all but certain that the chief is waiting on one, sending nothing, at the fault."""
+    cluster = fault_cluster()
+    cluster.up(ASYNC, "async")
+    training = cluster.train("--steps", 100000, "--checkpoint-every", 5000, "--steps-per-execution", 256)
+    job = training.wait_for(lambda job: (job.get("step") or 0) >= 600)     # past the warm start
+    for _ in range(2):
+        cluster.lab.cut("node-3")
+        try:
+            cluster.lab.forget_connections("node-3", "node-1")
+        finally:
+            cluster.lab.heal("node-3")
+        after = (job.get("step") or 0) + 3 * 256
+        job = training.wait_for(lambda job: (job.get("step") or 0) >= after, timeout=300)
+    state = cluster.state()
+    assert "chief:0" not in state["job"].get("restarts", {}), state["job"]       # went on in place
+    assert not state["job"].get("restored_step"), state["job"]
+    chief_log = open(training.record("chief:0", "train")["log"]).read()
+    print("closures cut loose by the chief:", chief_log.count("is taken for lost"))
+    training.proc.send_signal(signal.SIGINT)        # Ctrl-C: checkpoint and stop
+    code, _ = training.finish()
+    assert code == 130, training.stderr

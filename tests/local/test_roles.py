@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -73,6 +74,7 @@ class LocalCluster:
     cluster: dict[str, list[str]]
     logs: Path
     processes: list[subprocess.Popen] = field(default_factory=list)
+    servers: dict[str, subprocess.Popen] = field(default_factory=dict)     # "worker:1" -> its server
 
     @classmethod
     def create(cls, logs: Path, chief: int = 0, ps: int = 0, workers: int = 0) -> "LocalCluster":
@@ -109,8 +111,8 @@ class LocalCluster:
     def start_servers(self, jobs: tuple[str, ...], cwd: Path, **extra_env: str) -> None:
         for job in jobs:
             for i in range(len(self.cluster.get(job, []))):
-                self.start(["-m", "roles.server"], job, i, cwd, f"server-{job}{i}.log",
-                           **extra_env)
+                self.servers[f"{job}:{i}"] = self.start(["-m", "roles.server"], job, i, cwd,
+                                                        f"server-{job}{i}.log", **extra_env)
 
     def stop(self) -> None:
         """Kills every process this cluster started, by its recorded PID."""
@@ -299,6 +301,40 @@ def test_user_job_from_tmp_dir(async_cluster, tmp_path):
     done = run.first("done")
     assert done["val_accuracy"] >= 0.9, done
     assert done["checkpoint"] is None
+
+
+def test_async_chief_cuts_a_frozen_workers_closure_loose_and_trains_on(async_cluster, tmp_path):
+    """Issue 41: a closure whose worker never answers (here its server is stopped by SIGSTOP, with
+    no supervisor to restart it) must not hold the chief for good. The chief says which worker it
+    waits on (``waiting``), then shuts its connection to that worker (roles/closures.py), and
+    TensorFlow runs the closure on worker:0: the budget is reached while worker:1 is still frozen."""
+    cluster, _ = async_cluster
+    job = tmp_path / "tiny_job.py"
+    job.write_text(textwrap.dedent(TINY_JOB))
+    events, log = cluster.logs / "frozen-chief0.jsonl", cluster.logs / "frozen-chief0.log"
+    steps = 2000
+    chief = cluster.start(["-m", "roles.train", "--mode", "async", "--job", str(job), "--events", str(events),
+                           "--start-timeout", "150", "--steps", str(steps), "--steps-per-execution", "10",
+                           "--warmup-steps", "0"], "chief", 0, tmp_path / "chief", log.name)
+    frozen = cluster.servers["worker:1"]
+    try:
+        deadline = time.monotonic() + TRAIN_TIMEOUT
+        while not [e for e in (read_events(events) if events.exists() else []) if e["event"] == "progress"]:
+            assert chief.poll() is None and time.monotonic() < deadline, tail(log)
+            time.sleep(0.2)
+        frozen.send_signal(signal.SIGSTOP)
+        chief.wait(TRAIN_TIMEOUT)
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+        if chief.poll() is None:
+            chief.kill()
+    run = TrainRun(chief.returncode, read_events(events), log)
+    assert run.returncode == 0, tail(log)
+    # Steps lost or redone: at most the closures that were in flight on worker:1 (2 of 10 steps).
+    assert steps <= run.first("done")["global_step"] <= steps + 2 * 10, run.first("done")
+    waits = run.all("waiting")
+    assert waits and {e["worker"] for e in waits} == {"worker:1"}, waits
+    assert "worker:1's closure has run" in log.read_text() and "is taken for lost" in log.read_text(), tail(log)
 
 
 def test_sync_two_workers_and_resume(tmp_path):

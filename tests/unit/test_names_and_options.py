@@ -85,6 +85,7 @@ FLOAT_OPTIONS = [
     (["train", "mnist"], "--epochs"),
     (["train", "mnist"], "--learning-rate"),
     (["train", "mnist"], "--start-timeout"),
+    (["train", "mnist"], "--stall-timeout"),
     (["train", "mnist"], "--hosts-every"),
     (["train", "mnist"], "--collective-timeout"),
     (["train", "mnist"], "--host-timeout"),

@@ -1,0 +1,214 @@
+"""Issue 41, item 1: no silent hang. The async chief's closure watch (roles/closures.py: which
+worker it waits on, and cutting a hung call loose, on real sockets), the supervisor's stall limit
+(cluster/supervision/core.py) and what the job record, status and the CLI say. The end-to-end
+proof, a worker's link cut while a closure runs on it, is tests/faults/test_async_faults.py."""
+from __future__ import annotations
+
+import socket
+from types import SimpleNamespace
+
+import pytest
+
+from cluster.console.tables import render_job_line
+from cluster.contracts import JobState, ProcessKind, Role
+from cluster.supervision.core import (IncidentKind, Proc, Watchdog, find_incident, stall_limit,
+                                      stall_shown_after)
+from cluster.supervision.jobrecord import JobProgress
+from cluster.supervision.training import JobOptions
+from roles import closures
+from tests.helpers import run_cli
+
+from .conftest import idle_supervisor
+
+HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode"
+
+
+def _line(remote: str, state: str, inode: str) -> str:
+    return f"   0: 0100007F:9C40 {remote} {state} 00000000:00000000 00:00000000 00000000     0        0 {inode} 1"
+
+
+# ----------------------------------------------------------------------------- /proc parsing
+
+def test_connected_inodes_takes_connections_to_the_address_only():
+    lines = [HEADER,
+             _line("0400004D:2710", "01", "111"),      # 77.0.0.4:10000 (127.77.0.4 is 04004D7F)
+             _line("04004D7F:2710", "01", "222"),      # 127.77.0.4:10000, established
+             _line("04004D7F:2710", "08", "333"),      # the same, CLOSE_WAIT: still a connection
+             _line("04004D7F:2711", "01", "444"),      # another port
+             _line("04004D7F:2710", "0A", "555"),      # a listener is no connection
+             _line("0000000000000000FFFF000004004D7F:2710", "01", "666"),   # tcp6, IPv4-mapped
+             "garbage", ""]
+    assert closures.connected_inodes(lines, {"127.77.0.4"}, 10000) == {"222", "333", "666"}
+    assert closures.connected_inodes(lines, {"127.77.0.5"}, 10000) == set()
+
+
+def test_resolve_takes_addresses_and_names():
+    assert closures.resolve("127.0.0.1") == {"127.0.0.1"}
+    assert "127.0.0.1" in closures.resolve("localhost")
+    assert closures.resolve("no-such-host.invalid") == set()
+
+
+def test_cut_connections_ends_this_process_connection_and_nothing_else():
+    server = socket.create_server(("127.0.0.1", 0))
+    other = socket.create_server(("127.0.0.1", 0))
+    port, other_port = server.getsockname()[1], other.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    kept = socket.create_connection(("127.0.0.1", other_port))
+    accepted, _ = server.accept()
+    accepted_kept, _ = other.accept()
+    try:
+        assert closures.own_connections(f"127.0.0.1:{port}") == [client.fileno()]
+        assert closures.cut_connections(f"localhost:{port}") == 1
+        accepted.settimeout(10)
+        assert accepted.recv(1) == b""                  # the peer sees the connection end...
+        with pytest.raises(OSError):
+            client.send(b"x")                           # ...and so does its owner, whose fd stays open
+        assert client.fileno() >= 0
+        kept.sendall(b"y")                              # the other connection is untouched
+        accepted_kept.settimeout(10)
+        assert accepted_kept.recv(1) == b"y"
+        assert closures.cut_connections("127.0.0.1:notaport") == 0
+        assert closures.cut_connections(f"no-such-host.invalid:{port}") == 0
+    finally:
+        for sock in (client, kept, accepted, accepted_kept, server, other):
+            sock.close()
+
+
+# ----------------------------------------------------------------------------- the chief's watch
+
+class FakeChief:
+    def __init__(self):
+        self.events: list[dict] = []
+        self.cut: list[str] = []
+        self.busy: dict[int, float] = {}
+
+    def watch(self) -> closures.ClosureWatch:
+        return closures.ClosureWatch(["h1:2224", "h2:2225", "h3:2226"],
+                                     lambda event, **fields: self.events.append({"event": event, **fields}),
+                                     cut=lambda address: self.cut.append(address) or 2, busy=lambda: self.busy)
+
+
+def test_the_chief_names_the_worker_it_waits_on_and_cuts_a_hung_one_loose_once():
+    chief = FakeChief()
+    watch = chief.watch()
+    chief.busy = {0: 99.0, 2: 60.0, 1: 98.0}        # worker:2's closure began first
+    watch.check(100.0, waited=4.0, slowest=0.5, step=640)
+    assert chief.events == []                       # under waiting_after (5 s): a normal wait
+    watch.check(100.0, waited=6.0, slowest=0.5, step=640)
+    assert chief.events == [{"event": "waiting", "worker": "worker:2", "seconds": 6.0, "step": 640}]
+    watch.check(102.0, waited=8.0, slowest=0.5, step=640)
+    assert len(chief.events) == 1                   # repeated every WAITING_EVERY seconds only
+    watch.check(105.0, waited=11.0, slowest=0.5, step=640)
+    assert len(chief.events) == 2 and chief.cut == []       # under stuck_after (20 s)
+    watch.check(121.0, waited=21.0, slowest=0.5, step=640)
+    assert chief.cut == ["h3:2226"] and watch.cuts == 1
+    watch.check(130.0, waited=30.0, slowest=0.5, step=640)
+    assert chief.cut == ["h3:2226"]                 # the same closure is cut once
+    chief.busy = {2: 125.0}                         # the worker came back and hangs again
+    watch.check(150.0, waited=26.0, slowest=0.5, step=700)
+    assert chief.cut == ["h3:2226", "h3:2226"]
+
+
+def test_a_slow_job_is_judged_by_its_own_units_of_work():
+    chief = FakeChief()
+    watch = chief.watch()
+    chief.busy = {1: 0.0}
+    watch.check(100.0, waited=100.0, slowest=12.0, step=10)      # 100 s < 10 x 12 s: slow, not hung
+    assert chief.cut == [] and chief.events[0]["worker"] == "worker:1"
+    watch.check(130.0, waited=130.0, slowest=12.0, step=10)
+    assert chief.cut == ["h2:2225"]
+
+
+def test_no_busy_worker_or_an_unknown_index_is_never_cut():
+    chief = FakeChief()
+    watch = chief.watch()
+    watch.check(100.0, waited=100.0, slowest=0.1, step=1)
+    chief.busy = {7: 0.0}                          # a worker the watch does not know (yet)
+    watch.check(100.0, waited=100.0, slowest=0.1, step=1)
+    assert chief.cut == [] and chief.events[-1]["worker"] == "worker:7"
+
+
+# ----------------------------------------------------------------------------- the supervisor's limit
+
+@pytest.mark.parametrize("option, slowest, sync, expected", [
+    (None, 0.5, False, 60.0),            # derived: the larger of 60 s...
+    (None, 6.0, False, 120.0),           # ...and 20 units of work
+    (None, 0.5, True, 90.0),             # sync: at least twice the collective timeout + 30 s
+    (0.0, 5.0, False, None),             # 0: off
+    (30.0, 1.0, False, 30.0),            # given
+    (30.0, 40.0, False, 80.0),           # given, but a unit of work took longer: twice that unit
+])
+def test_stall_limit(option, slowest, sync, expected):
+    assert stall_limit(option, slowest_unit=slowest, sync=sync, collective_timeout=30.0) == expected
+
+
+def test_stall_is_shown_after_a_few_units_of_work():
+    assert stall_shown_after(0.5) == 10.0 and stall_shown_after(5.0) == 20.0
+
+
+def test_an_async_stall_blames_the_chief_and_names_the_worker_it_waits_on():
+    chief = Proc(key="chief:0#1", task="chief:0", role=Role.CHIEF, host="h1", kind=ProcessKind.TRAIN,
+                 started=True, last_event=100.0)
+    worker = Proc(key="worker:2#1", task="worker:2", role=Role.WORKER, host="h3", kind=ProcessKind.SERVER)
+    watch = Watchdog(stall_after=60.0, leader="chief:0", waiting_on="worker:2@h3")
+    assert find_incident([chief, worker], now=159.0, watch=watch) is None
+    incident = find_incident([chief, worker], now=161.0, watch=watch)
+    assert incident.kind is IncidentKind.STALLED and incident.proc == chief
+    assert incident.reason == "stopped making progress (61 s without an event; waiting on worker:2@h3)"
+
+
+# ----------------------------------------------------------------------------- record, status, CLI
+
+def _leader(sup, last_event=0.0):
+    return SimpleNamespace(task=sup.kind.leader, last_event=last_event, started=True)
+
+
+def test_a_waiting_event_marks_the_job_stalled_until_progress_comes(tmp_path):
+    sup = idle_supervisor(tmp_path, name="st", mode="async")
+    sup.kind.trained_since_launch = True
+    leader = _leader(sup, last_event=90.0)
+    sup.set_job(state=JobState.RUNNING, step=640, heartbeat=1700000000.0)
+    sup.kind.on_event(sup, leader, {"event": "waiting", "worker": "worker:1", "seconds": 12.0, "step": 640}, now=100.0)
+    assert leader.last_event == 90.0                # waiting is not progress: the stall watch keeps counting
+    job = sup.progress
+    assert job.waiting_on == "worker:1@localhost" and job.stalled_since == 1700000000.0 - 12.0
+    assert "stalled for 12 s (waiting on worker:1@localhost)" in render_job_line(job)
+    assert any("no progress for 12 s: waiting on worker:1@localhost" in m["text"] for m in sup.reporter.of("message"))
+    assert sup.kind.watchdog(sup).waiting_on == "worker:1@localhost"
+    sup.kind.on_event(sup, leader, {"event": "waiting", "worker": ["hostile"], "seconds": "x", "step": 1}, now=101.0)
+    sup.kind.on_event(sup, leader, {"event": "progress", "step": 700}, now=102.0)
+    assert sup.progress.stalled_since is None and sup.progress.waiting_on is None
+    assert "stalled" not in render_job_line(sup.progress)
+
+
+def test_a_silent_leader_is_shown_stalled_before_it_is_acted_on(tmp_path):
+    sup = idle_supervisor(tmp_path, name="st2", mode="sync")
+    sup.kind.trained_since_launch = True
+    leader = SimpleNamespace(task=sup.kind.leader, last_event=50.0, started=True, kind=ProcessKind.TRAIN,
+                             ended_at=None, done=False)
+    quiet = SimpleNamespace(task=sup.plan.task("worker:1"), last_event=40.0, started=True, kind=ProcessKind.TRAIN,
+                            ended_at=None, done=False)
+    sup.watched = {"l": leader, "q": quiet}
+    sup.kind.watch_stall(sup, 55.0)
+    assert sup.progress.stalled_since is None       # 5 s: under a few units of work
+    sup.kind.watch_stall(sup, 61.0)
+    assert sup.progress.waiting_on == "worker:1@localhost" and sup.progress.stalled_since is not None
+
+
+def test_status_json_says_how_long_the_job_has_stalled():
+    job = JobProgress(id=1, job="distributed_mnist", mode="async", state=JobState.RUNNING, heartbeat=1000.0,
+                      stalled_since=958.0, waiting_on="worker:2@h3")
+    assert job.stalled_for == 42.0
+    assert JobProgress.from_json(job.to_json()).waiting_on == "worker:2@h3"
+    assert job.updated(state=JobState.DONE).stalled_for is None
+
+
+@pytest.mark.parametrize("value, words", [("-1", "-1"), ("nan", "not a finite number"),
+                                          ("5", "shorter than a unit of work")])
+def test_a_bad_stall_timeout_is_refused_before_anything_starts(tmp_path, value, words):
+    proc = run_cli(["train", "distributed_mnist", "--name", "nothing-up", "--stall-timeout", value], state_dir=tmp_path)
+    assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_stall_timeout_reaches_the_options():
+    assert JobOptions(stall_timeout=0.0).stall_timeout == 0.0 and JobOptions().stall_timeout is None
