@@ -6,6 +6,7 @@ written instead of being silently ignored where it is read.
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from enum import Enum, IntEnum
 
 
@@ -29,7 +30,7 @@ MODE_ROLES: dict[str, tuple[tuple[str, bool], ...]] = {
     Mode.SYNC.value: (("worker", False),),
     Mode.SYNC_PS.value: (("ps", True), ("worker", False)),
 }
-DEFAULT_MODE = Mode.ASYNC       # without --mode and pscluster_mode
+DEFAULT_MODE = Mode.ASYNC       # without --mode and pscluster_mode, where the inventory has a chief
 # Other names of a mode, accepted wherever a mode is (--mode, pscluster_mode) and stored as the
 # mode itself. sync-ps is the shape of TF1's between-graph replication (ps + workers, worker 0 the
 # chief); whether its updates are synchronous is the program's choice (SyncReplicasOptimizer or
@@ -43,10 +44,31 @@ def canonical_mode(name: str) -> str:
     return MODE_ALIASES.get(name, name)
 
 
-def resolve_mode(*given: str | None) -> str:
+def default_mode(roles: Collection[str]) -> Mode:
+    """The mode when neither ``--mode`` nor ``pscluster_mode`` names one, from the roles the
+    inventory defines: :data:`DEFAULT_MODE` (async) where a chief can run the ClusterCoordinator,
+    else sync-ps with parameter servers (TF1's between-graph shape), else sync (workers only).
+    The one rule for ``plan``, ``up``, ``train`` and a one-shot ``run`` (which then starts every
+    role the inventory defines), so that they never disagree on an inventory."""
+    if "chief" in roles or not roles:
+        return DEFAULT_MODE
+    return Mode.SYNC_PS if "ps" in roles else Mode.SYNC
+
+
+def describe_default_mode(roles: Collection[str]) -> str:
+    """What ``plan`` says when :func:`default_mode` chose the mode."""
+    mode = default_mode(roles)
+    defined = ", ".join(roles) or "no role"
+    return (f"mode {mode}: the default for an inventory with {defined} (no --mode, no pscluster_mode; "
+            "async with a chief, else sync-ps with ps, else sync); 'pscluster run' without --mode "
+            f"starts every role it defines ({defined})")
+
+
+def resolve_mode(*given: str | None, roles: Collection[str] = ()) -> str:
     """The mode of a command: the first of ``given`` that is set (``--mode``, then the
-    inventory's ``pscluster_mode``), else :data:`DEFAULT_MODE`; aliases resolved."""
-    return canonical_mode(next((name for name in given if name), DEFAULT_MODE.value))
+    inventory's ``pscluster_mode``), else :func:`default_mode` of the inventory's ``roles``;
+    aliases resolved."""
+    return canonical_mode(next((name for name in given if name), default_mode(roles).value))
 
 
 class Until(StrEnum):

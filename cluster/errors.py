@@ -103,6 +103,10 @@ def failure_tail(text: str, lines: int = 12, *, frames: int = 6, after: int = 3)
     return "\n".join(shown + ([f"... ({rest} more line(s))"] if rest > 0 else [])), True
 
 
+_LEGACY_KERAS = ("run the program with legacy Keras: 'pscluster run --keras legacy ...' or pscluster_keras: legacy "
+                 "in the inventory (it needs tf-keras of the hosts' TensorFlow version, e.g. pip install "
+                 "'pscluster[legacy-keras]'; preflight checks it)")
+
 # Failures whose cause is known from what a task's log says, and what to do about each:
 # (a pattern of the log, the hint). The first that matches gives the root cause's hint.
 KNOWN_FAILURES: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -111,9 +115,20 @@ KNOWN_FAILURES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"Attempt to convert a value \(PerReplica:|unsupported type \(<class "
                 r"'tensorflow\.python\.distribute\.values\.PerReplica'>\)"),
      "Keras 3's fit does not work under TensorFlow's multi-worker strategies (keras-team/keras#20585); "
-     "run the program with legacy Keras: 'pscluster run --keras legacy ...' or pscluster_keras: legacy in the "
-     "inventory (it needs tf-keras of the hosts' TensorFlow version, e.g. pip install 'pscluster[legacy-keras]'; "
-     "preflight checks it)"),
+     + _LEGACY_KERAS),
+    # tf.keras names Keras 3 removed that TensorFlow's distributed tutorials use, as TF 2.21 with
+    # Keras 3.15 says them (checked): tf.keras.utils.experimental.DatasetCreator ("module
+    # 'keras.utils' has no attribute 'experimental'"), tf.keras.layers.experimental.preprocessing
+    # (module 'keras._tf_keras.keras.layers'), tf.keras.utils.SidecarEvaluator,
+    # tf.keras.optimizers.experimental / .legacy, tf.keras.callbacks.experimental,
+    # tf.keras.backend.get_session, and `from tensorflow.keras.X.experimental import ...`.
+    (re.compile(r"AttributeError: module 'keras(?:\.[\w.]+)?' has no attribute '\w+'|"
+                r"ModuleNotFoundError: No module named 'tensorflow\.keras\.[\w.]+'|"
+                r"`keras\.[\w.]+` is not supported in Keras 3"),
+     "a Keras 2 (tf.keras) name that Keras 3 removed, such as tf.keras.utils.experimental.DatasetCreator "
+     "(model.fit under ParameterServerStrategy), tf.keras.layers.experimental.preprocessing, "
+     "tf.keras.utils.SidecarEvaluator or tf.keras.optimizers.legacy; the program runs unchanged with Keras 2: "
+     + _LEGACY_KERAS),
 )
 
 

@@ -7,8 +7,10 @@ name, ``<state dir>/history/<name>.json``, holds a :class:`RunRecord` per run (c
 outcome, and each task's log with the host it is on, connection settings included), so
 ``pscluster logs --name NAME --run N`` reads a one-shot run's logs after its cluster was taken
 down, and ``pscluster runs`` lists them. A name keeps its newest :data:`DEFAULT_KEEP` runs
-(``run --keep N``); older ones lose their record and their folders on the hosts.
-``pscluster clean`` removes them sooner.
+(``run --keep N``, ``train --keep N``); older ones lose their record and their folders on the
+hosts. A run that never recorded an end (its supervisor was killed, the machine went down) counts
+too, once it started over :data:`STALE_AFTER` ago and its processes are gone (the caller says
+which: see :func:`cluster.supervision.daemon.run_gone`). ``pscluster clean`` removes them sooner.
 
 Writes are atomic (temporary file + rename) under the file's own lock, as the state's are.
 """
@@ -19,16 +21,20 @@ import dataclasses
 import fcntl
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from .errors import StateError
 from .inventory import ROLES
 from .names import check_cluster_name
 from .plan import HostSpec
 
-DEFAULT_KEEP = 20          # runs per cluster name whose logs are kept (run --keep)
+DEFAULT_KEEP = 20          # runs per cluster name whose logs are kept (run --keep, train --keep)
+# A run with no recorded end is pruned only when it started this long ago: a run that is only
+# starting has recorded its start before its cluster's state names its processes.
+STALE_AFTER = 3600.0
 HISTORY_DIR = "history"
 
 
@@ -138,11 +144,16 @@ class RunHistory:
         with self._locked(name):
             self._write(name, [item for item in self.load(name) if item.id not in set(ids)])
 
-    def beyond(self, name: str, keep: int) -> list[RunRecord]:
-        """The ended runs of ``name`` older than its newest ``keep`` (the ones to remove)."""
+    def beyond(self, name: str, keep: int, *, gone: Callable[[RunRecord], bool] | None = None,
+               now: float | None = None) -> list[RunRecord]:
+        """The runs of ``name`` older than its newest ``keep`` (the ones to remove): those that
+        ended, and those with no recorded end that started over :data:`STALE_AFTER` before ``now``
+        and whose processes are ``gone`` (without ``gone``, none of those)."""
         records = self.load(name)
         old = records[:max(0, len(records) - keep)]
-        return [record for record in old if record.ended is not None]
+        before = (time.time() if now is None else now) - STALE_AFTER
+        return [record for record in old if record.ended is not None
+                or (gone is not None and record.started < before and gone(record))]
 
     def _write(self, name: str, records: list[RunRecord]) -> None:
         path = self.path(name)

@@ -275,7 +275,7 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
         PlanError: the mode cannot run on these groups, or ports collide.
         InventoryError: an explicit setting conflicts (named by file and line).
     """
-    mode = resolve_mode(options.mode, inventory.mode)
+    mode = resolve_mode(options.mode, inventory.mode, roles=inventory.mode_roles())
     if mode not in MODES:
         raise PlanError(f"unknown mode {mode!r}", hint=f"choose one of {', '.join(MODE_NAMES)}")
     name = check_cluster_name(options.name) if options.name else \

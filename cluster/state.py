@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Iterator
 
 from .contracts import ProcessKind
 from .errors import Aborted, StateError, UsageError
-from .names import check_cluster_name
+from .names import check_cluster_name, is_cluster_name
 from .plan import ClusterPlan, HostSpec, TaskSpec
 from .supervision.jobrecord import JobProgress
 
@@ -200,9 +200,10 @@ class StateStore:
         return self.root / f"{check_cluster_name(name)}.json"
 
     def names(self) -> list[str]:
+        """The clusters that have a state (not the resize files beside them)."""
         if not self.root.is_dir():
             return []
-        return sorted(path.stem for path in self.root.glob("*.json"))
+        return sorted(path.stem for path in self.root.glob("*.json") if is_cluster_name(path.stem))
 
     def load(self, name: str) -> RunState | None:
         path = self.path(name)

@@ -1,48 +1,60 @@
 #!/usr/bin/env bash
-# Sets up everything pscluster needs on this machine, idempotently:
-#   - Debian packages the lab tests and SSH hosts need (openssh-server/client, iproute2, nftables,
-#     and slurmctld/slurmd/slurm-client/munge for the Slurm lab),
-#   - a virtualenv in .venv with pscluster (editable), TensorFlow (CPU) and the test tools.
-# Re-running is cheap: pip runs again only when setup.cfg changed.
+# Sets up what pscluster needs on this machine, idempotently. One argument, the profile:
+#   demo  what scripts/demo.sh needs to train on inventories/local.yaml (ansible_connection: local,
+#         no SSH, no Slurm, no containers): a virtualenv in .venv with pscluster (editable) and
+#         TensorFlow (CPU); nothing from apt.
+#   test  (the default) what scripts/test.sh needs for the whole suite: the demo's .venv plus the
+#         test tools, TensorBoard and legacy Keras, and the Debian packages of the lab tests
+#         (openssh-server/client, sudo, iproute2, nftables; slurmctld/slurmd/slurm-client/munge
+#         for the Slurm lab; docker.io/docker-compose/debootstrap/iptables for the container tests).
+# Re-running is cheap: pip runs again only when setup.cfg changed or the profile asks for more.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+profile=${1:-test}
+case "$profile" in
+  demo) extras=cpu ;;
+  test) extras=cpu,test,tensorboard ;;
+  *) echo "bootstrap: unknown profile '$profile' (use: demo or test)" >&2; exit 2 ;;
+esac
 
-apt_missing=()
-command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || apt_missing+=(openssh-server)
-command -v ssh >/dev/null 2>&1 || apt_missing+=(openssh-client)
-command -v sudo >/dev/null 2>&1 || apt_missing+=(sudo)    # ansible_become: tasks run through sudo -n -H -u USER
-command -v ip >/dev/null 2>&1 || apt_missing+=(iproute2)
-command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || apt_missing+=(nftables)
-# The Slurm lab (tests/slurm, testbed/slurmlab.py): a real slurmctld/slurmd/munged, started by the test fixture itself.
-command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || apt_missing+=(slurmctld)
-command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ] || apt_missing+=(slurmd)
-command -v srun >/dev/null 2>&1 || apt_missing+=(slurm-client)
-command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || apt_missing+=(munge)
-# The container tests (tests/docker, testbed/dockerlab.py): Debian's Docker engine and client,
-# compose v1, debootstrap for the registry-free base image, iptables for dockerd's NAT.
-# Without their recommends (apparmor, git, needrestart...), as docs/platform-notes.md D1 measured.
-docker_missing=()
-[ -x /usr/bin/docker ] && [ -x /usr/sbin/dockerd ] || docker_missing+=(docker.io)
-command -v docker-compose >/dev/null 2>&1 || docker_missing+=(docker-compose)
-command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || docker_missing+=(debootstrap)
-command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || docker_missing+=(iptables)
-if [ ${#apt_missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "bootstrap: installing Debian packages: ${apt_missing[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_missing[@]}" >/dev/null
-  else
-    echo "bootstrap: missing ${apt_missing[*]}; install them (apt-get install ${apt_missing[*]}) or run as root" >&2
-    echo "bootstrap: continuing; the SSH lab tests will be skipped without them" >&2
+if [ "$profile" = test ]; then
+  apt_missing=()
+  command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || apt_missing+=(openssh-server)
+  command -v ssh >/dev/null 2>&1 || apt_missing+=(openssh-client)
+  command -v sudo >/dev/null 2>&1 || apt_missing+=(sudo)    # ansible_become: tasks run through sudo -n -H -u USER
+  command -v ip >/dev/null 2>&1 || apt_missing+=(iproute2)
+  command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || apt_missing+=(nftables)
+  # The Slurm lab (tests/slurm, testbed/slurmlab.py): a real slurmctld/slurmd/munged, started by the test fixture itself.
+  command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || apt_missing+=(slurmctld)
+  command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ] || apt_missing+=(slurmd)
+  command -v srun >/dev/null 2>&1 || apt_missing+=(slurm-client)
+  command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || apt_missing+=(munge)
+  # The container tests (tests/docker, testbed/dockerlab.py): Debian's Docker engine and client,
+  # compose v1, debootstrap for the registry-free base image, iptables for dockerd's NAT.
+  # Without their recommends (apparmor, git, needrestart...), as docs/platform-notes.md D1 measured.
+  docker_missing=()
+  [ -x /usr/bin/docker ] && [ -x /usr/sbin/dockerd ] || docker_missing+=(docker.io)
+  command -v docker-compose >/dev/null 2>&1 || docker_missing+=(docker-compose)
+  command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || docker_missing+=(debootstrap)
+  command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || docker_missing+=(iptables)
+  if [ ${#apt_missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "bootstrap: installing Debian packages: ${apt_missing[*]}"
+      DEBIAN_FRONTEND=noninteractive apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_missing[@]}" >/dev/null
+    else
+      echo "bootstrap: missing ${apt_missing[*]}; install them (apt-get install ${apt_missing[*]}) or run as root" >&2
+      echo "bootstrap: continuing; the SSH lab tests will be skipped without them" >&2
+    fi
   fi
-fi
-if [ ${#docker_missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "bootstrap: installing Debian packages: ${docker_missing[*]}"
-    [ ${#apt_missing[@]} -gt 0 ] || DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${docker_missing[@]}" >/dev/null
-  else
-    echo "bootstrap: missing ${docker_missing[*]}; the container tests (tests/docker) will be skipped without them" >&2
+  if [ ${#docker_missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "bootstrap: installing Debian packages: ${docker_missing[*]}"
+      [ ${#apt_missing[@]} -gt 0 ] || DEBIAN_FRONTEND=noninteractive apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${docker_missing[@]}" >/dev/null
+    else
+      echo "bootstrap: missing ${docker_missing[*]}; the container tests (tests/docker) will be skipped without them" >&2
+    fi
   fi
 fi
 
@@ -51,16 +63,21 @@ if [ ! -x .venv/bin/python ]; then
   echo "bootstrap: creating .venv with $($PY --version)"
   "$PY" -m venv .venv
 fi
+# The stamp holds the hash of the packaging files and the profile installed with them; a test
+# set-up covers the demo's, not the other way round.
 stamp=.venv/.pscluster-setup-stamp
 want=$(cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "bootstrap: installing pscluster[cpu,test,tensorboard] into .venv (first time: ~1 minute)"
+have=$(cat "$stamp" 2>/dev/null || true)
+if [ "$have" != "$want $profile" ] && [ "$have" != "$want test" ]; then
+  echo "bootstrap: installing pscluster[$extras] into .venv (first time: ~1 minute)"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[cpu,test,tensorboard]'
-  # Legacy Keras (setup.cfg's legacy-keras extra): the tests of `run --keras legacy` and the
-  # tf-keras baseline benchmark need it. --no-deps: tf-keras depends on the `tensorflow`
-  # distribution, and pip would pull that whole wheel over tensorflow-cpu (measured with
-  # `pip install --dry-run tf-keras==2.21.0`: "Would install tensorflow-2.21.0").
-  .venv/bin/python -m pip install -q --no-deps tf-keras==2.21.0
-  echo "$want" > "$stamp"
+  .venv/bin/python -m pip install -q -e ".[$extras]"
+  if [ "$profile" = test ]; then
+    # Legacy Keras (setup.cfg's legacy-keras extra): the tests of `run --keras legacy` and the
+    # tf-keras baseline benchmark need it. --no-deps: tf-keras depends on the `tensorflow`
+    # distribution, and pip would pull that whole wheel over tensorflow-cpu (measured with
+    # `pip install --dry-run tf-keras==2.21.0`: "Would install tensorflow-2.21.0").
+    .venv/bin/python -m pip install -q --no-deps tf-keras==2.21.0
+  fi
+  echo "$want $profile" > "$stamp"
 fi

@@ -4,7 +4,7 @@
 # MODE=sync or MODE=sync-ps picks another training mode; extra arguments go to `pscluster train`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh
+bash scripts/bootstrap.sh demo
 mode=${MODE:-async}
 name=demo-$mode
 pscluster=.venv/bin/pscluster

@@ -4,7 +4,7 @@
 # Extra arguments go to pytest, e.g. scripts/test.sh tests/unit -x
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh
+bash scripts/bootstrap.sh test
 export PYTHONDONTWRITEBYTECODE=1
 # Lint and type-check first: seconds, not a run of the suite (configuration in pyproject.toml).
 .venv/bin/ruff check cluster roles tests testbed benchmarks examples

@@ -91,7 +91,7 @@ class StudySpec:
             raise UsageError(f"--workers: expected whole numbers, got {workers!r}", hint="e.g. --workers 1,2,4") from None
         if counts[0] < 1:
             raise UsageError("--workers: a configuration needs at least 1 worker")
-        chosen = comma_list(modes or resolve_mode(inventory.mode), "--mode", MODE_NAMES)
+        chosen = comma_list(modes or resolve_mode(inventory.mode, roles=inventory.mode_roles()), "--mode", MODE_NAMES)
         return cls(modes=tuple(dict.fromkeys(canonical_mode(mode) for mode in chosen)), workers=counts,
                    placements=comma_list(placements, "--placement", PLACEMENTS), **settings)
 

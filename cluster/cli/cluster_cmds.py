@@ -9,7 +9,7 @@ import click
 
 from .. import console as ui
 from ..hosts.codesync import local_workdir
-from ..contracts import DEFAULT_GRACE, ExitStatus
+from ..contracts import DEFAULT_GRACE, ExitStatus, describe_default_mode
 from ..errors import PsclusterError
 from ..plan import PlanOptions
 from ..transport import TransportPool
@@ -38,8 +38,10 @@ def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base
                                              mode=mode, port_base=port_base), None)
     secret_names = sorted({n for host in cluster.hosts for n in host.secret_env})
     chosen = [host.name for host in selected.hosts]       # what --limit selected (some may get no task)
+    mode_from = "option" if mode else "inventory" if selected.mode else "default"
     if as_json:
         document = cluster.to_json()
+        document["mode_from"] = mode_from
         if limit is not None:
             document["limit"] = {"pattern": limit, "selected": chosen}
         for task in document["tasks"]:
@@ -50,6 +52,8 @@ def plan(env: Env, inventory: str, name: str | None, mode: str | None, port_base
         ui.print_json(env.out, document)
         return
     ui.render_plan(env.out, cluster, secret_names=secret_names)
+    if mode_from == "default":
+        env.out.print(describe_default_mode(selected.mode_roles()), markup=False, highlight=False)
     if limit is not None:
         idle = [name for name in chosen if name not in {host.name for host in cluster.hosts}]
         env.out.print(f"--limit {limit} selected {len(chosen)} host(s): {', '.join(chosen)}"
@@ -278,7 +282,7 @@ def _check_scale_mode(edited, path: str, state: RunState) -> None:
     the mode from the inventory) is refused, not quietly run in the old mode."""
     from ..contracts import resolve_mode
     from ..errors import UsageError
-    wanted = resolve_mode(edited.mode)
+    wanted = resolve_mode(edited.mode, roles=edited.mode_roles())
     if state.mode_from != "inventory" or wanted == state.mode:
         return
     message = (f"the edited inventory runs {wanted}, but cluster {state.name!r} runs {state.mode}: "

@@ -109,12 +109,17 @@ def runs(env: Env, name: str | None, as_json: bool) -> None:
               help="Keep the newest N runs of each name.")
 @click.pass_obj
 def clean(env: Env, name: str | None, keep: int) -> None:
-    """Remove the logs of finished runs from the hosts (all names, or --name), and their records."""
+    """Remove the logs of finished runs from the hosts (all names, or --name), and their records;
+    also of runs that never recorded an end, once their processes are gone and they started over
+    an hour ago."""
     from ..history import RunHistory, remove_runs
+    from ..supervision.daemon import run_gone
     history = RunHistory(env.store.root)
     if name and not history.load(name):
         raise UsageError(f"no run of {name!r} is recorded", hint="'pscluster runs' lists every name's runs")
-    stale = [record for item in ([name] if name else history.names()) for record in history.beyond(item, keep)]
+    gone = run_gone(env.store)
+    stale = [record for item in ([name] if name else history.names())
+             for record in history.beyond(item, keep, gone=gone)]
     with env.pool_factory() as pool:
         removed, problems = remove_runs(history, stale, pool)
     for problem in problems:

@@ -11,7 +11,6 @@ import click
 from .. import console as ui
 from ..hosts.codesync import local_workdir, project_root
 from ..contracts import DEFAULT_GRACE, DEFAULT_STOP_GRACE, ExitStatus, Until
-from ..history import DEFAULT_KEEP
 from ..program.progfiles import DEFAULT_SYNC_LIMIT_MIB
 from ..errors import PsclusterError, UsageError
 from ..inventory import KERAS_CHOICES, load_inventory
@@ -21,8 +20,8 @@ from ..state import RunState
 
 from ..secrets import take_from_environment as take_secrets
 from .base import Env, _existing, _inventory, _notifier, _planned, _with_notifier, cli
-from .options import (restart_opts, check_hosts_from, DurationParam, FiniteFloat, SECONDS, StallTimeout, allow_busy_opt, detach_opt,
-                      limit_opt, mode_opt, name_opt, notify_opts, port_opt, replace_opt)
+from .options import (restart_opts, check_hosts_from, DurationParam, FiniteFloat, SECONDS, StallTimeout, allow_busy_opt,
+                      detach_opt, keep_opt, limit_opt, mode_opt, name_opt, notify_opts, port_opt, replace_opt)
 
 
 @cli.command()
@@ -73,11 +72,12 @@ from .options import (restart_opts, check_hosts_from, DurationParam, FiniteFloat
 @click.option("--json", "as_json", is_flag=True, help="Print only the final report, as JSON.")
 @detach_opt
 @replace_opt
+@keep_opt
 @click.pass_obj
 def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learning_rate, scale_lr, checkpoint_dir,
           checkpoint_every, resume, data, steps_per_execution, eval_every, warmup_steps, summary_every, restart_policy,
           max_restarts, start_timeout, collective_timeout, host_timeout, stop_grace, stall_timeout, deadline, min_workers,
-          hosts_from, hosts_every, notify_urls, notify_cmds, as_json: bool, detach: bool, replace: bool) -> None:
+          hosts_from, hosts_every, notify_urls, notify_cmds, as_json: bool, detach: bool, replace: bool, keep: int) -> None:
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
     from ..lifecycle.resize import Elastic
     from ..supervision.train_job import train_executor
@@ -106,7 +106,7 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
             summary = train_executor(store=env.store, name=resolved, job=job_ref, options=options,
                                      reporter=_with_notifier(display, notifier), pool=pool, root=project_root(),
                                      secrets=take_secrets(state.plan), detached=env.detached, replace=replace,
-                                     elastic=elastic).run()
+                                     keep=keep, elastic=elastic).run()
     finally:
         if notifier is not None:
             notifier.close()
@@ -172,9 +172,7 @@ class _ProgramCommand(click.Command):
 @notify_opts
 @detach_opt
 @replace_opt
-@click.option("--keep", type=click.IntRange(1, 100_000), default=DEFAULT_KEEP, show_default=True,
-              help="Runs of this cluster name whose logs are kept (pscluster runs / logs --run); older ones are "
-                   "removed from the hosts when this run ends.")
+@keep_opt
 @click.option("--until", type=click.Choice([str(u) for u in Until]), default=None,
               help="When the run is over: when the chief exits (default with a chief, as TFJob's success policy), "
                    "when every chief and worker has exited (default without a chief), or when every task has. "

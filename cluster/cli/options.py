@@ -6,6 +6,7 @@ import click
 
 from ..contracts import RestartPolicy
 from ..errors import UsageError
+from ..history import DEFAULT_KEEP
 from ..inventory import MODE_NAMES, canonical_mode
 from ..names import check_cluster_name
 
@@ -20,6 +21,11 @@ replace_opt = click.option("--replace", is_flag=True,
                            help="If a job is still running on the cluster, stop it first (instead of refusing).")
 
 
+keep_opt = click.option("--keep", type=click.IntRange(1, 100_000), default=DEFAULT_KEEP, show_default=True,
+                        help="Runs of this cluster name whose logs are kept (pscluster runs / logs --run); older ones "
+                             "are removed from the hosts when this job ends, as are older runs that never recorded "
+                             "an end (a killed supervisor) once their processes are gone and they started over an "
+                             "hour ago.")
 allow_busy_opt = click.option("--allow-busy-gpus", is_flag=True,
                               help="Start on GPUs that other processes already use (lab GPUs are shared).")
 

@@ -13,6 +13,9 @@ by hand in ``tests/unit/test_liveview.py``.
 * **ETA** is the steps left divided by the step rate over the last :data:`ETA_WINDOW` seconds,
   once the samples span at least :data:`ETA_MIN_SPAN` seconds (before that: unknown). Steps
   that go back (a restart resumed from a checkpoint) start the measurement again.
+* **Resizes** (a ``resized`` job state) set who is in the job: rows of workers that left go
+  (with their rates), a worker that joined gets a row at once, and a late report of one that
+  left does not bring its row back.
 """
 from __future__ import annotations
 
@@ -140,6 +143,7 @@ class TrainView:
     job_rate: RateWindow = field(default_factory=RateWindow)
     steps: StepRate = field(default_factory=StepRate)
     self_reported: set[str] = field(default_factory=set)
+    members: set[str] | None = None     # the workers since the last resize (None: no resize yet)
     began: float | None = None          # wall time the job started (its record's ``started``)
     ended: float | None = None
     progressed: bool = False
@@ -151,6 +155,8 @@ class TrainView:
             self.began = self.began or float(started)
         elif kind == "job-state" and data.get("event") in ("finished", "deadline", "failed", "stopped"):
             self.ended = float(data.get("time") or wall)       # elapsed stops with the job
+        elif kind == "job-state" and data.get("event") == "resized":
+            self._resized((data.get("report") or {}).get("new"))
         if kind != "job":
             return
         worker_progress = data.get("worker_progress")
@@ -164,15 +170,33 @@ class TrainView:
             if fields.get("examples_per_second") is not None:
                 self.job_rate.add(now, fields["examples_per_second"])
         for worker, rate in (fields.get("per_worker") or {}).items():
-            if worker not in self.self_reported:      # sync workers report their own rate (below)
+            if worker not in self.self_reported and self._member(worker):   # sync workers report their own rate (below)
                 self._rate(worker, now, rate)
-        if worker_progress:                           # sync, sync-ps: each worker's own progress
+        if worker_progress and self._member(worker_progress[0]):    # sync, sync-ps: each worker's own progress
             worker, info = worker_progress
             self.progressed = True
             self.self_reported.add(worker)
             self.workers.setdefault(worker, {}).update(
                 {key: info.get(key) for key in ("step", "epoch", "loss") if key in info})
             self._rate(worker, now, info.get("rate"))
+
+    def _member(self, worker: str) -> bool:
+        return self.members is None or worker in self.members
+
+    def _resized(self, new: Any) -> None:
+        """Keep the rows of the workers in ``new`` (``{"worker": ["worker:0@h1", ...], ...}``, or
+        a list of task names when a one-shot run dropped some) and add a row for each that joined."""
+        names = [name for role, tasks in new.items() if role == "worker" for name in tasks] \
+            if isinstance(new, dict) else list(new) if isinstance(new, list) else None
+        if names is None:
+            return
+        self.members = {str(name).partition("@")[0] for name in names}
+        for gone in set(self.workers) - self.members:
+            self.workers.pop(gone, None)
+            self.rates.pop(gone, None)
+            self.self_reported.discard(gone)
+        for joined in self.members:
+            self.workers.setdefault(joined, {})
 
     def _rate(self, worker: str, now: float, rate: float | None) -> None:
         self.workers.setdefault(worker, {})

@@ -141,6 +141,9 @@ class Inventory:
     defined: tuple[str, ...] = ()
     # pscluster_notify: URLs that train and run POST job state changes to (cluster.notify.notifier).
     notify: tuple[str, ...] = ()
+    # The roles of the whole inventory when --limit selected a part: the default mode comes from
+    # them (a limit that leaves out the chief must not turn async into sync-ps).
+    unlimited_roles: tuple[str, ...] | None = None
 
     def host(self, name: str) -> HostConfig:
         return self._by_name[name]
@@ -151,3 +154,12 @@ class Inventory:
 
     def hosts_of(self, role: str) -> tuple[str, ...]:
         return dict(self.role_hosts).get(role, ())
+
+    def roles(self) -> tuple[str, ...]:
+        """The roles that have a host, in :data:`ROLES` order."""
+        return tuple(role for role in ROLES if self.hosts_of(role))
+
+    def mode_roles(self) -> tuple[str, ...]:
+        """The roles the default mode is taken from (contracts.default_mode): the inventory's,
+        before any --limit."""
+        return self.roles() if self.unlimited_roles is None else self.unlimited_roles

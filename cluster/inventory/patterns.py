@@ -153,7 +153,7 @@ def required_roles(mode: str | None, inventory: Inventory, roles: tuple[str, ...
     """Roles that must keep a host: those the mode runs (or the roles a program runs on)."""
     if roles is not None:
         return roles
-    return tuple(role for role, _ in MODE_ROLES.get(resolve_mode(mode, inventory.mode), ()))
+    return tuple(role for role, _ in MODE_ROLES.get(resolve_mode(mode, inventory.mode, roles=inventory.mode_roles()), ()))
 
 
 def apply_limit(inventory: Inventory, pattern: str | None, required: tuple[str, ...] = ("worker",),
@@ -191,4 +191,5 @@ def apply_limit(inventory: Inventory, pattern: str | None, required: tuple[str, 
         groups=tuple((group, tuple(host for host in members if host in kept))
                      for group, members in inventory.groups),
         defined=tuple(host for host in inventory.defined if host in kept),
+        unlimited_roles=inventory.mode_roles(),
     )

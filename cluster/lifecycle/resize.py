@@ -36,6 +36,7 @@ from ..errors import PsclusterError, UsageError
 from ..events import Reporter
 from .tasks import forget_pid_files, new_record, report_standbys, start_standbys, start_tasks, stop_records, task_env, wait_ready
 from ..inventory import Inventory
+from ..names import RESIZE_ENDING, RESULT_ENDING
 from ..plan import ClusterPlan, HostSpec, TaskSpec
 from ..hosts.probe import Prober
 from ..secrets import Secrets
@@ -43,8 +44,8 @@ from ..state import ProcessRecord, RunState, StateStore, StateWriter, plan_from_
 from ..supervision.training import leader_task
 from ..transport import TransportPool
 
-RESIZE_SUFFIX = ".resize.json"          # a request to a job's supervisor, beside the state
-RESULT_SUFFIX = ".resize-result.json"   # its answer
+RESIZE_SUFFIX = f"{RESIZE_ENDING}.json"   # a request to a job's supervisor, beside the state
+RESULT_SUFFIX = f"{RESULT_ENDING}.json"   # its answer
 
 
 @dataclass(frozen=True)

@@ -185,9 +185,9 @@ def one_shot_roles(inventory: Inventory, mode: str | None) -> tuple[str, ...]:
     """The roles a one-shot run starts without ``--on``: those of ``--mode`` when it is given
     (sync: the workers; sync-ps: ps and workers; async: chief, ps and workers), else every role
     the inventory defines; an evaluator the inventory defines always takes part."""
-    defined = [role for role in ROLES if inventory.hosts_of(role)]
+    defined = inventory.roles()
     if mode is None:
-        return tuple(defined)
+        return defined
     wanted = {role for role, _ in MODE_ROLES[canonical_mode(mode)]} | {"evaluator"}
     return tuple(role for role in defined if role in wanted)
 

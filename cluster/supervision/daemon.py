@@ -42,6 +42,7 @@ from typing import IO, Any, Callable, cast
 from ..contracts import ExitStatus, JobState
 from ..errors import PsclusterError
 from ..events import Reporter
+from ..history import RunRecord
 from ..layout import DaemonLayout
 from .jobrecord import JobProgress, Orchestrator
 from ..state import StateStore, open_private, private_dir
@@ -78,6 +79,26 @@ def orchestrator_alive(info: Orchestrator | None, *, here: str | None = None) ->
     if info.starttime is None:
         return True
     return process_starttime(info.pid) == info.starttime
+
+
+def run_gone(store: StateStore, *, here: str | None = None) -> Callable[[RunRecord], bool]:
+    """Whether the processes of a run are gone, for pruning a run with no recorded end
+    (:meth:`cluster.history.RunHistory.beyond`): its cluster is down (no state), or no supervisor
+    of it runs on this machine and its cluster's state records none of its processes as running
+    (a later job stops an orphaned job's processes before it starts). An unreadable state counts
+    as not gone."""
+    def gone(record: RunRecord) -> bool:
+        try:
+            state = store.load(record.name)
+        except PsclusterError:
+            return False
+        if state is None:
+            return True
+        job = state.job
+        if job is not None and job.id == record.id and orchestrator_alive(job.orchestrator, here=here):
+            return False
+        return not any(f"#j{record.id}." in process.key for process in state.live_records())
+    return gone
 
 
 # ----------------------------------------------------------------------------- pure decisions

@@ -24,7 +24,7 @@ from typing import Any, Callable, Generic, Sequence, TypeVar
 from ..hosts import hostops
 from ..contracts import DEFAULT_GRACE, JobState, ProcessKind, ProcState, RestartPolicy
 from ..errors import HostError, PsclusterError, TaskError, UsageError
-from .daemon import DaemonFiles, job_conflict, orchestrator_alive, process_starttime, stop_supervisor
+from .daemon import DaemonFiles, job_conflict, orchestrator_alive, process_starttime, run_gone, stop_supervisor
 from ..events import Reporter
 from ..fanout import fan_out
 from ..history import DEFAULT_KEEP, LogFile, RunHistory, RunRecord, remove_runs
@@ -180,7 +180,8 @@ class JobExecutor(Generic[K]):
     def prune_runs(self) -> None:
         """Older runs of this name beyond ``keep``: their folders on the hosts and their records."""
         try:
-            _, problems = remove_runs(self.history, self.history.beyond(self.name, self.keep), self.pool)
+            stale = self.history.beyond(self.name, self.keep, gone=run_gone(self.store), now=self.wall())
+            _, problems = remove_runs(self.history, stale, self.pool)
         except (OSError, PsclusterError) as exc:     # never hides the job's own outcome
             problems = [f"could not remove old runs of {self.name!r}: {exc}"]
         for problem in problems:

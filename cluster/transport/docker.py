@@ -5,9 +5,12 @@ As Ansible's ``community.docker.docker`` connection plugin: ``ansible_host`` nam
 ``ansible_docker_extra_args`` extra arguments for the docker client itself (``-H tcp://...``,
 ``--context``...), placed before ``exec``. No sshd is needed in the container.
 
-* ``run``: ``docker [extra] exec -i [--user U] CONTAINER ARGV``, stdin sent, output captured.
-  Processes hostctl starts detached (setsid) outlive the ``docker exec`` that started them: they
-  are re-parented to the container's init (the node image runs tini as PID 1).
+* ``run``: ``docker [extra] exec -i [--user U] CONTAINER GUARD ARGV``, stdin sent, output captured.
+  Killing a ``docker exec`` client does not end what it started in the container, so ARGV runs
+  under a guard (``_GUARD``, as streams do) that ends it when our side of its stdin closes: at
+  the operation's timeout, or when this process dies. Processes hostctl starts detached (setsid)
+  outlive the ``docker exec`` that started them: they are re-parented to the container's init
+  (the node image runs tini as PID 1).
 * ``put_files``: one ``docker exec`` per call that unpacks a tar stream, each file written to a
   temporary and renamed (as the other transports do), with its mode.
 * ``tunnel``: task addresses are container names, which Docker's DNS resolves inside a
@@ -49,21 +52,27 @@ _UNTAR = ("import io,os,sys,tarfile,uuid\n"
 
 
 # Runs ARGV with the first N bytes of stdin as its input, then waits for the rest of stdin to end
-# (our pipe closed, or our process gone) and ends ARGV's process group: see DockerTransport.stream.
+# (our pipe closed, or our process gone) and ends ARGV's process group: see DockerTransport.run and
+# .stream. It exits as docker exec would: ARGV's status, 128+N after signal N, 127 when ARGV
+# cannot start.
 _GUARD = ("import os,signal,subprocess,sys,threading\n"
           "n=int(sys.argv[1]);d=b''\n"
           "while len(d)<n:\n"
           " c=os.read(0,n-len(d))\n"
           " if not c: break\n"
           " d+=c\n"
-          "p=subprocess.Popen(sys.argv[2:],stdin=subprocess.PIPE,start_new_session=True)\n"
-          "p.stdin.write(d);p.stdin.close()\n"
+          "try: p=subprocess.Popen(sys.argv[2:],stdin=subprocess.PIPE,start_new_session=True)\n"
+          "except OSError as e:\n"
+          " sys.stderr.write(sys.argv[2]+': '+str(e.strerror)+'\\n');sys.exit(127)\n"
           "def w():\n"
           " while os.read(0,65536): pass\n"
           " try: os.killpg(p.pid,signal.SIGTERM)\n"
           " except OSError: pass\n"
           "threading.Thread(target=w,daemon=True).start()\n"
-          "sys.exit(p.wait())\n")
+          "try: p.stdin.write(d);p.stdin.close()\n"
+          "except OSError: pass\n"
+          "r=p.wait()\n"
+          "sys.exit(128-r if r<0 else r)\n")
 
 
 def docker_client() -> str | None:
@@ -147,38 +156,60 @@ class DockerTransport(LocalTransport):   # its subprocess stream serves; run and
             image = proc.stdout.strip() if proc.returncode == 0 else None
         return f"container {container_of(self.host)}" + (f", image {image}" if image else "")
 
-    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> CommandResult:
-        command = self._exec(argv)
+    def _start_guarded(self, argv: Sequence[str], data: bytes, *, stderr: int) -> tuple[list[str], subprocess.Popen]:
+        """``docker exec`` of ``argv`` under ``_GUARD``, which hands it the first ``len(data)``
+        bytes of stdin and ends it once the rest of stdin ends; started, stdin and stdout pipes."""
+        command = self._exec([self.host.python, "-I", "-S", "-c", _GUARD, str(len(data)), *argv])
         try:
-            proc = subprocess.run(command, input=stdin or b"", capture_output=True, timeout=timeout)
+            return command, subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
+        except OSError as exc:
+            raise HostError(self.host.name, f"cannot start {command[0]}: {exc.strerror}", argv=argv) from None
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> CommandResult:
+        """Our side of the guard's stdin stays open while ``argv`` runs and closes at the
+        timeout (with the client): the guard then ends ``argv`` in the container."""
+        data = stdin or b""
+        command, proc = self._start_guarded(argv, data, stderr=subprocess.PIPE)
+        pipe_in = cast(IO[bytes], proc.stdin)
+        output: dict[str, bytes] = {}
+        threads = [threading.Thread(target=_read_all, args=(pipe, output, key), daemon=True)
+                   for key, pipe in (("out", proc.stdout), ("err", proc.stderr))]
+        threads.append(threading.Thread(target=_write_open, args=(pipe_in, data), daemon=True))
+        for thread in threads:
+            thread.start()
+        try:
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            end_process(proc)            # its stdin closes: the guard ends the command in the container
             raise HostError(self.host.name, f"command timed out after {timeout:.0f} s", argv=argv) from None
-        stderr = proc.stderr.decode("utf-8", "replace")
+        finally:
+            with contextlib.suppress(OSError):
+                pipe_in.close()
+        for thread in threads[:2]:
+            thread.join()
+        code, out = proc.returncode, output.get("out", b"")
+        stderr = output.get("err", b"").decode("utf-8", "replace")
         # docker exec's own failures (not the command's): 125 from the client, 126/127 when the
         # runtime cannot start the program (Docker 20.10 says why on stdout), or the daemon's message.
-        if proc.returncode in (126, 127):
-            said = proc.stdout.decode("utf-8", "replace") + stderr
+        if code in (126, 127):
+            said = out.decode("utf-8", "replace") + stderr
             if "unable to find user" in said:
                 raise UnreachableHostError(self.host.name, f"no user {self.host.user!r} in {self.describe()}",
                                            hint="ansible_user must be a user of the container's image")
             if "OCI runtime exec failed" in said or "executable file not found" in said:
                 return CommandResult(self.host.name, tuple(argv), 127, "", said)   # the program is missing
-        if proc.returncode in (1, 125) and not proc.stdout and _docker_failed(stderr):
+        if code in (1, 125) and not out and _docker_failed(stderr):
             why = diagnose(self.host) or stderr.strip()
             raise UnreachableHostError(self.host.name, why, argv=command[:command.index("exec") + 1])
-        return CommandResult(self.host.name, tuple(argv), proc.returncode,
-                             proc.stdout.decode("utf-8", "replace"), stderr)
+        return CommandResult(self.host.name, tuple(argv), code,
+                             out.decode("utf-8", "replace"), stderr)
 
     def stream(self, argv: Sequence[str], *, stdin: bytes | None = None) -> Stream:
         """Killing a ``docker exec`` client does not end the process it started in the container,
         so the command runs under a guard (``_GUARD``) that ends it when our side of stdin closes:
         at :meth:`Stream.close`, or when this process dies."""
         data = stdin or b""
-        command = self._exec([self.host.python, "-I", "-S", "-c", _GUARD, str(len(data)), *argv])
-        try:
-            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        except OSError as exc:
-            raise HostError(self.host.name, f"cannot start {command[0]}: {exc.strerror}", argv=argv) from None
+        _, proc = self._start_guarded(argv, data, stderr=subprocess.DEVNULL)
         pipe_in, pipe_out = cast(IO[bytes], proc.stdin), cast(io.BufferedReader, proc.stdout)
         pipe_in.write(data)
         pipe_in.flush()
@@ -242,6 +273,19 @@ class DockerTransport(LocalTransport):   # its subprocess stream serves; run and
     def forward(self, address: str, port: int, *, local_port: int = 0) -> str | None:
         raise HostError(self.host.name, "cannot forward a port into a container reached with docker exec",
                         hint=f"publish the port (docker run -p) or connect to {self.tunnel(address, port)}")
+
+
+def _read_all(pipe: IO[bytes], into: dict[str, bytes], key: str) -> None:
+    with pipe:
+        into[key] = pipe.read()
+
+
+def _write_open(pipe: IO[bytes], data: bytes) -> None:
+    """Send ``data`` and leave the pipe open (the guard's signal to go on); a command that ended
+    without reading it all closed the other end."""
+    with contextlib.suppress(OSError):
+        pipe.write(data)
+        pipe.flush()
 
 
 def _docker_failed(stderr: str) -> bool:

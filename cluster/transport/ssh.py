@@ -222,6 +222,24 @@ def _pump(source, sink, client: socket.socket, channel) -> None:
     channel.close()
 
 
+def lost_reason(exc: BaseException, *, timeout: float) -> str:
+    """What was seen when a connection went, for "connection to ... lost: REASON".
+
+    paramiko raises ``EOFError()`` or a timeout with no text when a peer goes away, and an
+    exception object is true even when its text is empty: say what its type means instead.
+    """
+    text = str(exc).strip()
+    if text:
+        return text
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return f"no answer for {timeout:.0f} s"
+    if isinstance(exc, EOFError):
+        return "the connection closed"
+    if isinstance(exc, ConnectionResetError):
+        return "connection reset"
+    return f"{type(exc).__name__} (no message)"
+
+
 def config_jumps(address: str, config_path: str | None = None) -> tuple[str, ...]:
     """The ProxyJump hops an ssh config gives ``address`` (first hop first; ``none`` is none).
 
@@ -413,7 +431,7 @@ class SSHTransport(Transport):
                 raise EOFError("the connection closed")
         except (paramiko.SSHException, EOFError, OSError) as exc:
             self._drop()
-            raise UnreachableHostError(self.host.name, f"connection to {self.where} lost: {exc or type(exc).__name__}",
+            raise UnreachableHostError(self.host.name, f"connection to {self.where} lost: {lost_reason(exc, timeout=timeout)}",
                                        argv=argv) from None
         return CommandResult(self.host.name, tuple(argv), code, out.decode("utf-8", "replace"),
                              err.decode("utf-8", "replace"))
@@ -428,7 +446,9 @@ class SSHTransport(Transport):
             channel.shutdown_write()
         except (paramiko.SSHException, EOFError, OSError) as exc:
             self._drop()
-            raise UnreachableHostError(self.host.name, f"connection to {self.where} lost: {exc}", argv=argv) from None
+            raise UnreachableHostError(self.host.name,
+                                       f"connection to {self.where} lost: {lost_reason(exc, timeout=self.host.connect_timeout)}",
+                                       argv=argv) from None
         channel.settimeout(None)
         return Stream(lambda: channel.recv(65536), channel.close)
 

@@ -23,6 +23,14 @@ and prints
 
 then leaves with ``os._exit`` (the coordinator's threads would otherwise keep polling
 workers).
+
+``--fit`` trains with ``model.fit`` instead, as the tutorial's "Training with Model.fit" has it:
+``model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=..., steps_per_epoch=...)``
+on a ``tf.keras`` model compiled in the strategy's scope (``--steps`` split over ``--epochs``).
+Those are Keras 2 names, which Keras 3 removed (``AttributeError: module 'keras.utils' has no
+attribute 'experimental'``): run it with legacy Keras,
+
+    pscluster run inventories/local.yaml --keras legacy -- python examples/byo/tf2_ps_coordinator.py --fit
 """
 from __future__ import annotations
 
@@ -50,9 +58,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--connect_timeout", type=float, default=120.0,
                         help="chief: seconds to wait for every ps and worker to listen")
     parser.add_argument("--data", help="mnist.npz (default: data/mnist.npz here, else pscluster's bundled copy)")
+    parser.add_argument("--fit", action="store_true",
+                        help="train with tf.keras model.fit on a DatasetCreator (Keras 2: run with --keras legacy)")
+    parser.add_argument("--epochs", type=int, default=3, help="--fit: epochs the steps are split over (default 3)")
     args = parser.parse_args(argv)
-    if min(args.steps, args.batch_size, args.steps_per_function) < 1:
-        parser.error("--steps, --batch_size and --steps_per_function must be >= 1")
+    if min(args.steps, args.batch_size, args.steps_per_function, args.epochs) < 1:
+        parser.error("--steps, --batch_size, --steps_per_function and --epochs must be >= 1")
+    if args.fit and args.steps < args.epochs:
+        parser.error(f"--fit: --steps {args.steps} is fewer than --epochs {args.epochs}")
     return args
 
 
@@ -108,16 +121,28 @@ def serve(tf, role: str, index: int) -> None:
 
 
 def coordinate(tf, args: argparse.Namespace, cluster: dict[str, list[str]], started: float) -> None:
-    import keras
-
     wait_listening([*cluster["ps"], *cluster["worker"]], args.connect_timeout)
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.ParameterServerStrategy(resolver)
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     with np.load(data_path(args.data)) as arrays:
         x_train, y_train = arrays["x_train"], arrays["y_train"].astype(np.int64)
         x_test, y_test = arrays["x_test"], arrays["y_test"].astype(np.int64)
+    train = fit if args.fit else custom_loop
+    model, steps = train(tf, args, strategy, x_train, y_train)
+    logits = np.concatenate([model(x_test[i:i + 2000], training=False).numpy() for i in range(0, len(x_test), 2000)])
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    test_loss = float(-np.mean(log_probs[np.arange(len(y_test)), y_test]))
+    accuracy = float(np.mean(np.argmax(logits, axis=1) == y_test))
+    print(f"final test_accuracy={accuracy:.4f} test_loss={test_loss:.4f} steps={steps} "
+          f"seconds={time.monotonic() - started:.1f}", flush=True)
 
+
+def custom_loop(tf, args: argparse.Namespace, strategy, x_train: np.ndarray, y_train: np.ndarray):
+    """A ClusterCoordinator scheduling functions of ``--steps_per_function`` steps; (model, steps)."""
+    import keras
+
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
         model = keras.Sequential([keras.layers.Rescaling(1.0 / 255), keras.layers.Flatten(),
                                   keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10)])
@@ -158,11 +183,27 @@ def coordinate(tf, args: argparse.Namespace, cluster: dict[str, list[str]], star
             print(f"chief: step {scheduled}/{args.steps}, loss {float(results[-1].fetch()):.4f}", flush=True)
             last_report, results = scheduled, []
     coordinator.join()
-    logits = np.concatenate([model(x_test[i:i + 2000], training=False).numpy() for i in range(0, len(x_test), 2000)])
-    test_loss = float(np.mean(cross_entropy(y_test, logits)))
-    accuracy = float(np.mean(np.argmax(logits, axis=1) == y_test))
-    print(f"final test_accuracy={accuracy:.4f} test_loss={test_loss:.4f} steps={args.steps} "
-          f"seconds={time.monotonic() - started:.1f}", flush=True)
+    return model, args.steps
+
+
+def fit(tf, args: argparse.Namespace, strategy, x_train: np.ndarray, y_train: np.ndarray):
+    """``--fit``: the tutorial's "Training with Model.fit", Keras 2 (tf-keras) names; (model, steps)."""
+    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        batch_size = input_context.get_per_replica_batch_size(args.batch_size)
+        data = tf.data.Dataset.from_tensor_slices((x_train, y_train))
+        data = data.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        return data.shuffle(10_000).repeat().batch(batch_size).prefetch(2)
+
+    train_input = tf.keras.utils.experimental.DatasetCreator(dataset_fn)
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Rescaling(1.0 / 255), tf.keras.layers.Flatten(),
+                                     tf.keras.layers.Dense(256, activation="relu"), tf.keras.layers.Dense(10)])
+        model.compile(optimizer=tf.keras.optimizers.legacy.Adam(args.learning_rate),
+                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      steps_per_execution=args.steps_per_function)
+    steps_per_epoch = args.steps // args.epochs
+    model.fit(train_input, epochs=args.epochs, steps_per_epoch=steps_per_epoch, verbose=2)
+    return model, steps_per_epoch * args.epochs
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -91,6 +91,22 @@ def test_up_train_run_logs_status_down_through_docker_exec(engine, nodes, tmp_pa
 
 
 
+def test_a_host_operation_past_its_timeout_leaves_nothing_in_the_container(engine, nodes, tmp_path, monkeypatch):
+    """Issue 45 item 7: pscluster's own limit on a one-shot operation killed the docker exec
+    client, and the command went on in the container; under the guard it ends with the client."""
+    from cluster.errors import HostError
+    from cluster.inventory import load_inventory
+    from cluster.plan import PlanOptions, plan_cluster
+    from cluster.transport import open_transport
+    monkeypatch.setenv("DOCKER_HOST", engine.env()["DOCKER_HOST"])
+    plan = plan_cluster(load_inventory(inventory(tmp_path / "slow.yaml", {"alpha": NODES[0]})),
+                        PlanOptions(local_python=NODE_PYTHON, local_workdir="/tmp", name="slow"))
+    transport = open_transport(plan.host("alpha"))
+    with pytest.raises(HostError, match="command timed out after 3 s"):
+        transport.run([NODE_PYTHON, "-c", "import time; time.sleep(300)", "pscluster-item-45-7"], timeout=3)
+    wait_for(f"only init and sleep in {NODES[0]}", lambda: processes(engine, NODES[0]) == IDLE, timeout=30)
+
+
 @pytest.fixture(scope="module")
 def odd_containers(engine, nodes):
     """A stopped node, and a running container of the bare Debian base (no Python at all)."""

@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import json
+import socket
 
+import paramiko
+import pytest
+
+from cluster.errors import UnreachableHostError
 from cluster.hosts import hostops
 from cluster.plan import HostSpec
 from cluster.transport.base import CommandResult, Transport
-from cluster.transport.ssh import SSHTransport, config_jumps, parse_hop
+from cluster.transport.ssh import SSHTransport, config_jumps, lost_reason, parse_hop
 
 
 def host(**changes) -> HostSpec:
@@ -149,3 +154,43 @@ def test_proxyjump_none_in_the_inventory_means_no_hop_at_all(tmp_path, monkeypat
     transport = SSHTransport(host(address="target.lab", jump=("none",)), ssh_config=str(config))
     assert transport.jumps() == ()
     assert transport._connection("target.lab", None, "bob", None).gateway is False
+
+
+class _Gone:
+    """A fabric connection whose SSH session fails as paramiko's does when the peer goes away."""
+
+    is_connected = True
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+        self.client = self
+
+    def get_transport(self):
+        return self
+
+    def open_session(self, timeout=None):
+        raise self.exc
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("exc, seen", [
+    (EOFError(), "the connection closed"),
+    (socket.timeout(), "no answer for 10 s"),
+    (ConnectionResetError(), "connection reset"),
+    (paramiko.SSHException(), "SSHException (no message)"),
+    (paramiko.SSHException("SSH session not active"), "SSH session not active"),
+])
+def test_a_lost_connection_says_what_was_seen(exc, seen):
+    transport = SSHTransport(host(address="127.77.0.4", user="root"))
+    for operation in (lambda: transport.run(["true"], timeout=10.0), lambda: transport.stream(["true"])):
+        transport._conn = _Gone(exc)     # type: ignore[assignment]
+        with pytest.raises(UnreachableHostError) as caught:
+            operation()
+        assert caught.value.message == f"gpu-1: connection to root@127.77.0.4 lost: {seen}"
+        assert transport._conn is None   # dropped: the next operation reconnects
+
+
+def test_lost_reason_keeps_the_exceptions_own_text():
+    assert lost_reason(OSError(113, "No route to host"), timeout=5) == "[Errno 113] No route to host"

@@ -90,3 +90,19 @@ def test_the_chief_waits_for_its_servers_to_listen():
         COORD.wait_listening([f"127.0.0.1:{port}"], timeout=5)
     with pytest.raises(SystemExit, match="did not listen within"):
         COORD.wait_listening([f"127.0.0.1:{port}"], timeout=0.3)
+
+
+def test_the_coordinator_program_trains_with_model_fit_on_request(capsys):
+    """Issue 45 item 5: TensorFlow's tutorial pattern model.fit(DatasetCreator(dataset_fn), ...)
+    under ParameterServerStrategy (Keras 2 names: run with --keras legacy)."""
+    args = COORD.parse_args(["--fit", "--steps", "600", "--epochs", "2"])
+    assert (args.fit, args.steps, args.epochs) == (True, 600, 2)
+    assert COORD.parse_args([]).fit is False
+    source = (BYO / "tf2_ps_coordinator.py").read_text()
+    assert "model.fit(train_input, epochs=args.epochs, steps_per_epoch=steps_per_epoch" in source
+    assert "tf.keras.utils.experimental.DatasetCreator(dataset_fn)" in source
+    for bad, words in ((["--fit", "--steps", "2", "--epochs", "3"], "is fewer than --epochs 3"),
+                       (["--epochs", "0"], "must be >= 1")):
+        with pytest.raises(SystemExit) as caught:
+            COORD.parse_args(bad)
+        assert caught.value.code == 2 and words in capsys.readouterr().err

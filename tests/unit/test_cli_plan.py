@@ -108,9 +108,30 @@ def test_plan_of_a_missing_inventory(tmp_path, write_inventory):   # write_inven
 def test_plan_that_cannot_run(tmp_path, write_inventory):
     write_inventory("all:\n  children:\n    ps: {hosts: {a: }}\n    worker: {hosts: {a: }}\n")
     cli = Captured(tmp_path)
-    assert cli.run("plan", "lab.yaml") == 2
+    assert cli.run("plan", "lab.yaml", "--mode", "async") == 2
     assert cli.stderr.getvalue().splitlines()[0] == \
         "error: lab.yaml: mode async needs a chief task to run the ClusterCoordinator"
+
+
+def test_plan_and_a_dry_run_agree_without_a_mode(tmp_path, write_inventory):
+    """Issue 45 item 6: a workers-only inventory without pscluster_mode: `plan` refused it
+    (async needs a chief) while `run --dry-run` planned both workers."""
+    write_inventory("all:\n  children:\n    worker: {hosts: {a: {worker_tasks: 2}}}\n")
+    cli = Captured(tmp_path)
+    assert cli.run("plan", "lab.yaml") == 0, cli.stderr.getvalue()
+    assert "mode sync: the default for an inventory with worker (no --mode, no pscluster_mode; " \
+           "async with a chief, else sync-ps with ps, else sync); 'pscluster run' without --mode starts " \
+           "every role it defines (worker)" in cli.stdout.getvalue().splitlines()
+    as_json = Captured(tmp_path)
+    assert as_json.run("plan", "lab.yaml", "--json") == 0
+    document = json.loads(as_json.stdout.getvalue())
+    assert (document["mode"], document["mode_from"]) == ("sync", "default")
+    assert [(task["role"], task["index"]) for task in document["tasks"]] == [("worker", 0), ("worker", 1)]
+    dry = Captured(tmp_path)
+    assert dry.run("run", "lab.yaml", "--dry-run", "--json", "--", "python", "p.py") == 0, dry.stderr.getvalue()
+    run_document = json.loads(dry.stdout.getvalue())
+    assert [task["task"] for task in run_document["tasks"]] == ["worker:0", "worker:1"]
+    assert run_document["tasks"][0]["tf_config"]["cluster"] == document["cluster"] == {"worker": ["a:2222", "a:2223"]}
 
 
 def test_status_without_a_cluster(tmp_path):

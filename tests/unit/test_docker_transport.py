@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from cluster.errors import UnreachableHostError
+from cluster.errors import HostError, UnreachableHostError
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
 from cluster.transport import open_transport
@@ -74,16 +74,46 @@ def docker_host(write_inventory, monkeypatch, client: str | None):
     return {host.name: host for host in plan.hosts}["n2"]
 
 
+# A stand-in docker CLI whose "container" is this machine: it runs what follows the container's
+# name (the inventory's interpreter is this one), with our stdin, as docker exec does; a client
+# killed leaves what it started running, as docker exec's does.
+CONTAINER_HERE = """
+    import subprocess
+    rest = [sys.executable if word == "/opt/venv/bin/python" else word for word in argv[argv.index("lab_node-2_1") + 1:]]
+    sys.exit(subprocess.call(rest))
+"""
+
+
 def test_run_is_docker_exec_with_the_user_and_the_clients_own_arguments(tmp_path, write_inventory, monkeypatch):
-    client = fake_client(tmp_path, """
-        sys.stdout.write("ran:" + " ".join(argv[argv.index("lab_node-2_1") + 1:]) + ":" + sys.stdin.read())
-    """)
-    host = docker_host(write_inventory, monkeypatch, client)
-    result = open_transport(host).run(["/opt/venv/bin/python", "-c", "pass"], stdin=b"IN")
-    assert result.ok and result.stdout == "ran:/opt/venv/bin/python -c pass:IN"
+    host = docker_host(write_inventory, monkeypatch, fake_client(tmp_path, CONTAINER_HERE))
+    result = open_transport(host).run(["/opt/venv/bin/python", "-c", "import sys; print('ran:' + sys.stdin.read())"],
+                                      stdin=b"IN")
+    assert result.ok and result.stdout == "ran:IN\n"
     logged = json.loads((tmp_path / "argv.log").read_text().splitlines()[-1])
     assert logged[:8] == ["-H", "unix:///run/other.sock", "--tls=false", "exec", "-i", "--user", "pscluster",
                           "lab_node-2_1"]
+    assert logged[8:14] == ["/opt/venv/bin/python", "-I", "-S", "-c", dockert._GUARD, "2"]      # under the guard
+    assert logged[14:] == ["/opt/venv/bin/python", "-c", "import sys; print('ran:' + sys.stdin.read())"]
+    missing = open_transport(host).run(["/no/such/program"])
+    assert missing.exit_code == 127 and "/no/such/program: No such file or directory" in missing.stderr
+    killed = open_transport(host).run(["/opt/venv/bin/python", "-c", "import os; os.kill(os.getpid(), 9)"])
+    assert killed.exit_code == 128 + signal.SIGKILL                   # as docker exec reports it
+
+
+def test_a_run_past_its_timeout_leaves_nothing_in_the_container(tmp_path, write_inventory, monkeypatch):
+    """Issue 45 item 7: killing the docker exec client at the timeout left the command running."""
+    host = docker_host(write_inventory, monkeypatch, fake_client(tmp_path, CONTAINER_HERE))
+    marker = tmp_path / "command.pid"
+    program = f"import os,time;open({str(marker)!r},'w').write(str(os.getpid()));time.sleep(300)"
+    began = time.monotonic()
+    with pytest.raises(HostError, match="command timed out after 2 s"):
+        open_transport(host).run(["/opt/venv/bin/python", "-c", program], timeout=2)
+    assert time.monotonic() - began < 15
+    command = int(marker.read_text())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(command):
+        time.sleep(0.05)
+    assert not _alive(command)
 
 
 @pytest.mark.parametrize("answer, status, expected", [

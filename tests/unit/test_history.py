@@ -146,3 +146,68 @@ def test_runs_lists_every_name_and_logs_wants_a_name_when_several_are_recorded(t
                                                                      ["chief:0", "worker:1"])]
     assert cli.run(["logs"], env=env) == 2
     assert "runs of several names are recorded" in err.getvalue() and "--name: exp, other" in err.getvalue()
+
+
+def test_a_run_with_no_recorded_end_is_pruned_once_old_and_its_processes_are_gone(tmp_path):
+    """Issue 45 item 8: a crashed run (no end recorded) stayed for ever."""
+    from cluster.history import STALE_AFTER
+    history = RunHistory(tmp_path / "state")
+    for run in (1, 2, 3, 4):
+        history.save(record(tmp_path, run, ended=None if run in (1, 2) else 2.0))
+    now = 1.0 + STALE_AFTER + 1
+    assert [r.id for r in history.beyond("exp", 1, now=now)] == [3]                    # nobody says gone
+    assert [r.id for r in history.beyond("exp", 1, gone=lambda r: True, now=now)] == [1, 2, 3]
+    assert [r.id for r in history.beyond("exp", 1, gone=lambda r: r.id == 2, now=now)] == [2, 3]
+    assert [r.id for r in history.beyond("exp", 1, gone=lambda r: True, now=now - 2)] == [3]   # too young
+    assert [r.id for r in history.beyond("exp", 4, gone=lambda r: True, now=now)] == []       # within --keep
+
+
+def test_a_runs_processes_are_gone_when_its_cluster_is_down_or_none_runs(tmp_path):
+    import dataclasses
+    import os
+    import socket
+
+    from cluster.state import ProcessRecord, StateStore
+    from cluster.supervision.daemon import process_starttime, run_gone
+    from cluster.supervision.jobrecord import JobProgress, Orchestrator
+
+    from .test_state import lab_state
+    store = StateStore(tmp_path / "state")
+    gone = run_gone(store)
+    assert gone(record(tmp_path, 3, ended=None, name="lab"))                # no state: `down` stopped it all
+    state = lab_state("lab")
+    state.processes = [ProcessRecord(key="worker:0#j3.1", task="worker:0", host="node-a", kind="program", attempt=1,
+                                     log="/w/job-3/worker-0.1.log", exit_file="/w/job-3/worker-0.1.exit")]
+    state.job = JobProgress(id=3, job="p.py", mode="async", orchestrator=Orchestrator(999_999_999, "elsewhere"))
+    store.save(state)
+    assert not gone(record(tmp_path, 3, ended=None, name="lab"))            # an orphan process still runs
+    state.processes = [dataclasses.replace(state.processes[0], stopped=True)]
+    store.save(state)
+    assert gone(record(tmp_path, 3, ended=None, name="lab"))                # supervisor gone, nothing runs
+    state.job = JobProgress(id=3, job="p.py", mode="async", orchestrator=Orchestrator(
+        os.getpid(), socket.gethostname(), starttime=process_starttime(os.getpid())))
+    store.save(state)
+    assert not gone(record(tmp_path, 3, ended=None, name="lab"))            # its supervisor runs here
+    assert gone(record(tmp_path, 2, ended=None, name="lab"))                # an earlier job of the cluster
+    (tmp_path / "state" / "lab.json").write_text("{broken")
+    assert not gone(record(tmp_path, 2, ended=None, name="lab"))            # unreadable: keep it
+
+
+def test_train_takes_keep_as_run_does(tmp_path, monkeypatch, capsys):
+    from cluster import cli
+    from cluster.supervision import train_job
+
+    from .test_state import lab_state
+    env, out, err = cli_env(tmp_path)
+    env.store.save(lab_state("lab"))
+    seen = {}
+
+    def executor(**settings):
+        seen.update(settings)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(train_job, "train_executor", executor)
+    assert cli.run(["train", "distributed_mnist", "--name", "lab", "--keep", "3"], env=env) == 130
+    assert seen["keep"] == 3
+    for bad in ("0", "x", "-1"):
+        assert cli.run(["train", "distributed_mnist", "--name", "lab", "--keep", bad], env=env) == 2
+    assert "Invalid value for '--keep'" in err.getvalue() + capsys.readouterr().err

@@ -96,6 +96,42 @@ def test_keras3s_multi_worker_failure_gets_the_hint():
     assert TaskError("worker:0", "b", "x", log_tail=KERAS3_FAILURE, hint="given").hint == "given"
 
 
+PS_FIT_FAILURE = """Traceback (most recent call last):
+  File "/home/u/pscluster/examples/byo/tf2_ps_fit.py", line 120, in fit
+    model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=args.epochs,
+              ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+AttributeError: module 'keras.utils' has no attribute 'experimental'
+"""
+
+
+@pytest.mark.parametrize("line", [
+    "AttributeError: module 'keras.utils' has no attribute 'experimental'",      # DatasetCreator
+    "AttributeError: module 'keras._tf_keras.keras.layers' has no attribute 'experimental'",   # preprocessing
+    "AttributeError: module 'keras.utils' has no attribute 'SidecarEvaluator'",
+    "AttributeError: module 'keras.optimizers' has no attribute 'experimental'",
+    "AttributeError: module 'keras._tf_keras.keras.backend' has no attribute 'get_session'",
+    "ModuleNotFoundError: No module named 'tensorflow.keras.layers.experimental'",
+    "ImportError: `keras.optimizers.legacy` is not supported in Keras 3. When using `tf.keras`, to continue ...",
+])
+def test_keras2_only_names_get_the_legacy_keras_hint(line):
+    """Issue 45 item 5: TensorFlow's ParameterServerStrategy tutorial (`model.fit(DatasetCreator(...))`)
+    fails under Keras 3 with no hint; it runs unchanged with `run --keras legacy`."""
+    hint = known_failure_hint(f"{line}\n")
+    assert hint is not None and "Keras 3 removed" in hint
+    assert "--keras legacy" in hint and "pscluster_keras: legacy" in hint
+    error = TaskError("chief:0", "localhost", "exited with code 1", exit_code=1, log_tail=PS_FIT_FAILURE)
+    assert error.hint == hint and "has no attribute 'experimental'" in str(error)
+
+
+@pytest.mark.parametrize("line", [
+    "AttributeError: module 'numpy' has no attribute 'experimental'",
+    "AttributeError: 'Sequential' object has no attribute 'experimental'",
+    "ModuleNotFoundError: No module named 'keras_tuner'",
+])
+def test_other_missing_names_get_no_keras_hint(line):
+    assert known_failure_hint(f"{line}\n") is None
+
+
 def test_preflight_checks_tf_keras_on_legacy_hosts_only(write_inventory):
     from cluster.hosts.preflight import check_host
     from .test_preflight_checks import facts

@@ -88,6 +88,34 @@ def test_sync_workers_report_their_own_progress():
     assert workers_line(frame) == "workers: worker:0 100/s step 10, worker:1 110/s step 9"
 
 
+def test_a_resize_takes_the_rows_of_workers_that_left_and_adds_those_that_joined():
+    """Issue 45 item 2: after `scale` from 3 to 2 sync workers, worker:2's row stayed, frozen."""
+    view = TrainView()
+    for worker, rate in (("worker:0", 1000.0), ("worker:1", 990.0), ("worker:2", 995.0)):
+        view.update("job", {"worker_progress": (worker, {"step": 932, "rate": rate})}, now=0.0, wall=0.0)
+    view.update("job-state", {"event": "resized", "report": {
+        "old": {"worker": ["worker:0@h1", "worker:1@h2", "worker:2@h3"]},
+        "new": {"worker": ["worker:0@h1", "worker:1@h2"]}, "workers": 2}}, now=1.0, wall=1.0)
+    view.update("job", {"worker_progress": ("worker:2", {"step": 933, "rate": 995.0})}, now=1.1, wall=1.1)  # a late report
+    view.update("job", {"worker_progress": ("worker:0", {"step": 940, "rate": 1010.0})}, now=2.0, wall=2.0)
+    assert [w.name for w in view.frame(wall=2.0).workers] == ["worker:0", "worker:1"]
+    assert "worker:2" not in workers_line(view.frame(wall=2.0))
+    view.update("job-state", {"event": "resized", "report": {   # async grows in place: the chief's rates
+        "new": {"chief": ["chief:0@h1"], "ps": ["ps:0@h1"], "worker": ["worker:0@h1", "worker:1@h2", "worker:3@h4"]},
+        "in_place": True}}, now=3.0, wall=3.0)
+    assert [w.name for w in view.frame(wall=3.0).workers] == ["worker:0", "worker:1", "worker:3"]
+    view.update("job", {"step": 950, "per_worker": {"worker:3": 500.0}}, now=4.0, wall=4.0)
+    assert workers_line(view.frame(wall=4.0)).endswith("worker:3 500/s")
+
+
+def test_a_worker_dropped_from_a_run_loses_its_row():
+    view = TrainView()
+    view.update("job", {"step": 5, "per_worker": {"worker:0": 10.0, "worker:1": 11.0}}, now=0.0, wall=0.0)
+    view.update("job-state", {"event": "resized", "report": {"old": ["worker:0", "worker:1"], "new": ["worker:0"],
+                                                             "workers": 1}}, now=1.0, wall=1.0)
+    assert [w.name for w in view.frame(wall=1.0).workers] == ["worker:0"]
+
+
 def test_lines_before_anything_is_known():
     frame = Frame(title="j", state="starting", step=None, total=None, epoch=None, loss=None, rate=None,
                   elapsed=None, eta=None)

@@ -25,6 +25,14 @@ def test_good_names(name):
     assert is_cluster_name(name) and check_cluster_name(name) == name
 
 
+@pytest.mark.parametrize("name", ["exp.resize", "exp.resize-result"])
+def test_names_of_the_files_beside_a_state_are_not_cluster_names(name):
+    assert not is_cluster_name(name)
+    with pytest.raises(UsageError) as caught:
+        check_cluster_name(name)
+    assert ".resize-result" in caught.value.message
+
+
 @pytest.mark.parametrize("name", BAD_NAMES)
 def test_bad_names(name):
     assert not is_cluster_name(name)

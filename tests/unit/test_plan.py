@@ -11,6 +11,7 @@ import json
 import jsonschema
 import pytest
 
+from cluster.contracts import default_mode
 from cluster.errors import InventoryError, PlanError
 from cluster.inventory import load_inventory
 from cluster.plan import ClusterPlan, PlanOptions, loopback_addresses, plan_cluster
@@ -339,12 +340,27 @@ def test_unknown_mode_option():
 def test_async_without_chief(write_inventory):
     path = write_inventory("all:\n  children:\n    ps: {hosts: {a: }}\n    worker: {hosts: {a: }}\n")
     with pytest.raises(PlanError) as caught:
-        plan_file(path)
+        plan_file(path, mode="async")
     assert caught.value.message == "lab.yaml: mode async needs a chief task to run the ClusterCoordinator"
     assert "chief" in caught.value.hint and "--mode sync" in caught.value.hint
     # The same inventory runs in the modes that need no chief.
     assert plan_file(path, mode="sync").cluster_spec == {"worker": ["a:2223"]}
     assert plan_file(path, mode="sync-ps").cluster_spec == {"ps": ["a:2222"], "worker": ["a:2223"]}
+
+
+@pytest.mark.parametrize("roles, mode", [(("chief", "ps", "worker"), "async"), (("ps", "worker"), "sync-ps"),
+                                         (("worker",), "sync"),
+                                         (("ps", "worker", "evaluator"), "sync-ps")])
+def test_without_a_mode_the_default_comes_from_the_roles(write_inventory, roles, mode):
+    """Issue 45 item 6: `plan` refused a workers-only inventory (async needs a chief) that
+    `run --dry-run` planned; both now take the mode from default_mode of the inventory's roles."""
+    from cluster.program.runspec import one_shot_roles
+    groups = {**GROUPS, "evaluator": "    evaluator: {hosts: {a: }}\n"}
+    path = write_inventory("all:\n  children:\n" + "".join(groups[role] for role in roles))
+    inventory = load_inventory(path)
+    assert inventory.roles() == roles and default_mode(roles) == mode
+    assert plan_file(path).mode == mode
+    assert plan_file(path, roles=one_shot_roles(inventory, None)).mode == mode
 
 
 GROUPS = {"chief": "    chief: {hosts: {a: }}\n", "ps": "    ps: {hosts: {a: }}\n",
@@ -376,8 +392,7 @@ def test_plan_and_a_one_shot_run_accept_and_reject_the_same_inventories(write_in
 
 def test_a_run_without_a_mode_takes_every_role_and_checks_none(write_inventory):
     path = write_inventory("all:\n  children:\n" + GROUPS["ps"] + GROUPS["worker"])
-    with pytest.raises(PlanError):
-        plan_file(path)                       # plan shows the default mode, async: no chief
+    assert plan_file(path).mode == "sync-ps"      # the default without a chief: ps and workers
     assert [t.name for t in plan_file(path, roles=("ps", "worker")).tasks] == ["ps:0", "worker:0"]
 
 

@@ -127,6 +127,20 @@ def test_resolve_unknown_name(tmp_path):
     assert caught.value.message == "no cluster named 'nope' (known: exp1)"
 
 
+def test_resize_files_beside_a_state_are_not_clusters(tmp_path):
+    from cluster.lifecycle.resize import RESIZE_SUFFIX, post_result
+    store = StateStore(tmp_path)
+    store.save(lab_state("bar23s"))
+    post_result(store, "bar23s", ok=True, message="resized")
+    post_result(store, "barlab23", ok=False, message="gone")    # an answer that outlived its cluster
+    (tmp_path / f"bar23s{RESIZE_SUFFIX}").write_text("{}")
+    assert store.names() == ["bar23s"]
+    with pytest.raises(UsageError) as caught:
+        store.resolve_name("X")
+    assert caught.value.message == "no cluster named 'X' (known: bar23s)"
+    assert store.resolve_name(None) == "bar23s"
+
+
 def test_lock_is_exclusive(tmp_path):
     store = StateStore(tmp_path)
     with store.lock("lab"):
