@@ -752,7 +752,11 @@ def op_hashes(req):
     root = _expand(req["root"])
     result = {}
     for rel in req["files"]:
-        path = os.path.join(root, rel)
+        # A name that normalizes out of the workdir (../x, /etc/x) is refused, never read (issue 42, M2).
+        normal = os.path.normpath(rel) if isinstance(rel, str) and rel else ".."
+        if os.path.isabs(normal) or normal == ".." or normal.startswith("../") or "\0" in normal:
+            raise ValueError("refusing %r: not below the workdir %s" % (rel, root))
+        path = os.path.join(root, normal)
         try:
             with open(path, "rb") as handle:
                 result[rel] = hashlib.sha256(handle.read()).hexdigest()

@@ -145,7 +145,7 @@ def sync_files(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, files
         changed = [f for f in files if remote.get(f.rel) != f.sha256]
         for mode in sorted({f.mode for f in changed}, key=lambda m: m or 0):
             transport.put_files([(f.path, f"{workdir.rstrip('/')}/{f.rel}") for f in changed if f.mode == mode],
-                                mode=mode)
+                                root=workdir, mode=mode)
         return SyncResult(host.name, len(changed), sum(f.size for f in changed), len(files) - len(changed), False)
 
     copied = fan_out(list(writers.values()), one, name="sync copy", catch=HostError)

@@ -459,7 +459,7 @@ class SSHTransport(Transport):
                 tunnel.start()
         return tunnel.address
 
-    def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
+    def _put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
         self.connect()
         with self._sftp_lock:
             try:

@@ -15,7 +15,7 @@ from cluster.errors import UsageError
 from cluster.program.ignorerules import IgnoreRules, parse_rules
 from cluster.program.importscan import scan_program
 from cluster.plan import HostSpec
-from cluster.program.progfiles import MIB, program_files
+from cluster.program.progfiles import MIB, check_relative, program_files
 from cluster.supervision.program_job import program_problems
 from cluster.program.runspec import Workspace, check_sync_paths, local_files, program_folder
 from cluster.transport.local import LocalTransport
@@ -157,7 +157,8 @@ def test_a_private_file_stays_private_on_the_hosts(tmp_path):
     modes = {f.rel: f.mode for f in local_files(["python", "main.py"], [], Workspace(cwd=cwd, root=tmp_path / "co"))}
     assert modes == {"main.py": None, "run.sh": 0o700, "token.txt": 0o600}
     target = tmp_path / "host" / "token.txt"
-    LocalTransport(HOST).put_files([(str(cwd / "token.txt"), str(target))], mode=modes["token.txt"])
+    LocalTransport(HOST).put_files([(str(cwd / "token.txt"), str(target))], root=str(target.parent),
+                                   mode=modes["token.txt"])
     assert target.stat().st_mode & 0o777 == 0o600
 
 
@@ -176,6 +177,27 @@ def test_git_info_exclude_and_core_excludesfile_leave_files_home_as_git_does(tmp
     (tmp_path / "global-ignore").write_text("keep.txt\n")
     files = sorted(f.rel for f in local_files(["python", "main.py"], [], space))
     assert files == [".gitignore", "a.key", "b.local", "main.py"]
+
+
+# ----------------------------------------------------------------------------- symlinked folders (issue 42, M2)
+
+def test_a_symlinked_folder_travels_under_its_own_name_not_where_it_leads(tmp_path):
+    write(tmp_path / "datasets" / "mnist", {"train.npz": b"1", "sub/test.npz": b"2"})
+    write(tmp_path / "code" / "app", {"main.py": "\n", "helper.py": "\n"})
+    cwd = write(tmp_path / "home" / "proj", {"run.py": "\n"})
+    (cwd / "data").symlink_to(tmp_path / "datasets" / "mnist")
+    (cwd / "app").symlink_to(tmp_path / "code" / "app")
+    space = Workspace(cwd=cwd, root=tmp_path / "checkout")
+    assert sorted(f.rel for f in local_files(["python", "run.py"], ["data"], space)) == [
+        "data/sub/test.npz", "data/train.npz", "run.py"]                   # were ../../datasets/mnist/...
+    assert sorted(f.rel for f in local_files(["python", "app/main.py"], [], space)) == ["app/helper.py", "app/main.py"]
+
+
+@pytest.mark.parametrize("rel", ["../x.py", "/etc/passwd", "a/../../x.py", ".."])
+def test_a_name_that_leaves_the_current_directory_is_refused_naming_it(rel):
+    with pytest.raises(UsageError) as caught:
+        check_relative(rel)
+    assert repr(rel) in caught.value.message and caught.value.exit_code == 2
 
 
 # ----------------------------------------------------------------------------- the import scan
