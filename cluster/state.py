@@ -146,7 +146,8 @@ def plan_from_json(data: dict) -> ClusterPlan:
     unused = tuple((role, reason) for role, reason in data.get("unused", ()))
     return ClusterPlan(name=data["name"], mode=data["mode"], inventory_path=data["inventory_path"],
                        cluster=cluster, tasks=tasks, hosts=hosts, unused=unused,
-                       firewall=data.get("firewall", False), notify=tuple(data.get("notify", ())))
+                       firewall=data.get("firewall", False), notify=tuple(data.get("notify", ())),
+                       inventory_sha256=data.get("inventory_sha256"))
 
 
 def host_from_json(host: dict) -> HostSpec:

@@ -204,6 +204,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                           select_tasks)
     from ..supervision.executor import JobExecutor, restart_rules
     from ..supervision.jobkind import JobFailed
+    from ..lifecycle.resize import pin_inventory
     env: Env = ctx.obj
     program = ctx.meta.get("pscluster.program")
     if not program:
@@ -252,7 +253,8 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 roles = on or one_shot_roles(load_inventory(inventory), mode)
                 options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=name,
                                       mode=mode, port_base=port_base, roles=roles)
-                cluster = one_shot_plan(_planned(_inventory(env, inventory, limit, mode, roles=roles), options, pool),
+                cluster = one_shot_plan(pin_inventory(_planned(_inventory(env, inventory, limit, mode, roles=roles),
+                                                               options, pool)),
                                         store=env.store, on=on, firewall=firewall, keras=keras, until=until,
                                         min_workers=min_workers)
                 secrets = take_secrets(cluster)

@@ -329,7 +329,7 @@ def replan(plan: ClusterPlan, *, port_base: int | None, limit: str | None, count
     from ..inventory import load_inventory
     from ..inventory.patterns import apply_limit, required_roles
     from ..plan import PlanOptions, plan_cluster
-    inventory = load_inventory(plan.inventory_path)
+    inventory = load_inventory(pinned_inventory(plan))
     inventory = with_workers(apply_limit(inventory, limit, required_roles(plan.mode, inventory, None)), counts)
     options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=plan.name,
                           mode=plan.mode, port_base=port_base)
@@ -337,7 +337,51 @@ def replan(plan: ClusterPlan, *, port_base: int | None, limit: str | None, count
     if pool is not None and new.auto_gpu_hosts:
         from ..hosts.preflight import resolve_auto_gpus
         new = plan_cluster(resolve_auto_gpus(inventory, new, pool), options)
-    return replace(new, firewall=plan.firewall)
+    return replace(new, firewall=plan.firewall, inventory_sha256=plan.inventory_sha256)
+
+
+def pin_inventory(plan: ClusterPlan) -> ClusterPlan:
+    """``plan`` with its inventory's absolute, resolved path and sha256 (``up``, ``scale``): an
+    elastic re-plan reads that file from wherever the supervisor runs, and only as it was.
+
+    Raises:
+        UsageError: the inventory cannot be read.
+    """
+    from ..inventory.source import inventory_digest
+    path = os.path.realpath(plan.inventory_path)
+    try:
+        return replace(plan, inventory_path=path, inventory_sha256=inventory_digest(path))
+    except OSError as exc:
+        raise UsageError(f"{plan.inventory_path}: cannot read the inventory: {exc.strerror}") from None
+
+
+def pinned_inventory(plan: ClusterPlan) -> str:
+    """The inventory path a re-plan (host loss, rejoin, ``--hosts-from``) may read: the one
+    ``up``/``scale`` recorded, if it is still there, still this user's, and unchanged. A plan
+    recorded without a digest (a state from before issue 42) is read as before.
+
+    Raises:
+        UsageError: naming the file and what changed, with ``scale`` as the way to take edits.
+    """
+    from ..inventory.source import inventory_digest
+    path = plan.inventory_path
+    if plan.inventory_sha256 is None:
+        return path
+    hint = (f"'pscluster scale {path} --name {plan.name}' takes an edited inventory; else put back the "
+            "file 'up' read")
+    try:
+        owner = os.stat(path).st_uid
+        digest = inventory_digest(path)
+    except OSError as exc:
+        raise UsageError(f"cannot re-plan cluster {plan.name!r}: its inventory {path} is gone or unreadable "
+                         f"({exc.strerror})", hint=hint) from None
+    if owner != os.geteuid():
+        raise UsageError(f"cannot re-plan cluster {plan.name!r}: its inventory {path} now belongs to uid {owner}, "
+                         f"not to you (uid {os.geteuid()})", hint=hint)
+    if digest != plan.inventory_sha256:
+        raise UsageError(f"cannot re-plan cluster {plan.name!r}: its inventory {path} changed since 'up'/'scale' "
+                         "recorded it", hint=hint)
+    return path
 
 
 def worker_counts(plan: ClusterPlan) -> dict[str, int]:

@@ -2,6 +2,7 @@
 refused before anything changes; one scale at a time."""
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from cluster.errors import PlanError, UsageError
 from cluster.plan import plan_cluster
 from cluster.lifecycle.resize import (ResizeRequest, can_overlap, check_resize, diff_plans, early_servers, in_place, membership,
-                            parse_host_list, plan_changes_for, resize_lock, with_workers)
+                            parse_host_list, pin_inventory, plan_changes_for, replan, resize_lock, with_workers)
 from cluster.supervision.core import drop_out
 from cluster.state import StateStore
 
@@ -137,6 +138,37 @@ def test_two_scales_at_once_the_second_is_refused(tmp_path):
 def test_a_request_survives_its_round_trip(write_inventory):
     request = ResizeRequest(lab(write_inventory, "h1", "h2"), keep_global_batch=True, reason="hosts-from")
     assert ResizeRequest.from_json(request.to_json()) == request
+
+
+# ----------------------------------------------------------------------------- issue 42, M3: the inventory a re-plan reads
+
+def test_a_re_plan_reads_the_inventory_up_recorded_from_any_directory(write_inventory, tmp_path, monkeypatch):
+    pinned = pin_inventory(lab(write_inventory, "h1", "h2", "h3"))
+    assert pinned.inventory_path == str((tmp_path / "lab.yaml").resolve()) and len(pinned.inventory_sha256 or "") == 64
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "lab.yaml").write_text("all: {children: {worker: {hosts: {other: }}}}\n")   # a lab.yaml of its own
+    monkeypatch.chdir(elsewhere)
+    new = replan(pinned, port_base=None, limit=None, counts={"h3": 0}, pool=None)
+    assert [t.host for t in new.tasks_of("worker")] == ["h1", "h2"]
+    assert new.inventory_sha256 == pinned.inventory_sha256
+    assert ResizeRequest.from_json(ResizeRequest(new).to_json()).plan == new      # the pin travels with the plan
+
+
+@pytest.mark.parametrize("tamper, words", [
+    (lambda path: path.write_text(path.read_text() + "\n# edited\n"), "changed since 'up'/'scale'"),
+    (lambda path: path.unlink(), "is gone or unreadable"),
+    (lambda path: os.chown(path, 4321, -1), "now belongs to uid 4321"),
+    (lambda path: (path.parent / "group_vars").mkdir() or (path.parent / "group_vars" / "all.yml").write_text(
+        "pscluster_port_base: 3000\n"), "changed since"),
+])
+def test_a_re_plan_refuses_an_inventory_gone_changed_or_of_another_owner(write_inventory, tmp_path, tamper, words):
+    pinned = pin_inventory(lab(write_inventory, "h1", "h2", "h3"))
+    tamper(tmp_path / "lab.yaml")
+    with pytest.raises(UsageError) as caught:
+        replan(pinned, port_base=None, limit=None, counts={"h3": 0}, pool=None)
+    assert words in caught.value.message and pinned.inventory_path in caught.value.message
+    assert "pscluster scale" in caught.value.hint
 
 
 # ----------------------------------------------------------------------------- elastic: the pure decisions
