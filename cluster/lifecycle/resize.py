@@ -39,7 +39,7 @@ from ..inventory import Inventory
 from ..plan import ClusterPlan, HostSpec, TaskSpec
 from ..hosts.probe import Prober
 from ..secrets import Secrets
-from ..state import ProcessRecord, RunState, StateStore, StateWriter, plan_from_json, plan_to_json
+from ..state import ProcessRecord, RunState, StateStore, StateWriter, plan_from_json, plan_to_json, read_owned
 from ..supervision.training import leader_task
 from ..transport import TransportPool
 
@@ -594,7 +594,7 @@ def take_request(store: StateStore, name: str) -> ResizeRequest | None:
     """The pending request (removed as it is read), if any."""
     path = store.root / f"{name}{RESIZE_SUFFIX}"
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_owned(path))       # another user's request is refused (issue 42, L1)
     except (FileNotFoundError, ValueError):
         return None
     path.unlink(missing_ok=True)
@@ -607,7 +607,7 @@ def post_result(store: StateStore, name: str, *, ok: bool, message: str) -> None
 
 def read_result(store: StateStore, name: str) -> dict | None:
     try:
-        return json.loads((store.root / f"{name}{RESULT_SUFFIX}").read_text())
+        return json.loads(read_owned(store.root / f"{name}{RESULT_SUFFIX}"))
     except (FileNotFoundError, ValueError):
         return None
 
