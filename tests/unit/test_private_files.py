@@ -105,3 +105,25 @@ def test_a_symlink_planted_for_the_log_is_not_followed(tmp_path):
     (tmp_path / "c1.supervisor.log").symlink_to(target)
     with pytest.raises(OSError):
         open_private(tmp_path / "c1.supervisor.log")
+
+
+def test_a_probe_tunnel_socket_is_0600_in_a_0700_folder_without_touching_the_umask(monkeypatch):
+    """Issue 42, L6: bind was bracketed by a process-wide os.umask(0o177); two tunnels opening at
+    once could leave the whole process at 0177."""
+    import dataclasses
+    import shutil
+    from cluster.transport import ssh
+    from tests.unit.test_paths_sync_become import HOST
+
+    def no_umask(mask):
+        raise AssertionError(f"os.umask({mask:o}) called")
+
+    monkeypatch.setattr(os, "umask", no_umask)
+    owner = ssh.SSHTransport(dataclasses.replace(HOST, connection="ssh"))
+    tunnel = ssh._Tunnel(owner, "10.1.1.2", 2222, unix=True)
+    try:
+        path = tunnel.address.removeprefix("unix:")
+        assert mode(path) == 0o600 and mode(os.path.dirname(path)) == 0o700
+    finally:
+        tunnel.listener.close()
+        shutil.rmtree(tunnel.folder or "", ignore_errors=True)
