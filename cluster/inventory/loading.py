@@ -26,7 +26,8 @@ from .source import read_source
 from .yamlsrc import KeyPath
 from .connection import CONNECTION_KEYS, ORIGIN_KEYS, _ansible_bool, _warn_ssh_options
 from .groups import _ansible_groups, _depths, _members, _merged_vars, _parse_group
-from .model import DEFAULT_PORT_BASE, HostConfig, Inventory, PASSWORD_KEYS, ROLES, ROLE_SUFFIXES, RoleSlots
+from .model import (DEFAULT_PORT_BASE, MAX_TASKS_PER_HOST, HostConfig, Inventory, PASSWORD_KEYS, ROLES, ROLE_SUFFIXES,
+                    RoleSlots)
 from .raw import _Group, _Raw, _describe, _err, _origin, _warn
 from .values import PSCLUSTER_KEYS, Validator, _as_int, _boolean, _gpu_mask, _url_list
 
@@ -70,7 +71,7 @@ def _role_slots(raw: _Raw, host: str, role: str, merged: dict[str, tuple[Any, Ke
     origin_path = raw.host_first[host]
     count = None
     if count_item is not None:
-        count = _as_int(raw, count_item[1], count_item[0], 1, 64, "a task count")
+        count = _as_int(raw, count_item[1], count_item[0], 1, MAX_TASKS_PER_HOST, "a task count")
         origin_path = count_item[1]
     gpus = None
     auto = False

@@ -36,6 +36,7 @@ from ..errors import PsclusterError, UsageError
 from ..events import Reporter
 from .tasks import forget_pid_files, new_record, report_standbys, start_standbys, start_tasks, stop_records, task_env, wait_ready
 from ..inventory import Inventory
+from ..inventory.model import MAX_TASKS_PER_HOST
 from ..plan import ClusterPlan, HostSpec, TaskSpec
 from ..hosts.probe import Prober
 from ..secrets import Secrets
@@ -395,10 +396,12 @@ def worker_counts(plan: ClusterPlan) -> dict[str, int]:
 def parse_host_list(text: str, *, source: str) -> dict[str, int | None]:
     """A discovery command's output (``--hosts-from``): one ``host`` or ``host:workers`` per line,
     as horovodrun's ``--host-discovery-script`` prints them; blank lines and ``#`` comments are
-    skipped. ``None``: the inventory's count for that host.
+    skipped. ``None``: the inventory's count for that host. ``workers`` is capped as the
+    inventory caps ``worker_tasks`` (:data:`MAX_TASKS_PER_HOST`; 0 leaves the host out, as
+    not naming it does).
 
     Raises:
-        UsageError: a line that is neither.
+        UsageError: a line that is neither, or a count past the cap.
     """
     hosts: dict[str, int | None] = {}
     for number, raw in enumerate(text.splitlines(), 1):
@@ -409,9 +412,12 @@ def parse_host_list(text: str, *, source: str) -> dict[str, int | None]:
         if not sep:
             name, count = line, ""
         bad = (not name or any(c.isspace() or not c.isprintable() for c in name)
-               or (sep and not (count.isdigit() and int(count) <= 1024)))
+               or (sep and not (count.isdigit() and len(count) <= 6)))
         if bad:
             raise UsageError(f"{source}, line {number}: expected 'host' or 'host:workers', got {raw[:80]!r}")
+        if sep and int(count) > MAX_TASKS_PER_HOST:
+            raise UsageError(f"{source}, line {number}: {name}:{count}: at most {MAX_TASKS_PER_HOST} workers per "
+                             "host, as worker_tasks in an inventory")
         hosts[name] = int(count) if sep else None
     return hosts
 
@@ -457,7 +463,7 @@ class Discovery:
                 self.next_run = now + self.every
                 self._start(now, reporter)
             return None
-        code = self.proc.poll()         # before reading: all it printed before it ended is then read below
+        code = self._exit_code()        # before reading: all it printed before it ended is then read below
         if not self._read():
             self.close()
             reporter.emit("message", level="warning",
@@ -487,12 +493,14 @@ class Discovery:
         return None
 
     def close(self) -> None:
-        """Stop a command still running, and every process of its group (its leader not yet
-        reaped, so the group is still its own); close its pipes."""
+        """Stop every process of the command's group, whether its leader still runs or exited (a
+        ``sh -c 'sleep 123 & echo h1'`` that exited 0 left one ``sleep`` per poll: issue 42, L8),
+        then reap the leader; close its pipes. The leader is reaped only here, so until then its
+        pid is still the group's and cannot name another process's."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        if proc.poll() is None:
+        if proc.returncode is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -502,6 +510,17 @@ class Discovery:
             if stream is not None:
                 stream.close()
         self.out, self.err = bytearray(), bytearray()
+
+    def _exit_code(self) -> int | None:
+        """The leader's exit status once it ended, None while it runs; left unreaped (WNOWAIT)."""
+        assert self.proc is not None
+        try:
+            info = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:        # reaped already (not by us): Popen knows
+            return self.proc.poll()
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
     def _start(self, now: float, reporter: Reporter) -> None:
         import shlex

@@ -221,6 +221,7 @@ def test_with_workers_cuts_a_gpu_list_and_refuses_more_than_it_holds(write_inven
     ("h1\nh2:2\n", {"h1": None, "h2": 2}),
     ("# discovered\n\nh1  # first\n", {"h1": None}),
     ("", {}),
+    ("h1:64\nh2:0\n", {"h1": 64, "h2": 0}),
 ])
 def test_a_discovery_commands_host_list(text, hosts):
     assert parse_host_list(text, source="--hosts-from") == hosts
@@ -230,6 +231,13 @@ def test_a_discovery_commands_host_list(text, hosts):
 def test_a_bad_host_list_line_is_named(text):
     with pytest.raises(UsageError, match="line 1"):
         parse_host_list(text, source="--hosts-from")
+
+
+@pytest.mark.parametrize("count", ["65", "1024"])
+def test_a_host_list_count_has_the_inventorys_cap(count):
+    """Issue 42, L7: host:1024 passed, past worker_tasks' 1-64."""
+    with pytest.raises(UsageError, match=f"line 2: h2:{count}: at most 64 workers per host"):
+        parse_host_list(f"h1\nh2:{count}\n", source="--hosts-from")
 
 
 def test_new_servers_that_can_start_before_the_job_stops(write_inventory):
