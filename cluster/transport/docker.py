@@ -1,7 +1,8 @@
 """Transport for ``ansible_connection: docker`` hosts: commands run through ``docker exec -i``.
 
 As Ansible's ``community.docker.docker`` connection plugin: ``ansible_host`` names the container
-(default: the inventory host name), ``ansible_user`` the user inside it (``docker exec --user``),
+(default: the inventory host name), ``ansible_user`` the user inside it (``docker exec --user``;
+default ``pscluster``, the node image's user, never the image's root unless asked for),
 ``ansible_docker_extra_args`` extra arguments for the docker client itself (``-H tcp://...``,
 ``--context``...), placed before ``exec``. No sshd is needed in the container.
 
