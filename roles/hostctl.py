@@ -215,6 +215,7 @@ def op_facts(req):
                 handle.write("ok")
             os.unlink(probe)
             result["workdir_error"] = None
+            result["workdir_unsafe"] = _workdir_unsafe(path)
         except OSError as exc:
             result["workdir_error"] = "%s: %s" % (path, exc.strerror)
     for tool in req.get("tools", []):
@@ -230,6 +231,22 @@ def op_facts(req):
         result["root"] = os.getuid() == 0 or subprocess.run(
             ["sudo", "-n", "true"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
     return result
+
+
+def _workdir_unsafe(workdir):
+    """Why tasks must not run from ``workdir``, or None: it must belong to this user or root and
+    be writable by nobody else (issue 42, L2). A sticky bit does not make it safe: another user
+    can create ``roles/`` or ``.pscluster`` there first and own what pscluster then writes into,
+    or puts beside the code the tasks import."""
+    import stat
+    info = os.stat(workdir)
+    if info.st_uid not in (os.geteuid(), 0):
+        return ("the workdir %s belongs to uid %d, not to this user (uid %d) or root"
+                % (workdir, info.st_uid, os.geteuid()))
+    if stat.S_IMODE(info.st_mode) & 0o022:
+        return ("the workdir %s is writable by group or others (mode %04o): anyone there can replace the code "
+                "the tasks run" % (workdir, stat.S_IMODE(info.st_mode)))
+    return None
 
 
 def _private_dirs(path):
@@ -248,10 +265,10 @@ def _private_dirs(path):
     top = parts.index(RUN_ROOT)
     workdir = os.sep.join(parts[:top]) or os.sep
     os.makedirs(workdir, exist_ok=True)
-    owner = os.stat(workdir).st_uid
-    if owner not in (os.geteuid(), 0):
-        raise PermissionError("the workdir %s belongs to uid %d, not to this user (uid %d) or root: its owner could "
-                              "redirect the tasks' logs; use a workdir of your own" % (workdir, owner, os.geteuid()))
+    unsafe = _workdir_unsafe(workdir)
+    if unsafe:
+        raise PermissionError(unsafe + ": its owner or others could redirect the tasks' logs or replace their code; "
+                              "use a workdir of your own, writable only by you")
     for end in range(top + 1, len(parts) + 1):    # one level at a time, never through a symlink
         folder = os.sep.join(parts[:end])
         try:

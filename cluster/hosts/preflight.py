@@ -161,6 +161,10 @@ def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, conn
     if facts.workdir_error:
         results.append(CheckResult(name, "workdir", False, f"not writable: {facts.workdir_error}",
                                    hint="set pscluster_workdir to a directory this user can write"))
+    elif facts.workdir_unsafe:
+        results.append(CheckResult(name, "workdir", False, f"refused: {facts.workdir_unsafe}",
+                                   hint="set pscluster_workdir to a folder of the task user that only it can write "
+                                        "(e.g. ~/pscluster, the default), not /tmp, /scratch or /dev/shm itself"))
     else:
         results.append(CheckResult(name, "workdir", True, host.workdir))
     if plan.firewall:

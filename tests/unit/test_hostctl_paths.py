@@ -62,3 +62,19 @@ def test_a_workdir_or_run_folder_of_another_user_is_refused(tmp_path):
     os.chown(work / ".pscluster", 54321, 54321)
     result, _ = start(work)
     assert "belongs to uid 54321" in result["error"] and ".pscluster" in result["error"]
+
+
+@pytest.mark.parametrize("bits", [0o1777, 0o777, 0o775])
+def test_a_workdir_others_can_write_is_refused_sticky_or_not(tmp_path, bits):
+    """Issue 42, L2: a root-owned world-writable workdir (/tmp, /scratch, /dev/shm) was accepted;
+    anyone there could create roles/ or .pscluster first and own what pscluster wrote into it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    os.chmod(work, bits)
+    result, _ = start(work)
+    assert f"is writable by group or others (mode {bits:04o})" in result["error"]
+    facts = hostctl.op_facts({"ports": [], "gpus": False, "workdir": str(work)})
+    assert facts["workdir_error"] is None and "writable by group or others" in facts["workdir_unsafe"]
+    os.chmod(work, 0o755)
+    assert "error" not in start(work)[0]
+    assert hostctl.op_facts({"ports": [], "gpus": False, "workdir": str(work)})["workdir_unsafe"] is None

@@ -305,3 +305,10 @@ def test_tasks_that_would_run_as_root_are_warned_on_any_transport(lab):
     user = by_check(results)["user"]
     assert user.ok and user.warning and "tasks run as root (uid 0)" in user.detail and "ansible_user" in user.hint
     assert "user" not in by_check(check_host(lab, lab.host("node-a"), facts("node-a"), 0.1))
+
+
+def test_a_workdir_others_can_write_fails_preflight(lab):
+    """Issue 42, L2."""
+    unsafe = "the workdir /tmp is writable by group or others (mode 1777): anyone there can replace the code the tasks run"
+    workdir = by_check(check_host(lab, lab.host("node-a"), facts("node-a", workdir_unsafe=unsafe), 0.1))["workdir"]
+    assert not workdir.ok and workdir.detail == f"refused: {unsafe}" and "pscluster_workdir" in workdir.hint
