@@ -159,8 +159,7 @@ def program(transport: Transport, *, cwd: str, paths: Sequence[str] = (), tools:
         missing=tuple(answer.get("missing") or ()), tools=tuple(sorted((answer.get("tools") or {}).items())),
         modules=tuple((name, bool(ok)) for name, ok in (answer.get("modules") or {}).items()),
         modules_error=answer.get("modules_error"), tf_dist=tf.get("dist"), tf_version=tf.get("version"),
-        tf_keras_version=legacy.get("version"), tf_keras_importable=bool(legacy.get("importable")),
-        workdir_unsafe=answer.get("workdir_unsafe"))
+        tf_keras_version=legacy.get("version"), tf_keras_importable=bool(legacy.get("importable")))
 
 
 def start(transport: Transport, task: TaskSpec, record: ProcessRecord, *, argv: Sequence[str],
