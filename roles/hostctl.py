@@ -210,7 +210,14 @@ def op_facts(req):
         path = _expand(workdir)
         try:
             os.makedirs(path, exist_ok=True)
-            probe = os.path.join(path, ".pscluster-write-test-%d" % os.getpid())
+            # Tasks write under the run root only (a container's workdir is root's, 0755: the
+            # node image); code sync reports its own failure where the workdir itself is not writable.
+            run_root = os.path.join(path, RUN_ROOT)
+            try:
+                os.mkdir(run_root, 0o700)
+            except FileExistsError:
+                pass
+            probe = os.path.join(run_root, ".write-test-%d" % os.getpid())
             with open(probe, "w") as handle:
                 handle.write("ok")
             os.unlink(probe)
@@ -335,12 +342,43 @@ def _remove_stale(req, log, *more):
             os.unlink(stale)
 
 
-def _start_env(req):
+def _start_env(req, log=None):
     """The started process's environment: this one's (unless ``inherit_env`` is false) plus the
-    request's, which arrives on stdin: secret values never touch argv."""
+    request's, which arrives on stdin: secret values never touch argv. A ``python -m roles.X``
+    task also gets :func:`_safe_path`."""
     env = dict(os.environ) if req.get("inherit_env", True) else {}
     env.update(req.get("env", {}))
+    argv = req.get("argv") or []
+    if log is not None and len(argv) >= 3 and argv[1] == "-m" and str(argv[2]).startswith("roles."):
+        _safe_path(env, log)
     return env
+
+
+def _safe_path(env, log):
+    """``python -m`` puts its folder, the workdir, first on ``sys.path``: a ``json.py`` or
+    ``typing.py`` a ``run`` program left there shadowed the standard library in pscluster's own
+    servers and trainers (issue 42, L3). So they get ``PYTHONSAFEPATH=1`` (Python 3.11+; older ones
+    ignore it), and ``roles`` alone is importable, through ``.pscluster/path/roles``, a link to
+    the workdir's ``roles/`` in the run root (0700, this user's: :func:`_private_dirs`)."""
+    parts = log.split(os.sep)
+    if RUN_ROOT not in parts:
+        return
+    run_root = os.sep.join(parts[:parts.index(RUN_ROOT) + 1])
+    folder = os.path.join(run_root, "path")
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    if not os.path.isdir(folder) or os.path.islink(folder):
+        raise PermissionError("%s is not a folder (a symlink?): refusing to import roles through it" % folder)
+    link = os.path.join(folder, "roles")
+    target = os.path.join(os.pardir, os.pardir, "roles")
+    if not (os.path.islink(link) and os.readlink(link) == target):
+        tmp = "%s.%d.tmp" % (link, os.getpid())
+        os.symlink(target, tmp)
+        os.replace(tmp, link)          # atomic: a task starting beside this one sees one or the other
+    env["PYTHONSAFEPATH"] = "1"
+    env["PYTHONPATH"] = folder + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
 
 
 def op_start(req):
@@ -350,7 +388,7 @@ def op_start(req):
 
 def _spawn(req, cwd, log, exit_file, token, lock_fd):
     _remove_stale(req, log)
-    env = _start_env(req)
+    env = _start_env(req, log)
     import subprocess
     read_end, write_end = os.pipe()
     monitor = os.fork()
@@ -461,7 +499,7 @@ def _hand_over(req, standby, log):
     reply = log + REPLY_SUFFIX
     try:
         _remove_stale(req, log, reply)
-        env = _start_env(req)           # leaves through the FIFO: never on disk
+        env = _start_env(req, log)      # leaves through the FIFO: never on disk
         log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | _PRIVATE, 0o600)
         os.fchmod(log_fd, 0o600)
         os.write(log_fd, ("pscluster: %s starting %s (standby pid %d: TensorFlow already imported)\n" % (
