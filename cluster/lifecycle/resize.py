@@ -582,18 +582,55 @@ def resize_lock(store: StateStore, name: str) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class ResizeRequest:
-    """What ``scale`` asks a job's supervisor to carry out."""
+    """What ``scale`` asks a job's supervisor to carry out. ``secret_names``/``secret_roles``:
+    the new plan's secret scope, names only (:func:`cluster.secrets.scope`; None: the plan's
+    own), which the supervisor applies to the values it holds (issue 42, L5: new tasks got the
+    scope of ``train``'s start, keyed by the old plan's host names)."""
 
     plan: ClusterPlan
     keep_global_batch: bool = False
     reason: str = "scale"
+    secret_names: Mapping[str, tuple[str, ...]] | None = None
+    secret_roles: Mapping[str, tuple[str, ...]] | None = None
 
     def to_json(self) -> dict:
-        return {"plan": plan_to_json(self.plan), "keep_global_batch": self.keep_global_batch, "reason": self.reason}
+        data: dict = {"plan": plan_to_json(self.plan), "keep_global_batch": self.keep_global_batch,
+                      "reason": self.reason}
+        for key, scope in (("secret_names", self.secret_names), ("secret_roles", self.secret_roles)):
+            if scope is not None:
+                data[key] = {host: list(each) for host, each in scope.items()}
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> "ResizeRequest":
-        return cls(plan_from_json(data["plan"]), bool(data.get("keep_global_batch")), str(data.get("reason", "scale")))
+        def scope(key: str) -> dict[str, tuple[str, ...]] | None:
+            found = data.get(key)
+            if not isinstance(found, dict):
+                return None
+            return {str(host): tuple(str(name) for name in each) for host, each in found.items()
+                    if isinstance(each, list)}
+        return cls(plan_from_json(data["plan"]), bool(data.get("keep_global_batch")), str(data.get("reason", "scale")),
+                   scope("secret_names"), scope("secret_roles"))
+
+    def secret_scope(self) -> tuple[Mapping[str, tuple[str, ...]], Mapping[str, tuple[str, ...]]]:
+        """The scope to apply: the one sent, else the plan's."""
+        from ..secrets import scope
+        names, roles = scope(self.plan)
+        return (self.secret_names if self.secret_names is not None else names,
+                self.secret_roles if self.secret_roles is not None else roles)
+
+    def secrets_for(self, held: Secrets | None) -> Secrets | None:
+        """``held`` (the values the supervisor has) under this request's scope.
+
+        Raises:
+            UsageError: the scope names a secret ``held`` lacks.
+        """
+        names, roles = self.secret_scope()
+        if held is None:
+            held = Secrets()
+        if held.values or names:
+            return held.rescoped(names, roles)
+        return None
 
 
 def _write_private(path: Path, data: dict) -> None:
@@ -688,7 +725,10 @@ def scale_cluster(store: StateStore, name: str, new: ClusterPlan, *, pool: Trans
         if info is None or not orchestrator_alive(info):
             raise UsageError(f"job {job.id} runs without a supervisor on this machine: nobody can restart it at the "
                              "new size", hint="'pscluster stop-job' (it checkpoints), scale, then 'train --resume'")
-        post_request(store, name, ResizeRequest(new, keep_global_batch))
+        scoped = secrets.names if secrets is not None else {}
+        roles = secrets.standing_roles if secrets is not None else {}
+        post_request(store, name, ResizeRequest(new, keep_global_batch, secret_names=dict(scoped),
+                                                secret_roles=dict(roles)))
         signal_supervisor(info, signal.SIGUSR2)
         reporter.emit("message", text=f"asked job {job.id}'s supervisor (pid {info.pid}) to resize it: "
                                       f"{describe(diff, new)}")

@@ -78,6 +78,11 @@ class Resizer:
         if request is None:
             return
         try:
+            request.secrets_for(ex.secrets)     # a scope the job cannot serve: refused, the job goes on
+        except PsclusterError as exc:
+            resize.post_result(ex.store, ex.name, ok=False, message=exc.message)
+            return
+        try:
             text = self.resize(ex, request)
         except PsclusterError as exc:
             resize.post_result(ex.store, ex.name, ok=False, message=exc.message)
@@ -94,6 +99,7 @@ class Resizer:
         old, new = ex.plan, request.plan
         diff = resize.diff_plans(old, new)
         resize.check_resize(old, new, diff, job_live=True)
+        ex.secrets = request.secrets_for(ex.secrets)     # the new plan's scope, keyed by its host names
         early = resize.early_servers(old, new, diff, unreachable)
         if early:      # while the job still trains: their import stays out of the pause
             resize.start_early(ex.writer, ex.pool, ex.reporter, new, early, ex.secrets, root=ex.root,

@@ -333,3 +333,28 @@ def test_gpus_rule_out_an_overlap_without_memory_growth(write_inventory):
     assert gpus_allow_overlap(growing, 2)
     assert not gpus_allow_overlap(replace(task, env=(("TF_FORCE_GPU_ALLOW_GROWTH", "false"),)), 1)
     assert not gpus_allow_overlap(task, None) and not gpus_allow_overlap(growing, None)     # unknown
+
+
+# ----------------------------------------------------------------------------- issue 42, L5: secrets after a resize
+
+def test_a_resize_gives_new_tasks_the_edited_inventorys_secret_scope(write_inventory):
+    from cluster.secrets import collect
+    from cluster.lifecycle.tasks import task_env
+    lab_text = LAB.replace("MODE", "async")
+    old = plan_text(write_inventory, lab_text.replace("WORKERS", "        h1: {pscluster_secret_env: [WANDB_API_KEY]}"),
+                    name="lab")
+    new = plan_text(write_inventory, lab_text.replace("WORKERS", "        h1: \n        h2: {ansible_host: 127.77.0.3, "
+                                                      "pscluster_secret_env: [WANDB_API_KEY]}"), name="lab")
+    held = collect(old, {"WANDB_API_KEY": "k"})                     # what `train` took at its start
+    assert held.names == {"h1": ("WANDB_API_KEY",)}
+    request = ResizeRequest.from_json(ResizeRequest(new, secret_names={"h2": ("WANDB_API_KEY",)},
+                                                    secret_roles={}).to_json())
+    scoped = request.secrets_for(held)
+    assert scoped is not None and scoped.names == {"h2": ("WANDB_API_KEY",)}
+    worker_h2 = next(t for t in new.tasks_of("worker") if t.host == "h2")
+    worker_h1 = next(t for t in new.tasks_of("worker") if t.host == "h1")
+    assert task_env(new, worker_h2, scoped, standing=False)["WANDB_API_KEY"] == "k"
+    assert "WANDB_API_KEY" not in task_env(new, worker_h1, scoped, standing=False)    # h1 no longer names it
+    with pytest.raises(UsageError, match="OTHER_KEY"):
+        ResizeRequest(new, secret_names={"h2": ("OTHER_KEY",)}).secrets_for(held)
+    assert ResizeRequest(new).secrets_for(held) == scoped                             # default: the plan's own scope
