@@ -65,6 +65,12 @@ class StateError(PsclusterError):
     """The cluster state on this machine is missing, locked or unreadable."""
 
 
+class UntrustedStateError(StateError):
+    """A state folder or file another user owns or can write to (issue 42, L1): bad input, exit 2."""
+
+    exit_code = ExitStatus.BAD_INPUT
+
+
 class Aborted(PsclusterError):
     """Another command (``down``) took the cluster over while this one was working."""
 

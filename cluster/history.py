@@ -114,8 +114,10 @@ class RunHistory:
 
     def load(self, name: str) -> list[RunRecord]:
         """``name``'s runs, oldest first."""
+        from .state import check_trusted_dir, read_owned
         try:
-            text = self.path(name).read_text(encoding="utf-8")
+            check_trusted_dir(self.folder)
+            text = read_owned(self.path(name))
         except FileNotFoundError:
             return []
         try:

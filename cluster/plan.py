@@ -137,6 +137,9 @@ class ClusterPlan:
     unused: tuple[tuple[str, str], ...] = ()
     firewall: bool = False
     notify: tuple[str, ...] = ()      # pscluster_notify URLs (secrets inside: shown masked)
+    # sha256 of the inventory (cluster.inventory.source.inventory_digest) when `up`/`scale` pinned it,
+    # with inventory_path made absolute: re-plans refuse another content (issue 42, M3).
+    inventory_sha256: str | None = None
 
     @property
     def auto_gpu_hosts(self) -> tuple[str, ...]:

@@ -41,6 +41,24 @@ class Secrets:
     def env_for(self, task: TaskSpec, *, standing: bool) -> dict[str, str]:
         return {name: self.values[name] for name in self.names_for(task, standing=standing)}
 
+    def rescoped(self, names: Mapping[str, tuple[str, ...]],
+                 standing_roles: Mapping[str, tuple[str, ...]]) -> Secrets:
+        """The same values under another plan's scope (a resize: issue 42, L5), keyed by that
+        plan's host names; names only, so the scope can travel in a resize request.
+
+        Raises:
+            UsageError: the scope names a secret this set has no value for (a ``train`` started
+                without it cannot make one up).
+        """
+        wanted = sorted({name for each in names.values() for name in each})
+        missing = [name for name in wanted if name not in self.values]
+        if missing:
+            raise UsageError(f"the edited inventory names secret variable(s) {', '.join(missing)} that the running "
+                             "job was started without",
+                             hint="stop the job ('pscluster stop-job'; it checkpoints), scale, then "
+                                  "'train --resume' with them exported")
+        return Secrets({name: self.values[name] for name in wanted}, dict(names), dict(standing_roles))
+
     def merged(self, other: Secrets) -> Secrets:
         """Both sets (one study runs several plans of one inventory)."""
         def union(a: Mapping[str, tuple[str, ...]], b: Mapping[str, tuple[str, ...]]) -> dict:
@@ -65,10 +83,14 @@ def collect(plan: ClusterPlan, environ: Mapping[str, str]) -> Secrets:
     if missing:
         raise UsageError(f"secret variable(s) {', '.join(missing)} named in pscluster_secret_env are not set here",
                          hint="export them in this shell; they travel to the hosts over SSH stdin only")
-    return Secrets(values={name: environ[name] for name in names},
-                   names={host.name: tuple(host.secret_env) for host in plan.hosts if host.secret_env},
-                   standing_roles={host.name: tuple(host.secret_env_roles) for host in plan.hosts
-                                   if host.secret_env_roles})
+    names_of, roles_of = scope(plan)
+    return Secrets(values={name: environ[name] for name in names}, names=names_of, standing_roles=roles_of)
+
+
+def scope(plan: ClusterPlan) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+    """``plan``'s secret names per host and standing roles per host (names only, no value)."""
+    return ({host.name: tuple(host.secret_env) for host in plan.hosts if host.secret_env},
+            {host.name: tuple(host.secret_env_roles) for host in plan.hosts if host.secret_env_roles})
 
 
 def merge_all(items: Iterable[Secrets]) -> Secrets:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from .contracts import ProcessKind
-from .errors import Aborted, StateError, UsageError
+from .errors import Aborted, StateError, UntrustedStateError, UsageError
 from .names import check_cluster_name, is_cluster_name
 from .plan import ClusterPlan, HostSpec, TaskSpec
 from .supervision.jobrecord import JobProgress
@@ -146,7 +146,8 @@ def plan_from_json(data: dict) -> ClusterPlan:
     unused = tuple((role, reason) for role, reason in data.get("unused", ()))
     return ClusterPlan(name=data["name"], mode=data["mode"], inventory_path=data["inventory_path"],
                        cluster=cluster, tasks=tasks, hosts=hosts, unused=unused,
-                       firewall=data.get("firewall", False), notify=tuple(data.get("notify", ())))
+                       firewall=data.get("firewall", False), notify=tuple(data.get("notify", ())),
+                       inventory_sha256=data.get("inventory_sha256"))
 
 
 def host_from_json(host: dict) -> HostSpec:
@@ -161,12 +162,61 @@ def host_from_json(host: dict) -> HostSpec:
 
 def private_dir(path: Path) -> None:
     """Create ``path`` 0700, and make an existing one of this user 0700 (N11: the state directory
-    was 0755; its supervisor logs and event files hold the tails of tasks' 0600 logs). A folder
-    of another user, or a shared sticky one such as /tmp, is left as it is."""
+    was 0755; its supervisor logs and event files hold the tails of tasks' 0600 logs).
+
+    Raises:
+        StateError: :func:`check_trusted_dir` refuses the folder (another user's, or one that
+            others can write to, such as a shared sticky /tmp/x).
+    """
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.stat()
-    if info.st_uid == os.getuid() and not info.st_mode & stat.S_ISVTX and stat.S_IMODE(info.st_mode) & 0o077:
+    info = check_trusted_dir(path)
+    if stat.S_IMODE(info.st_mode) & 0o077:
         os.chmod(path, stat.S_IMODE(info.st_mode) & 0o700)
+
+
+def check_trusted_dir(path: Path) -> os.stat_result:
+    """``path``'s stat, if it is a folder of this effective user that nobody else can write to,
+    as ssh's StrictModes asks of ``~/.ssh``: a ``<name>.json`` planted there is read as a state
+    and its commands run as whoever runs ``pscluster`` (issue 42, L1).
+
+    Raises:
+        StateError: naming the folder, its owner or its mode.
+    """
+    info = path.stat()
+    hint = ("use a folder of your own that only you can write to (PSCLUSTER_STATE_DIR, or the default "
+            "~/.local/state/pscluster)")
+    if not stat.S_ISDIR(info.st_mode):
+        raise UntrustedStateError(f"state directory {path} is not a folder", hint=hint)
+    if info.st_uid != os.geteuid():
+        raise UntrustedStateError(f"state directory {path} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}): "
+                         "refused", hint=hint)
+    if stat.S_IMODE(info.st_mode) & 0o022:
+        raise UntrustedStateError(f"state directory {path} is writable by others (mode {stat.S_IMODE(info.st_mode):04o}): "
+                         "refused", hint=hint + f"; or chmod go-w {path} if nobody else wrote to it")
+    return info
+
+
+def read_owned(path: Path) -> str:
+    """The text of a state, history or request file, if this effective user owns it (a link is
+    not followed, a FIFO not waited on).
+
+    Raises:
+        FileNotFoundError: there is none.
+        StateError: another user's file, or not a regular file, named.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise UntrustedStateError(f"{path}: cannot read it ({exc.strerror}): refused",
+                         hint="pscluster writes its state files itself; remove what you did not put there") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+            raise UntrustedStateError(f"{path} is not a file of yours (uid {info.st_uid}): refused",
+                             hint="pscluster writes its state files itself; remove what you did not put there")
+        return handle.read().decode("utf-8", "replace")
 
 
 def open_private(path: str | Path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_APPEND) -> int:
@@ -208,8 +258,8 @@ class StateStore:
     def load(self, name: str) -> RunState | None:
         path = self.path(name)
         try:
-            with open(path, encoding="utf-8") as handle:
-                return RunState.from_json(json.load(handle))
+            check_trusted_dir(self.root)
+            return RunState.from_json(json.loads(read_owned(path)))
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError) as exc:

@@ -210,11 +210,19 @@ def op_facts(req):
         path = _expand(workdir)
         try:
             os.makedirs(path, exist_ok=True)
-            probe = os.path.join(path, ".pscluster-write-test-%d" % os.getpid())
+            # Tasks write under the run root only (a container's workdir is root's, 0755: the
+            # node image); code sync reports its own failure where the workdir itself is not writable.
+            run_root = os.path.join(path, RUN_ROOT)
+            try:
+                os.mkdir(run_root, 0o700)
+            except FileExistsError:
+                pass
+            probe = os.path.join(run_root, ".write-test-%d" % os.getpid())
             with open(probe, "w") as handle:
                 handle.write("ok")
             os.unlink(probe)
             result["workdir_error"] = None
+            result["workdir_unsafe"] = _workdir_unsafe(path)
         except OSError as exc:
             result["workdir_error"] = "%s: %s" % (path, exc.strerror)
     for tool in req.get("tools", []):
@@ -230,6 +238,22 @@ def op_facts(req):
         result["root"] = os.getuid() == 0 or subprocess.run(
             ["sudo", "-n", "true"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
     return result
+
+
+def _workdir_unsafe(workdir):
+    """Why tasks must not run from ``workdir``, or None: it must belong to this user or root and
+    be writable by nobody else (issue 42, L2). A sticky bit does not make it safe: another user
+    can create ``roles/`` or ``.pscluster`` there first and own what pscluster then writes into,
+    or puts beside the code the tasks import."""
+    import stat
+    info = os.stat(workdir)
+    if info.st_uid not in (os.geteuid(), 0):
+        return ("the workdir %s belongs to uid %d, not to this user (uid %d) or root"
+                % (workdir, info.st_uid, os.geteuid()))
+    if stat.S_IMODE(info.st_mode) & 0o022:
+        return ("the workdir %s is writable by group or others (mode %04o): anyone there can replace the code "
+                "the tasks run" % (workdir, stat.S_IMODE(info.st_mode)))
+    return None
 
 
 def _private_dirs(path):
@@ -248,10 +272,10 @@ def _private_dirs(path):
     top = parts.index(RUN_ROOT)
     workdir = os.sep.join(parts[:top]) or os.sep
     os.makedirs(workdir, exist_ok=True)
-    owner = os.stat(workdir).st_uid
-    if owner not in (os.geteuid(), 0):
-        raise PermissionError("the workdir %s belongs to uid %d, not to this user (uid %d) or root: its owner could "
-                              "redirect the tasks' logs; use a workdir of your own" % (workdir, owner, os.geteuid()))
+    unsafe = _workdir_unsafe(workdir)
+    if unsafe:
+        raise PermissionError(unsafe + ": its owner or others could redirect the tasks' logs or replace their code; "
+                              "use a workdir of your own, writable only by you")
     for end in range(top + 1, len(parts) + 1):    # one level at a time, never through a symlink
         folder = os.sep.join(parts[:end])
         try:
@@ -318,12 +342,43 @@ def _remove_stale(req, log, *more):
             os.unlink(stale)
 
 
-def _start_env(req):
+def _start_env(req, log=None):
     """The started process's environment: this one's (unless ``inherit_env`` is false) plus the
-    request's, which arrives on stdin: secret values never touch argv."""
+    request's, which arrives on stdin: secret values never touch argv. A ``python -m roles.X``
+    task also gets :func:`_safe_path`."""
     env = dict(os.environ) if req.get("inherit_env", True) else {}
     env.update(req.get("env", {}))
+    argv = req.get("argv") or []
+    if log is not None and len(argv) >= 3 and argv[1] == "-m" and str(argv[2]).startswith("roles."):
+        _safe_path(env, log)
     return env
+
+
+def _safe_path(env, log):
+    """``python -m`` puts its folder, the workdir, first on ``sys.path``: a ``json.py`` or
+    ``typing.py`` a ``run`` program left there shadowed the standard library in pscluster's own
+    servers and trainers (issue 42, L3). So they get ``PYTHONSAFEPATH=1`` (Python 3.11+; older ones
+    ignore it), and ``roles`` alone is importable, through ``.pscluster/path/roles``, a link to
+    the workdir's ``roles/`` in the run root (0700, this user's: :func:`_private_dirs`)."""
+    parts = log.split(os.sep)
+    if RUN_ROOT not in parts:
+        return
+    run_root = os.sep.join(parts[:parts.index(RUN_ROOT) + 1])
+    folder = os.path.join(run_root, "path")
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    if not os.path.isdir(folder) or os.path.islink(folder):
+        raise PermissionError("%s is not a folder (a symlink?): refusing to import roles through it" % folder)
+    link = os.path.join(folder, "roles")
+    target = os.path.join(os.pardir, os.pardir, "roles")
+    if not (os.path.islink(link) and os.readlink(link) == target):
+        tmp = "%s.%d.tmp" % (link, os.getpid())
+        os.symlink(target, tmp)
+        os.replace(tmp, link)          # atomic: a task starting beside this one sees one or the other
+    env["PYTHONSAFEPATH"] = "1"
+    env["PYTHONPATH"] = folder + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
 
 
 def op_start(req):
@@ -333,7 +388,7 @@ def op_start(req):
 
 def _spawn(req, cwd, log, exit_file, token, lock_fd):
     _remove_stale(req, log)
-    env = _start_env(req)
+    env = _start_env(req, log)
     import subprocess
     read_end, write_end = os.pipe()
     monitor = os.fork()
@@ -444,7 +499,7 @@ def _hand_over(req, standby, log):
     reply = log + REPLY_SUFFIX
     try:
         _remove_stale(req, log, reply)
-        env = _start_env(req)           # leaves through the FIFO: never on disk
+        env = _start_env(req, log)      # leaves through the FIFO: never on disk
         log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | _PRIVATE, 0o600)
         os.fchmod(log_fd, 0o600)
         os.write(log_fd, ("pscluster: %s starting %s (standby pid %d: TensorFlow already imported)\n" % (
@@ -752,7 +807,11 @@ def op_hashes(req):
     root = _expand(req["root"])
     result = {}
     for rel in req["files"]:
-        path = os.path.join(root, rel)
+        # A name that normalizes out of the workdir (../x, /etc/x) is refused, never read (issue 42, M2).
+        normal = os.path.normpath(rel) if isinstance(rel, str) and rel else ".."
+        if os.path.isabs(normal) or normal == ".." or normal.startswith("../") or "\0" in normal:
+            raise ValueError("refusing %r: not below the workdir %s" % (rel, root))
+        path = os.path.join(root, normal)
         try:
             with open(path, "rb") as handle:
                 result[rel] = hashlib.sha256(handle.read()).hexdigest()

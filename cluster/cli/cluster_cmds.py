@@ -118,6 +118,7 @@ def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: 
     """Preflight, sync code, start the standing servers and wait until they answer."""
     from dataclasses import replace as _replace
     from ..lifecycle.status import rows_after_up
+    from ..lifecycle.resize import pin_inventory
     from ..lifecycle.updown import bring_up
     if slurm:
         _write_slurm_inventory(inventory, mode, _slurm_layout(slurm_ps, slurm_chief, workers_per_node, evaluator,
@@ -125,7 +126,8 @@ def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: 
     reporter = ui.RichReporter(env.err)
     try:
         with env.pool_factory() as pool:
-            cluster = _plan(inventory, name=name, mode=mode, port_base=port_base, env=env, limit=limit, pool=pool)
+            cluster = pin_inventory(_plan(inventory, name=name, mode=mode, port_base=port_base, env=env, limit=limit,
+                                          pool=pool))
             if firewall:
                 cluster = _replace(cluster, firewall=True)
             secrets = take_secrets(cluster)
@@ -254,7 +256,7 @@ def scale(env: Env, inventory: str, name: str | None, port_base: int | None, lim
     """Resize a cluster that is up to the edited INVENTORY: tasks of new hosts start, tasks of
     removed hosts stop, the rest stays. A running 'train' job checkpoints, and its training
     processes start again from there at the new size (see README 'A cluster that changes')."""
-    from ..lifecycle.resize import scale_cluster
+    from ..lifecycle.resize import pin_inventory, scale_cluster
     resolved = env.store.resolve_name(name)
     state = _existing(env, resolved)
     if port_base is None:       # what `up --port-base` gave, if it did (else the inventory's)
@@ -266,9 +268,9 @@ def scale(env: Env, inventory: str, name: str | None, port_base: int | None, lim
         with env.pool_factory() as pool:
             edited = _inventory(env, inventory, limit, state.mode)
             _check_scale_mode(edited, inventory, state)
-            new = _planned(edited, PlanOptions(
+            new = pin_inventory(_planned(edited, PlanOptions(
                 local_python=sys.executable, local_workdir=local_workdir(), name=resolved, mode=state.mode,
-                port_base=port_base), pool)
+                port_base=port_base), pool))
             result = scale_cluster(env.store, resolved, new, pool=pool, reporter=reporter, secrets=take_secrets(new),
                                    keep_global_batch=keep_global_batch, allow_busy_gpus=allow_busy_gpus,
                                    timeout=timeout)

@@ -206,6 +206,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                           select_tasks)
     from ..supervision.executor import JobExecutor, restart_rules
     from ..supervision.jobkind import JobFailed
+    from ..lifecycle.resize import pin_inventory
     env: Env = ctx.obj
     program = ctx.meta.get("pscluster.program")
     if not program:
@@ -213,7 +214,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                          hint="pscluster run inventories/local.yaml -- python train.py --task_index={task_index}")
     check_placeholders(program)
     on = parse_roles(on_text) if on_text else None
-    space = Workspace(cwd=Path.cwd(), root=project_root())
+    space = Workspace(cwd=Path.cwd(), root=project_root(), home=Path.home(), state_dir=env.store.root)
     check_sync_paths(sync_paths, space)     # bad --sync: a usage error before anything happens
     # Walked and hashed only when some host needs the files (a shared checkout does not).
     files = functools.partial(local_files, program, sync_paths, space, limit_mib=sync_limit)
@@ -246,7 +247,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
 
     if dry_run:
         _dry_run(env, inventory, name=name, mode=mode, port_base=port_base, limit=limit, on=on, program=program,
-                 space=space, as_json=as_json, keras=keras)
+                 space=space, as_json=as_json, keras=keras, sync=sync_paths, sync_limit=sync_limit)
         return
     try:
         with env.pool_factory() as pool:
@@ -254,7 +255,8 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
                 roles = on or one_shot_roles(load_inventory(inventory), mode)
                 options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=name,
                                       mode=mode, port_base=port_base, roles=roles)
-                cluster = one_shot_plan(_planned(_inventory(env, inventory, limit, mode, roles=roles), options, pool),
+                cluster = one_shot_plan(pin_inventory(_planned(_inventory(env, inventory, limit, mode, roles=roles),
+                                                               options, pool)),
                                         store=env.store, on=on, firewall=firewall, keras=keras, until=until,
                                         min_workers=min_workers)
                 secrets = take_secrets(cluster)
@@ -286,11 +288,13 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
 
 
 def _dry_run(env: Env, inventory: str | None, *, name: str | None, mode: str | None, port_base: int | None,
-             limit: str | None, on, program, space, as_json: bool, keras: str | None = None) -> None:
+             limit: str | None, on, program, space, as_json: bool, keras: str | None = None,
+             sync: tuple[str, ...] = (), sync_limit: int = DEFAULT_SYNC_LIMIT_MIB) -> None:
     """``run --dry-run``: the one-shot plan of INVENTORY (as ``plan`` makes it: no host is asked,
-    so `<role>_gpus: auto` stays unresolved), or the plan of the cluster that is up."""
+    so `<role>_gpus: auto` stays unresolved), or the plan of the cluster that is up, and the
+    files ``run`` would copy to hosts that do not share this checkout, with their total size."""
     import shlex
-    from ..program.runspec import dry_run, one_shot_roles, same_command_lines, select_tasks
+    from ..program.runspec import dry_run, one_shot_roles, program_file_set, same_command_lines, select_tasks
     if inventory is not None:
         roles = on or one_shot_roles(load_inventory(inventory), mode)
         cluster = _planned(_inventory(env, inventory, limit, mode, roles=roles),
@@ -302,8 +306,11 @@ def _dry_run(env: Env, inventory: str | None, *, name: str | None, mode: str | N
         tasks = select_tasks(cluster, on)
     rows = dry_run(cluster, tasks, program, space, keras)
     warnings = same_command_lines(cluster, tasks, program)
+    files = program_file_set(program, sync, space, limit_mib=sync_limit)
     if as_json:
-        ui.print_json(env.out, {"cluster": cluster.name, "tasks": rows, "warnings": warnings})
+        ui.print_json(env.out, {"cluster": cluster.name, "tasks": rows, "warnings": warnings,
+                                "files": [{"path": f.rel, "size": f.size} for f in files.entries],
+                                "files_size": files.size})
         return
     for row in rows:
         env.out.print(f"{row['task']}@{row['host']} in {row['cwd']}: {shlex.join(row['argv'])}",
@@ -313,6 +320,10 @@ def _dry_run(env: Env, inventory: str | None, *, name: str | None, mode: str | N
                       markup=False, highlight=False)
         env.out.print("  env: " + " ".join(f"{key}={shlex.quote(value)}" for key, value in row["env"].items()),
                       markup=False, highlight=False)
+    env.out.print(f"files copied to hosts that do not share this checkout: {len(files.entries)}, "
+                  f"{files.size:,} bytes", markup=False, highlight=False)
+    for entry in files.entries:
+        env.out.print(f"  {entry.rel} ({entry.size:,} bytes)", markup=False, highlight=False)
     for warning in warnings:
         env.err.print(f"warning: {warning}", markup=False, highlight=False)
     env.err.print(f"dry run: {len(rows)} task(s) of cluster {cluster.name!r}; nothing was started",

@@ -32,6 +32,7 @@ class LocalFile:
     path: str         # absolute local path
     sha256: str
     size: int
+    mode: int | None = None   # None: the transport's 0755/0644; a private file's 0600/0700 (run's files)
 
 
 def project_root() -> Path:
@@ -64,13 +65,25 @@ def _digest(path: str) -> str:
     return digest.hexdigest()
 
 
-def collect(root: Path, entries: tuple[str, ...], *, prefix: str = "") -> list[LocalFile]:
-    """Files under ``root/entry`` for each entry (a folder or a file), skipping caches."""
+def private_mode(path: str) -> int | None:
+    """0600 (0700 if executable) for a file without group or other bits here, else None: a file
+    kept private on this machine stays private on the hosts (issue 42, M1)."""
+    bits = os.stat(path).st_mode
+    if bits & 0o077:
+        return None
+    return 0o700 if bits & 0o100 else 0o600
+
+
+def collect(root: Path, entries: tuple[str, ...], *, prefix: str = "", keep_private: bool = False) -> list[LocalFile]:
+    """Files under ``root/entry`` for each entry (a folder or a file), skipping caches; with
+    ``keep_private``, a private file here gets :func:`private_mode` there (``run``'s files; the
+    installation's ``roles/`` stay readable to a task user whatever this machine's umask)."""
     files = []
     for entry in entries:
         base = root / entry
         if base.is_file():
-            files.append(LocalFile(prefix + entry, str(base), _digest(str(base)), base.stat().st_size))
+            files.append(LocalFile(prefix + entry, str(base), _digest(str(base)), base.stat().st_size,
+                                   private_mode(str(base)) if keep_private else None))
             continue
         for folder, dirs, names in os.walk(base):
             dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
@@ -130,8 +143,9 @@ def sync_files(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, files
         transport = pool.get(host)
         remote = hostops.hashes(transport, workdir, [f.rel for f in files])
         changed = [f for f in files if remote.get(f.rel) != f.sha256]
-        if changed:
-            transport.put_files([(f.path, f"{workdir.rstrip('/')}/{f.rel}") for f in changed])
+        for mode in sorted({f.mode for f in changed}, key=lambda m: m or 0):
+            transport.put_files([(f.path, f"{workdir.rstrip('/')}/{f.rel}") for f in changed if f.mode == mode],
+                                root=workdir, mode=mode)
         return SyncResult(host.name, len(changed), sum(f.size for f in changed), len(files) - len(changed), False)
 
     copied = fan_out(list(writers.values()), one, name="sync copy", catch=HostError)

@@ -107,6 +107,8 @@ class HostFacts:
     # for the version when it is not installed or was not asked for.
     tf_keras_version: str | None = None
     tf_keras_importable: bool = False
+    # Why the workdir is refused though writable: another user's, or writable by others (issue 42, L2).
+    workdir_unsafe: str | None = None
 
 
 def facts(transport: Transport, *, ports: Sequence[int], gpus: bool, workdir: str | None,
@@ -126,7 +128,8 @@ def facts(transport: Transport, *, ports: Sequence[int], gpus: bool, workdir: st
         gpu_error=answer.get("gpu_error"), workdir_error=answer.get("workdir_error"),
         tools=tuple(sorted((answer.get("tools") or {}).items())), uid=answer.get("uid", -1),
         ssh_client=answer.get("ssh_client"), root=answer.get("root"), gpu_query=answer.get("gpu_query"),
-        tf_keras_version=legacy.get("version"), tf_keras_importable=bool(legacy.get("importable")))
+        tf_keras_version=legacy.get("version"), tf_keras_importable=bool(legacy.get("importable")),
+        workdir_unsafe=answer.get("workdir_unsafe"))
 
 
 @dataclass(frozen=True)

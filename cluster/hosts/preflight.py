@@ -156,9 +156,15 @@ def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, conn
         else:
             results.append(_busy_check(host, facts, wanted, allow_busy_gpus)
                            or CheckResult(name, "gpus", True, f"{available} GPU(s); masks use {wanted}"))
+    if tasks and facts.uid == 0:
+        results.append(root_warning(host))
     if facts.workdir_error:
         results.append(CheckResult(name, "workdir", False, f"not writable: {facts.workdir_error}",
                                    hint="set pscluster_workdir to a directory this user can write"))
+    elif facts.workdir_unsafe:
+        results.append(CheckResult(name, "workdir", False, f"refused: {facts.workdir_unsafe}",
+                                   hint="set pscluster_workdir to a folder of the task user that only it can write "
+                                        "(e.g. ~/pscluster, the default), not /tmp, /scratch or /dev/shm itself"))
     else:
         results.append(CheckResult(name, "workdir", True, host.workdir))
     if plan.firewall:
@@ -172,6 +178,16 @@ def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, conn
         else:
             results.append(CheckResult(name, "firewall", True, "nft and root available"))
     return results
+
+
+def root_warning(host: HostSpec) -> CheckResult:
+    """A warning (issue 42, L10): TensorFlow's servers run any graph they are sent, so whoever
+    reaches a port of this host's tasks runs code as root there."""
+    how = ("ansible_user (default: the image's pscluster user)" if host.connection == "docker"
+           else "ansible_user, or ansible_become_user")
+    return CheckResult(host.name, "user", True, "tasks run as root (uid 0): anyone who reaches their TF ports runs "
+                       "code as root on this host", hint=f"run them as a user of their own: set {how}",
+                       warning=True)
 
 
 def check_cluster(plan: ClusterPlan, facts: dict[str, hostops.HostFacts], *,

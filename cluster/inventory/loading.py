@@ -26,7 +26,8 @@ from .source import read_source
 from .yamlsrc import KeyPath
 from .connection import CONNECTION_KEYS, ORIGIN_KEYS, _ansible_bool, _warn_ssh_options
 from .groups import _ansible_groups, _depths, _members, _merged_vars, _parse_group
-from .model import DEFAULT_PORT_BASE, HostConfig, Inventory, PASSWORD_KEYS, ROLES, ROLE_SUFFIXES, RoleSlots
+from .model import (DEFAULT_PORT_BASE, DOCKER_DEFAULT_USER, MAX_TASKS_PER_HOST, HostConfig, Inventory, PASSWORD_KEYS, ROLES, ROLE_SUFFIXES,
+                    RoleSlots)
 from .raw import _Group, _Raw, _describe, _err, _origin, _warn
 from .values import PSCLUSTER_KEYS, Validator, _as_int, _boolean, _gpu_mask, _url_list
 
@@ -70,7 +71,7 @@ def _role_slots(raw: _Raw, host: str, role: str, merged: dict[str, tuple[Any, Ke
     origin_path = raw.host_first[host]
     count = None
     if count_item is not None:
-        count = _as_int(raw, count_item[1], count_item[0], 1, 64, "a task count")
+        count = _as_int(raw, count_item[1], count_item[0], 1, MAX_TASKS_PER_HOST, "a task count")
         origin_path = count_item[1]
     gpus = None
     auto = False
@@ -241,7 +242,10 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
         address=address,
         connection=connection,
         ssh_port=get("ansible_port", CONNECTION_KEYS) or get("ansible_ssh_port", CONNECTION_KEYS),
-        user=get("ansible_user", CONNECTION_KEYS) or get("ansible_ssh_user", CONNECTION_KEYS),
+        # A container without ansible_user ran its TF servers as root, silently (issue 42, L10): the
+        # image's own user, as docker/Dockerfile makes it; `ansible_user: root` says root on purpose.
+        user=(get("ansible_user", CONNECTION_KEYS) or get("ansible_ssh_user", CONNECTION_KEYS)
+              or (DOCKER_DEFAULT_USER if connection == "docker" else None)),
         key_file=get("ansible_ssh_private_key_file", CONNECTION_KEYS),
         python=python,
         workdir=get("pscluster_workdir", PSCLUSTER_KEYS),

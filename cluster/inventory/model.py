@@ -43,6 +43,8 @@ PLANNED_PSCLUSTER_ENV = (   # cluster.plan._task_env, pscluster_*_op_threads, cl
 # Hosts in one inventory, every pattern and file together (the range cap is per pattern: 30
 # ranges of 10,000 in 640 bytes ran past 60 s). Tasks are capped in cluster.plan (MAX_TASKS).
 MAX_HOSTS = 10_000
+DOCKER_DEFAULT_USER = "pscluster"   # a container host's user without ansible_user (docker/Dockerfile's)
+MAX_TASKS_PER_HOST = 64     # `<role>_tasks`, and a `--hosts-from` line's `host:N`
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ Ansible ignores (INVENTORY_IGNORE_EXTS).
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 import re
 import shlex
@@ -231,3 +232,28 @@ def _read_vars_folder(inventory: InventorySource, folder: str, shown: str,
         if os.path.isdir(os.path.join(folder, owner)):
             files.extend(_folder_files(os.path.join(folder, owner), os.path.join(shown, owner), False))
         target.extend((owner, full, file_name) for full, file_name in files)
+
+
+def inventory_digest(path: str) -> str:
+    """sha256 over what :func:`read_source` may read for ``path``: the file (or every file of the
+    folder) and the ``group_vars``/``host_vars`` beside it, each with its name, in sorted order.
+    An elastic re-plan compares it with the one recorded at ``up``/``scale`` (issue 42, M3).
+
+    Raises:
+        OSError: ``path`` cannot be read.
+    """
+    base = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    found = set() if os.path.isdir(path) else {os.path.abspath(path)}
+    folders = ([path] if os.path.isdir(path) else []) + [os.path.join(base, "group_vars"), os.path.join(base, "host_vars")]
+    for folder in folders:
+        for top, dirs, names in os.walk(folder):
+            dirs.sort()
+            found.update(os.path.abspath(os.path.join(top, name)) for name in names)
+    digest = hashlib.sha256()
+    for full in sorted(found):
+        if not os.path.isfile(full):         # a FIFO or a dangling link: named, never read
+            digest.update(f"{os.path.relpath(full, base)}\0-\0".encode())
+            continue
+        with open(full, "rb") as handle:
+            digest.update(f"{os.path.relpath(full, base)}\0".encode() + handle.read() + b"\0")
+    return digest.hexdigest()

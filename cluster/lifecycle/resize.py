@@ -37,10 +37,11 @@ from ..events import Reporter
 from .tasks import forget_pid_files, new_record, report_standbys, start_standbys, start_tasks, stop_records, task_env, wait_ready
 from ..inventory import Inventory
 from ..names import RESIZE_ENDING, RESULT_ENDING
+from ..inventory.model import MAX_TASKS_PER_HOST
 from ..plan import ClusterPlan, HostSpec, TaskSpec
 from ..hosts.probe import Prober
 from ..secrets import Secrets
-from ..state import ProcessRecord, RunState, StateStore, StateWriter, plan_from_json, plan_to_json
+from ..state import ProcessRecord, RunState, StateStore, StateWriter, plan_from_json, plan_to_json, read_owned
 from ..supervision.training import leader_task
 from ..transport import TransportPool
 
@@ -330,7 +331,7 @@ def replan(plan: ClusterPlan, *, port_base: int | None, limit: str | None, count
     from ..inventory import load_inventory
     from ..inventory.patterns import apply_limit, required_roles
     from ..plan import PlanOptions, plan_cluster
-    inventory = load_inventory(plan.inventory_path)
+    inventory = load_inventory(pinned_inventory(plan))
     inventory = with_workers(apply_limit(inventory, limit, required_roles(plan.mode, inventory, None)), counts)
     options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=plan.name,
                           mode=plan.mode, port_base=port_base)
@@ -338,7 +339,51 @@ def replan(plan: ClusterPlan, *, port_base: int | None, limit: str | None, count
     if pool is not None and new.auto_gpu_hosts:
         from ..hosts.preflight import resolve_auto_gpus
         new = plan_cluster(resolve_auto_gpus(inventory, new, pool), options)
-    return replace(new, firewall=plan.firewall)
+    return replace(new, firewall=plan.firewall, inventory_sha256=plan.inventory_sha256)
+
+
+def pin_inventory(plan: ClusterPlan) -> ClusterPlan:
+    """``plan`` with its inventory's absolute, resolved path and sha256 (``up``, ``scale``): an
+    elastic re-plan reads that file from wherever the supervisor runs, and only as it was.
+
+    Raises:
+        UsageError: the inventory cannot be read.
+    """
+    from ..inventory.source import inventory_digest
+    path = os.path.realpath(plan.inventory_path)
+    try:
+        return replace(plan, inventory_path=path, inventory_sha256=inventory_digest(path))
+    except OSError as exc:
+        raise UsageError(f"{plan.inventory_path}: cannot read the inventory: {exc.strerror}") from None
+
+
+def pinned_inventory(plan: ClusterPlan) -> str:
+    """The inventory path a re-plan (host loss, rejoin, ``--hosts-from``) may read: the one
+    ``up``/``scale`` recorded, if it is still there, still this user's, and unchanged. A plan
+    recorded without a digest (a state from before issue 42) is read as before.
+
+    Raises:
+        UsageError: naming the file and what changed, with ``scale`` as the way to take edits.
+    """
+    from ..inventory.source import inventory_digest
+    path = plan.inventory_path
+    if plan.inventory_sha256 is None:
+        return path
+    hint = (f"'pscluster scale {path} --name {plan.name}' takes an edited inventory; else put back the "
+            "file 'up' read")
+    try:
+        owner = os.stat(path).st_uid
+        digest = inventory_digest(path)
+    except OSError as exc:
+        raise UsageError(f"cannot re-plan cluster {plan.name!r}: its inventory {path} is gone or unreadable "
+                         f"({exc.strerror})", hint=hint) from None
+    if owner != os.geteuid():
+        raise UsageError(f"cannot re-plan cluster {plan.name!r}: its inventory {path} now belongs to uid {owner}, "
+                         f"not to you (uid {os.geteuid()})", hint=hint)
+    if digest != plan.inventory_sha256:
+        raise UsageError(f"cannot re-plan cluster {plan.name!r}: its inventory {path} changed since 'up'/'scale' "
+                         "recorded it", hint=hint)
+    return path
 
 
 def worker_counts(plan: ClusterPlan) -> dict[str, int]:
@@ -352,10 +397,12 @@ def worker_counts(plan: ClusterPlan) -> dict[str, int]:
 def parse_host_list(text: str, *, source: str) -> dict[str, int | None]:
     """A discovery command's output (``--hosts-from``): one ``host`` or ``host:workers`` per line,
     as horovodrun's ``--host-discovery-script`` prints them; blank lines and ``#`` comments are
-    skipped. ``None``: the inventory's count for that host.
+    skipped. ``None``: the inventory's count for that host. ``workers`` is capped as the
+    inventory caps ``worker_tasks`` (:data:`MAX_TASKS_PER_HOST`; 0 leaves the host out, as
+    not naming it does).
 
     Raises:
-        UsageError: a line that is neither.
+        UsageError: a line that is neither, or a count past the cap.
     """
     hosts: dict[str, int | None] = {}
     for number, raw in enumerate(text.splitlines(), 1):
@@ -366,9 +413,12 @@ def parse_host_list(text: str, *, source: str) -> dict[str, int | None]:
         if not sep:
             name, count = line, ""
         bad = (not name or any(c.isspace() or not c.isprintable() for c in name)
-               or (sep and not (count.isdigit() and int(count) <= 1024)))
+               or (sep and not (count.isdigit() and len(count) <= 6)))
         if bad:
             raise UsageError(f"{source}, line {number}: expected 'host' or 'host:workers', got {raw[:80]!r}")
+        if sep and int(count) > MAX_TASKS_PER_HOST:
+            raise UsageError(f"{source}, line {number}: {name}:{count}: at most {MAX_TASKS_PER_HOST} workers per "
+                             "host, as worker_tasks in an inventory")
         hosts[name] = int(count) if sep else None
     return hosts
 
@@ -414,7 +464,7 @@ class Discovery:
                 self.next_run = now + self.every
                 self._start(now, reporter)
             return None
-        code = self.proc.poll()         # before reading: all it printed before it ended is then read below
+        code = self._exit_code()        # before reading: all it printed before it ended is then read below
         if not self._read():
             self.close()
             reporter.emit("message", level="warning",
@@ -444,12 +494,14 @@ class Discovery:
         return None
 
     def close(self) -> None:
-        """Stop a command still running, and every process of its group (its leader not yet
-        reaped, so the group is still its own); close its pipes."""
+        """Stop every process of the command's group, whether its leader still runs or exited (a
+        ``sh -c 'sleep 123 & echo h1'`` that exited 0 left one ``sleep`` per poll: issue 42, L8),
+        then reap the leader; close its pipes. The leader is reaped only here, so until then its
+        pid is still the group's and cannot name another process's."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        if proc.poll() is None:
+        if proc.returncode is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -459,6 +511,17 @@ class Discovery:
             if stream is not None:
                 stream.close()
         self.out, self.err = bytearray(), bytearray()
+
+    def _exit_code(self) -> int | None:
+        """The leader's exit status once it ended, None while it runs; left unreaped (WNOWAIT)."""
+        assert self.proc is not None
+        try:
+            info = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:        # reaped already (not by us): Popen knows
+            return self.proc.poll()
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
     def _start(self, now: float, reporter: Reporter) -> None:
         import shlex
@@ -520,18 +583,55 @@ def resize_lock(store: StateStore, name: str) -> Iterator[None]:
 
 @dataclass(frozen=True)
 class ResizeRequest:
-    """What ``scale`` asks a job's supervisor to carry out."""
+    """What ``scale`` asks a job's supervisor to carry out. ``secret_names``/``secret_roles``:
+    the new plan's secret scope, names only (:func:`cluster.secrets.scope`; None: the plan's
+    own), which the supervisor applies to the values it holds (issue 42, L5: new tasks got the
+    scope of ``train``'s start, keyed by the old plan's host names)."""
 
     plan: ClusterPlan
     keep_global_batch: bool = False
     reason: str = "scale"
+    secret_names: Mapping[str, tuple[str, ...]] | None = None
+    secret_roles: Mapping[str, tuple[str, ...]] | None = None
 
     def to_json(self) -> dict:
-        return {"plan": plan_to_json(self.plan), "keep_global_batch": self.keep_global_batch, "reason": self.reason}
+        data: dict = {"plan": plan_to_json(self.plan), "keep_global_batch": self.keep_global_batch,
+                      "reason": self.reason}
+        for key, scope in (("secret_names", self.secret_names), ("secret_roles", self.secret_roles)):
+            if scope is not None:
+                data[key] = {host: list(each) for host, each in scope.items()}
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> "ResizeRequest":
-        return cls(plan_from_json(data["plan"]), bool(data.get("keep_global_batch")), str(data.get("reason", "scale")))
+        def scope(key: str) -> dict[str, tuple[str, ...]] | None:
+            found = data.get(key)
+            if not isinstance(found, dict):
+                return None
+            return {str(host): tuple(str(name) for name in each) for host, each in found.items()
+                    if isinstance(each, list)}
+        return cls(plan_from_json(data["plan"]), bool(data.get("keep_global_batch")), str(data.get("reason", "scale")),
+                   scope("secret_names"), scope("secret_roles"))
+
+    def secret_scope(self) -> tuple[Mapping[str, tuple[str, ...]], Mapping[str, tuple[str, ...]]]:
+        """The scope to apply: the one sent, else the plan's."""
+        from ..secrets import scope
+        names, roles = scope(self.plan)
+        return (self.secret_names if self.secret_names is not None else names,
+                self.secret_roles if self.secret_roles is not None else roles)
+
+    def secrets_for(self, held: Secrets | None) -> Secrets | None:
+        """``held`` (the values the supervisor has) under this request's scope.
+
+        Raises:
+            UsageError: the scope names a secret ``held`` lacks.
+        """
+        names, roles = self.secret_scope()
+        if held is None:
+            held = Secrets()
+        if held.values or names:
+            return held.rescoped(names, roles)
+        return None
 
 
 def _write_private(path: Path, data: dict) -> None:
@@ -551,7 +651,7 @@ def take_request(store: StateStore, name: str) -> ResizeRequest | None:
     """The pending request (removed as it is read), if any."""
     path = store.root / f"{name}{RESIZE_SUFFIX}"
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_owned(path))       # another user's request is refused (issue 42, L1)
     except (FileNotFoundError, ValueError):
         return None
     path.unlink(missing_ok=True)
@@ -564,7 +664,7 @@ def post_result(store: StateStore, name: str, *, ok: bool, message: str) -> None
 
 def read_result(store: StateStore, name: str) -> dict | None:
     try:
-        return json.loads((store.root / f"{name}{RESULT_SUFFIX}").read_text())
+        return json.loads(read_owned(store.root / f"{name}{RESULT_SUFFIX}"))
     except (FileNotFoundError, ValueError):
         return None
 
@@ -626,7 +726,10 @@ def scale_cluster(store: StateStore, name: str, new: ClusterPlan, *, pool: Trans
         if info is None or not orchestrator_alive(info):
             raise UsageError(f"job {job.id} runs without a supervisor on this machine: nobody can restart it at the "
                              "new size", hint="'pscluster stop-job' (it checkpoints), scale, then 'train --resume'")
-        post_request(store, name, ResizeRequest(new, keep_global_batch))
+        scoped = secrets.names if secrets is not None else {}
+        roles = secrets.standing_roles if secrets is not None else {}
+        post_request(store, name, ResizeRequest(new, keep_global_batch, secret_names=dict(scoped),
+                                                secret_roles=dict(roles)))
         signal_supervisor(info, signal.SIGUSR2)
         reporter.emit("message", text=f"asked job {job.id}'s supervisor (pid {info.pid}) to resize it: "
                                       f"{describe(diff, new)}")

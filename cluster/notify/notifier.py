@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import select
 import shlex
 import signal
 import subprocess
@@ -129,27 +130,74 @@ def post_json(url: str, body: bytes, timeout: float) -> None:
         raise DeliveryError(str(reason).replace(url, mask_url(url))) from None
 
 
+STDERR_TAIL = 4096      # bytes of a --notify-cmd's stderr kept (the last ones), as --hosts-from keeps
+
+
 def run_command(argv: Sequence[str], body: bytes, timeout: float) -> None:
     """Run ``argv`` with ``body`` on stdin; a non-zero exit or the timeout is a failed attempt.
     It runs in a process group of its own: past the timeout the whole group is stopped (a
-    script's children too, e.g. the ``sendmail`` a ``mail`` left behind), not only its leader."""
+    script's children too, e.g. the ``sendmail`` a ``mail`` left behind), not only its leader.
+    Only the last :data:`STDERR_TAIL` bytes of its stderr are kept (all of it was: issue 42, L9)."""
     try:
         proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 start_new_session=True)
     except OSError as exc:
         raise DeliveryError(exc.strerror or str(exc), retry=False) from None
     try:
-        _, stderr = proc.communicate(body, timeout=timeout)
+        tail = _stderr_tail(proc, body, time.monotonic() + timeout)
     except subprocess.TimeoutExpired:
         try:
             os.killpg(proc.pid, signal.SIGKILL)     # its leader is not reaped yet: the group is its own
         except (ProcessLookupError, PermissionError):
             pass
-        proc.communicate()
+        proc.wait()
         raise DeliveryError(f"did not finish within {timeout:g} s") from None
+    finally:
+        for stream in (proc.stdin, proc.stderr):
+            if stream is not None:
+                stream.close()
     if proc.returncode != 0:
-        tail = stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
-        raise DeliveryError(f"exit code {proc.returncode}" + (f": {tail[0][:200]}" if tail[0] else ""))
+        last = tail.decode(errors="replace").strip().splitlines()[-1:] or [""]
+        raise DeliveryError(f"exit code {proc.returncode}" + (f": {last[0][:200]}" if last[0] else ""))
+
+
+def _stderr_tail(proc: subprocess.Popen, body: bytes, deadline: float) -> bytes:
+    """Feed ``body`` (a thread: a command that does not read it must not block us), read stderr
+    keeping its tail, until the command has exited and its stderr ended (or a child of it holds
+    stderr open: then what is there once the leader exited).
+
+    Raises:
+        subprocess.TimeoutExpired: past ``deadline``; the leader is left unreaped.
+    """
+    def feed() -> None:
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(body)
+            proc.stdin.close()
+        except (BrokenPipeError, OSError, ValueError):
+            pass
+
+    threading.Thread(target=feed, daemon=True).start()
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    tail = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, 0)
+        ready, _, _ = select.select([fd], [], [], min(left, 0.1))
+        if ready:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            tail = (tail + chunk)[-STDERR_TAIL:]
+        elif proc.poll() is not None:
+            break
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise subprocess.TimeoutExpired(proc.args, 0)
+    proc.wait(timeout=left)
+    return tail
 
 
 def deliver(target: Target, body: bytes, *, timeout: float = DELIVERY_TIMEOUT,

@@ -16,11 +16,16 @@ up to its top). Their syntax is gitignore's, for the parts people use:
 
 A deeper file's rules come after its parents' and win; in one folder ``.psclusterignore``
 comes after ``.gitignore`` (so ``!big.npz`` there sends a file git ignores).
+
+Inside a git work tree, git's other two sources count too, as git ranks them: ``core.excludesFile``
+(default ``$XDG_CONFIG_HOME/git/ignore``) first, then ``.git/info/exclude`` (the common one of a
+linked worktree), then the ``.gitignore`` files; their patterns are relative to the work tree's top.
 """
 from __future__ import annotations
 
 import os
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,13 +125,16 @@ class IgnoreRules:
             return
         self._read.add(folder)
         for name in IGNORE_FILES:
-            path = os.path.join(folder, name)
-            try:
-                if os.path.isfile(path) and os.path.getsize(path) <= MAX_RULES_BYTES:
-                    with open(path, encoding="utf-8", errors="replace") as handle:
-                        self.rules.extend(parse_rules(handle.read(), folder, path))
-            except OSError:
-                continue
+            self.add_file(os.path.join(folder, name), folder)
+
+    def add_file(self, path: str, base: str) -> None:
+        """Read one exclude file whose patterns are relative to ``base`` (a missing one: nothing)."""
+        try:
+            if os.path.isfile(path) and os.path.getsize(path) <= MAX_RULES_BYTES:
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    self.rules.extend(parse_rules(handle.read(), base, path))
+        except OSError:
+            return
 
     def ignored(self, path: str, is_dir: bool) -> bool:
         """Whether the last rule that matches ``path`` (absolute) leaves it out."""
@@ -145,7 +153,8 @@ class IgnoreRules:
 def rules_above(folder: Path, stop: Path) -> IgnoreRules:
     """The rules that apply in ``folder`` from its parents: every folder from the top (the git
     work tree's top when ``stop`` lies in one, else ``stop``) down to ``folder``, in order."""
-    top = _git_top(stop) or stop
+    git_top = _git_top(stop)
+    top = git_top or stop
     chain = []
     current = folder
     while True:
@@ -154,6 +163,9 @@ def rules_above(folder: Path, stop: Path) -> IgnoreRules:
             break
         current = current.parent
     rules = IgnoreRules()
+    if git_top is not None:
+        for path in _git_exclude_files(git_top):
+            rules.add_file(path, str(top))
     for each in reversed(chain):
         rules.add_folder(str(each))
     return rules
@@ -164,3 +176,29 @@ def _git_top(start: Path) -> Path | None:
         if (folder / ".git").exists():
             return folder
     return None
+
+
+def _git_exclude_files(top: Path) -> list[str]:
+    """``core.excludesFile`` and ``info/exclude`` of the work tree at ``top``, in git's order
+    (lowest first). Git itself answers where it can (config levels, includes, ``~``, linked
+    worktrees); without git: the XDG default and ``.git/info/exclude``."""
+    default = os.path.join(os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config"), "git", "ignore")
+    excludes, info = default, str(top / ".git" / "info" / "exclude")
+    try:
+        configured = _git(top, "config", "--path", "--get", "core.excludesFile")
+        if configured is not None:
+            excludes = os.path.expanduser(configured) if configured else default
+        where = _git(top, "rev-parse", "--git-path", "info/exclude")
+        if where:
+            info = where if os.path.isabs(where) else str(top / where)
+    except (OSError, subprocess.SubprocessError):
+        pass                     # no git here: its defaults
+    return [excludes, info]
+
+
+def _git(top: Path, *args: str) -> str | None:
+    """Git's answer ("" when the key is unset); None when git refuses (e.g. another user's repo)."""
+    done = subprocess.run(["git", "-C", str(top), *args], capture_output=True, text=True, timeout=10)
+    if done.returncode not in (0, 1):
+        return None
+    return done.stdout.strip()

@@ -8,6 +8,11 @@ elsewhere takes only itself, as before). Left home: what ``.gitignore`` / ``.psc
 files exclude (:mod:`cluster.program.ignorerules`), caches (``__pycache__``, ``.git``, ``.pscluster``,
 tool caches, ``*.pyc``) and virtualenvs (a folder with ``pyvenv.cfg``).
 
+Never copied unless named one by one (on the command line, or a file given to ``--sync``):
+credentials (:data:`CREDENTIAL_DIRS`, ``.config/gcloud``, :data:`CREDENTIAL_FILES`, ``*.pem``,
+``id_*`` but ``id_*.py``) and pscluster's own state directory. A script's folder that is the home
+folder, or holds ``.ssh``/``.gnupg``/``.aws``, is not walked at all unless ``--sync`` names it.
+
 The total is capped (``--sync-limit``, default :data:`DEFAULT_SYNC_LIMIT_MIB` MiB, and
 :data:`MAX_FILES` files): a script in a home folder would otherwise copy the home folder. Over
 the cap, ``run`` stops before anything starts and names the largest things it would copy.
@@ -28,6 +33,11 @@ MAX_FILES = 10_000               # more is a checkout or a home folder, not a pr
 SKIPPED_DIRS = frozenset({"__pycache__", ".git", ".hg", ".svn", ".pscluster", ".pytest_cache", ".mypy_cache",
                           ".ruff_cache", ".ipynb_checkpoints", ".tox", ".nox", "node_modules"})
 SKIPPED_SUFFIXES = (".pyc", ".pyo")
+# Left home at any depth of a walk (issue 42, M1): what a home folder keeps for ssh, gpg and the
+# clouds. ``id_*`` are ssh key names; ``id_*.py`` is a module name, so it travels.
+CREDENTIAL_DIRS = frozenset({".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker"})
+CREDENTIAL_FILES = frozenset({".netrc", ".git-credentials"})
+HOME_MARKERS = (".ssh", ".gnupg", ".aws")     # a folder holding one is a home folder, whatever $HOME says
 MIB = 1 << 20
 
 
@@ -80,59 +90,114 @@ _HINT = ("leave out what need not travel with a .psclusterignore beside the scri
 
 
 def program_files(cwd: Path, named: Sequence[str], folder: str | None, sync: Sequence[str], *,
-                  limit_mib: int = DEFAULT_SYNC_LIMIT_MIB) -> FileSet:
+                  limit_mib: int = DEFAULT_SYNC_LIMIT_MIB, home: Path | None = None,
+                  state_dir: Path | None = None) -> FileSet:
     """The files to copy, relative to ``cwd``: ``named`` files (the command names them: sent
     even if an ignore file lists them), the script's ``folder`` (relative to ``cwd``, "." for
     ``cwd`` itself, None for none) and each ``--sync`` path (a file, or a folder walked as the
-    script's is).
+    script's is). A walk leaves credentials and ``state_dir`` home; names are relative to the
+    folder as typed, never to where a symlink leads.
 
     Raises:
-        UsageError: past ``limit_mib`` MiB (0: no limit) or :data:`MAX_FILES` files.
+        UsageError: past ``limit_mib`` MiB (0: no limit) or :data:`MAX_FILES` files; the script's
+            folder is ``home`` or holds credentials and ``--sync`` does not name it; a ``--sync``
+            folder that is a credential folder; a name that leaves ``cwd``.
     """
     what = (f"{_shown(folder)} (the script's folder)" if folder is not None else "the program's files")
     budget = _Budget(limit_mib * MIB if limit_mib else None, what)
     found: dict[str, Entry] = {}
+    top = cwd.resolve()
 
     def add(rel: str) -> None:
+        check_relative(rel)
         if rel not in found:
-            size = (cwd / rel).stat().st_size
+            size = (top / rel).stat().st_size
             found[rel] = Entry(rel, size)
             budget.add(rel, size)
 
     for rel in named:
         add(rel)
+    synced = [os.path.normpath(root) for root in sync]
+    if folder is not None and os.path.normpath(folder) not in synced:
+        _refuse_home(top / folder, folder, home)
     for root in ([folder] if folder is not None else []) + list(sync):
-        path = cwd / root
+        path = top / root
         if path.is_file():
             add(os.path.normpath(root))
             continue
-        rules = rules_above(path.resolve(), cwd.resolve())
-        for rel in _walk(cwd, root, rules):
+        if credential_path(os.path.normpath(root)):
+            raise UsageError(f"--sync {root}: a folder of credentials is never copied whole",
+                             hint="name each file you mean to send (--sync FILE), one by one")
+        rules = rules_above(path, top)
+        for rel in _walk(top, os.path.normpath(root), rules, state_dir):
             add(rel)
     return FileSet(tuple(found.values()), folder)
 
 
-def _walk(cwd: Path, root: str, rules: IgnoreRules) -> list[str]:
-    """Files under ``cwd/root`` (relative to ``cwd``) that no rule leaves out, in sorted order;
-    each folder's ignore files are read as the walk enters it."""
+def check_relative(rel: str) -> str:
+    """``rel`` unless it is absolute or leads out of its folder once normalized (``a/../../x``).
+
+    Raises:
+        UsageError: naming the file.
+    """
+    normal = os.path.normpath(rel) if rel else ""
+    if not rel or os.path.isabs(rel) or normal == ".." or normal.startswith("../") or "\0" in rel:
+        raise UsageError(f"{rel!r}: a file to copy must lie below the current directory",
+                         hint="names are relative to the folder as typed; a path that leaves it would be written "
+                              "outside the hosts' workdir")
+    return rel
+
+
+def credential_path(rel: str) -> bool:
+    """Whether ``rel`` (relative, "/"-separated) is or lies in a credential path a walk leaves home."""
+    parts = [part for part in rel.split("/") if part not in ("", ".")]
+    for index, part in enumerate(parts):
+        if part in CREDENTIAL_DIRS or (part == "gcloud" and index and parts[index - 1] == ".config"):
+            return True
+    name = parts[-1] if parts else ""
+    return (name in CREDENTIAL_FILES or name.endswith(".pem")
+            or (name.startswith("id_") and not name.endswith(".py")))
+
+
+def _refuse_home(path: Path, folder: str, home: Path | None) -> None:
+    resolved = path.resolve()
+    marker = next((m for m in HOME_MARKERS if (resolved / m).exists()), None)
+    if marker is None and (home is None or resolved != home.resolve()):
+        return
+    why = f"it holds {marker}" if marker else "it is your home folder"
+    raise UsageError(f"{_shown(folder)} (the script's folder) is not copied to the hosts: {why}",
+                     hint="move the script into a folder of its own, or name what travels with --sync "
+                          f"(--sync {folder} takes the folder anyway, less credentials)")
+
+
+def _walk(top: Path, root: str, rules: IgnoreRules, state_dir: Path | None = None) -> list[str]:
+    """Files under ``top/root`` (relative to ``top``, through the folder as typed even where a
+    symlink leads elsewhere) that no rule leaves out, in sorted order; each folder's ignore
+    files are read as the walk enters it. Credential paths and ``state_dir`` are left out."""
     files = []
-    top = (cwd / root).resolve()
-    for folder, dirs, names in os.walk(top):
+    skipped = {str(state_dir.resolve())} if state_dir is not None else set()
+    for folder, dirs, names in os.walk(top / root):
         rules.add_folder(folder)
         kept = []
         for name in sorted(dirs):
             path = os.path.join(folder, name)
-            if name in SKIPPED_DIRS or os.path.islink(path) or os.path.isfile(os.path.join(path, "pyvenv.cfg")):
+            if (name in SKIPPED_DIRS or os.path.islink(path) or os.path.isfile(os.path.join(path, "pyvenv.cfg"))
+                    or credential_path(_rel(path, top)) or os.path.realpath(path) in skipped):
                 continue
             if not rules.ignored(path, True):
                 kept.append(name)
         dirs[:] = kept
         for name in sorted(names):
             path = os.path.join(folder, name)
-            if name.endswith(SKIPPED_SUFFIXES) or not os.path.isfile(path) or rules.ignored(path, False):
+            if (name.endswith(SKIPPED_SUFFIXES) or not os.path.isfile(path) or credential_path(_rel(path, top))
+                    or rules.ignored(path, False)):
                 continue
-            files.append(os.path.relpath(path, cwd.resolve()).replace(os.sep, "/"))
+            files.append(_rel(path, top))
     return files
+
+
+def _rel(path: str, top: Path) -> str:
+    return os.path.relpath(path, top).replace(os.sep, "/")
 
 
 def _shown(folder: str | None) -> str:

@@ -37,7 +37,7 @@ from ..errors import UsageError
 from ..inventory import ROLES, Inventory, canonical_mode
 from ..contracts import MODE_ROLES
 from ..plan import ClusterPlan, HostSpec, TaskSpec
-from .progfiles import DEFAULT_SYNC_LIMIT_MIB, program_files
+from .progfiles import DEFAULT_SYNC_LIMIT_MIB, FileSet, program_files
 
 PLACEHOLDERS = ("ps_hosts", "worker_hosts", "chief_hosts", "job_name", "task_type", "task_index", "num_workers",
                 "num_ps", "port", "host")
@@ -232,6 +232,8 @@ class Workspace:
 
     cwd: Path        # where `pscluster run` was typed
     root: Path       # this checkout (synced as the hosts' workdir)
+    home: Path | None = None        # this user's home: a script there does not take its folder along
+    state_dir: Path | None = None   # pscluster's state: never copied
 
     def subdir(self) -> str:
         """The current directory relative to the checkout ("" when outside it)."""
@@ -256,6 +258,18 @@ class Workspace:
         return f"{sub}/" if sub else ""
 
 
+def program_file_set(argv: Sequence[str], sync: Sequence[str], space: Workspace, *,
+                     limit_mib: int = DEFAULT_SYNC_LIMIT_MIB) -> FileSet:
+    """What :func:`local_files` copies, measured but not read (``run --dry-run`` lists it)."""
+    entries: list[str] = []
+    for arg in argv:
+        rel = _under(arg, space.cwd)
+        if rel is not None and rel != "." and (space.cwd / rel).is_file() and rel not in entries:
+            entries.append(rel)
+    return program_files(space.cwd, entries, program_folder(argv, space), check_sync_paths(sync, space),
+                         limit_mib=limit_mib, home=space.home, state_dir=space.state_dir)
+
+
 def local_files(argv: Sequence[str], sync: Sequence[str], space: Workspace, *,
                 limit_mib: int = DEFAULT_SYNC_LIMIT_MIB) -> list[LocalFile]:
     """Local files to copy to hosts that do not share this checkout, as paths relative to the
@@ -267,14 +281,9 @@ def local_files(argv: Sequence[str], sync: Sequence[str], space: Workspace, *,
     Raises:
         UsageError: a bad ``--sync`` path, or more than the cap to copy.
     """
-    entries: list[str] = []
-    for arg in argv:
-        rel = _under(arg, space.cwd)
-        if rel is not None and rel != "." and (space.cwd / rel).is_file() and rel not in entries:
-            entries.append(rel)
-    found = program_files(space.cwd, entries, program_folder(argv, space), check_sync_paths(sync, space),
-                          limit_mib=limit_mib)
-    return collect(space.cwd, tuple(entry.rel for entry in found.entries), prefix=space.dest_prefix())
+    found = program_file_set(argv, sync, space, limit_mib=limit_mib)
+    return collect(space.cwd.resolve(), tuple(entry.rel for entry in found.entries), prefix=space.dest_prefix(),
+                   keep_private=True)
 
 
 def program_folder(argv: Sequence[str], space: Workspace) -> str | None:

@@ -78,6 +78,11 @@ class Resizer:
         if request is None:
             return
         try:
+            request.secrets_for(ex.secrets)     # a scope the job cannot serve: refused, the job goes on
+        except PsclusterError as exc:
+            resize.post_result(ex.store, ex.name, ok=False, message=exc.message)
+            return
+        try:
             text = self.resize(ex, request)
         except PsclusterError as exc:
             resize.post_result(ex.store, ex.name, ok=False, message=exc.message)
@@ -94,6 +99,7 @@ class Resizer:
         old, new = ex.plan, request.plan
         diff = resize.diff_plans(old, new)
         resize.check_resize(old, new, diff, job_live=True)
+        ex.secrets = request.secrets_for(ex.secrets)     # the new plan's scope, keyed by its host names
         early = resize.early_servers(old, new, diff, unreachable)
         if early:      # while the job still trains: their import stays out of the pause
             resize.start_early(ex.writer, ex.pool, ex.reporter, new, early, ex.secrets, root=ex.root,
@@ -360,8 +366,12 @@ class Resizer:
             return False
         fewer = counts.get(host, 0) if task is None else 1
         dropped_left = {h: 0 for h in self.dropped}
-        new = resize.replan(ex.plan, port_base=ex.state.port_base, limit=ex.state.limit,
-                            counts={**counts, **dropped_left, host: counts.get(host, 0) - fewer}, pool=None)
+        try:
+            new = resize.replan(ex.plan, port_base=ex.state.port_base, limit=ex.state.limit,
+                                counts={**counts, **dropped_left, host: counts.get(host, 0) - fewer}, pool=None)
+        except PsclusterError as exc:          # the inventory is gone or changed: no re-plan from it
+            ex.reporter.emit("message", level="warning", text=f"cannot go on without {task or host}: {exc.message}")
+            return False
         if task is None:
             self.dropped[host] = HostLink(ex.plan.host(host), ex.pool, clock=ex.clock)
             self.dropped[host].set_targets([], [])
@@ -407,7 +417,11 @@ class Resizer:
     def follow_discovery(self, ex: JobExecutor[Any], wanted: dict[str, int | None]) -> None:
         """Grow or shrink to the discovery command's host list (hosts of the inventory's worker group)."""
         from ..inventory import load_inventory
-        inventory_workers = load_inventory(ex.plan.inventory_path).hosts_of("worker")
+        try:
+            inventory_workers = load_inventory(resize.pinned_inventory(ex.plan)).hosts_of("worker")
+        except PsclusterError as exc:
+            ex.reporter.emit("message", level="warning", text=f"--hosts-from: {exc.message.splitlines()[0]}")
+            return
         unknown = sorted(set(wanted) - set(inventory_workers))
         if unknown:
             ex.reporter.emit("message", level="warning",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import os
+import posixpath
 import queue
 import threading
 import uuid
@@ -108,14 +109,25 @@ class Transport(abc.ABC):
     def stream(self, argv: Sequence[str], *, stdin: bytes | None = None) -> Stream:
         """Start ``argv`` and return its output as a :class:`Stream` (stdin is sent, then closed)."""
 
-    @abc.abstractmethod
-    def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
-        """Copy local files to remote paths atomically (write a temporary, then rename).
+    def put_files(self, files: Sequence[tuple[str, str]], *, root: str, mode: int | None = None) -> None:
+        """Copy local files to remote paths below ``root`` atomically (write a temporary, then rename).
 
         Temporary names are unique per writer (hosts sharing a filesystem may write the same
         file at once); without ``mode`` a file gets 0755 if executable here, else 0644, not
         this machine's other permission bits (a private umask must not hide code from a task user).
+        A local symlink is followed: its content travels, in every transport.
+
+        Raises:
+            HostError: a remote path that is not below ``root`` once normalized (``root/../x``),
+                naming it; nothing is copied then.
         """
+        for _, remote in files:
+            inside(self.host.name, root, remote)
+        self._put_files(files, mode=mode)
+
+    @abc.abstractmethod
+    def _put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
+        """:meth:`put_files` once its destinations are checked."""
 
     def tunnel(self, address: str, port: int) -> str | None:
         """A local ``host:port`` that reaches ``address:port`` as this host sees it, when the
@@ -147,6 +159,19 @@ class Transport(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.host.name})"
+
+
+def inside(host: str, root: str, remote: str) -> str:
+    """``remote`` normalized, if it lies below ``root`` (both as the host spells them, ``~`` too).
+
+    Raises:
+        HostError: naming the file, when it would be written elsewhere.
+    """
+    base, path = posixpath.normpath(root), posixpath.normpath(remote)
+    if not root or base in ("/", ".") or not path.startswith(base.rstrip("/") + "/") or "\0" in remote:
+        raise HostError(host, f"refusing to copy to {remote!r}: not below the workdir {root!r}",
+                        hint="a file name that leads out of the workdir (../, an absolute path) is never written")
+    return path
 
 
 def file_mode(local: str) -> int:

@@ -1,7 +1,8 @@
 """Transport for ``ansible_connection: docker`` hosts: commands run through ``docker exec -i``.
 
 As Ansible's ``community.docker.docker`` connection plugin: ``ansible_host`` names the container
-(default: the inventory host name), ``ansible_user`` the user inside it (``docker exec --user``),
+(default: the inventory host name), ``ansible_user`` the user inside it (``docker exec --user``;
+default ``pscluster``, the node image's user, never the image's root unless asked for),
 ``ansible_docker_extra_args`` extra arguments for the docker client itself (``-H tcp://...``,
 ``--context``...), placed before ``exec``. No sshd is needed in the container.
 
@@ -224,17 +225,19 @@ class DockerTransport(LocalTransport):   # its subprocess stream serves; run and
 
         return Stream(lambda: pipe_out.read1(65536), close)
 
-    def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
+    def _put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
         if not files:
             return
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             for local, remote in files:
-                info = tar.gettarinfo(local, arcname=remote)
-                info.mode = mode if mode is not None else file_mode(local)
-                info.uid = info.gid = 0
-                info.uname = info.gname = ""
                 with open(local, "rb") as handle:
+                    # From the open file (fstat), not the name: a symlink travels as its content,
+                    # as SFTP put and the local copy send it, never as a link (issue 42, M2).
+                    info = tar.gettarinfo(arcname=remote, fileobj=handle)
+                    info.mode = mode if mode is not None else file_mode(local)
+                    info.uid = info.gid = 0
+                    info.uname = info.gname = ""
                     tar.addfile(info, handle)
         self.run([self.host.python, "-I", "-S", "-c", _UNTAR], stdin=buffer.getvalue(),
                  timeout=max(60.0, len(buffer.getvalue()) / 5e6)).check(f"copy {len(files)} file(s)")

@@ -59,7 +59,7 @@ class LocalTransport(Transport):
     def forward(self, address: str, port: int, *, local_port: int = 0) -> str | None:
         return None     # this machine: connect directly
 
-    def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
+    def _put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
         for local, remote in files:
             target = os.path.expanduser(remote)
             os.makedirs(os.path.dirname(target) or ".", exist_ok=True)

@@ -152,7 +152,7 @@ class SlurmTransport(LocalTransport):   # reuses its subprocess stream; run and 
         # (a single SIGINT would not: srun asks for a second one).
         return super().stream(self._srun() + list(argv), stdin=stdin)
 
-    def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
+    def _put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
         for local, remote in files:
             with open(local, "rb") as handle:
                 data = handle.read()

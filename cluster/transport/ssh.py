@@ -173,11 +173,10 @@ class _Tunnel(threading.Thread):
             self.folder = tempfile.mkdtemp(prefix="pscluster-tunnel-")      # 0700
             path = os.path.join(self.folder, "s")
             self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            old = os.umask(0o177)
-            try:
-                self.listener.bind(path)
-            finally:
-                os.umask(old)
+            # No umask around bind: it is process-wide, and two tunnels opening at once left the
+            # whole process at 0177 (issue 42, L6). The folder is 0700, so the socket is nobody
+            # else's to reach between bind and chmod.
+            self.listener.bind(path)
             os.chmod(path, 0o600)
             self.listener.listen(64)
             self.port = 0
@@ -479,7 +478,7 @@ class SSHTransport(Transport):
                 tunnel.start()
         return tunnel.address
 
-    def put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
+    def _put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
         self.connect()
         with self._sftp_lock:
             try:

@@ -20,8 +20,11 @@ test.
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import os
 import socket
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -159,8 +162,9 @@ def mixed(split: str, env: Mapping[str, str] | None = None,
     training process's start on a 2-core host (a sync resize restarts every worker); reading
     the kept, mixed .npy files takes a few milliseconds. The source is still located and its
     SHA-256 checked every time (8 ms); the copy is named after that checksum and the
-    permutation, and anything wrong with it (missing, truncated, another shape) means
-    decompressing again and keeping a new one.
+    permutation, and anything wrong with it (missing, truncated, another SHA-256 than the
+    one kept beside it, a folder others can write) means decompressing again and keeping a
+    new one.
     """
     source = locate_local(env, home)
     folder = kept_folder(env, home)
@@ -197,32 +201,88 @@ def kept_folder(env: Mapping[str, str] | None = None, home: Path | None = None) 
     return base / "pscluster" / f"mnist-{MNIST_SHA256[:16]}-mixed-{PERMUTATION_SEED}"
 
 
+# The kept copy is trusted only as far as its folders are (issue 42, L4): ``pscluster/`` and the
+# copy's folder are made 0700 and must be real folders of this user that nobody else can write;
+# each file is written O_EXCL|O_NOFOLLOW (a predictable ``.partial`` name used to follow a planted
+# link) and read back only when its SHA-256 matches the one kept beside it (``SPLIT.sha256``,
+# written last), not merely its dtype and shape.
+_OPEN_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _private_folder(folder: Path, *, create: bool) -> bool:
+    """Whether ``folder`` (and its parent, ``pscluster/``) is a real folder of this user that
+    nobody else can write (made 0700 where ``create``; this user's looser one is tightened)."""
+    for each, parents in ((folder.parent, True), (folder, False)):
+        if create:
+            try:
+                each.mkdir(mode=0o700, parents=parents)
+            except FileExistsError:
+                pass
+        try:
+            info = os.lstat(each)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            return False
+        if stat.S_IMODE(info.st_mode) & 0o077:
+            if not create or stat.S_IMODE(info.st_mode) & 0o022:
+                return False                  # group/other could have written there: never trusted
+            os.chmod(each, 0o700)
+    return True
+
+
+def _read_private(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read()
+
+
 def read_kept(folder: Path, split: str) -> dict[str, np.ndarray] | None:
-    """The kept copy of ``split``, or None if it is missing or not what :func:`keep` writes."""
+    """The kept copy of ``split``, or None if it is missing, not what :func:`keep` wrote (its
+    SHA-256), or in a folder that is not this user's alone."""
+    if not _private_folder(folder, create=False):
+        return None
     try:
-        x = np.load(folder / f"{split}-x.npy", allow_pickle=False)
-        y = np.load(folder / f"{split}-y.npy", allow_pickle=False)
+        digests = json.loads(_read_private(folder / f"{split}.sha256"))
+        arrays = {}
+        for name in ("x", "y"):
+            raw = _read_private(folder / f"{split}-{name}.npy")
+            if not isinstance(digests, dict) or hashlib.sha256(raw).hexdigest() != digests.get(name):
+                return None
+            arrays[name] = np.load(io.BytesIO(raw), allow_pickle=False)
     except (OSError, ValueError):
         return None
+    x, y = arrays["x"], arrays["y"]
     if x.dtype != np.uint8 or y.dtype != np.uint8 or x.shape[1:] != (28, 28) or y.shape != x.shape[:1]:
         return None
     return {"x": x, "y": y}
 
 
 def keep(folder: Path, split: str, arrays: Mapping[str, np.ndarray]) -> None:
-    """Writes the copy; best effort (a read-only home only means decompressing each time).
-    Each file is written under a name of its own and renamed into place, so hosts that share
-    a home over NFS, or workers starting together, never read a half-written file."""
+    """Writes the copy; best effort (a read-only home, or a folder that is not this user's
+    alone, only means decompressing each time). Each file is written under a name of its own
+    and renamed into place, so hosts that share a home over NFS, or workers starting
+    together, never read a half-written file; the checksums go last."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        if not _private_folder(folder, create=True):
+            return
+        digests = {}
         for name in ("y", "x"):
-            final = folder / f"{split}-{name}.npy"
-            partial = folder / f".{split}-{name}.{socket.gethostname()}.{os.getpid()}.partial"
-            try:
-                with open(partial, "wb") as handle:
-                    np.save(handle, arrays[name], allow_pickle=False)
-                os.replace(partial, final)
-            finally:
-                partial.unlink(missing_ok=True)
+            buffer = io.BytesIO()
+            np.save(buffer, arrays[name], allow_pickle=False)
+            digests[name] = hashlib.sha256(buffer.getvalue()).hexdigest()
+            _write_new(folder / f"{split}-{name}.npy", buffer.getvalue())
+        _write_new(folder / f"{split}.sha256", json.dumps(digests).encode())
     except OSError:
         return
+
+
+def _write_new(final: Path, data: bytes) -> None:
+    partial = final.parent / f".{final.name}.{socket.gethostname()}.{os.getpid()}.{os.urandom(4).hex()}.partial"
+    fd = os.open(partial, _OPEN_NEW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(partial, final)
+    finally:
+        partial.unlink(missing_ok=True)

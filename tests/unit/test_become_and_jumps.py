@@ -37,7 +37,7 @@ class Recorder(Transport):
         self.calls.append((tuple(argv), stdin or b""))
         return None
 
-    def put_files(self, files, *, mode=None):
+    def _put_files(self, files, *, mode=None):
         raise AssertionError("no files here")
 
 

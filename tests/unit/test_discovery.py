@@ -174,3 +174,25 @@ def test_a_hosts_from_that_cannot_run_is_refused_before_anything_starts(tmp_path
     assert run(["train", "distributed_mnist", "--hosts-from", value], env=env) == 2
     assert shown in " ".join((capsys.readouterr().err + err.getvalue()).split())
     assert not list(tmp_path.iterdir())         # no cluster state written
+
+
+def test_a_command_that_exited_0_leaves_no_background_child(tmp_path):
+    """Issue 42, L8: `sh -c 'sleep 123 & echo h1'` exited 0 and left its `sleep`, one per poll."""
+    reporter = RecordingReporter()
+    discovery = Discovery(script(tmp_path, "sleep 123 &\necho $! > " + str(tmp_path / "child") + "\necho h1\n"),
+                          every=10)
+    discovery.poll(0.0, reporter)
+    assert discovery.proc is not None
+    group = discovery.proc.pid
+    try:
+        assert until_ended(discovery, reporter, 0.0) == {"h1": None}
+        child = int((tmp_path / "child").read_text())
+        deadline = time.monotonic() + 10           # SIGKILL lands asynchronously
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not alive(child)
+    finally:
+        try:
+            os.killpg(group, 9)                    # without the fix: the sleep this test started
+        except ProcessLookupError:
+            pass

@@ -331,3 +331,10 @@ def test_docker_inventory_plan(inventory):
     assert {task.argv[0] for task in plan.tasks} == {"/opt/pscluster/venv/bin/python"}
     assert {task.workdir for task in plan.tasks} == {"/opt/pscluster/work"}
     assert dict(plan.tasks[0].env)["OMP_NUM_THREADS"] == "1"
+
+
+def test_the_images_workdir_is_roots_0755_and_its_run_root_the_task_users(dockerfile):
+    """Issue 42, L3 (and L2, which refuses a workdir others can write): it was root:pscluster 1775."""
+    runs = " && ".join(rest for keyword, rest in dockerfile if keyword == "RUN")
+    assert "chmod 0755 ." in runs and "chown root:root ." in runs and "1775" not in runs
+    assert "install -d -m 0700 -o pscluster -g pscluster .pscluster" in runs

@@ -206,3 +206,12 @@ def test_a_container_answers_the_docker_check_not_ssh(tmp_path, write_inventory,
     host = docker_host(write_inventory, monkeypatch, None)
     assert reach_check(host) == "docker"
     assert reach_check(dataclasses.replace(host, connection="ssh")) == "ssh"
+
+
+@pytest.mark.parametrize("user_line, user", [("", "pscluster"), ("    ansible_user: root\n", "root")])
+def test_a_container_without_ansible_user_runs_as_the_images_pscluster_user(write_inventory, user_line, user):
+    """Issue 42, L10: without ansible_user, docker exec ran the TF servers as root, silently."""
+    text = INVENTORY.format(connection="docker").replace("    ansible_user: pscluster\n", user_line)
+    plan = plan_cluster(load_inventory(write_inventory(text)),
+                        PlanOptions(local_python=sys.executable, local_workdir="/tmp", mode="async"))
+    assert {host.user for host in plan.hosts} == {user}

@@ -138,7 +138,7 @@ class FakeHost(Transport):
     def stream(self, argv, *, stdin=None):
         raise AssertionError("no streams here")
 
-    def put_files(self, files, *, mode=None):
+    def _put_files(self, files, *, mode=None):
         raise AssertionError("no files here")
 
 

@@ -62,3 +62,47 @@ def test_a_workdir_or_run_folder_of_another_user_is_refused(tmp_path):
     os.chown(work / ".pscluster", 54321, 54321)
     result, _ = start(work)
     assert "belongs to uid 54321" in result["error"] and ".pscluster" in result["error"]
+
+
+@pytest.mark.parametrize("bits", [0o1777, 0o777, 0o775])
+def test_a_workdir_others_can_write_is_refused_sticky_or_not(tmp_path, bits):
+    """Issue 42, L2: a root-owned world-writable workdir (/tmp, /scratch, /dev/shm) was accepted;
+    anyone there could create roles/ or .pscluster first and own what pscluster wrote into it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    os.chmod(work, bits)
+    result, _ = start(work)
+    assert f"is writable by group or others (mode {bits:04o})" in result["error"]
+    facts = hostctl.op_facts({"ports": [], "gpus": False, "workdir": str(work)})
+    assert facts["workdir_error"] is None and "writable by group or others" in facts["workdir_unsafe"]
+    os.chmod(work, 0o755)
+    assert "error" not in start(work)[0]
+    assert hostctl.op_facts({"ports": [], "gpus": False, "workdir": str(work)})["workdir_unsafe"] is None
+
+
+def test_a_roles_task_does_not_import_what_lies_in_the_workdir(tmp_path):
+    """Issue 42, L3: `python -m roles.X` put the workdir first on sys.path, so a json.py a `run`
+    program left there shadowed the standard library in pscluster's own servers and trainers."""
+    import json
+    import sys
+    import time
+    work = tmp_path / "work"
+    (work / "roles").mkdir(parents=True)
+    (work / "roles" / "__init__.py").write_text("")
+    report = tmp_path / "report.json"
+    (work / "roles" / "show.py").write_text(
+        "import json, sys, roles\n"
+        f"open({str(report)!r}, 'w').write(json.dumps({{'json': json.__file__, 'roles': roles.__file__}}))\n")
+    (work / "json.py").write_text("raise SystemExit('the workdir shadowed the standard library')\n")
+    log = os.path.join(str(work), ".pscluster", "c1", "worker-0.log")
+    result = _call(hostctl.op_start, {"argv": [sys.executable, "-m", "roles.show"], "env": {}, "cwd": str(work),
+                                      "log": log, "token": "t1", "inherit_env": True})
+    assert "error" not in result, result
+    deadline = time.monotonic() + 30
+    while not os.path.exists(log + ".exit") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert report.exists(), open(log).read()
+    seen = json.loads(report.read_text())
+    assert not seen["json"].startswith(str(work) + os.sep)
+    assert os.path.realpath(seen["roles"]) == str((work / "roles" / "__init__.py").resolve())
+    assert os.readlink(work / ".pscluster" / "path" / "roles") == os.path.join("..", "..", "roles")

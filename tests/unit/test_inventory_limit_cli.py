@@ -125,3 +125,22 @@ def test_run_dry_run_shows_each_task_and_starts_nothing(tmp_path, recorder, writ
     assert rows["worker:1"]["env"]["WANDB_API_KEY"] == "****"
     assert document["warnings"] == ["worker:0 and worker:1 get the same command line; did you mean {task_index}?"]
     assert recorder == [] and not (tmp_path / "state").exists()      # nothing started, no state written
+
+
+def test_run_dry_run_lists_the_files_it_would_copy_and_their_total(tmp_path, write_inventory):
+    """Issue 42, M1: what travels is visible before anything does."""
+    write_inventory("""
+        all:
+          children:
+            worker: {hosts: {localhost: {ansible_connection: local}}}
+    """)
+    (tmp_path / "main.py").write_text("print(1)\n")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "a.txt").write_text("abc")
+    cli = Captured(tmp_path / "state")
+    assert cli.run("run", "lab.yaml", "--dry-run", "--json", "--", "python", "main.py") == 0, cli.stderr.getvalue()
+    document = json.loads(cli.stdout.getvalue())
+    size = (tmp_path / "lab.yaml").stat().st_size
+    assert sorted(document["files"], key=lambda f: f["path"]) == [
+        {"path": "conf/a.txt", "size": 3}, {"path": "lab.yaml", "size": size}, {"path": "main.py", "size": 9}]
+    assert document["files_size"] == 12 + size

@@ -246,7 +246,7 @@ def test_mixed_splits_are_kept_and_reused(data, tmp_path, monkeypatch):
     first = data.mixed("test", env, tmp_path / "home")
     folder = data.kept_folder(env, tmp_path / "home")
     assert folder.parent == tmp_path / "cache" / "pscluster"
-    assert sorted(p.name for p in folder.iterdir()) == ["test-x.npy", "test-y.npy"]   # no partials left
+    assert sorted(p.name for p in folder.iterdir()) == ["test-x.npy", "test-y.npy", "test.sha256"]   # no partials
 
     # A process that starts later reads the kept copy: no decompression at all.
     def no_decompressing(*args, **kwargs):
@@ -268,6 +268,35 @@ def test_mixed_splits_are_kept_and_reused(data, tmp_path, monkeypatch):
     other = fake_npz(tmp_path / "other.npz", 5)
     with pytest.raises(data.MnistDataError, match="SHA-256"):
         data.mixed("test", {**env, "PSCLUSTER_DATA": str(other)}, tmp_path / "home")
+
+
+def test_the_kept_copy_is_private_checksummed_and_never_written_through_a_link(data, tmp_path):
+    """Issue 42, L4: the copy was checked for dtype and shape only, its folders made with the
+    umask's bits, and its predictable .partial names followed planted symlinks."""
+    import os
+    import stat
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    first = data.mixed("test", env, tmp_path / "home")
+    folder = data.kept_folder(env, tmp_path / "home")
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (folder, folder.parent)} == {0o700}
+    # Same dtype and shape, other digits: the checksum tells.
+    swapped = first["x"].copy()
+    swapped[0] = 255 - swapped[0]
+    np.save(folder / "test-x.npy", swapped, allow_pickle=False)
+    assert data.read_kept(folder, "test") is None
+    # A folder others can write is not read (nor written): they may have put the copy there.
+    data.keep(folder, "test", first)
+    assert data.read_kept(folder, "test") is not None
+    os.chmod(folder, 0o777)
+    assert data.read_kept(folder, "test") is None
+    os.chmod(folder, 0o700)
+    # A link planted under a partial's name is not followed (O_EXCL|O_NOFOLLOW).
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    import socket
+    (folder / f".train-y.{socket.gethostname()}.{os.getpid()}.partial").symlink_to(victim)    # the old name
+    data.keep(folder, "train", {"x": first["x"], "y": first["y"]})
+    assert victim.read_text() == "precious\n"
 
 
 def test_a_home_that_cannot_keep_copies_still_loads(data, tmp_path):

@@ -285,3 +285,17 @@ def test_bad_notify_options_are_usage_errors_with_masked_urls(tmp_path, capsys, 
     assert run(argv, env=env) == 2
     text = capsys.readouterr().err + err.getvalue()
     assert shown in " ".join(text.split()) and "hunter2" not in text
+
+
+def test_a_command_s_stderr_is_kept_as_a_bounded_tail():
+    """Issue 42, L9: all of a --notify-cmd's stderr was kept in memory (communicate)."""
+    import tracemalloc
+    noisy = "import sys; sys.stderr.write('x' * (1 << 20) * 16 + '\\nthe last line\\n'); sys.exit(4)"
+    tracemalloc.start()
+    try:
+        with pytest.raises(DeliveryError, match="exit code 4: the last line"):
+            run_command([sys.executable, "-c", noisy], b"", timeout=60)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"{peak / (1 << 20):.1f} MiB held for 16 MiB of stderr"

@@ -6,8 +6,25 @@ import pwd
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
-from cluster.transport.base import file_mode, temp_name
+import dataclasses
+import io
+import tarfile
+
+import pytest
+
+from cluster.errors import HostError
+from cluster.plan import HostSpec
+from cluster.transport.base import CommandResult, file_mode, temp_name
+from cluster.transport.docker import DockerTransport
+from cluster.transport.local import LocalTransport
+from cluster.transport.slurm import SlurmTransport
+from cluster.transport.ssh import SSHTransport
 from roles import hostctl
+
+HOST = HostSpec(name="node-b", address="10.1.1.2", connection="ssh", ssh_port=None, user=None, key_file=None,
+                python="/opt/venv/bin/python", workdir="~/pscluster", host_key_policy="reject", known_hosts=None,
+                connect_timeout=10.0)
+TRANSPORTS = [(LocalTransport, "local"), (SSHTransport, "ssh"), (DockerTransport, "docker"), (SlurmTransport, "slurm")]
 
 
 def test_fsid_is_one_id_per_folder_even_when_hosts_race(tmp_path):
@@ -60,3 +77,47 @@ all:
     assert shown.returncode == 0, shown.stderr
     assert "on gpu-1 as alice via bob@login.example.org:2202" in shown.stdout
     assert "on gpu-2  " in shown.stdout
+
+
+# ----------------------------------------------------------------------------- issue 42, M2: never outside the workdir
+
+@pytest.mark.parametrize("kind, connection", TRANSPORTS)
+@pytest.mark.parametrize("remote", ["{w}/../escaped.py", "/etc/escaped.py", "{w}/a/../../escaped.py", "{w}"])
+def test_every_transport_refuses_a_destination_outside_the_workdir(tmp_path, kind, connection, remote):
+    """The backstop under progfiles: whatever name reaches put_files, it writes only below the
+    workdir; the refusal names the file and nothing is copied (no connection is even opened)."""
+    workdir = tmp_path / "w"
+    source = tmp_path / "a.py"
+    source.write_text("x")
+    transport = kind(dataclasses.replace(HOST, connection=connection))
+    target = remote.format(w=workdir)
+    with pytest.raises(HostError) as caught:
+        transport.put_files([(str(source), target)], root=str(workdir))
+    assert repr(target) in caught.value.message and "not below the workdir" in caught.value.message
+    assert not (tmp_path / "escaped.py").exists()
+
+
+@pytest.mark.parametrize("rel", ["../x", "/etc/passwd", "a/../../x", ""])
+def test_hostctl_hashes_refuses_a_name_outside_the_workdir(tmp_path, rel):
+    with pytest.raises(ValueError, match="not below the workdir"):
+        hostctl.op_hashes({"root": str(tmp_path), "files": ["ok.py", rel]})
+    assert hostctl.op_hashes({"root": str(tmp_path), "files": ["a/./b.py"]})["hashes"] == {"a/./b.py": None}
+
+
+def test_a_symlink_travels_as_its_content_in_every_transport(tmp_path, monkeypatch):
+    """SFTP put and the local copy always followed links; the docker tar sent the link itself."""
+    real = tmp_path / "real.txt"
+    real.write_text("content")
+    link = tmp_path / "link.txt"
+    link.symlink_to(real)
+    LocalTransport(dataclasses.replace(HOST, connection="local")).put_files(
+        [(str(link), str(tmp_path / "w" / "l.txt"))], root=str(tmp_path / "w"))
+    assert not (tmp_path / "w" / "l.txt").is_symlink() and (tmp_path / "w" / "l.txt").read_text() == "content"
+    sent = []
+    docker = DockerTransport(dataclasses.replace(HOST, connection="docker"))
+    monkeypatch.setattr(docker, "run", lambda argv, stdin=None, timeout=60.0: sent.append(stdin) or
+                        CommandResult(docker.host.name, (), 0, "", ""))
+    docker.put_files([(str(link), "/w/l.txt")], root="/w")
+    member = tarfile.open(fileobj=io.BytesIO(sent[0])).getmembers()[0]
+    assert member.isreg() and member.size == len("content")
+

@@ -296,3 +296,19 @@ def test_tensorflow_versions_that_differ_are_a_warning_where_optional(lab):
     assert (required.host, required.ok, required.warning) == ("node-b", False, False)
     assert (optional.host, optional.ok, optional.warning) == ("node-b", True, True)
     assert optional.detail.startswith(required.detail)
+
+
+def test_tasks_that_would_run_as_root_are_warned_on_any_transport(lab):
+    """Issue 42, L10: a TF server runs any graph it is sent; as root, that is root on the host."""
+    results = check_host(lab, lab.host("node-a"), facts("node-a", uid=0), 0.1)
+    assert failed(results) == []
+    user = by_check(results)["user"]
+    assert user.ok and user.warning and "tasks run as root (uid 0)" in user.detail and "ansible_user" in user.hint
+    assert "user" not in by_check(check_host(lab, lab.host("node-a"), facts("node-a"), 0.1))
+
+
+def test_a_workdir_others_can_write_fails_preflight(lab):
+    """Issue 42, L2."""
+    unsafe = "the workdir /tmp is writable by group or others (mode 1777): anyone there can replace the code the tasks run"
+    workdir = by_check(check_host(lab, lab.host("node-a"), facts("node-a", workdir_unsafe=unsafe), 0.1))["workdir"]
+    assert not workdir.ok and workdir.detail == f"refused: {unsafe}" and "pscluster_workdir" in workdir.hint

@@ -15,7 +15,7 @@ from cluster.errors import UsageError
 from cluster.program.ignorerules import IgnoreRules, parse_rules
 from cluster.program.importscan import scan_program
 from cluster.plan import HostSpec
-from cluster.program.progfiles import MIB, program_files
+from cluster.program.progfiles import MIB, check_relative, program_files
 from cluster.supervision.program_job import program_problems
 from cluster.program.runspec import Workspace, check_sync_paths, local_files, program_folder
 from cluster.transport.local import LocalTransport
@@ -114,6 +114,90 @@ def test_past_the_size_cap_run_stops_naming_the_folder_the_cap_and_the_largest_f
     (cwd / ".psclusterignore").write_text("datasets/\n")
     assert sorted(e.rel for e in program_files(cwd, [], ".", [], limit_mib=2).entries) == [
         ".psclusterignore", "main.py", "notes.txt"]
+
+
+# ----------------------------------------------------------------------------- what never travels (issue 42, M1)
+
+HOME_FILES = {"main.py": "\n", "id_utils.py": "\n", ".ssh/id_ed25519": "key", ".ssh/config": "x",
+              ".aws/credentials": "k", ".azure/a": "k", ".kube/config": "k", ".docker/config.json": "k",
+              ".gnupg/x": "k", ".netrc": "m", ".config/gcloud/creds.json": "k", ".config/app.toml": "ok",
+              "certs/server.pem": "k", "keys/id_rsa": "k", "keys/id_rsa.pub": "k",
+              ".local/state/pscluster/demo.json": "{}"}
+
+
+def test_a_script_in_the_home_folder_does_not_take_the_home_folder_along(tmp_path):
+    home = write(tmp_path / "home", HOME_FILES)
+    space = Workspace(cwd=home, root=tmp_path / "checkout", home=home, state_dir=home / ".local/state/pscluster")
+    with pytest.raises(UsageError) as caught:
+        local_files(["python", "main.py"], [], space)
+    assert caught.value.exit_code == 2
+    assert "holds .ssh" in caught.value.message and "--sync ." in caught.value.hint
+    for marker in (".ssh", ".gnupg", ".aws"):                # $HOME itself is refused without a marker
+        (home / marker).rename(tmp_path / marker)
+    with pytest.raises(UsageError, match="your home folder"):
+        local_files(["python", "main.py"], [], space)
+
+
+def test_credentials_and_the_state_never_travel_unless_named_one_by_one(tmp_path):
+    home = write(tmp_path / "home", HOME_FILES)
+    space = Workspace(cwd=home, root=tmp_path / "checkout", home=home, state_dir=home / ".local/state/pscluster")
+    files = sorted(f.rel for f in local_files(["python", "main.py"], ["."], space))
+    assert files == [".config/app.toml", "id_utils.py", "main.py"]
+    named = sorted(f.rel for f in local_files(["python", "main.py", ".ssh/config"], [".", "certs/server.pem"], space))
+    assert named == [".config/app.toml", ".ssh/config", "certs/server.pem", "id_utils.py", "main.py"]
+    with pytest.raises(UsageError, match="--sync .aws: a folder of credentials"):
+        local_files(["python", "main.py"], [".", ".aws"], space)
+
+
+def test_a_private_file_stays_private_on_the_hosts(tmp_path):
+    cwd = write(tmp_path / "proj", {"main.py": "\n", "token.txt": "t", "run.sh": "#!/bin/sh\n"})
+    (cwd / "token.txt").chmod(0o600)
+    (cwd / "run.sh").chmod(0o700)
+    (cwd / "main.py").chmod(0o644)
+    modes = {f.rel: f.mode for f in local_files(["python", "main.py"], [], Workspace(cwd=cwd, root=tmp_path / "co"))}
+    assert modes == {"main.py": None, "run.sh": 0o700, "token.txt": 0o600}
+    target = tmp_path / "host" / "token.txt"
+    LocalTransport(HOST).put_files([(str(cwd / "token.txt"), str(target))], root=str(target.parent),
+                                   mode=modes["token.txt"])
+    assert target.stat().st_mode & 0o777 == 0o600
+
+
+def test_git_info_exclude_and_core_excludesfile_leave_files_home_as_git_does(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    cwd = write(tmp_path / "repo", {"main.py": "\n", "secret.txt": "s", "a.key": "k", "b.local": "l",
+                                    "keep.txt": "\n", ".gitignore": "!b.local\n"})
+    (cwd / ".git" / "info").mkdir(parents=True)
+    (cwd / ".git" / "info" / "exclude").write_text("secret.txt\n*.local\n")
+    write(tmp_path / "xdg", {"git/ignore": "*.key\n"})
+    space = Workspace(cwd=cwd, root=tmp_path / "checkout")
+    files = sorted(f.rel for f in local_files(["python", "main.py"], [], space))
+    assert files == [".gitignore", "b.local", "keep.txt", "main.py"]    # .gitignore's "!" beats info/exclude
+    (tmp_path / "gitconfig").write_text(f"[core]\n\texcludesFile = {tmp_path / 'global-ignore'}\n")
+    (tmp_path / "global-ignore").write_text("keep.txt\n")
+    files = sorted(f.rel for f in local_files(["python", "main.py"], [], space))
+    assert files == [".gitignore", "a.key", "b.local", "main.py"]
+
+
+# ----------------------------------------------------------------------------- symlinked folders (issue 42, M2)
+
+def test_a_symlinked_folder_travels_under_its_own_name_not_where_it_leads(tmp_path):
+    write(tmp_path / "datasets" / "mnist", {"train.npz": b"1", "sub/test.npz": b"2"})
+    write(tmp_path / "code" / "app", {"main.py": "\n", "helper.py": "\n"})
+    cwd = write(tmp_path / "home" / "proj", {"run.py": "\n"})
+    (cwd / "data").symlink_to(tmp_path / "datasets" / "mnist")
+    (cwd / "app").symlink_to(tmp_path / "code" / "app")
+    space = Workspace(cwd=cwd, root=tmp_path / "checkout")
+    assert sorted(f.rel for f in local_files(["python", "run.py"], ["data"], space)) == [
+        "data/sub/test.npz", "data/train.npz", "run.py"]                   # were ../../datasets/mnist/...
+    assert sorted(f.rel for f in local_files(["python", "app/main.py"], [], space)) == ["app/helper.py", "app/main.py"]
+
+
+@pytest.mark.parametrize("rel", ["../x.py", "/etc/passwd", "a/../../x.py", ".."])
+def test_a_name_that_leaves_the_current_directory_is_refused_naming_it(rel):
+    with pytest.raises(UsageError) as caught:
+        check_relative(rel)
+    assert repr(rel) in caught.value.message and caught.value.exit_code == 2
 
 
 # ----------------------------------------------------------------------------- the import scan

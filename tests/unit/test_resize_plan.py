@@ -2,6 +2,7 @@
 refused before anything changes; one scale at a time."""
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from cluster.errors import PlanError, UsageError
 from cluster.plan import plan_cluster
 from cluster.lifecycle.resize import (ResizeRequest, can_overlap, check_resize, diff_plans, early_servers, in_place, membership,
-                            parse_host_list, plan_changes_for, resize_lock, with_workers)
+                            parse_host_list, pin_inventory, plan_changes_for, replan, resize_lock, with_workers)
 from cluster.supervision.core import drop_out
 from cluster.state import StateStore
 
@@ -139,6 +140,37 @@ def test_a_request_survives_its_round_trip(write_inventory):
     assert ResizeRequest.from_json(request.to_json()) == request
 
 
+# ----------------------------------------------------------------------------- issue 42, M3: the inventory a re-plan reads
+
+def test_a_re_plan_reads_the_inventory_up_recorded_from_any_directory(write_inventory, tmp_path, monkeypatch):
+    pinned = pin_inventory(lab(write_inventory, "h1", "h2", "h3"))
+    assert pinned.inventory_path == str((tmp_path / "lab.yaml").resolve()) and len(pinned.inventory_sha256 or "") == 64
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "lab.yaml").write_text("all: {children: {worker: {hosts: {other: }}}}\n")   # a lab.yaml of its own
+    monkeypatch.chdir(elsewhere)
+    new = replan(pinned, port_base=None, limit=None, counts={"h3": 0}, pool=None)
+    assert [t.host for t in new.tasks_of("worker")] == ["h1", "h2"]
+    assert new.inventory_sha256 == pinned.inventory_sha256
+    assert ResizeRequest.from_json(ResizeRequest(new).to_json()).plan == new      # the pin travels with the plan
+
+
+@pytest.mark.parametrize("tamper, words", [
+    (lambda path: path.write_text(path.read_text() + "\n# edited\n"), "changed since 'up'/'scale'"),
+    (lambda path: path.unlink(), "is gone or unreadable"),
+    (lambda path: os.chown(path, 4321, -1), "now belongs to uid 4321"),
+    (lambda path: (path.parent / "group_vars").mkdir() or (path.parent / "group_vars" / "all.yml").write_text(
+        "pscluster_port_base: 3000\n"), "changed since"),
+])
+def test_a_re_plan_refuses_an_inventory_gone_changed_or_of_another_owner(write_inventory, tmp_path, tamper, words):
+    pinned = pin_inventory(lab(write_inventory, "h1", "h2", "h3"))
+    tamper(tmp_path / "lab.yaml")
+    with pytest.raises(UsageError) as caught:
+        replan(pinned, port_base=None, limit=None, counts={"h3": 0}, pool=None)
+    assert words in caught.value.message and pinned.inventory_path in caught.value.message
+    assert "pscluster scale" in caught.value.hint
+
+
 # ----------------------------------------------------------------------------- elastic: the pure decisions
 
 @pytest.mark.parametrize("workers, host, others, task, min_workers, drop, left", [
@@ -189,6 +221,7 @@ def test_with_workers_cuts_a_gpu_list_and_refuses_more_than_it_holds(write_inven
     ("h1\nh2:2\n", {"h1": None, "h2": 2}),
     ("# discovered\n\nh1  # first\n", {"h1": None}),
     ("", {}),
+    ("h1:64\nh2:0\n", {"h1": 64, "h2": 0}),
 ])
 def test_a_discovery_commands_host_list(text, hosts):
     assert parse_host_list(text, source="--hosts-from") == hosts
@@ -198,6 +231,13 @@ def test_a_discovery_commands_host_list(text, hosts):
 def test_a_bad_host_list_line_is_named(text):
     with pytest.raises(UsageError, match="line 1"):
         parse_host_list(text, source="--hosts-from")
+
+
+@pytest.mark.parametrize("count", ["65", "1024"])
+def test_a_host_list_count_has_the_inventorys_cap(count):
+    """Issue 42, L7: host:1024 passed, past worker_tasks' 1-64."""
+    with pytest.raises(UsageError, match=f"line 2: h2:{count}: at most 64 workers per host"):
+        parse_host_list(f"h1\nh2:{count}\n", source="--hosts-from")
 
 
 def test_new_servers_that_can_start_before_the_job_stops(write_inventory):
@@ -293,3 +333,28 @@ def test_gpus_rule_out_an_overlap_without_memory_growth(write_inventory):
     assert gpus_allow_overlap(growing, 2)
     assert not gpus_allow_overlap(replace(task, env=(("TF_FORCE_GPU_ALLOW_GROWTH", "false"),)), 1)
     assert not gpus_allow_overlap(task, None) and not gpus_allow_overlap(growing, None)     # unknown
+
+
+# ----------------------------------------------------------------------------- issue 42, L5: secrets after a resize
+
+def test_a_resize_gives_new_tasks_the_edited_inventorys_secret_scope(write_inventory):
+    from cluster.secrets import collect
+    from cluster.lifecycle.tasks import task_env
+    lab_text = LAB.replace("MODE", "async")
+    old = plan_text(write_inventory, lab_text.replace("WORKERS", "        h1: {pscluster_secret_env: [WANDB_API_KEY]}"),
+                    name="lab")
+    new = plan_text(write_inventory, lab_text.replace("WORKERS", "        h1: \n        h2: {ansible_host: 127.77.0.3, "
+                                                      "pscluster_secret_env: [WANDB_API_KEY]}"), name="lab")
+    held = collect(old, {"WANDB_API_KEY": "k"})                     # what `train` took at its start
+    assert held.names == {"h1": ("WANDB_API_KEY",)}
+    request = ResizeRequest.from_json(ResizeRequest(new, secret_names={"h2": ("WANDB_API_KEY",)},
+                                                    secret_roles={}).to_json())
+    scoped = request.secrets_for(held)
+    assert scoped is not None and scoped.names == {"h2": ("WANDB_API_KEY",)}
+    worker_h2 = next(t for t in new.tasks_of("worker") if t.host == "h2")
+    worker_h1 = next(t for t in new.tasks_of("worker") if t.host == "h1")
+    assert task_env(new, worker_h2, scoped, standing=False)["WANDB_API_KEY"] == "k"
+    assert "WANDB_API_KEY" not in task_env(new, worker_h1, scoped, standing=False)    # h1 no longer names it
+    with pytest.raises(UsageError, match="OTHER_KEY"):
+        ResizeRequest(new, secret_names={"h2": ("OTHER_KEY",)}).secrets_for(held)
+    assert ResizeRequest(new).secrets_for(held) == scoped                             # default: the plan's own scope
