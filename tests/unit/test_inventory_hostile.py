@@ -31,11 +31,11 @@ def load(tmp_path, content: str | bytes, name: str = "inv.yaml"):
 def refused(tmp_path, content: str | bytes, name: str = "inv.yaml", seconds: float = 20.0,
             mib: float = 64) -> InventoryError:
     tracemalloc.start()
-    started = time.perf_counter()
+    started = time.process_time()      # this process's CPU: other work on the machine is no failure
     try:
         with pytest.raises(InventoryError) as caught:
             load(tmp_path, content, name)
-        elapsed = time.perf_counter() - started
+        elapsed = time.process_time() - started
         peak = tracemalloc.get_traced_memory()[1] / 2**20
     finally:
         tracemalloc.stop()
@@ -73,10 +73,10 @@ def test_huge_file_is_refused_unread(tmp_path):
 
 
 def test_ten_thousand_hosts_load_fast(tmp_path):
-    started = time.perf_counter()
+    started = time.process_time()      # this process's CPU: other work on the machine is no failure
     inventory = load(tmp_path, WORKER + "        n[00000:09999]:\n")
     assert len(inventory.hosts) == 10_000 and inventory.hosts[-1].name == "n09999"
-    assert time.perf_counter() - started < 10
+    assert time.process_time() - started < 10
 
 
 @pytest.mark.parametrize("name", ["a\nflush ruleset", "a b", "a;b", "a'b", 'a"b', "a[0]b", "a{b}", "-a",

@@ -1,0 +1,85 @@
+"""Where the suite's time goes: per area and per file, from a pytest JUnit XML report.
+
+    python scripts/suite_times.py runs/suite.xml [--markdown] [--budget]
+
+``scripts/test.sh`` writes ``runs/suite.xml`` on every full run and calls this at the end, so
+each run prints its own table; docs/testing.md keeps the table of a clean-clone run with its
+budget per area. A test's time is its setup, call and teardown together (a module's shared
+cluster is paid by the test that first asks for it). Under pytest-xdist the areas overlap, so
+their sum is more than the wall time.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import xml.etree.ElementTree as ET
+
+# Minutes of test time (summed over workers) that each area may take; docs/testing.md explains.
+BUDGET_MINUTES = {"unit": 3.0, "local": 14.0, "lab": 9.0, "faults": 5.0, "slurm": 3.0, "docker": 5.0}
+
+
+def area_and_file(classname: str, file: str | None) -> tuple[str, str]:
+    """``tests.local.test_resize`` -> ("local", "tests/local/test_resize.py")."""
+    if file:
+        parts = file.split("/")
+        return (parts[1] if len(parts) > 2 else "?"), file
+    parts = classname.split(".")
+    path = "/".join(parts[:3]) + ".py" if len(parts) >= 3 else classname
+    return (parts[1] if len(parts) > 1 else "?"), path
+
+
+def read(path: str) -> tuple[dict[str, float], dict[str, float], dict[str, int], float]:
+    """Seconds per area, seconds per file, tests per area, and the report's own total time."""
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    areas: dict[str, float] = collections.defaultdict(float)
+    files: dict[str, float] = collections.defaultdict(float)
+    counts: dict[str, int] = collections.defaultdict(int)
+    for case in root.iter("testcase"):
+        area, file = area_and_file(case.get("classname", ""), case.get("file"))
+        seconds = float(case.get("time") or 0.0)
+        areas[area] += seconds
+        files[file] += seconds
+        counts[area] += 1
+    total = sum(float(s.get("time") or 0.0) for s in suites)
+    return areas, files, counts, total
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("report")
+    parser.add_argument("--markdown", action="store_true", help="markdown tables (for docs/testing.md)")
+    parser.add_argument("--files", type=int, default=15, help="how many of the slowest files to list")
+    args = parser.parse_args(argv)
+    try:
+        areas, files, counts, total = read(args.report)
+    except (OSError, ET.ParseError) as exc:
+        print(f"suite_times: cannot read {args.report}: {exc}", file=sys.stderr)
+        return 2
+    summed = sum(areas.values())
+    if args.markdown:
+        print("| area | tests | minutes | budget | share |\n|---|---|---|---|---|")
+        for area, seconds in sorted(areas.items(), key=lambda kv: -kv[1]):
+            budget = BUDGET_MINUTES.get(area)
+            print(f"| {area} | {counts[area]} | {seconds / 60:.1f} | {'' if budget is None else f'{budget:.0f}'} "
+                  f"| {100 * seconds / summed:.0f} % |")
+        print(f"| all | {sum(counts.values())} | {summed / 60:.1f} | {sum(BUDGET_MINUTES.values()):.0f} | |")
+        print("\n| file | minutes |\n|---|---|")
+        for file, seconds in sorted(files.items(), key=lambda kv: -kv[1])[:args.files]:
+            print(f"| {file} | {seconds / 60:.1f} |")
+        return 0
+    print(f"suite time by area (test minutes, summed over workers; wall time {total / 60:.1f} min):")
+    for area, seconds in sorted(areas.items(), key=lambda kv: -kv[1]):
+        budget = BUDGET_MINUTES.get(area)
+        over = "  OVER BUDGET" if budget is not None and seconds / 60 > budget else ""
+        shown = "" if budget is None else f" / {budget:.0f}"
+        print(f"  {area:8} {counts[area]:5d} tests  {seconds / 60:6.1f}{shown} min{over}")
+    print("slowest files:")
+    for file, seconds in sorted(files.items(), key=lambda kv: -kv[1])[:args.files]:
+        print(f"  {seconds / 60:6.1f} min  {file}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
