@@ -1,12 +1,13 @@
 """Where the suite's time goes: per area and per file, from a pytest JUnit XML report.
 
-    python scripts/suite_times.py runs/suite.xml [--markdown] [--budget]
+    python scripts/suite_times.py runs/suite-*.xml [--markdown] [--summary]
 
-``scripts/test.sh`` writes ``runs/suite.xml`` on every full run and calls this at the end, so
-each run prints its own table; docs/testing.md keeps the table of a clean-clone run with its
-budget per area. A test's time is its setup, call and teardown together (a module's shared
-cluster is paid by the test that first asks for it). Under pytest-xdist the areas overlap, so
-their sum is more than the wall time.
+``scripts/test.sh`` writes one report per lane (``runs/suite-local.xml``, ``runs/suite-hosts.xml``)
+on every full run and calls this at the end, so each run prints its own table; docs/testing.md
+keeps the table of a clean-clone run with its budget per area. A test's time is its setup, call
+and teardown together (a module's shared cluster is paid by the test that first asks for it).
+The lanes run at once, so the areas' sum is more than the wall time. ``--summary`` prints only
+the whole suite's count, as one line: ``suite: N passed, N failed, N skipped``.
 """
 from __future__ import annotations
 
@@ -29,34 +30,50 @@ def area_and_file(classname: str, file: str | None) -> tuple[str, str]:
     return (parts[1] if len(parts) > 1 else "?"), path
 
 
-def read(path: str) -> tuple[dict[str, float], dict[str, float], dict[str, int], float]:
-    """Seconds per area, seconds per file, tests per area, and the report's own total time."""
-    root = ET.parse(path).getroot()
-    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
-    areas: dict[str, float] = collections.defaultdict(float)
-    files: dict[str, float] = collections.defaultdict(float)
-    counts: dict[str, int] = collections.defaultdict(int)
-    for case in root.iter("testcase"):
-        area, file = area_and_file(case.get("classname", ""), case.get("file"))
-        seconds = float(case.get("time") or 0.0)
-        areas[area] += seconds
-        files[file] += seconds
-        counts[area] += 1
-    total = sum(float(s.get("time") or 0.0) for s in suites)
-    return areas, files, counts, total
+class Report:
+    """Seconds per area and per file, tests per area, outcomes, and the longest lane's time."""
+
+    def __init__(self) -> None:
+        self.areas: dict[str, float] = collections.defaultdict(float)
+        self.files: dict[str, float] = collections.defaultdict(float)
+        self.counts: dict[str, int] = collections.defaultdict(int)
+        self.outcomes: dict[str, int] = collections.defaultdict(int)
+        self.wall = 0.0
+
+    def add(self, path: str) -> None:
+        root = ET.parse(path).getroot()
+        suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+        for case in root.iter("testcase"):
+            area, file = area_and_file(case.get("classname", ""), case.get("file"))
+            seconds = float(case.get("time") or 0.0)
+            self.areas[area] += seconds
+            self.files[file] += seconds
+            self.counts[area] += 1
+            kinds = {child.tag for child in case}
+            self.outcomes["failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds
+                          else "passed"] += 1
+        self.wall = max(self.wall, sum(float(s.get("time") or 0.0) for s in suites))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("report")
+    parser.add_argument("reports", nargs="+", metavar="report")
     parser.add_argument("--markdown", action="store_true", help="markdown tables (for docs/testing.md)")
+    parser.add_argument("--summary", action="store_true", help="only the line 'suite: N passed, N failed, N skipped'")
     parser.add_argument("--files", type=int, default=15, help="how many of the slowest files to list")
     args = parser.parse_args(argv)
-    try:
-        areas, files, counts, total = read(args.report)
-    except (OSError, ET.ParseError) as exc:
-        print(f"suite_times: cannot read {args.report}: {exc}", file=sys.stderr)
-        return 2
+    report = Report()
+    for path in args.reports:
+        try:
+            report.add(path)
+        except (OSError, ET.ParseError) as exc:
+            print(f"suite_times: cannot read {path}: {exc}", file=sys.stderr)
+            return 2
+    if args.summary:
+        print(f"suite: {report.outcomes['passed']} passed, {report.outcomes['failed']} failed, "
+              f"{report.outcomes['skipped']} skipped")
+        return 0
+    areas, files, counts = report.areas, report.files, report.counts
     summed = sum(areas.values())
     if args.markdown:
         print("| area | tests | minutes | budget | share |\n|---|---|---|---|---|")
@@ -69,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         for file, seconds in sorted(files.items(), key=lambda kv: -kv[1])[:args.files]:
             print(f"| {file} | {seconds / 60:.1f} |")
         return 0
-    print(f"suite time by area (test minutes, summed over workers; wall time {total / 60:.1f} min):")
+    print(f"suite time by area (test minutes; the longest lane took {report.wall / 60:.1f} min):")
     for area, seconds in sorted(areas.items(), key=lambda kv: -kv[1]):
         budget = BUDGET_MINUTES.get(area)
         over = "  OVER BUDGET" if budget is not None and seconds / 60 > budget else ""

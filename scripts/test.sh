@@ -3,14 +3,16 @@
 #
 #   bash scripts/test.sh            the whole suite: unit, local (real TensorFlow processes), the SSH
 #                                   lab, faults, Slurm and Docker (the last four need root, else skip)
-#   bash scripts/test.sh --quick    ruff, mypy and the unit tests only (a few minutes): for development
-#   bash scripts/test.sh tests/unit -x    extra arguments go to pytest
+#   bash scripts/test.sh --quick    ruff, mypy and the unit tests only (about 2 minutes): for development
+#   bash scripts/test.sh tests/unit -x    given arguments, one pytest with them
 #
-# The suite runs on two pytest-xdist workers (PSCLUSTER_TEST_WORKERS, 0 for one process): the
-# local-cluster tests on one, the tests that build hosts (lab, faults, Slurm, Docker) on the other,
-# unit tests on whichever is free, so that at most two TensorFlow jobs share the machine's cores
-# (tests/conftest.py, docs/testing.md). Each full run writes runs/suite.xml and ends with the time
-# per area against its budget (scripts/suite_times.py).
+# The whole suite runs in two lanes at once (docs/testing.md): "local" (tests/local, then the unit
+# tests) and "hosts" (tests/lab, tests/faults, tests/slurm, tests/docker: everything that builds
+# hosts, which must not meet: dockerd's FORWARD policy and the labs' bridges are one machine's).
+# So at most two TensorFlow jobs share the machine's cores. PSCLUSTER_TEST_LANES=1 runs one
+# lane after the other. Each lane writes runs/suite-LANE.xml and runs/lane-LANE.log; the run
+# ends with both lanes' output, the minutes per area against the budget, and one line
+# "suite: N passed, N failed, N skipped".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
@@ -23,14 +25,40 @@ export PYTHONDONTWRITEBYTECODE=1
 # Lint and type-check first: seconds, not a run of the suite (configuration in pyproject.toml).
 .venv/bin/ruff check cluster roles tests testbed benchmarks examples scripts
 .venv/bin/mypy
-workers=${PSCLUSTER_TEST_WORKERS:-2}
-parallel=()
-[ "$workers" = 0 ] || parallel=(-n "$workers" --dist loadgroup)
 if [ "$quick" = 1 ]; then
-  exec .venv/bin/python -m pytest -q "${parallel[@]}" --durations=10 "${@:-tests/unit}"
+  exec .venv/bin/python -m pytest -q -n 2 --durations=10 "${@:-tests/unit}"
 fi
+if [ $# -gt 0 ]; then
+  exec .venv/bin/python -m pytest -q -rs --durations=40 "$@"
+fi
+
 mkdir -p runs
+rm -f runs/suite-*.xml runs/lane-*.log runs/lane-*.rc
+lane() {      # lane NAME INDEX TEST_PATHS...: one pytest, its output to runs/lane-NAME.log
+  local name=$1 index=$2
+  shift 2
+  set +e
+  PSCLUSTER_TEST_LANE=$index .venv/bin/python -m pytest -q -rs --durations=25 \
+    --junitxml="runs/suite-$name.xml" "$@" > "runs/lane-$name.log" 2>&1
+  echo $? > "runs/lane-$name.rc"
+}
+# Ctrl-C reaches both pytests (tests/conftest.py gives them SIGINT's default back).
+if [ "${PSCLUSTER_TEST_LANES:-2}" = 1 ]; then
+  lane local 0 tests/local tests/unit
+  lane hosts 1 tests/lab tests/faults tests/slurm tests/docker
+else
+  lane local 0 tests/local tests/unit &
+  lane hosts 1 tests/lab tests/faults tests/slurm tests/docker &
+  wait
+fi
 status=0
-.venv/bin/python -m pytest -q -rs "${parallel[@]}" --durations=40 --junitxml=runs/suite.xml "${@:-tests}" || status=$?
-.venv/bin/python scripts/suite_times.py runs/suite.xml || true
+for name in local hosts; do
+  echo "=================================== lane $name ==================================="
+  cat "runs/lane-$name.log"
+  rc=$(cat "runs/lane-$name.rc" 2>/dev/null || echo 1)
+  [ "$rc" = 0 ] || status=1
+done
+echo "==================================================================================="
+.venv/bin/python scripts/suite_times.py runs/suite-local.xml runs/suite-hosts.xml || status=1
+.venv/bin/python scripts/suite_times.py --summary runs/suite-local.xml runs/suite-hosts.xml || status=1
 exit "$status"

@@ -35,25 +35,6 @@ KEEP_DIRS = os.environ.get("PSCLUSTER_LAB_KEEP") == "1"
 write_lab_inventory = netlab.write_inventory  # plain helper, also a fixture below
 
 
-# pytest-xdist (scripts/test.sh runs two workers with --dist loadgroup): the tests that run a
-# local cluster share one worker, those that build hosts (network namespaces, sshd, Slurm, a
-# Docker engine) the other, so that at most two TensorFlow jobs share the machine and no two
-# host builders meet (dockerd's FORWARD policy and the labs' bridges are one machine's). Unit
-# tests go to whichever worker is free.
-XDIST_GROUPS = {"local": "local", "lab": "hosts", "faults": "hosts", "slurm": "hosts", "docker": "hosts"}
-
-
-def pytest_collection_modifyitems(config, items):
-    tests = pathlib.Path(__file__).resolve().parent
-    for item in items:
-        try:
-            area = pathlib.Path(str(item.fspath)).resolve().relative_to(tests).parts[0]
-        except ValueError:
-            continue
-        if area in XDIST_GROUPS:
-            item.add_marker(pytest.mark.xdist_group(XDIST_GROUPS[area]))
-
-
 def pytest_configure(config):
     """Tests send Ctrl-C (SIGINT) to the pscluster processes they start. A suite started in the
     background by a non-interactive shell (`bash .ci/run &`) inherits SIGINT *ignored*, and so

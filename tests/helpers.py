@@ -20,9 +20,10 @@ _PORTS = itertools.count(0)
 def port_base() -> int:
     """A distinct port range per test in this session (20 ports each), away from 2222 and below
     Linux's ephemeral range (32768 and up): a port there may be taken at any moment by an
-    outgoing connection (seen: ps:1's port held, preflight refused the run). Each pytest-xdist
-    worker (``gw0``, ``gw1``, ...) has a lane of its own, so tests running at once never share a
-    port; a session without xdist takes a lane from its pid."""
+    outgoing connection (seen: ps:1's port held, preflight refused the run). Each lane of
+    scripts/test.sh (``PSCLUSTER_TEST_LANE``) and each pytest-xdist worker (``gw0``, ``gw1``, ...)
+    has a range of its own, so tests running at once never share a port; another session takes
+    a lane from its pid."""
     return 20000 + LANE_PORTS * _lane() + 20 * next(_PORTS) % LANE_PORTS
 
 
@@ -30,6 +31,9 @@ LANE_PORTS = 2400      # 5 lanes of 120 tests' ports in 20000-31999
 
 
 def _lane() -> int:
+    lane = os.environ.get("PSCLUSTER_TEST_LANE", "")
+    if lane.isdigit():
+        return int(lane) % 5
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw") and worker[2:].isdigit():
         return int(worker[2:]) % 5
