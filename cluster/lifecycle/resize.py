@@ -359,7 +359,7 @@ def pin_inventory(plan: ClusterPlan) -> ClusterPlan:
 
 def pinned_inventory(plan: ClusterPlan) -> str:
     """The inventory path a re-plan (host loss, rejoin, ``--hosts-from``) may read: the one
-    ``up``/``scale`` recorded, if it is still there, still this user's, and unchanged. A plan
+    ``up``/``scale`` recorded, if it is still there, still this user's (or root's), and unchanged. A plan
     recorded without a digest (a state from before issue 42) is read as before.
 
     Raises:
@@ -377,9 +377,9 @@ def pinned_inventory(plan: ClusterPlan) -> str:
     except OSError as exc:
         raise UsageError(f"cannot re-plan cluster {plan.name!r}: its inventory {path} is gone or unreadable "
                          f"({exc.strerror})", hint=hint) from None
-    if owner != os.geteuid():
+    if owner not in (os.geteuid(), 0):      # root's files are trusted, as ssh's StrictModes does (an image's inventory)
         raise UsageError(f"cannot re-plan cluster {plan.name!r}: its inventory {path} now belongs to uid {owner}, "
-                         f"not to you (uid {os.geteuid()})", hint=hint)
+                         f"not to you (uid {os.geteuid()}) or root", hint=hint)
     if digest != plan.inventory_sha256:
         raise UsageError(f"cannot re-plan cluster {plan.name!r}: its inventory {path} changed since 'up'/'scale' "
                          "recorded it", hint=hint)

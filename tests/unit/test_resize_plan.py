@@ -171,6 +171,16 @@ def test_a_re_plan_refuses_an_inventory_gone_changed_or_of_another_owner(write_i
     assert "pscluster scale" in caught.value.hint
 
 
+def test_a_re_plan_trusts_an_inventory_of_root_read_by_another_user(write_inventory, tmp_path, monkeypatch):
+    """The compose lab's control container: pscluster runs as uid 1000 on an inventory the image
+    holds as root's. Root's files are trusted, as ssh's StrictModes trusts them."""
+    pinned = pin_inventory(lab(write_inventory, "h1", "h2", "h3"))
+    os.chown(tmp_path / "lab.yaml", 0, -1)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    new = replan(pinned, port_base=None, limit=None, counts={"h3": 0}, pool=None)
+    assert [t.host for t in new.tasks_of("worker")] == ["h1", "h2"]
+
+
 # ----------------------------------------------------------------------------- elastic: the pure decisions
 
 @pytest.mark.parametrize("workers, host, others, task, min_workers, drop, left", [
