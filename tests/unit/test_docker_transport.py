@@ -108,7 +108,7 @@ def test_a_run_past_its_timeout_leaves_nothing_in_the_container(tmp_path, write_
     began = time.monotonic()
     with pytest.raises(HostError, match="command timed out after 2 s"):
         open_transport(host).run(["/opt/venv/bin/python", "-c", program], timeout=2)
-    assert time.monotonic() - began < 15
+    assert time.monotonic() - began < 120      # far below the command's 300 s: it returned at its timeout
     command = int(marker.read_text())
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and _alive(command):
