@@ -4,10 +4,12 @@
 #   bash scripts/test.sh            the whole suite: unit, local (real TensorFlow processes), the SSH
 #                                   lab, faults, Slurm and Docker (the last four need root, else skip)
 #   bash scripts/test.sh --quick    ruff, mypy and the unit tests only (about 2 minutes): for development
+#   bash scripts/test.sh --extended the whole suite and the tests marked extended (variants of a
+#                                   capability that another test proves; docs/testing.md)
 #   bash scripts/test.sh tests/unit -x    given arguments, one pytest with them
 #
-# The whole suite runs in two lanes (docs/testing.md): "local" (tests/local, then the unit tests)
-# and "hosts" (tests/lab, tests/faults, tests/slurm, tests/docker: everything that builds hosts,
+# The unit tests run first, on two xdist workers (they wait more than they compute). The rest
+# runs in two lanes (docs/testing.md): "local" (tests/local) and "hosts" (tests/lab, tests/faults, tests/slurm, tests/docker: everything that builds hosts,
 # which must not meet: dockerd's FORWARD policy and the labs' bridges are one machine's). By
 # default one lane after the other: on 2 cores the suite is bound by CPU, and the lanes at once
 # were no faster (measured: 0.93x the work per minute) while each test ran up to 4x slower.
@@ -17,10 +19,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
-if [ "${1:-}" = "--quick" ]; then
-  quick=1
-  shift
-fi
+case "${1:-}" in
+  --quick) quick=1; shift ;;
+  --extended) export PSCLUSTER_EXTENDED=1; shift ;;
+esac
 bash scripts/bootstrap.sh test
 export PYTHONDONTWRITEBYTECODE=1
 # Lint and type-check first: seconds, not a run of the suite (configuration in pyproject.toml).
@@ -39,7 +41,7 @@ lanes=${PSCLUSTER_TEST_LANES:-1}
 lane() {      # lane NAME INDEX TEST_PATHS...: one pytest, its output to runs/lane-NAME.log
   local name=$1 index=$2 rc=0
   shift 2
-  if [ "$lanes" = 1 ]; then     # one at a time: show it as it goes
+  if [ "$lanes" = 1 ] || [ "$name" = unit ]; then     # one at a time: show it as it goes
     echo "=================================== lane $name ==================================="
     PSCLUSTER_TEST_LANE=$index .venv/bin/python -m pytest -q -rs --durations=25 \
       --junitxml="runs/suite-$name.xml" "$@" 2>&1 | tee "runs/lane-$name.log" || rc=$?
@@ -50,23 +52,24 @@ lane() {      # lane NAME INDEX TEST_PATHS...: one pytest, its output to runs/la
   echo "$rc" > "runs/lane-$name.rc"
 }
 # Ctrl-C reaches every pytest (tests/conftest.py gives them SIGINT's default back).
+lane unit "" -n 2 tests/unit     # no lane index: each xdist worker takes its own range (gw0, gw1)
 if [ "$lanes" = 1 ]; then
-  lane local 0 tests/local tests/unit
+  lane local 0 tests/local
   lane hosts 1 tests/lab tests/faults tests/slurm tests/docker
 else
-  lane local 0 tests/local tests/unit &
+  lane local 0 tests/local &
   lane hosts 1 tests/lab tests/faults tests/slurm tests/docker &
   wait
 fi
 status=0
-for name in local hosts; do
-  if [ "$lanes" != 1 ]; then
+for name in unit local hosts; do
+  if [ "$lanes" != 1 ] && [ "$name" != unit ]; then
     echo "=================================== lane $name ==================================="
     cat "runs/lane-$name.log"
   fi
   [ "$(cat "runs/lane-$name.rc" 2>/dev/null || echo 1)" = 0 ] || status=1
 done
 echo "==================================================================================="
-.venv/bin/python scripts/suite_times.py runs/suite-local.xml runs/suite-hosts.xml || status=1
-.venv/bin/python scripts/suite_times.py --summary runs/suite-local.xml runs/suite-hosts.xml || status=1
+.venv/bin/python scripts/suite_times.py runs/suite-unit.xml runs/suite-local.xml runs/suite-hosts.xml || status=1
+.venv/bin/python scripts/suite_times.py --summary runs/suite-unit.xml runs/suite-local.xml runs/suite-hosts.xml || status=1
 exit "$status"

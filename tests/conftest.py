@@ -44,6 +44,29 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+EXTENDED = os.environ.get("PSCLUSTER_EXTENDED") == "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``extended`` repeat, for another mode or path, a capability that another test
+    of the suite proves end to end (docs/testing.md names it). The suite that CI runs leaves them
+    out, so it stays within its 25 minutes; ``bash scripts/test.sh --extended`` (or
+    ``PSCLUSTER_EXTENDED=1``) runs them too, and a test named on the command line
+    (``path::name``) always runs."""
+    if EXTENDED:
+        return
+    named = {arg.split("[")[0] for arg in config.args if "::" in arg}
+    kept, left = [], []
+    for item in items:
+        if item.get_closest_marker("extended") and item.nodeid.split("[")[0] not in named:
+            left.append(item)
+        else:
+            kept.append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+
+
 @pytest.fixture(scope="session")
 def lab_base() -> pathlib.Path:
     """Directory holding this session's labs; reaps stale labs once."""

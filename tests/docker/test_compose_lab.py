@@ -127,33 +127,35 @@ def cluster(lab):
         wait_for(f"nothing of ours on {node}", lambda node=node: not lab.ours(node), timeout=30)
 
 
-def test_three_modes_run_logs_status_and_down_leave_nothing(lab):
-    for mode in ("async", "sync", "sync-ps"):
-        up = lab.pscluster("up", "inventories/docker.yaml", "--mode", mode)
-        assert up.returncode == 0, up.stderr[-3000:]
-        try:
-            train = lab.pscluster("train", "distributed_mnist", "--steps", "300", "--json")
-            assert train.returncode == 0, train.stderr[-3000:]
-            report = final_report(train.stdout)
-            assert report["val_accuracy"] >= 0.95 and report["global_step"] >= 300, (mode, report)
-            if mode == "async":
-                # A user's program (TensorFlow's ParameterServerStrategy tutorial shape) on its chief.
-                run = lab.pscluster("run", "--json", "--", "python", "examples/byo/tf2_ps_coordinator.py", "--steps", "100")
-                assert run.returncode == 0, run.stderr[-3000:]
-                assert "[chief:0@node-1] final test_accuracy=" in run.stderr, run.stderr[-2000:]
-            logs = lab.pscluster("logs", "worker:2")
-            assert logs.returncode == 0, logs.stderr
-            assert "starting /opt/pscluster/venv/bin/python -m roles." in logs.stdout, logs.stdout[-2000:]
-            status = lab.pscluster("status", "--json")
-            assert status.returncode == 0, status.stderr
-            shown = json.loads(status.stdout)
-            assert shown["mode"] == mode and {t["host"] for t in shown["tasks"]} == set(NODES), shown
-        finally:
-            down = lab.pscluster("down")
-        assert down.returncode == 0, down.stderr[-3000:]
-        assert "nothing left running" in down.stderr
-        for node in NODES:
-            wait_for(f"nothing of ours on {node} after {mode}", lambda node=node: not lab.ours(node), timeout=30)
+@pytest.mark.parametrize("mode", ["async", *(pytest.param(m, marks=pytest.mark.extended) for m in ("sync", "sync-ps"))])
+def test_each_mode_runs_logs_status_and_down_leave_nothing(lab, mode):
+    """Every mode trains in the compose lab (the suite runs async, the mode that also runs a
+    user's program; sync and sync-ps are extended: tests/local/test_training.py trains every mode)."""
+    up = lab.pscluster("up", "inventories/docker.yaml", "--mode", mode)
+    assert up.returncode == 0, up.stderr[-3000:]
+    try:
+        train = lab.pscluster("train", "distributed_mnist", "--steps", "300", "--json")
+        assert train.returncode == 0, train.stderr[-3000:]
+        report = final_report(train.stdout)
+        assert report["val_accuracy"] >= 0.95 and report["global_step"] >= 300, (mode, report)
+        if mode == "async":
+            # A user's program (TensorFlow's ParameterServerStrategy tutorial shape) on its chief.
+            run = lab.pscluster("run", "--json", "--", "python", "examples/byo/tf2_ps_coordinator.py", "--steps", "100")
+            assert run.returncode == 0, run.stderr[-3000:]
+            assert "[chief:0@node-1] final test_accuracy=" in run.stderr, run.stderr[-2000:]
+        logs = lab.pscluster("logs", "worker:2")
+        assert logs.returncode == 0, logs.stderr
+        assert "starting /opt/pscluster/venv/bin/python -m roles." in logs.stdout, logs.stdout[-2000:]
+        status = lab.pscluster("status", "--json")
+        assert status.returncode == 0, status.stderr
+        shown = json.loads(status.stdout)
+        assert shown["mode"] == mode and {t["host"] for t in shown["tasks"]} == set(NODES), shown
+    finally:
+        down = lab.pscluster("down")
+    assert down.returncode == 0, down.stderr[-3000:]
+    assert "nothing left running" in down.stderr
+    for node in NODES:
+        wait_for(f"nothing of ours on {node} after {mode}", lambda node=node: not lab.ours(node), timeout=30)
 
 
 def test_a_killed_worker_node_is_a_lost_host(cluster):
@@ -168,6 +170,7 @@ def test_a_killed_worker_node_is_a_lost_host(cluster):
     assert "node-3" in training.stderr and "worker:2" in training.stderr, training.stderr[-3000:]
 
 
+@pytest.mark.extended
 def test_a_node_paused_for_20_s_is_a_frozen_host(cluster):
     """docker pause: node-2 (ps:1 and worker:1) stops answering for 20 s, then goes on."""
     training = cluster.train("--epochs", EPOCHS, "--checkpoint-every", "50")
@@ -182,6 +185,7 @@ def test_a_node_paused_for_20_s_is_a_frozen_host(cluster):
     assert time.monotonic() - frozen_at >= 20
 
 
+@pytest.mark.extended
 def test_a_restarted_ps_node_is_a_ps_restart(cluster):
     """docker restart: node-2 comes back with sshd only; its ps:1 (and worker:1) are restarted and
     training goes on from the chief's checkpoint."""

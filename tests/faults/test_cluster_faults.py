@@ -106,6 +106,7 @@ def test_host_lost_for_good_fails_the_job_and_down_finishes_later(fault_cluster)
     assert cluster.state() == {}
 
 
+@pytest.mark.extended
 def test_policy_never_fails_at_once_with_the_root_cause(fault_cluster):
     """Scenario 10."""
     cluster = fault_cluster()

@@ -22,6 +22,7 @@ SYNC_STEPS = 1500
 SYNC_BUDGET = ("--steps", SYNC_STEPS, "--checkpoint-every", 40)
 
 
+@pytest.mark.extended
 def test_sync_worker_killed_group_restarts_and_completes(fault_cluster):
     cluster = fault_cluster()
     cluster.up(SYNC, "sync")

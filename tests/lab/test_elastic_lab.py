@@ -94,6 +94,7 @@ def events_steps(record: dict) -> int:
 
 # Budgets: what reaches issue 23's 98.5 % with a margin (here 98.97 % after 3,500 async steps and
 # 99.25 % after 2,000 sync steps); the eighth session cut them from 6,000 and 3,000.
+@pytest.mark.extended
 @pytest.mark.parametrize("mode, steps", [("async", 4000), ("sync", 2000)])
 def test_scale_adds_node_3_mid_run(tmp_path, lab3, mode, steps):
     name = f"elastic-add-{mode}"
@@ -122,6 +123,7 @@ def test_scale_adds_node_3_mid_run(tmp_path, lab3, mode, steps):
         assert (tmp_path / "work-node-3" / ".pscluster").is_dir()     # the code travelled to node-3
 
 
+@pytest.mark.extended
 def test_scale_removes_node_2_mid_run_and_drains_it(tmp_path, lab3):
     name = "elastic-remove"
     with lab_cluster(tmp_path, lab3, name, "async", HOSTS) as (state_dir, base):

@@ -13,6 +13,7 @@ from tests.helpers import assert_no_survivors, port_base, run_cli, run_json
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
 
+@pytest.mark.extended
 def test_up_train_down_on_one_shared_workdir(tmp_path, lab3, write_lab_inventory):
     name = "lab-shared-home"
     state_dir = tmp_path / "state"

@@ -39,6 +39,7 @@ def wait_for(what: str, check, timeout: float = 600):
         time.sleep(0.3)
 
 
+@pytest.mark.extended
 def test_detached_job_survives_its_terminal_restarts_a_worker_and_attach_sees_it_finish(tmp_path):
     state_dir = tmp_path / "state"
     data = yaml.safe_load((REPO / "inventories" / "local.yaml").read_text())

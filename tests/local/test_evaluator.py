@@ -41,7 +41,7 @@ def _events_of(state_dir, name: str, task: str) -> list[dict]:
     return [event for record in records for event in _events(record["events"])]
 
 
-@pytest.mark.parametrize("mode", ["async", "sync", "sync-ps"])
+@pytest.mark.parametrize("mode", ["async", *(pytest.param(m, marks=pytest.mark.extended) for m in ("sync", "sync-ps"))])
 def test_an_evaluator_task_evaluates_each_checkpoint(tmp_path, mode):
     name, state_dir = f"local-evaluator-{mode}", tmp_path / "state"
     inventory = tmp_path / "inventory.yaml"

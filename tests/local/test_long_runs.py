@@ -74,6 +74,7 @@ def resume(state_dir, ckpt) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.extended
 def test_sigterm_checkpoints_the_step_reached_and_resume_redoes_fewer_steps(cluster, tmp_path):
     state_dir = cluster
     # Without checkpoint on stop: the chief is killed; resume goes back to the last periodic checkpoint.
@@ -115,6 +116,7 @@ def test_deadline_checkpoints_and_exits_4(cluster, tmp_path):
     assert "--deadline reached" in out.stderr
 
 
+@pytest.mark.extended
 def test_sync_ps_chief_checkpoints_on_sigterm_to_train(tmp_path):
     """sync-ps: worker 0 is stopped first and saves while worker 1 and the ps still run."""
     name, state_dir, ckpt = "long-runs-syncps", tmp_path / "state", tmp_path / "ckpt"

@@ -104,7 +104,7 @@ class Cluster:
         assert_no_survivors(self.name)
 
 
-@pytest.mark.parametrize("mode, steps", [("async", 2500), ("sync", 2000)])
+@pytest.mark.parametrize("mode, steps", [pytest.param("async", 2500, marks=pytest.mark.extended), ("sync", 2000)])
 def test_scale_adds_a_worker_to_a_running_job(tmp_path, mode, steps):
     cluster = Cluster(tmp_path, mode, 2)
     try:
@@ -148,6 +148,7 @@ def test_scale_adds_a_worker_to_a_running_job(tmp_path, mode, steps):
         cluster.close()
 
 
+@pytest.mark.extended
 def test_scale_removes_a_worker_and_a_host_that_fails_preflight_changes_nothing(tmp_path):
     cluster = Cluster(tmp_path, "async", 3)
     seen: dict = {}
@@ -180,6 +181,7 @@ def test_scale_removes_a_worker_and_a_host_that_fails_preflight_changes_nothing(
         cluster.close()
 
 
+@pytest.mark.extended
 def test_min_workers_a_worker_that_used_up_its_restarts_drops_out_and_training_goes_on(tmp_path):
     cluster = Cluster(tmp_path, "async", 3)
     try:

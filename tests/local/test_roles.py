@@ -228,6 +228,7 @@ def syncps_cluster(tmp_path_factory) -> Iterator[tuple[LocalCluster, Path]]:
 
 # --- tests ---------------------------------------------------------------------------
 
+@pytest.mark.extended
 def test_async_relative_checkpoint_written_by_chief_and_resume(async_cluster):
     cluster, root = async_cluster
     chief_cwd = root / "chief-cwd"
@@ -372,6 +373,7 @@ def test_sync_two_workers_and_resume(tmp_path):
         cluster.stop()
 
 
+@pytest.mark.extended
 def test_syncps_train_and_resume_on_the_same_standing_ps(syncps_cluster):
     cluster, root = syncps_cluster
     tasks = [("worker", 0, root / "w0"), ("worker", 1, root / "w1")]

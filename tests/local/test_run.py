@@ -118,6 +118,7 @@ def test_the_same_binary_on_every_task_ends_when_its_chief_exits(tmp_path, clean
 
 
 @pytest.mark.tf
+@pytest.mark.extended
 def test_on_failure_restarts_a_killed_worker(tmp_path, cleanup):
     name, state_dir = "run-restart", tmp_path / "state"
     cleanup(name, state_dir)

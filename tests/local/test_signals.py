@@ -85,6 +85,7 @@ def test_sigterm_to_run_mid_job_stops_the_program_and_the_cluster(tmp_path, reap
 
 
 @pytest.mark.tf
+@pytest.mark.extended
 def test_sigterm_to_train_mid_job_stops_the_job_and_keeps_the_servers(tmp_path, reap):
     name, state_dir = "sig-train", tmp_path / "state"
     reap(name)

@@ -108,6 +108,7 @@ def test_train_runs_in_the_standby_and_leaves_a_new_one(tmp_path):
     assert_no_survivors(name)
 
 
+@pytest.mark.extended
 def test_no_standby_when_the_inventory_says_so(tmp_path):
     name, state_dir = "local-no-standby", tmp_path / "state"
     inventory = tmp_path / "nostandby.yaml"

@@ -98,7 +98,7 @@ def local_cluster(tmp_path, tag: str, mode: str):
         cleanup(state_dir, name)
 
 
-@pytest.mark.parametrize("mode", ["async", "sync", "sync-ps"])
+@pytest.mark.parametrize("mode", ["async", *(pytest.param(m, marks=pytest.mark.extended) for m in ("sync", "sync-ps"))])
 def test_down_mid_train_checkpoints_first_and_resume_redoes_no_step(tmp_path, mode):
     with local_cluster(tmp_path, mode, mode) as (name, state_dir, ckpt):
         train = start_training(state_dir, name, ckpt, mode)

@@ -56,6 +56,7 @@ def board_records(state_dir) -> list[dict]:
     return [record for record in state["processes"] if record["kind"] == "tensorboard"]
 
 
+@pytest.mark.extended
 def test_summaries_and_tensorboard_on_a_local_cluster(tmp_path):
     state_dir, port = tmp_path / "state", port_base() + 15
     shutil.rmtree(REPO / ".pscluster" / NAME / "tensorboard", ignore_errors=True)   # an earlier run's

@@ -38,7 +38,7 @@ def _wait_gone(lab, name, seconds=60.0):      # a wait for a state: Slurm's kill
     return cluster_pids(name), lab.cgroup_pids()
 
 
-@pytest.mark.parametrize("mode", ["async", "sync"])
+@pytest.mark.parametrize("mode", ["async", pytest.param("sync", marks=pytest.mark.extended)])
 def test_up_train_down_inside_an_allocation(slurm_lab, tmp_path, mode):
     job = slurm_lab.salloc("-N2", "--ntasks-per-node=1", "--gres=gpu:2")
     name = f"slurm-{mode}"
@@ -199,6 +199,7 @@ def _requeued_batch_job(lab, tmp_path, name: str, steps: int, checkpoint_every: 
     return first, second, progress
 
 
+@pytest.mark.extended
 def test_a_requeued_batch_job_resumes_from_its_checkpoint(slurm_lab, tmp_path):
     """Issue 13 item 4: the time-limit warning (USR1 to the batch shell, what `--signal=B:USR1@N`
     sends) stops training with a checkpoint, takes the cluster down and requeues the job; its
