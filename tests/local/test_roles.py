@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -304,11 +305,25 @@ def test_user_job_from_tmp_dir(async_cluster, tmp_path):
     assert done["checkpoint"] is None
 
 
+def _cut_link(port: int) -> list[list[str]]:
+    """Drop every packet to and from ``port`` here (IPv4 and IPv6: a link cut between the chief and
+    that worker, as netlab's cut, but for one port of this machine); the commands that heal it."""
+    heal = []
+    for tool in ("iptables", "ip6tables"):
+        for match in ("--dport", "--sport"):
+            rule = ["INPUT", "-p", "tcp", match, str(port), "-j", "DROP"]
+            subprocess.run([tool, "-w", "-I", *rule], check=True, capture_output=True)
+            heal.append([tool, "-w", "-D", *rule])
+    return heal
+
+
 def test_async_chief_cuts_a_frozen_workers_closure_loose_and_trains_on(async_cluster, tmp_path):
-    """Issue 41: a closure whose worker never answers (here its server is stopped by SIGSTOP, with
-    no supervisor to restart it) must not hold the chief for good. The chief says which worker it
-    waits on (``waiting``), then shuts its connection to that worker (roles/closures.py), and
-    TensorFlow runs the closure on worker:0: the budget is reached while worker:1 is still frozen."""
+    """Issue 41: a closure whose worker never answers must not hold the chief for good. Here the
+    link to worker:1 is cut for good (its packets dropped, so its kernel answers nothing either;
+    where iptables cannot be used, its server is stopped by SIGSTOP instead), with no supervisor
+    to act. The chief says which worker it waits on (``waiting``), then shuts its connection to
+    that worker and has the kernel abort it (roles/closures.py), and TensorFlow runs the closure
+    on worker:0: the budget is reached while worker:1 is still cut off."""
     cluster, _ = async_cluster
     job = tmp_path / "tiny_job.py"
     job.write_text(textwrap.dedent(TINY_JOB))
@@ -318,14 +333,21 @@ def test_async_chief_cuts_a_frozen_workers_closure_loose_and_trains_on(async_clu
                            "--start-timeout", "150", "--steps", str(steps), "--steps-per-execution", "10",
                            "--warmup-steps", "0"], "chief", 0, tmp_path / "chief", log.name)
     frozen = cluster.servers["worker:1"]
+    blackhole = os.geteuid() == 0 and shutil.which("iptables") is not None and shutil.which("ip6tables") is not None
+    heal: list[list[str]] = []
     try:
         deadline = time.monotonic() + TRAIN_TIMEOUT
         while not [e for e in (read_events(events) if events.exists() else []) if e["event"] == "progress"]:
             assert chief.poll() is None and time.monotonic() < deadline, tail(log)
             time.sleep(0.2)
-        frozen.send_signal(signal.SIGSTOP)
+        if blackhole:
+            heal = _cut_link(int(cluster.cluster["worker"][1].rsplit(":", 1)[1]))
+        else:
+            frozen.send_signal(signal.SIGSTOP)
         chief.wait(TRAIN_TIMEOUT)
     finally:
+        for command in heal:
+            subprocess.run(command, check=False, capture_output=True)
         frozen.send_signal(signal.SIGCONT)
         if chief.poll() is None:
             chief.kill()
