@@ -102,6 +102,7 @@ def test_scancel_mid_training_leaves_nothing(slurm_lab, tmp_path):
         train.wait(timeout=30)
 
 
+@pytest.mark.extended
 def test_exported_batch_script_trains_inside_its_own_job(slurm_lab, tmp_path):
     """Issue 13: a batch job from `export --format sbatch` trains to the accuracy goal (98.5 %).
     The CNN, sync mode, 2 workers, 4 epochs (3 epochs once ended at 98.49 %, 900 steps at 98.43 %);
