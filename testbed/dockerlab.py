@@ -131,6 +131,45 @@ def _ours(rule: str) -> bool:
     return bool(re.search(r"DOCKER|docker0|\bbr-[0-9a-f]{12}\b|198\.18\.(100|1[2-9]\d|2[0-5]\d)\.", rule))
 
 
+def _dockerd_running() -> bool:
+    """Whether any dockerd runs on this machine (read from /proc; nothing is signalled)."""
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "dockerd" and _alive(int(entry.name)):
+                    return True     # (a killed one not yet waited for is a zombie: not running)
+            except OSError:
+                continue
+    return False
+
+
+def reap_leftovers() -> list[str]:
+    """Undo what a dockerd of an earlier run left on the machine when it was killed with that run
+    (CI's time limit ends the suite wherever it is; the next run then found dockerd's rules and a
+    bridge of the killed run, took them for the machine's own, and its engine test failed): the
+    iptables rules and DOCKER chains dockerd adds, docker0 and br-* bridges. Only while no dockerd
+    runs at all (a running one, the system's, owns them). What was removed, for the log."""
+    if _dockerd_running():
+        return []
+    removed = []
+    for table in ("filter", "nat"):
+        for rule in _rules(table):
+            if rule.startswith("-A ") and _ours(rule):
+                _run(["iptables", "-t", table, *shlex.split(rule.replace("-A ", "-D ", 1))], check=False)
+                removed.append(f"{table}: {rule}")
+        chains = [rule.split()[1] for rule in _rules(table) if rule.startswith("-N ") and "DOCKER" in rule]
+        for chain in chains:
+            _run(["iptables", "-t", table, "-F", chain], check=False)
+        for chain in chains:
+            _run(["iptables", "-t", table, "-X", chain], check=False)
+            removed.append(f"{table}: chain {chain}")
+    for link in sorted(_links()):
+        if link == "docker0" or re.fullmatch(r"br-[0-9a-f]{12}", link):
+            _run(["ip", "link", "delete", link], check=False)
+            removed.append(f"link {link}")
+    return removed
+
+
 @dataclass
 class Engine:
     """One dockerd of our own; use as a context manager or call :meth:`start`/:meth:`stop`."""
@@ -184,6 +223,9 @@ class Engine:
         self._lock.truncate()
         self._lock.write(f"{os.getpid()} {self.state_dir}\n")
         self._lock.flush()
+        left = reap_leftovers()      # under the lock: no engine of ours runs
+        if left:
+            (self.state_dir / "reaped.txt").write_text("\n".join(left) + "\n")
         self._saved = {
             "ip_forward": _read("/proc/sys/net/ipv4/ip_forward"),
             "forward_policy": next((r.split()[2] for r in _rules("filter") if r.startswith("-P FORWARD")), "ACCEPT"),
@@ -206,7 +248,11 @@ class Engine:
                 if proc.poll() is not None:
                     raise DockerUnavailable(f"dockerd exited ({proc.returncode}): "
                                             f"{(self.state_dir / 'dockerd.log').read_text()[-1500:]}")
-                if self.socket.exists() and self.docker("version", check=False, timeout=10).returncode == 0:
+                if self.socket.exists() and self._answers():
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        # Best effort: a container whose containerd was killed with its run can
+                        # hang `docker rm` (measured); the compose lab names its own anew.
+                        self._remove_containers(timeout=30)
                     return self
                 if time.monotonic() > end:
                     raise DockerUnavailable(f"dockerd did not answer within {timeout:.0f} s "
@@ -215,6 +261,26 @@ class Engine:
         except BaseException:
             self.stop()
             raise
+
+    def _answers(self) -> bool:
+        """dockerd answers ``docker version`` (after a killed run's engine it took over 10 s once)."""
+        try:
+            return self.docker("version", check=False, timeout=10).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
+
+    def _remove_containers(self, timeout: float = 120) -> None:
+        """Every container and custom network of this engine: at start, what an earlier run killed
+        before its engine stopped left in the data root (kept between runs for its images; once, a
+        compose control container whose name the next run's compose lab could not take); at stop,
+        what the tests ran."""
+        ids = self.docker("ps", "-aq", check=False, timeout=timeout).stdout.decode().split()
+        if ids:
+            self.docker("rm", "-f", "-v", *ids, check=False, timeout=timeout)
+        nets = self.docker("network", "ls", "-q", "--filter", "type=custom", check=False,
+                           timeout=timeout).stdout.decode().split()
+        if nets:
+            self.docker("network", "rm", *nets, check=False, timeout=timeout)
 
     def _jsonable(self) -> dict:
         return {"ip_forward": self._saved["ip_forward"], "forward_policy": self._saved["forward_policy"],
@@ -234,12 +300,7 @@ class Engine:
     def stop(self) -> None:
         """Remove what the engine made, stop it by pid, then undo its network changes."""
         if self.pid is not None and self.socket.exists():
-            ids = self.docker("ps", "-aq", check=False).stdout.decode().split()
-            if ids:
-                self.docker("rm", "-f", "-v", *ids, check=False, timeout=120)
-            nets = self.docker("network", "ls", "-q", "--filter", "type=custom", check=False).stdout.decode().split()
-            if nets:
-                self.docker("network", "rm", *nets, check=False)
+            self._remove_containers()
         if self.pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGTERM)
@@ -257,6 +318,23 @@ class Engine:
         if self._lock is not None:
             self._lock.close()
             self._lock = None
+
+    def kill(self, new_state_dir: pathlib.Path) -> None:
+        """End the engine as a run killed mid-way does (SIGKILL to its process group, nothing
+        undone): its rules, bridges and containers stay behind, for a test of :func:`reap_leftovers`.
+        The next start is in ``new_state_dir``, as a new run's would be (dockerd's containerd does
+        not start again in the killed one's exec root)."""
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
+            while _alive(self.pid):
+                time.sleep(0.1)
+        self.pid, self._saved = None, {}
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+        self.state_dir = pathlib.Path(new_state_dir)
+        self.socket = self.state_dir / "docker.sock"
 
     def _undo_network(self) -> None:
         saved = self._saved

@@ -22,7 +22,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.tf]
 
 PROJECT = "psclab"
 NODES = {name: f"{PROJECT}_{name}_1" for name in ("node-1", "node-2", "node-3")}   # compose v1's names
-CONTROL = f"{PROJECT}-control"
+# The control container's name is this run's: a run killed mid-way can leave its own in the
+# engine's kept data root, and the name would be taken.
+CONTROL = f"{PROJECT}-control-{os.getpid()}"
 STATE = "/home/pscluster/.local/state/pscluster/docker.json"      # cluster 'docker' (inventories/docker.yaml)
 IMAGE_UID = 1000          # the image's pscluster user (docker/Dockerfile PSCLUSTER_UID)
 ACCURACY = 0.985

@@ -4,7 +4,9 @@ network's bridge, and restores ip_forward and the FORWARD policy (docs/platform-
 Then the engine starts again for the tests that follow (its data root, with the images, is kept)."""
 from __future__ import annotations
 
+import pathlib
 import subprocess
+import tempfile
 
 import pytest
 
@@ -46,3 +48,25 @@ def test_stopping_the_engine_undoes_what_dockerd_did(engine):
         engine.start()
     assert engine.image_exists(dockerlab.NODE_IMAGE)       # the data root (images) is kept
     assert engine.containers() == []                       # ...but not what ran
+
+
+def test_a_start_removes_what_a_killed_run_left(engine):
+    """A run killed mid-way (CI's time limit) leaves dockerd's rules and its bridge: the next
+    engine's start removes them before it records the machine's state, so that its stop leaves
+    the machine clean (a killed run's leftovers once failed the next run's engine test)."""
+    engine.stop()
+    clean = machine()
+    engine.start()
+    docker(engine, "network", "create", "psc-left-behind")
+    engine.kill(pathlib.Path(tempfile.mkdtemp(prefix="pscluster-dock-")))
+    left = machine()
+    assert "docker0" in left["links"] and any(link.startswith("br-") for link in left["links"])
+    assert any("DOCKER" in rule for rule in left["rules"]["filter"])
+    try:
+        engine.start()
+        engine.stop()
+        after = machine()
+        assert after["rules"] == clean["rules"] and set(after["links"]) == set(clean["links"]), after
+    finally:
+        if engine.pid is None:
+            engine.start()
