@@ -34,19 +34,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from roles.events import read_events  # noqa: E402
+from testbed import netlab  # noqa: E402
 from tests.local.test_roles import TINY_JOB, LocalCluster  # noqa: E402
 
 STEPS = 6000
-
-
-def _cut(port: int) -> list[list[str]]:
-    heal = []
-    for tool in ("iptables", "ip6tables"):
-        for match in ("--dport", "--sport"):
-            rule = ["INPUT", "-p", "tcp", match, str(port), "-j", "DROP"]
-            subprocess.run([tool, "-w", "-I", *rule], check=True, capture_output=True)
-            heal.append([tool, "-w", "-D", *rule])
-    return heal
 
 
 def _events(path: Path) -> list[dict[str, Any]]:
@@ -72,7 +63,7 @@ def trial(work: Path, limit: float, rng: random.Random) -> dict[str, Any]:
         if chief.poll() is not None:
             raise RuntimeError("the budget ran out before the cut: raise STEPS")
         cut_at = time.time()
-        heal = _cut(int(cluster.cluster["worker"][1].rsplit(":", 1)[1]))
+        heal = netlab.cut_port(int(cluster.cluster["worker"][1].rsplit(":", 1)[1]))
         try:
             code: int | None = chief.wait(limit)
         except subprocess.TimeoutExpired:

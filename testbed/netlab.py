@@ -363,6 +363,19 @@ def check_available() -> None:
 # the lab
 
 
+def cut_port(port: int) -> list[list[str]]:
+    """Drop every packet to and from TCP ``port`` on this machine, IPv4 and IPv6: a link cut between
+    the two ends of a loopback connection (neither end's kernel answers), for one port instead of
+    a lab host. The commands that heal it, to run afterwards whatever happens. Needs root."""
+    heal = []
+    for tool in ("iptables", "ip6tables"):
+        for match in ("--dport", "--sport"):
+            rule = ["INPUT", "-p", "tcp", match, str(port), "-j", "DROP"]
+            subprocess.run([tool, "-w", "-I", *rule], check=True, capture_output=True)
+            heal.append([tool, "-w", "-D", *rule])
+    return heal
+
+
 def _host_from_dict(d: Mapping) -> LabHost:
     return LabHost(name=d["name"], address=d["address"], netns=d["netns"],
                    veth_root=d["veth_root"], sshd_pid=int(d.get("sshd_pid") or 0))

@@ -34,6 +34,7 @@ from typing import Iterator
 import pytest
 
 from roles.events import EVENT_FIELDS, read_events
+from testbed import netlab
 
 pytestmark = pytest.mark.tf
 
@@ -305,18 +306,6 @@ def test_user_job_from_tmp_dir(async_cluster, tmp_path):
     assert done["checkpoint"] is None
 
 
-def _cut_link(port: int) -> list[list[str]]:
-    """Drop every packet to and from ``port`` here (IPv4 and IPv6: a link cut between the chief and
-    that worker, as netlab's cut, but for one port of this machine); the commands that heal it."""
-    heal = []
-    for tool in ("iptables", "ip6tables"):
-        for match in ("--dport", "--sport"):
-            rule = ["INPUT", "-p", "tcp", match, str(port), "-j", "DROP"]
-            subprocess.run([tool, "-w", "-I", *rule], check=True, capture_output=True)
-            heal.append([tool, "-w", "-D", *rule])
-    return heal
-
-
 def test_async_chief_cuts_a_frozen_workers_closure_loose_and_trains_on(async_cluster, tmp_path):
     """Issue 41: a closure whose worker never answers must not hold the chief for good. Here the
     link to worker:1 is cut for good (its packets dropped, so its kernel answers nothing either;
@@ -341,7 +330,7 @@ def test_async_chief_cuts_a_frozen_workers_closure_loose_and_trains_on(async_clu
             assert chief.poll() is None and time.monotonic() < deadline, tail(log)
             time.sleep(0.2)
         if blackhole:
-            heal = _cut_link(int(cluster.cluster["worker"][1].rsplit(":", 1)[1]))
+            heal = netlab.cut_port(int(cluster.cluster["worker"][1].rsplit(":", 1)[1]))
         else:
             frozen.send_signal(signal.SIGSTOP)
         chief.wait(TRAIN_TIMEOUT)
