@@ -6,8 +6,12 @@ reports progress, after a random 2-12 s, every packet to and from worker:1's por
 (iptables and ip6tables, so neither end's kernel answers: a cut link, not a dead process) and
 stays dropped. Measured from the chief's own events:
 
-* ``pause``: the longest gap between two progress events from the cut on (a progress event comes
-  about every 1.5 s while the chief trains), against the longest gap before the cut;
+* ``pause``: the longest gap between two progress events from the cut until the budget was
+  scheduled (a progress event comes about every 1.5 s while the chief trains), against the longest
+  gap before the cut: how long the other workers waited on the lost one;
+* ``end_wait``: seconds from the last progress event to ``done``: a closure of worker:1 still in
+  flight at the end is collected only once the chief cut it loose and another worker ran it;
+* ``lost``: seconds from the cut to the chief's ``worker`` event counting worker:1 out;
 * ``waited``: seconds from the cut to the chief's first ``waiting`` event naming worker:1;
 * ``extra_steps``: the final step minus the budget (closures that ran twice: the one cut loose);
 * ``outcome``: ``finished`` (the chief reached its budget with worker:1 still cut off) or ``hang``
@@ -75,13 +79,17 @@ def trial(work: Path, limit: float, rng: random.Random) -> dict[str, Any]:
     seen = _events(events)
     stamps = [e["ts"] for e in seen if e["event"] == "progress"]
     before = [b - a for a, b in zip(stamps, stamps[1:]) if b <= cut_at]
-    after = [cut_at] + [t for t in stamps if t > cut_at]
+    training = [e["ts"] for e in seen if e["event"] == "progress" and e["step"] < STEPS]   # not the final report
+    after = [cut_at] + [t for t in training if t > cut_at]
     waits = [e["ts"] - cut_at for e in seen if e["event"] == "waiting" and e.get("worker") == "worker:1"]
+    lost = [e["ts"] - cut_at for e in seen if e["event"] == "worker" and e.get("state") == "lost"]
     done = [e for e in seen if e["event"] == "done"]
     return {"outcome": "finished" if code == 0 and done else ("hang" if code is None else f"exit {code}"),
             "pause": round(max(b - a for a, b in zip(after, after[1:])) if len(after) > 1 else limit, 1),
             "gap_before": round(max(before, default=0.0), 1),
+            "end_wait": round(done[0]["ts"] - after[-1], 1) if done and len(after) > 1 else None,
             "waited": round(min(waits), 1) if waits else None,
+            "lost": round(min(lost), 1) if lost else None,
             "extra_steps": (done[0]["global_step"] - STEPS) if done else None}
 
 
@@ -106,16 +114,19 @@ def main(argv: list[str] | None = None) -> int:
     finished = [r for r in rows if r["outcome"] == "finished"]
     summary = {"trials": len(rows), "finished": len(finished), "hangs": sum(r["outcome"] == "hang" for r in rows),
                "pause_max": max((r["pause"] for r in rows), default=None),
+               "end_wait_max": max((r["end_wait"] or 0 for r in finished), default=None),
                "pause_over_gap_before": round(max(r["pause"] for r in finished) / max(r["gap_before"] for r in finished), 1)
                if finished else None,
                "extra_steps_max": max((r["extra_steps"] or 0 for r in finished), default=None)}
     if args.json:
         print(json.dumps({"rows": rows, "summary": summary}, indent=2))
     else:
-        print("| trial | outcome | pause (s) | longest gap before (s) | first `waiting` (s) | extra steps |")
-        print("|---|---|---|---|---|---|")
+        print("| trial | outcome | pause (s) | longest gap before (s) | wait at the end (s) | first `waiting` (s) "
+              "| counted out (s) | extra steps |")
+        print("|---|---|---|---|---|---|---|---|")
         for number, r in enumerate(rows, 1):
-            print(f"| {number} | {r['outcome']} | {r['pause']} | {r['gap_before']} | {r['waited']} | {r['extra_steps']} |")
+            print(f"| {number} | {r['outcome']} | {r['pause']} | {r['gap_before']} | {r['end_wait']} | {r['waited']} "
+                  f"| {r['lost']} | {r['extra_steps']} |")
         print(f"\n{summary['finished']}/{summary['trials']} finished, {summary['hangs']} hang(s); the longest pause "
               f"was {summary['pause_over_gap_before']}x the longest gap between progress reports before the cut")
     return 0 if summary["hangs"] == 0 and len(finished) == len(rows) else 1

@@ -22,7 +22,14 @@ so the loop is ours:
 * checkpoints are written by the chief alone (``experimental_io_device``), after
   ``coordinator.join()`` so they hold a consistent step; on a stop, the closures in flight
   get :data:`STOP_DRAIN_SECONDS` to finish; if one does not (a lost worker's), the chief
-  cannot save (TensorFlow holds its writes behind that closure) and ends at once;
+  cannot save (TensorFlow holds its writes behind that closure) and ends at once; a checkpoint
+  due while a closure runs late (a lost worker's, not yet cut loose) waits for it, the others
+  training meanwhile;
+* closures are collected in any order (the oldest that has its result, copied to the chief):
+  a slow or lost worker's closure never holds the others';
+* a worker that fails is counted out and its closure runs on another worker; it is taken back
+  when it answers again (roles/workerloss.py); a closure that hangs is made to fail
+  (roles/closures.py). No checkpoint is restored for either;
 * evaluation runs on the chief itself, reading the variables from the ps tasks;
 * workers join and leave without a restart when the orchestrator asks, between two
   closures (roles/membership.py): the chief waits for what is in flight, points its
@@ -39,7 +46,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from roles import closures
+from roles import closures, workerloss
 from roles.checkpoint import (CheckpointKeeper, chief_io_device, make_checkpoint,
                               make_step_counter)
 from roles.datasets import eval_dataset, sample_batch, train_dataset
@@ -82,11 +89,24 @@ def drain_limit(slowest: float) -> float:
 
 
 def _finished_within(remote: Any, timeout: float) -> bool:
-    """Whether the closure behind ``remote`` has its result (or its error), waiting up to
+    """Whether the closure behind ``remote`` has its result here (or its error), waiting up to
     ``timeout``. TensorFlow's RemoteValue has no public wait with a timeout: its event is read
-    where it exists, else the caller's fetch() blocks as before."""
+    where it exists, else the caller's fetch() blocks as before.
+
+    The event says that the closure ran, not that its result was copied to the chief: the
+    coordinator's worker thread copies it next (``RemoteValue.get``, under a lock), and a copy
+    from a worker whose link was cut at that moment hangs, holding the lock. A fetch() then
+    blocked the chief's loop with no watch running (issue 41's silent hang, seen with py-spy:
+    the main thread in ``RemoteValueImpl.get``, worker 1's thread in ``_copy_to_local``). So a
+    result counts only once it is copied; until then the watch sees the worker busy and cuts it
+    loose, and TensorFlow runs the closure again elsewhere."""
     event = getattr(remote, "_status_available_event", None)
-    return True if event is None else bool(event.wait(timeout))
+    if event is None:
+        return True
+    if not event.wait(timeout):
+        return False
+    return (getattr(remote, "_has_fetched_to_local", True) or getattr(remote, "_error", None) is not None
+            or getattr(remote, "_values", None) is None)
 
 
 def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
@@ -184,25 +204,49 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     last_done = time.monotonic()        # when the last closure was collected
     abandoned = False                   # a stop left closures in flight (see STOP_DRAIN_SECONDS)
     slowest = 0.0                       # the longest a collected closure took from schedule to result
-    # A closure whose worker vanished never returns by itself: say which worker the chief waits
-    # on, and cut a hung one loose so that TensorFlow runs it elsewhere (roles/closures.py).
-    watch = closures.ClosureWatch(cluster.get("worker", []), reporter.writer.emit) if closures.install() else None
+    # A worker that fails is counted out and its closure runs elsewhere; it comes back when it
+    # answers again (roles/workerloss.py). A closure whose worker vanished without a word never
+    # returns by itself: the watch says which worker the chief waits on, and makes a hung closure
+    # fail so that the worker is counted out (roles/closures.py).
+    workerloss.install()
+    loss = workerloss.WorkerLoss(coordinator, cluster.get("worker", []))
+    watch = (closures.ClosureWatch(cluster.get("worker", []), reporter.writer.emit,
+                                   busy=lambda: {i: t for i, t in closures.running().items() if i not in loss.out()})
+             if closures.install() else None)
+
+    def ready() -> int | None:
+        """The position in ``in_flight`` of a closure that has its result, oldest first."""
+        for position, (remote, _, _) in enumerate(in_flight):
+            if _finished_within(remote, 0):
+                return position
+        return None
+
+    def wait_target(now: float) -> Any:
+        """The closure to wait on for one slice: the oldest one not yet late (a late one may be a
+        lost worker's, while the others keep finishing), else the oldest."""
+        late = closures.waiting_after(slowest)
+        return next((remote for remote, _, sent in in_flight if now - sent <= late), in_flight[0][0])
 
     def collect_one() -> bool:
-        """Collect the oldest closure in flight. False, leaving it in flight, once a stop was
-        requested and no closure finished for :func:`drain_limit` (a lost worker's)."""
+        """Collect one closure in flight, the oldest that has its result: closures finish out of
+        order when a worker is slow or lost, and the others' must not wait behind it. False,
+        leaving them in flight, once a stop was requested and no closure finished for
+        :func:`drain_limit` (a lost worker's)."""
         nonlocal finished, stop_seen, last_done, abandoned, slowest
-        remote, n, sent = in_flight[0]
-        while not abandoned and not _finished_within(remote, WAIT_SLICE):
+        position = ready()
+        while not abandoned and position is None:
             now = time.monotonic()
             if deadline.stop_requested:
                 stop_seen = now if stop_seen is None else stop_seen
                 abandoned = now - max(stop_seen, last_done) > drain_limit(slowest)
             elif watch is not None and first.done:
-                watch.check(now, now - max(last_done, sent), slowest, finished)
-        if abandoned:
+                watch.check(now, now - last_done, slowest, finished)
+            _finished_within(wait_target(now), WAIT_SLICE)
+            position = ready()
+        if abandoned or position is None:
             return False
-        in_flight.popleft()
+        remote, n, sent = in_flight[position]
+        del in_flight[position]
         last_done = time.monotonic()
         if first.done:      # the first closures wait on the workers' warm-up
             slowest = max(slowest, last_done - sent)
@@ -243,8 +287,37 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
 
     # deadline.stop_requested (SIGTERM or --deadline): stop scheduling, let what is in
     # flight finish, save below and skip the final evaluation.
+    def any_late(now: float) -> bool:
+        """Whether a closure in flight has run past :func:`closures.waiting_after` (a slow or lost
+        worker's)."""
+        late = closures.waiting_after(slowest)
+        return first.done and any(now - sent > late for _, _, sent in in_flight)
+
+    checkpoint_due = False
+
+    def report_news() -> None:
+        for what, index, why in loss.news():
+            reporter.writer.emit("worker", worker=f"worker:{index}", state=what, reason=why,
+                                 step=int(step_var.numpy()))
+            log.warning("worker:%d %s%s", index, "is out" if what == "lost" else "is back",
+                        f" ({why})" if why else "")
+
     while scheduled < plan.steps_total and not deadline.stop_requested:
+        report_news()
+        max_in_flight = IN_FLIGHT_PER_WORKER * loss.live(workers)
+        back = loss.rejoin_ready()
+        if back:
+            began = time.perf_counter()
+            if loss.rejoin(back):
+                log.info("worker(s) %s taken back in %.2f s", back, time.perf_counter() - began)
+            continue        # its news next turn
         request = requests.poll() if first.done else None
+        if request is not None and isinstance(request.get("cut"), list):
+            # The orchestrator lost a worker host: make a closure hung on it fail now.
+            shut = sum(closures.cut_connections(str(address)) for address in request["cut"][:64])
+            log.warning("the orchestrator lost %s: %d connection(s) shut", ", ".join(map(str, request["cut"][:64])), shut)
+            reporter.writer.emit("membership", seq=request["seq"], cut=shut)
+            request = None
         if request is not None:
             try:
                 added, removed = plan_change(cluster, request.get("cluster"))
@@ -256,8 +329,10 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
                 if not drain():         # a leaving worker finishes its closure first
                     break
                 coordinator.join()
+                loss.forget(range(len(request["cluster"]["worker"]), workers))
                 apply_change(strategy, coordinator, request["cluster"], added, removed)
                 cluster, workers = dict(request["cluster"]), len(request["cluster"]["worker"])
+                loss.follow(coordinator, cluster["worker"])
                 if watch is not None:
                     watch.workers = list(cluster["worker"])
                 per_worker_iterator = per_worker_datasets(workers)
@@ -301,7 +376,12 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             if not collect_one():
                 break
         reached = schedule.reached(scheduled)
-        if reached.checkpoint and not deadline.stop_requested:
+        checkpoint_due = checkpoint_due or reached.checkpoint
+        if checkpoint_due and not deadline.stop_requested and not any_late(time.monotonic()):
+            # A checkpoint needs every closure in flight collected (a consistent step). One
+            # running late may be a lost worker's, which returns only once the watch cut it loose
+            # (20 s or more): the others train on meanwhile and the checkpoint waits for it.
+            checkpoint_due = False
             if not drain():
                 break
             coordinator.join()  # a consistent step on disk
@@ -325,6 +405,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
                     "frozen): ending without a checkpoint (TensorFlow would hold the save behind "
                     "them); the last one is %s", len(in_flight), drain_limit(slowest),
                     last_checkpoint or "none")
+    report_news()
     deadline.disarm()  # nothing to train (resumed at the budget): still a clean start
     final_step = int(step_var.numpy())
     meter.maybe_emit(final_step, force=True)

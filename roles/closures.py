@@ -9,17 +9,18 @@ chief, which collects closures in the order it scheduled them, waits for good (i
 ``WorkerClosureProcessingLoop-2`` inside ``execute_with_cancellation``, the chief in
 ``collect_one``).
 
-TensorFlow's coordinator already knows what to do with a worker whose call *fails*: it puts the
-closure back, another worker runs it, and the failed worker rejoins once its server answers
-(``WorkerPreemptionHandler``). So the chief makes the hung call fail: :class:`ClosureWatch`
-knows when each worker's current closure began (the coordinator's ``Worker._process_closure``
-is wrapped, one timestamp per worker thread); a closure running far longer than any seen
-(:func:`stuck_after`) names its worker, and :func:`cut_connections` shuts this process's TCP
-connections to that worker's address (``shutdown`` on a duplicate of gRPC's socket, found
-through ``/proc/self/net/tcp{,6}`` and ``/proc/self/fd`` as roles/handover.py finds listeners).
-gRPC sees the connection end, the call fails with ``UnavailableError``, and the coordinator's
-own recovery takes over: no checkpoint is restored, and the job loses no step beyond the
-closure that was in flight.
+What to do with a worker whose call *fails* is roles/workerloss.py's: the closure goes back to
+the queue, another worker runs it, and the failed worker is taken back once it answers. So the
+chief makes the hung call fail: :class:`ClosureWatch` knows when each worker's current closure
+began (the coordinator's ``Worker._process_closure`` is wrapped, one timestamp per worker
+thread); a closure running far longer than any seen (:func:`stuck_after`) names its worker, and
+:func:`cut_connections` shuts this process's TCP connections to that worker's address
+(``shutdown`` on a duplicate of gRPC's socket, found through ``/proc/self/net/tcp{,6}`` and
+``/proc/self/fd`` as roles/handover.py finds listeners). gRPC sees the connection end and the
+call fails with ``UnavailableError`` (at once, or ~20 s later when gRPC gives up reconnecting to
+the cut address): no checkpoint is restored, and the job loses no step beyond the closure that
+was in flight. The chief collects closures in any order, so the other workers train on
+meanwhile; the cut is judged per closure, not by whether the others finish theirs.
 
 Before that, a closure that takes a few times the slowest one seen makes the chief say so: a
 ``waiting`` event (``worker``, ``seconds``, ``step``) that the orchestrator shows as
@@ -197,25 +198,26 @@ class ClosureWatch:
         self.cuts = 0
 
     def check(self, now: float, waited: float, slowest: float, step: int) -> None:
-        """Called while the chief waits for its oldest closure: ``waited`` is how long no closure
-        has finished, ``slowest`` the slowest closure collected so far."""
-        if waited <= waiting_after(slowest):
-            return
+        """Called while the chief waits for a closure: ``waited`` is how long no closure has
+        finished, ``slowest`` the slowest closure collected so far. Reports the worker whose
+        closure runs longest once nothing finished for :func:`waiting_after`; cuts every worker
+        whose closure has run past :func:`stuck_after`, whether or not the others finish theirs."""
         busy = self._busy()
         if not busy:
             return
-        index, began = min(busy.items(), key=lambda item: item[1])
-        age = now - began
-        name = f"worker:{index}"
-        if (index, began) != self._reported or now - self._reported_at >= WAITING_EVERY:
-            self._reported, self._reported_at = (index, began), now
-            self._emit("waiting", worker=name, seconds=round(min(age, waited), 1), step=step)
-        if (waited > stuck_after(slowest) and age > stuck_after(slowest)
-                and self._cut_began.get(index) != began and index < len(self.workers)):
+        if waited > waiting_after(slowest):
+            index, began = min(busy.items(), key=lambda item: item[1])
+            if (index, began) != self._reported or now - self._reported_at >= WAITING_EVERY:
+                self._reported, self._reported_at = (index, began), now
+                self._emit("waiting", worker=f"worker:{index}", seconds=round(min(now - began, waited), 1), step=step)
+        for index, began in sorted(busy.items()):
+            age = now - began
+            if age <= stuck_after(slowest) or self._cut_began.get(index) == began or index >= len(self.workers):
+                continue
             self._cut_began[index] = began
             address = self.workers[index]
             shut = self._cut(address)
             self.cuts += 1
-            log.warning("%s's closure has run %.0f s (the slowest so far took %.1f s): its worker is taken "
-                        "for lost; %d connection(s) to %s shut so that TensorFlow runs the closure on "
-                        "another worker", name, age, slowest, shut, address)
+            log.warning("worker:%d's closure has run %.0f s (the slowest so far took %.1f s): its worker is taken "
+                        "for lost; %d connection(s) to %s shut so that the closure fails and runs on "
+                        "another worker", index, age, slowest, shut, address)

@@ -49,10 +49,15 @@ Field meanings:
   global step then), ``added``, ``removed``, ``seconds`` (the chief's pause), or only
   ``refused`` (the reason; nothing changed). A sync worker answers a request to release its
   port before a resize's next incarnation starts (roles/handover.py) with ``released`` (the
-  listening sockets it shut) and ``step``.
+  listening sockets it shut) and ``step``. The async chief answers a request to cut a lost
+  host's workers loose (``{"seq", "cut": [addresses]}``) with ``cut`` (the connections it shut).
 * ``waiting`` (async chief): no closure has finished for a while and the oldest running one is
   ``worker``'s, running for ``seconds``; ``step`` is the global step the chief has collected
   (roles/closures.py). Repeated every few seconds while it lasts; not progress.
+* ``worker`` (async chief): ``worker`` failed or was cut off and is out of the coordinator
+  (``state`` "lost", ``reason`` the error), or answers again and trains again (``state``
+  "back", ``reason`` how long it was out); ``step`` is the global step then
+  (roles/workerloss.py). No checkpoint is restored either way.
 
 This module imports no TensorFlow, so the orchestrator's tests may use it to write or
 validate fixtures.
@@ -86,6 +91,7 @@ EVENT_FIELDS: Mapping[str, tuple[str, ...]] = {
     "error": ("message", "exception"),
     "membership": ("seq",),
     "waiting": ("worker", "seconds", "step"),
+    "worker": ("worker", "state", "reason", "step"),
 }
 
 

@@ -81,6 +81,7 @@ class TrainJob:
         # take the CPU a relaunch's start needs (the pause of a resize).
         self.trained_since_launch = False
         self.resizer = Resizer(self, elastic)     # `pscluster scale`, --min-workers, --hosts-from
+        self.told_lost: set[str] = set()          # hosts whose loss the async chief was told of
         # The stall watch (core.stall_limit): the longest gap between two of the leader's events
         # once it trained, and the task the async chief last said it waits on.
         self.slowest_unit = 0.0
@@ -275,7 +276,35 @@ class TrainJob:
     # ------------------------------------------------------------------ resizes (cluster/supervision/train_resize.py)
     def between_turns(self, ex: JobExecutor[Any]) -> None:
         self.resizer.between_turns(ex)
+        self.tell_lost(ex)
         self.watch_stall(ex, ex.clock())
+
+    def tell_lost(self, ex: JobExecutor[Any]) -> None:
+        """Async: the moment a worker host stops answering (its heartbeat), tell the chief to shut
+        its connections to that host's workers, so that a closure hung on one fails now rather
+        than after the chief's own 20 s or more (roles/closures.py; the chief answers with a
+        ``membership`` event, ``cut``). Once per loss."""
+        if ex.plan.mode != Mode.ASYNC:
+            return
+        for host, link in ex.links.items():
+            if link.lost_since is None:
+                self.told_lost.discard(host)
+                continue
+            if host in self.told_lost:
+                continue
+            self.told_lost.add(host)
+            workers = [t.target for t in ex.plan.tasks if t.host == host and t.role == "worker"]
+            chief = ex.current(self.leader.name)
+            if not workers or chief is None or chief.ended_at is not None or not chief.record.events \
+                    or chief.task.host == host:
+                continue
+            self.resizer.membership_seq += 1
+            try:
+                hostops.tell(ex.pool.get(ex.plan.host(chief.task.host)), chief.record.events,
+                             {"seq": self.resizer.membership_seq, "cut": workers})
+            except PsclusterError as exc:
+                ex.reporter.emit("message", level="warning",
+                                 text=f"could not tell the chief that {host} is lost: {exc.message.splitlines()[0]}")
 
     def drop_out(self, ex: JobExecutor[Any], host: str, why: str, task: str | None = None) -> bool:
         return self.resizer.drop_out(ex, host, why, task)
@@ -309,6 +338,10 @@ class TrainJob:
         if kind == "waiting":       # the async chief waits on a closure (roles/closures.py): not progress
             if is_leader:
                 self.on_waiting(ex, event, now)
+            return
+        if kind == "worker":        # the async chief counted a worker out or back in (roles/workerloss.py)
+            if is_leader:
+                self.on_worker(ex, event)
             return
         if is_leader and self.trained_since_launch and watched.started:
             self.slowest_unit = max(self.slowest_unit, now - watched.last_event)
@@ -361,6 +394,24 @@ class TrainJob:
             watched.error = event.get("message")
         elif kind == "membership" and isinstance(event.get("seq"), int):     # the async chief's, a sync worker's
             self.resizer.membership_answers[event["seq"]] = event
+
+    def on_worker(self, ex: JobExecutor[Any], event: dict[str, Any]) -> None:
+        """Say that the chief trains on without a worker, or took it back (no restart either way)."""
+        worker = str(event.get("worker"))[:64]
+        try:
+            where = f"{worker}@{ex.plan.task(worker).host}"
+        except KeyError:
+            where = worker
+        reason = str(event.get("reason") or "")[:200]
+        if event.get("state") == "lost":
+            text = (f"{where} is out of training ({reason}); its closure runs on another worker, "
+                    f"the others train on (step {event.get('step')})")
+        else:
+            text = f"{where} trains again ({reason}; step {event.get('step')})"
+        if event.get("state") == "lost":
+            ex.reporter.emit("message", level="warning", text=text)
+        else:
+            ex.reporter.emit("message", text=text)
 
     def on_waiting(self, ex: JobExecutor[Any], event: dict[str, Any], now: float) -> None:
         """The chief has collected no closure for ``seconds`` and waits on ``worker``'s."""

@@ -52,6 +52,9 @@ class Resizer:
         self.elastic = elastic                    # --min-workers / --hosts-from
         self.asked = False                        # SIGUSR2: `pscluster scale` posted a request
         self.dropped: dict[str, HostLink] = {}    # worker hosts left out while lost: watched until they answer
+        # Async worker hosts lost but kept in the plan: the chief trains on without their workers
+        # (roles/workerloss.py) and takes them back once their servers answer again.
+        self.away: dict[str, HostLink] = {}
         self.discovery = (resize.Discovery(elastic.hosts_from, elastic.hosts_every)
                           if elastic is not None and elastic.hosts_from else None)
         self.next_rejoin = 0.0
@@ -364,6 +367,8 @@ class Resizer:
         if not verdict.drop:
             ex.reporter.emit("message", level="warning", text=f"cannot go on without {task or host}: {verdict.why}")
             return False
+        if task is None and ex.plan.mode == Mode.ASYNC:
+            return self.go_on_in_place(ex, host, why, verdict.workers_left)
         fewer = counts.get(host, 0) if task is None else 1
         dropped_left = {h: 0 for h in self.dropped}
         try:
@@ -379,11 +384,56 @@ class Resizer:
                         unreachable={host} if task is None else set())
         return True
 
+    def go_on_in_place(self, ex: JobExecutor[Any], host: str, why: str, left: int) -> bool:
+        """Async: a lost worker host stays in the plan. The chief already trains on without its
+        workers (their closures ran again elsewhere, roles/workerloss.py): nothing is restored or
+        restarted. Its processes are no longer watched; once the host answers, they are started
+        again on the same ports (:meth:`elastic_turn`) and the chief takes them back."""
+        tasks = sorted(w.task.name for w in ex.watched.values() if w.task.host == host)
+        for watched in [w for w in ex.watched.values() if w.task.host == host]:
+            ex.watched.pop(watched.record.key, None)
+        self.away[host] = HostLink(ex.plan.host(host), ex.pool, clock=ex.clock)
+        self.away[host].set_targets([], [])
+        ex.retarget()
+        text = (f"{host} {why}: training goes on in place with {left} worker(s), nothing restored; "
+                f"{', '.join(tasks)} start again when {host} answers")
+        ex.reporter.emit("message", level="warning", text=text)
+        ex.set_job(state=JobState.RUNNING, message=text)
+        ex.announce("resized", {"reason": f"{host} {why}", "workers": left, "in_place": True, "away": host,
+                                "tasks": tasks})
+        return True
+
+    def bring_back(self, ex: JobExecutor[Any], host: str) -> None:
+        """An async worker host kept in the plan answers again: what it still runs from before is
+        stopped, its workers' servers start again on their ports; the chief takes them back."""
+        self.stop_leftovers(ex, host)
+        tasks = [t for t in ex.plan.tasks if t.host == host and t.standing]
+        try:
+            for task in tasks:
+                ex.launch_server(task)
+        except PsclusterError as exc:
+            ex.reporter.emit("message", level="warning",
+                             text=f"{host} answers, but its workers did not start ({exc.message.splitlines()[0]}); "
+                                  "trying again")
+            return
+        self.away.pop(host).close()
+        ex.retarget()
+        text = f"{host} is back: {', '.join(t.name for t in tasks)} started again; the chief takes them back in place"
+        ex.reporter.emit("message", text=text)
+        ex.set_job(message=None)
+        ex.announce("resized", {"reason": f"{host} is back", "in_place": True, "back": host,
+                                "tasks": [t.name for t in tasks], "workers": len(ex.plan.tasks_of("worker"))})
+
     def elastic_turn(self, ex: JobExecutor[Any]) -> None:
         """Take back a dropped host that answers again; follow the discovery command."""
         elastic = self.elastic
         assert elastic is not None
         now = ex.clock()
+        for host, link in list(self.away.items()):
+            if link.poll(now) and now >= self.next_rejoin:
+                self.next_rejoin = now + REJOIN_RETRY
+                self.bring_back(ex, host)
+                return
         for host, link in list(self.dropped.items()):
             if link.poll(now) and now >= self.next_rejoin:        # its watch stream answers: the host is back
                 self.next_rejoin = now + REJOIN_RETRY

@@ -406,7 +406,7 @@ def test_event_writer_lines_and_contract(tmp_path):
                          "path": "ckpt-3"}
     assert events[1]["loss"] is None  # NaN is not JSON
     assert set(EVENT_FIELDS) == {"start", "placement", "progress", "checkpoint", "eval",
-                                 "done", "error", "membership", "waiting"}
+                                 "done", "error", "membership", "waiting", "worker"}
     with open(path, "a") as f:
         f.write('{"event": "progre')  # a writer killed mid-line
     assert len(read_events(path)) == 2

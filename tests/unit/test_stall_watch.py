@@ -91,7 +91,7 @@ class FakeChief:
 def test_the_chief_names_the_worker_it_waits_on_and_cuts_a_hung_one_loose_once():
     chief = FakeChief()
     watch = chief.watch()
-    chief.busy = {0: 99.0, 2: 60.0, 1: 98.0}        # worker:2's closure began first
+    chief.busy = {0: 99.0, 2: 90.0, 1: 98.0}        # worker:2's closure began first
     watch.check(100.0, waited=4.0, slowest=0.5, step=640)
     assert chief.events == []                       # under waiting_after (5 s): a normal wait
     watch.check(100.0, waited=6.0, slowest=0.5, step=640)
@@ -99,14 +99,16 @@ def test_the_chief_names_the_worker_it_waits_on_and_cuts_a_hung_one_loose_once()
     watch.check(102.0, waited=8.0, slowest=0.5, step=640)
     assert len(chief.events) == 1                   # repeated every WAITING_EVERY seconds only
     watch.check(105.0, waited=11.0, slowest=0.5, step=640)
-    assert len(chief.events) == 2 and chief.cut == []       # under stuck_after (20 s)
-    watch.check(121.0, waited=21.0, slowest=0.5, step=640)
-    assert chief.cut == ["h3:2226"] and watch.cuts == 1
-    watch.check(130.0, waited=30.0, slowest=0.5, step=640)
+    assert len(chief.events) == 2 and chief.cut == []       # 15 s: under stuck_after (20 s)
+    # The others finish their closures (nothing is waited on), but worker:2's has run 21 s.
+    watch.check(111.0, waited=0.3, slowest=0.5, step=700)
+    assert chief.cut == ["h3:2226"] and watch.cuts == 1 and len(chief.events) == 2
+    chief.busy = {2: 90.0}                          # the others' closures finished
+    watch.check(130.0, waited=30.0, slowest=0.5, step=700)
     assert chief.cut == ["h3:2226"]                 # the same closure is cut once
-    chief.busy = {2: 125.0}                         # the worker came back and hangs again
-    watch.check(150.0, waited=26.0, slowest=0.5, step=700)
-    assert chief.cut == ["h3:2226", "h3:2226"]
+    chief.busy = {2: 125.0, 0: 100.0}               # worker:2 came back and hangs again; worker:0 too
+    watch.check(150.0, waited=1.0, slowest=0.5, step=800)
+    assert chief.cut == ["h3:2226", "h1:2224", "h3:2226"]     # every hung one, by index
 
 
 def test_a_slow_job_is_judged_by_its_own_units_of_work():
