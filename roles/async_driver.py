@@ -227,11 +227,28 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         late = closures.waiting_after(slowest)
         return next((remote for remote, _, sent in in_flight if now - sent <= late), in_flight[0][0])
 
-    def collect_one() -> bool:
+    pending: list[dict] = []        # the orchestrator's requests, for the loop between two closures
+
+    def take_requests() -> None:
+        """Read the orchestrator's requests; a lost host's workers are cut loose at once (even
+        while the chief waits for a closure), anything else waits for the loop."""
+        request = requests.poll()
+        if request is None:
+            return
+        if isinstance(request.get("cut"), list):
+            addresses = [str(address) for address in request["cut"][:64]]
+            shut = sum(closures.cut_connections(address) for address in addresses)
+            log.warning("the orchestrator lost %s: %d connection(s) shut", ", ".join(addresses), shut)
+            reporter.writer.emit("membership", seq=request["seq"], cut=shut)
+        else:
+            pending.append(request)
+
+    def collect_one(until_late: float | None = None) -> bool:
         """Collect one closure in flight, the oldest that has its result: closures finish out of
         order when a worker is slow or lost, and the others' must not wait behind it. False,
         leaving them in flight, once a stop was requested and no closure finished for
-        :func:`drain_limit` (a lost worker's)."""
+        :func:`drain_limit` (a lost worker's: ``abandoned``), or, with ``until_late``, as soon
+        as a closure in flight has run that long (a checkpoint's drain gives way)."""
         nonlocal finished, stop_seen, last_done, abandoned, slowest
         position = ready()
         while not abandoned and position is None:
@@ -239,8 +256,12 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             if deadline.stop_requested:
                 stop_seen = now if stop_seen is None else stop_seen
                 abandoned = now - max(stop_seen, last_done) > drain_limit(slowest)
-            elif watch is not None and first.done:
-                watch.check(now, now - last_done, slowest, finished)
+            elif first.done:
+                take_requests()
+                if watch is not None:
+                    watch.check(now, now - last_done, slowest, finished)
+                if until_late is not None and any(now - sent > until_late for _, _, sent in in_flight):
+                    return False
             _finished_within(wait_target(now), WAIT_SLICE)
             position = ready()
         if abandoned or position is None:
@@ -278,10 +299,11 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             meter.maybe_emit(int(step_var.numpy()))
         return True
 
-    def drain() -> bool:
-        """Collect every closure in flight; False if a stop left some behind."""
+    def drain(until_late: float | None = None) -> bool:
+        """Collect every closure in flight; False if a stop left some behind (``abandoned``), or
+        with ``until_late``, once one has run that long (:func:`collect_one`)."""
         while in_flight:
-            if not collect_one():
+            if not collect_one(until_late):
                 return False
         return True
 
@@ -294,6 +316,8 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         return first.done and any(now - sent > late for _, _, sent in in_flight)
 
     checkpoint_due = False
+    snapshot_every = plan.snapshot_every or 0.0
+    next_snapshot = time.monotonic() + snapshot_every
 
     def report_news() -> None:
         for what, index, why in loss.news():
@@ -311,13 +335,9 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             if loss.rejoin(back):
                 log.info("worker(s) %s taken back in %.2f s", back, time.perf_counter() - began)
             continue        # its news next turn
-        request = requests.poll() if first.done else None
-        if request is not None and isinstance(request.get("cut"), list):
-            # The orchestrator lost a worker host: make a closure hung on it fail now.
-            shut = sum(closures.cut_connections(str(address)) for address in request["cut"][:64])
-            log.warning("the orchestrator lost %s: %d connection(s) shut", ", ".join(map(str, request["cut"][:64])), shut)
-            reporter.writer.emit("membership", seq=request["seq"], cut=shut)
-            request = None
+        if first.done:
+            take_requests()
+        request = pending.pop(0) if pending else None
         if request is not None:
             try:
                 added, removed = plan_change(cluster, request.get("cluster"))
@@ -379,15 +399,30 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         checkpoint_due = checkpoint_due or reached.checkpoint
         if checkpoint_due and not deadline.stop_requested and not any_late(time.monotonic()):
             # A checkpoint needs every closure in flight collected (a consistent step). One
-            # running late may be a lost worker's, which returns only once the watch cut it loose
-            # (20 s or more): the others train on meanwhile and the checkpoint waits for it.
-            checkpoint_due = False
-            if not drain():
+            # running late may be a lost worker's, which returns only once it is cut loose (the
+            # orchestrator's word, or the watch's 20 s or more): the drain gives way once a closure
+            # runs late (closures.waiting_after), the others train on, and the checkpoint waits.
+            if drain(until_late=closures.waiting_after(slowest)):
+                checkpoint_due = False
+                coordinator.join()  # a consistent step on disk
+                if keeper:
+                    last_saved_step = int(step_var.numpy())
+                    last_checkpoint = keeper.save_and_report(last_saved_step, reporter) or last_checkpoint
+            elif abandoned:
                 break
-            coordinator.join()  # a consistent step on disk
-            if keeper:
-                last_saved_step = int(step_var.numpy())
-                last_checkpoint = keeper.save_and_report(last_saved_step, reporter) or last_checkpoint
+        now = time.monotonic()
+        if (keeper and snapshot_every and now >= next_snapshot and first.done and not checkpoint_due
+                and not deadline.stop_requested and not any_late(now)):
+            # A snapshot: saved while the closures in flight keep running (no drain, no join), so it
+            # costs the chief the save alone; its step is read first, and the variables it holds
+            # may have a few later updates (async training has no one consistent step anyway).
+            step_now = int(step_var.numpy())
+            if step_now > last_saved_step:
+                began = time.perf_counter()
+                last_saved_step = step_now
+                last_checkpoint = keeper.save_and_report(step_now, reporter) or last_checkpoint
+                log.info("snapshot at step %d in %.2f s, training went on", step_now, time.perf_counter() - began)
+            next_snapshot = time.monotonic() + snapshot_every
         if reached.evaluate:
             while in_flight and not first.done:  # no evaluation of the untrained model
                 if not collect_one():

@@ -67,6 +67,10 @@ class TrainerSettings:
     # starts at which it checkpoints and stops by itself (None: no deadline).
     stop_grace: float = 30.0
     deadline: float | None = None
+    # Async: the chief also saves a snapshot every this many seconds while training goes on (no
+    # drain of the closures in flight), so that a lost ps costs at most this much training
+    # (issue 41). None or 0: off.
+    snapshot_every: float | None = None
     # TensorBoard: the job's leader writes one point of scalars every this many global steps
     # (0: none). Every trainer cuts its chunks there too, so points land on multiples. 100
     # costs one extra async closure per 100 steps at K=32 (4 instead of 3.125, under 2% of the
@@ -121,6 +125,7 @@ class TrainPlan:
     summary_every: int | None = None
     warmup_steps: int = 0
     gate: str | None = None
+    snapshot_every: float | None = None
 
     def next_boundary(self, step: int, every: int | None) -> int | None:
         """The first multiple of ``every`` after ``step`` (None when ``every`` is unset)."""
@@ -260,6 +265,15 @@ def make_plan(job: Job, options: TrainOptions, workers: int) -> TrainPlan:
             raise ConfigError(f"--checkpoint-every must be >= 1, got {options.checkpoint_every}")
         if not options.checkpoint_dir:
             raise ConfigError("--checkpoint-every needs --checkpoint-dir")
+    snapshot = options.snapshot_every or None
+    if snapshot is not None:
+        if not math.isfinite(snapshot) or snapshot < 1:
+            raise ConfigError(f"--snapshot-every must be at least 1 second (0: off), got {options.snapshot_every}")
+        if options.mode != "async":
+            raise ConfigError(f"--snapshot-every applies to async mode only, not {options.mode} "
+                              "(the sync modes save at --checkpoint-every steps)")
+        if not options.checkpoint_dir:
+            raise ConfigError("--snapshot-every needs --checkpoint-dir")
     if options.eval_every is not None and options.eval_every < 1:
         raise ConfigError(f"--eval-every must be >= 1, got {options.eval_every}")
     if options.summary_every < 0:
@@ -303,4 +317,5 @@ def make_plan(job: Job, options: TrainOptions, workers: int) -> TrainPlan:
         summary_every=options.summary_every or None,
         warmup_steps=warmup,
         gate=options.gate,
+        snapshot_every=snapshot,
     )

@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the chief keeps checkpoints (need not exist on other hosts)")
     p.add_argument("--checkpoint-every", type=int, metavar="STEPS",
                    help="also checkpoint every STEPS global steps (default: only at the end)")
+    p.add_argument("--snapshot-every", type=float, metavar="SECONDS",
+                   help="async: the chief also saves every SECONDS while training goes on, so that a "
+                        "lost ps costs at most that much training (default: off; 0: off)")
     p.add_argument("--resume", action="store_true",
                    help="restore the latest checkpoint in --checkpoint-dir and continue")
     p.add_argument("--eval-every", type=int, metavar="STEPS",
@@ -138,6 +141,7 @@ def parse_options(argv: Sequence[str]) -> TrainOptions:
         steps_per_execution=ns.steps_per_execution, warmup_steps=ns.warmup_steps,
         start_timeout=ns.start_timeout, collective_timeout=ns.collective_timeout,
         stop_grace=ns.stop_grace, deadline=ns.deadline, summary_every=ns.summary_every,
+        snapshot_every=ns.snapshot_every,
         summary_dir=home["summary_dir"], restarts=ns.restarts, seed=ns.seed, gate=home["gate"])
 
 

@@ -36,6 +36,9 @@ from .options import (restart_opts, check_hosts_from, DurationParam, FiniteFloat
                                        "(default: <workdir>/.pscluster/<name>/checkpoints/<job>).")
 @click.option("--checkpoint-every", type=click.IntRange(1), metavar="STEPS", help="Checkpoint interval in steps.")
 @click.option("--resume", is_flag=True, help="Continue from the latest checkpoint.")
+@click.option("--snapshot-every", type=FiniteFloat(0, 86400), metavar="SECONDS",
+              help="async: the chief also saves every SECONDS while training goes on, so that a lost ps costs at "
+                   "most that much training (default: off; 0: off; at least 1).")
 @click.option("--data", help="Data file for the job, as a path on the hosts.")
 @click.option("--steps-per-execution", type=click.IntRange(1), metavar="K",
               help="Steps per scheduled function / traced call.")
@@ -75,7 +78,7 @@ from .options import (restart_opts, check_hosts_from, DurationParam, FiniteFloat
 @keep_opt
 @click.pass_obj
 def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learning_rate, scale_lr, checkpoint_dir,
-          checkpoint_every, resume, data, steps_per_execution, eval_every, warmup_steps, summary_every, restart_policy,
+          checkpoint_every, resume, snapshot_every, data, steps_per_execution, eval_every, warmup_steps, summary_every, restart_policy,
           max_restarts, start_timeout, collective_timeout, host_timeout, stop_grace, stall_timeout, deadline, min_workers,
           hosts_from, hosts_every, notify_urls, notify_cmds, as_json: bool, detach: bool, replace: bool, keep: int) -> None:
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
@@ -84,7 +87,8 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
     from ..supervision.training import JobOptions, check_job_options, resolve_job
     options = JobOptions(epochs=epochs, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
                          scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                         resume=resume, data=data, steps_per_execution=steps_per_execution,
+                         resume=resume, snapshot_every=snapshot_every or None, data=data,
+                         steps_per_execution=steps_per_execution,
                          eval_every=eval_every, warmup_steps=warmup_steps, summary_every=summary_every,
                          restart_policy=restart_policy,
                          max_restarts=max_restarts, start_timeout=start_timeout,

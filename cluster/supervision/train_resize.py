@@ -20,6 +20,7 @@ from ..errors import Failure, PsclusterError
 from ..events import Reporter
 from ..hosts import hostops
 from ..hosts.codesync import needs_sync, sync_code, sync_files
+from ..hosts.probe import Prober
 from ..layout import gate_file, ready_file
 from ..lifecycle import resize
 from ..lifecycle.resize import Elastic, PlanDiff, ResizeRequest
@@ -396,7 +397,7 @@ class Resizer:
         self.away[host].set_targets([], [])
         ex.retarget()
         text = (f"{host} {why}: training goes on in place with {left} worker(s), nothing restored; "
-                f"{', '.join(tasks)} start again when {host} answers")
+                f"{', '.join(tasks)} train again when {host} answers")
         ex.reporter.emit("message", level="warning", text=text)
         ex.set_job(state=JobState.RUNNING, message=text)
         ex.announce("resized", {"reason": f"{host} {why}", "workers": left, "in_place": True, "away": host,
@@ -404,12 +405,19 @@ class Resizer:
         return True
 
     def bring_back(self, ex: JobExecutor[Any], host: str) -> None:
-        """An async worker host kept in the plan answers again: what it still runs from before is
-        stopped, its workers' servers start again on their ports; the chief takes them back."""
-        self.stop_leftovers(ex, host)
+        """An async worker host kept in the plan answers again. Its workers' servers that still
+        run and answer (a link that healed) are watched again: the chief has already taken them
+        back (roles/workerloss.py probes them). The others (a rebooted host) are stopped if they
+        linger and start again on their ports; the chief takes them back once they answer."""
         tasks = [t for t in ex.plan.tasks if t.host == host and t.standing]
+        kept = self.answering_servers(ex, host, tasks)
+        for task_name, record in kept.items():
+            ex.watched[record.key] = Watched(ex.plan.task(task_name), record, ProcessKind.SERVER, launched=ex.clock())
+        restart = [t for t in tasks if t.name not in kept]
+        if restart:
+            self.stop_leftovers(ex, host)
         try:
-            for task in tasks:
+            for task in restart:
                 ex.launch_server(task)
         except PsclusterError as exc:
             ex.reporter.emit("message", level="warning",
@@ -418,11 +426,35 @@ class Resizer:
             return
         self.away.pop(host).close()
         ex.retarget()
-        text = f"{host} is back: {', '.join(t.name for t in tasks)} started again; the chief takes them back in place"
+        how = (f"{', '.join(sorted(kept))} still running" if kept else "") + \
+              ("; " if kept and restart else "") + \
+              (f"{', '.join(t.name for t in restart)} started again" if restart else "")
+        text = f"{host} is back: {how}; the chief takes them back in place"
         ex.reporter.emit("message", text=text)
         ex.set_job(message=None)
         ex.announce("resized", {"reason": f"{host} is back", "in_place": True, "back": host,
                                 "tasks": [t.name for t in tasks], "workers": len(ex.plan.tasks_of("worker"))})
+
+    def answering_servers(self, ex: JobExecutor[Any], host: str, tasks: list[TaskSpec]) -> dict[str, ProcessRecord]:
+        """The newest live record of each of ``tasks`` whose server answers the gRPC probe now."""
+        records: dict[str, ProcessRecord] = {}
+        for record in ex.state.live_records():
+            if record.host == host and record.kind == ProcessKind.SERVER and record.key not in ex.watched:
+                records[record.task] = record
+        wanted = {t.name for t in tasks}
+        answering = {}
+        with Prober() as prober:
+            for name, record in records.items():
+                if name not in wanted:
+                    continue
+                task = ex.plan.task(name)
+                try:
+                    result = prober.probe(task.target, timeout=2.0, via=ex.pool.get(ex.plan.host(host)))
+                except PsclusterError:
+                    continue
+                if result.ok:
+                    answering[name] = record
+        return answering
 
     def elastic_turn(self, ex: JobExecutor[Any]) -> None:
         """Take back a dropped host that answers again; follow the discovery command."""

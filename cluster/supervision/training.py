@@ -111,7 +111,7 @@ class JobOptions(TrainerSettings):
 # left to the trainer's default (tests/unit/test_train_contract.py checks the whole mapping).
 _ALWAYS = ("start_timeout", "stop_grace", "summary_every")
 _IF_SET = ("epochs", "steps", "batch_size", "learning_rate", "checkpoint_every", "data",
-           "steps_per_execution", "warmup_steps", "eval_every", "deadline")
+           "steps_per_execution", "warmup_steps", "eval_every", "deadline", "snapshot_every")
 
 
 def _flag(field_name: str) -> str:
@@ -127,10 +127,16 @@ def check_job_options(options: JobOptions, plan: ClusterPlan | None = None, *, m
     before anything starts."""
     if options.epochs is not None and options.steps is not None:
         raise UsageError("give --epochs or --steps, not both")
+    if options.snapshot_every is not None and options.snapshot_every < 1:
+        raise UsageError(f"--snapshot-every must be at least 1 second, got {options.snapshot_every:g}",
+                         hint="0 turns snapshots off")
     if plan is None:
         return
     if options.warmup_steps and plan.mode != Mode.ASYNC:
         raise UsageError(f"--warmup-steps applies to async mode only; cluster {plan.name!r} runs {plan.mode}")
+    if options.snapshot_every and plan.mode != Mode.ASYNC:
+        raise UsageError(f"--snapshot-every applies to async mode only; cluster {plan.name!r} runs {plan.mode}",
+                         hint="the sync modes save at --checkpoint-every steps")
     workers = len(plan.tasks_of(Role.WORKER))
     if min_workers is not None and min_workers > workers:
         raise UsageError(f"--min-workers {min_workers} is larger than cluster {plan.name!r}, which has {workers} worker(s)",

@@ -178,3 +178,50 @@ def test_status_while_training_and_ctrl_c_stops_only_the_job(async_cluster):
         assert time.monotonic() < deadline and all(t["state"] in ("ready", "starting") for t in servers), servers
         time.sleep(1)
         after = run_json(["status", "--name", name], state_dir=state_dir)
+
+
+def test_a_killed_ps_costs_at_most_one_snapshot_interval(async_cluster):
+    """Issue 41, item 3: `--snapshot-every 2`: the chief saves every 2 s while training goes on
+    (no drain; its checkpoint events fall between the `--checkpoint-every` boundaries). ps:0 is
+    killed: the supervisor restarts it and the chief, which resumes from the newest snapshot
+    (the one recorded before the kill, or a later one), not from the start or from a boundary."""
+    name, state_dir = async_cluster
+    env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), NO_COLOR="1")
+    every = 1000000                     # no boundary checkpoint within this test: every save is a snapshot
+    train = subprocess.Popen([sys.executable, "-m", "cluster", "train", "distributed_mnist", "--name", name,
+                              "--steps", str(every - 1), "--checkpoint-every", str(every), "--snapshot-every", "2",
+                              "--summary-every", "0"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+
+    def state() -> dict:
+        return json.loads((state_dir / f"{name}.json").read_text())
+
+    def wait_for(what: str, ok) -> dict:
+        deadline = time.monotonic() + 300
+        while True:
+            current = state()
+            if ok(current.get("job") or {}):
+                return current
+            assert train.poll() is None, f"train ended before {what}: {train.stderr.read()[-3000:]}"
+            assert time.monotonic() < deadline, f"no {what}: {current.get('job')}"
+            time.sleep(0.3)
+
+    try:
+        first = wait_for("a snapshot", lambda job: (job.get("checkpoint_step") or 0) > 0)["job"]["checkpoint_step"]
+        before = wait_for("a second snapshot", lambda job: (job.get("checkpoint_step") or 0) > first)
+        saved = before["job"]["checkpoint_step"]
+        ps = next(r for r in reversed(before["processes"]) if r["task"] == "ps:0" and not r.get("stopped"))
+        os.kill(ps["pid"], signal.SIGKILL)
+        after = wait_for("a resume from the snapshot",
+                         lambda job: (job.get("restored_step") or 0) > 0 and job.get("state") == "running"
+                         and (job.get("step") or 0) > (job.get("restored_step") or 0))
+        train.send_signal(signal.SIGINT)
+        _, err = train.communicate(timeout=120)
+    finally:
+        if train.poll() is None:
+            train.kill()
+            train.wait()
+    restored = after["job"]["restored_step"]
+    assert restored >= saved and restored % every != 0, (saved, after["job"])
+    assert after["job"]["restarts"].get("ps:0") == 1, after["job"]
+    assert train.returncode == 130, err[-3000:]

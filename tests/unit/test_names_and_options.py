@@ -98,6 +98,7 @@ FLOAT_OPTIONS = [
     (["train", "mnist"], "--collective-timeout"),
     (["train", "mnist"], "--host-timeout"),
     (["train", "mnist"], "--stop-grace"),
+    (["train", "mnist"], "--snapshot-every"),
     (["bench", "mnist", LOCAL], "--target-accuracy"),
     (["bench", "mnist", LOCAL], "--timeout"),
     (["run", LOCAL], "--host-timeout"),

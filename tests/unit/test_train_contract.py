@@ -16,6 +16,7 @@ from roles.train import parse_options
 from tests.helpers import REPO
 
 CHOSEN = JobOptions(steps=321, batch_size=96, learning_rate=0.0125, scale_lr=True, checkpoint_every=40,
+                      snapshot_every=12.5,
                       data="/data/mnist.npz", eval_every=80, steps_per_execution=4, warmup_steps=64,
                       start_timeout=77.5,
                       collective_timeout=12.25, summary_every=25, max_restarts=9, extra_args=())
