@@ -38,7 +38,7 @@ from .options import (restart_opts, check_hosts_from, DurationParam, FiniteFloat
 @click.option("--resume", is_flag=True, help="Continue from the latest checkpoint.")
 @click.option("--snapshot-every", type=FiniteFloat(0, 86400), metavar="SECONDS",
               help="async: the chief also saves every SECONDS while training goes on, so that a lost ps costs at "
-                   "most that much training (default: off; 0: off; at least 1).")
+                   "most that much training (default: 15; 0: off; at least 1).")
 @click.option("--data", help="Data file for the job, as a path on the hosts.")
 @click.option("--steps-per-execution", type=click.IntRange(1), metavar="K",
               help="Steps per scheduled function / traced call.")
@@ -84,10 +84,10 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
     from ..lifecycle.resize import Elastic
     from ..supervision.train_job import train_executor
-    from ..supervision.training import JobOptions, check_job_options, resolve_job
+    from ..supervision.training import JobOptions, check_job_options, resolve_job, with_defaults
     options = JobOptions(epochs=epochs, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
                          scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                         resume=resume, snapshot_every=snapshot_every or None, data=data,
+                         resume=resume, snapshot_every=snapshot_every, data=data,
                          steps_per_execution=steps_per_execution,
                          eval_every=eval_every, warmup_steps=warmup_steps, summary_every=summary_every,
                          restart_policy=restart_policy,
@@ -99,6 +99,7 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
     job_ref = resolve_job(job, project_root())
     state = _existing(env, resolved)
     check_job_options(options, state.plan, min_workers=min_workers)
+    options = with_defaults(options, state.plan)
     elastic = (Elastic(min_workers, hosts_from, hosts_every) if min_workers is not None or hosts_from else None)
     if detach:
         _detach(env, resolved, state, replace=replace, as_json=as_json)

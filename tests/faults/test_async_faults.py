@@ -45,8 +45,8 @@ def test_ps_killed_job_resumes_from_the_last_checkpoint(fault_cluster):
     assert report["restarts"].get("ps:1") == 1
     assert report["restarts"].get("chief:0", 0) >= 1        # the coordinator fails with its ps and is restarted
     assert report["restored_step"] >= job["checkpoint_step"] > 0
-    assert report["restored_step"] % CHECKPOINT_EVERY == 0     # checkpoints fall on the boundaries
-    # Scheduling never crosses a checkpoint boundary, so each recovery redoes at most one interval.
+    # The newest save: a boundary checkpoint or a snapshot (every 15 s by default), whichever is
+    # newer; scheduling never crosses a boundary, so each recovery redoes at most one interval.
     assert 0 <= report["steps_redone"] <= CHECKPOINT_EVERY * report["restarts"]["chief:0"]
 
 
@@ -62,7 +62,6 @@ def test_chief_killed_job_resumes_from_the_last_checkpoint(fault_cluster):
     assert report["val_accuracy"] >= ACCURACY_BOUND
     assert report["restarts"] == {"chief:0": 1}
     assert report["restored_step"] >= job["checkpoint_step"] > 0
-    assert report["restored_step"] % CHECKPOINT_EVERY == 0
     assert 0 <= report["steps_redone"] <= CHECKPOINT_EVERY     # one recovery: at most one interval redone
 
 

@@ -47,6 +47,7 @@ def stop_after_a_periodic_checkpoint(state_dir, ckpt, *extra) -> tuple[int, dict
     returns (train's exit code, the job record when signalled and after it, stderr)."""
     train = subprocess.Popen(cli_argv(["train", "distributed_mnist", "--name", NAME, "--steps", "100000",
                                        "--checkpoint-dir", str(ckpt), "--checkpoint-every", str(CHECKPOINT_EVERY),
+                                       "--snapshot-every", "0",
                                        *extra]),
                              cwd=REPO, env=cli_env(state_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
