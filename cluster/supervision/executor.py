@@ -40,6 +40,7 @@ from .jobkind import JobFailed, JobInterrupted, JobKind, Watched
 from .links import HostLink
 
 LOOP_SECONDS = 0.1          # bounds how late an exit or event is acted on; cheap when idle
+DEAF_SLACK = 1.0            # a turn longer than LOOP_SECONDS by more than this did not listen meanwhile
 PUBLISH_SECONDS = 1.0       # how often the job record is written while nothing else changes
 SERVER_READY_TIMEOUT = 120.0
 REPLACE_TIMEOUT = 300.0     # --replace: the old job's leader may take --stop-grace to checkpoint, then its grace
@@ -270,14 +271,29 @@ class JobExecutor(Generic[K]):
         return Orchestrator(pid, host, starttime=process_starttime(pid))
 
     def loop(self) -> None:
+        turn = self.clock()
         while True:
             now = self.clock()
+            self.forgive_deafness(now - turn)
+            turn = now
             self.kind.between_turns(self)
             self.read_streams(now)
             if self.decide(now):
                 return
             self.publish(now)
             self.sleep(LOOP_SECONDS)
+
+    def forgive_deafness(self, gap: float) -> None:
+        """Silence counts only while this loop listens: a turn that blocked (a restart waiting for
+        its server to answer, a resize) read no event meanwhile, so every process's last event
+        moves on by the time it was not heard. Otherwise the next turn took the trainers' own
+        progress, unread, for a stall (measured: a worker's restart held the loop 16 s and the
+        job showed 'no progress for 16 s' while the chief had trained 700 steps), and the
+        slowest unit of work, which the stall limit is derived from, grew by as much."""
+        deaf = gap - LOOP_SECONDS - DEAF_SLACK
+        if deaf > 0:
+            for watched in self.watched.values():
+                watched.last_event += deaf
 
     def read_streams(self, now: float) -> None:
         """What every host's watch stream said since the last turn (exits, events, output)."""

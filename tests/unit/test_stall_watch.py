@@ -214,3 +214,23 @@ def test_a_bad_stall_timeout_is_refused_before_anything_starts(tmp_path, value, 
 
 def test_stall_timeout_reaches_the_options():
     assert JobOptions(stall_timeout=0.0).stall_timeout == 0.0 and JobOptions().stall_timeout is None
+
+
+def test_a_turn_that_blocked_is_not_counted_as_the_trainers_silence(tmp_path):
+    """A restart that held the supervisor's loop 16 s (it waits for the new server to answer)
+    read no event meanwhile: that time is not the leader's silence, so the next turn shows no
+    stall and the slowest unit of work does not grow by it. A short turn forgives nothing."""
+    from cluster.supervision.executor import DEAF_SLACK, LOOP_SECONDS
+    sup = idle_supervisor(tmp_path, name="st3", mode="sync")
+    sup.kind.trained_since_launch = True
+    leader = SimpleNamespace(task=sup.kind.leader, last_event=100.0, started=True, kind=ProcessKind.TRAIN,
+                             ended_at=None, done=False)
+    sup.watched = {"l": leader}
+    sup.forgive_deafness(LOOP_SECONDS + DEAF_SLACK * 0.5)
+    assert leader.last_event == 100.0
+    sup.forgive_deafness(16.0)
+    assert leader.last_event == pytest.approx(100.0 + 16.0 - LOOP_SECONDS - DEAF_SLACK)
+    sup.kind.watch_stall(sup, 116.5)
+    assert sup.progress.stalled_since is None
+    sup.kind.on_event(sup, leader, {"event": "progress", "step": 700}, now=116.6)
+    assert sup.kind.slowest_unit < 2.0
