@@ -1,12 +1,13 @@
-"""Issue 41, item 3: what a snapshot every N seconds costs an async job's step rate.
+"""Issue 41, items 3-4: what a snapshot every N seconds costs a job's step rate.
 
-Per pair, on this machine: a chief, one ps and two workers (roles.server, roles.train; no
-supervisor), distributed_mnist's MLP for a fixed budget, once without snapshots and once with
-``--snapshot-every N`` (the chief saves while training goes on, roles/async_driver.py), in
-alternating order. The rate is the trainer's own ``done.examples_per_second`` (its loop after the
-first call); the ratio with/without is printed per pair and as the median.
+Per pair, on this machine: async, a chief, one ps and two workers (roles.server, roles.train; no
+supervisor); sync, two workers (roles.train each). distributed_mnist (``--model``: its MLP or its
+CNN, the default a user gets) for a fixed budget, once without snapshots and once with
+``--snapshot-every N`` (async: the chief saves while training goes on, roles/async_driver.py;
+sync: every worker after the same step, roles/sync_driver.py), in alternating order. The rate
+is the trainer's own ``done.examples_per_second`` (its loop after the first call); the ratio with/without is printed per pair and as the median.
 
-Usage: ``python -m benchmarks.snapshot_cost [--pairs 2] [--every 10] [--steps 3000] [--json]``
+Usage: ``python -m benchmarks.snapshot_cost [--mode async|sync] [--model mlp|cnn] [--pairs 2] [--every 10] [--steps 3000] [--json]``
 """
 from __future__ import annotations
 
@@ -25,17 +26,26 @@ from roles.events import read_events  # noqa: E402
 from tests.local.test_roles import LocalCluster  # noqa: E402
 
 
-def one_run(work: Path, steps: int, every: float | None) -> dict[str, Any]:
-    cluster = LocalCluster.create(work / "logs", chief=1, ps=1, workers=2)
+def one_run(work: Path, steps: int, every: float | None, mode: str = "async", model: str = "mlp") -> dict[str, Any]:
+    if mode == "async":
+        cluster = LocalCluster.create(work / "logs", chief=1, ps=1, workers=2)
+    else:
+        cluster = LocalCluster.create(work / "logs", workers=2)
     events = work / "chief.jsonl"
     try:
-        cluster.start_servers(("ps", "worker"), cwd=work / "servers")
-        argv = ["-m", "roles.train", "--mode", "async", "--job", str(REPO / "examples" / "distributed_mnist"),
-                "--events", str(events), "--steps", str(steps), "--checkpoint-dir", str(work / "ckpt"),
-                "--summary-every", "0"]
-        if every:
-            argv += ["--snapshot-every", str(every)]
-        chief = cluster.start(argv, "chief", 0, work / "chief", "chief.log", MNIST_MODEL="mlp")
+        if mode == "async":
+            cluster.start_servers(("ps", "worker"), cwd=work / "servers")
+
+        def argv(events_file: Path) -> list[str]:
+            found = ["-m", "roles.train", "--mode", mode, "--job", str(REPO / "examples" / "distributed_mnist"),
+                     "--events", str(events_file), "--steps", str(steps), "--checkpoint-dir", str(work / "ckpt"),
+                     "--summary-every", "0"]
+            return found + (["--snapshot-every", str(every)] if every else [])
+        if mode == "async":
+            chief = cluster.start(argv(events), "chief", 0, work / "chief", "chief.log", MNIST_MODEL=model)
+        else:       # the sync workers: worker:0 is the chief
+            chief = cluster.start(argv(events), "worker", 0, work / "chief", "chief.log", MNIST_MODEL=model)
+            cluster.start(argv(work / "worker-1.jsonl"), "worker", 1, work / "worker-1", "worker-1.log", MNIST_MODEL=model)
         code = chief.wait(900)
     finally:
         cluster.stop()
@@ -52,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--every", type=float, default=10.0)
     parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--mode", choices=("async", "sync"), default="async")
+    parser.add_argument("--model", choices=("mlp", "cnn"), default="mlp", help="distributed_mnist's MNIST_MODEL")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="snapshot-cost-"))
@@ -60,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         order = [None, args.every] if pair % 2 == 0 else [args.every, None]
         runs = {}
         for every in order:
-            runs[every] = one_run(work / f"pair-{pair}-{'on' if every else 'off'}", args.steps, every)
+            runs[every] = one_run(work / f"pair-{pair}-{'on' if every else 'off'}", args.steps, every,
+                                  args.mode, args.model)
             print(f"pair {pair + 1}, snapshots {'every %gs' % every if every else 'off'}: {runs[every]}",
                   file=sys.stderr, flush=True)
         rows.append({"off": runs[None], "on": runs[args.every],

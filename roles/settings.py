@@ -67,9 +67,10 @@ class TrainerSettings:
     # starts at which it checkpoints and stops by itself (None: no deadline).
     stop_grace: float = 30.0
     deadline: float | None = None
-    # Async: the chief also saves a snapshot every this many seconds while training goes on (no
-    # drain of the closures in flight), so that a lost ps costs at most this much training
-    # (issue 41). None or 0: off.
+    # The job also saves every this many seconds (issue 41), so that a lost ps or sync worker
+    # costs at most this much training. Async: the chief, while training goes on (no drain of
+    # the closures in flight); sync: every worker after the same step (the chief's clock, on the
+    # all-reduce each unit already has); sync-ps: the chief between two steps. None or 0: off.
     snapshot_every: float | None = None
     # TensorBoard: the job's leader writes one point of scalars every this many global steps
     # (0: none). Every trainer cuts its chunks there too, so points land on multiples. 100
@@ -269,9 +270,6 @@ def make_plan(job: Job, options: TrainOptions, workers: int) -> TrainPlan:
     if snapshot is not None:
         if not math.isfinite(snapshot) or snapshot < 1:
             raise ConfigError(f"--snapshot-every must be at least 1 second (0: off), got {options.snapshot_every}")
-        if options.mode != "async":
-            raise ConfigError(f"--snapshot-every applies to async mode only, not {options.mode} "
-                              "(the sync modes save at --checkpoint-every steps)")
         if not options.checkpoint_dir:
             raise ConfigError("--snapshot-every needs --checkpoint-dir")
     if options.eval_every is not None and options.eval_every < 1:

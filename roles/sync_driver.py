@@ -204,6 +204,10 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     # checkpoint or an evaluation must line up across workers.
     schedule = StepSchedule(plan, step)
     stopping = False
+    # --snapshot-every: the chief's clock says when; the flag rides on the all-reduce after each
+    # unit (agree_on_stop), so every worker saves after the same step at no extra collective.
+    snapshot_every = plan.snapshot_every or 0.0
+    next_snapshot = time.monotonic() + snapshot_every
     while step < plan.steps_total and not stopping:
         # The first unit is one step: the job's first step after a start, a restart or a resize
         # is reported without waiting for the rest of a unit (the function's first run is slow).
@@ -212,7 +216,8 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         step += n
         if phases.open:
             phases.mark("first unit")
-        stopping = agree_on_stop(strategy, deadline, local_replicas)
+        due = bool(is_chief and snapshot_every and time.monotonic() >= next_snapshot)
+        stopping, snapshot_due = agree_on_stop(strategy, deadline, local_replicas, snapshot=due)
         counted = first.counts(step, loss)
         if phases.open:
             phases.mark("first agreement")
@@ -231,9 +236,13 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
         reached = schedule.reached(step)
         if stopping:
             break      # the checkpoint below, at the same step on every worker
-        if keeper and reached.checkpoint:
+        if keeper and (reached.checkpoint or snapshot_due):
+            began = time.perf_counter()
             last_checkpoint = keeper.save_and_report(step, reporter) or last_checkpoint
             last_saved = step
+            if snapshot_due and not reached.checkpoint:
+                log.info("snapshot at step %d in %.2f s", step, time.perf_counter() - began)
+            next_snapshot = time.monotonic() + snapshot_every
         if reached.evaluate:
             # The evaluation's line comes with the training loss up to it (a short run
             # would otherwise report one progress event at the end).
@@ -305,23 +314,27 @@ def _within(seconds: float, what: str, call: Any, *args: Any) -> bool:
     return True
 
 
-def agree_on_stop(strategy: Any, link: TrainerLink, local_replicas: int) -> bool:
-    """Whether any worker was asked to stop (SIGTERM, ``down``, a preemption notice) or reached
-    its ``--deadline``: one all-reduce of the flags after each unit of work, so that every worker
-    stops after the same step and saves there. A worker that learns it from a peer takes the
+def agree_on_stop(strategy: Any, link: TrainerLink, local_replicas: int, *,
+                  snapshot: bool = False) -> tuple[bool, bool]:
+    """(stop, snapshot): whether any worker was asked to stop (SIGTERM, ``down``, a preemption
+    notice) or reached its ``--deadline``, and whether any (the chief, by its clock) wants a
+    snapshot saved. One all-reduce of the flags after each unit of work, so that every worker
+    stops, or saves, after the same step. A worker that learns of a stop from a peer takes the
     peer's reason (a stop outranks a deadline), so all of them end alike. Costs one scalar
     all-reduce per ``steps_per_execution`` steps."""
     mine = [1.0 if link.stop_requested and link.stop_reason != "deadline" else 0.0,
-            1.0 if link.stop_requested and link.stop_reason == "deadline" else 0.0]
-    stops, deadlines = (float(v) for v in _sum_over_workers(strategy, tf.constant(mine), local_replicas).numpy())
+            1.0 if link.stop_requested and link.stop_reason == "deadline" else 0.0,
+            1.0 if snapshot else 0.0]
+    stops, deadlines, snapshots = (float(v) for v in
+                                   _sum_over_workers(strategy, tf.constant(mine), local_replicas).numpy())
     if stops > 0:
         if not link.stop_requested or link.stop_reason == "deadline":
             link.stop_requested, link.stop_reason = True, "a peer's stop request"
-        return True
+        return True, False
     if deadlines > 0:
         link.request_stop("deadline")
-        return True
-    return False
+        return True, False
+    return False, snapshots > 0
 
 
 def _make_train_steps(job: Job, plan: TrainPlan, strategy: Any, model: Any,

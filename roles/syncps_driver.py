@@ -238,6 +238,10 @@ def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: Trainer
     last_saved = -1
     schedule = StepSchedule(plan, step)
     first = FirstStep(deadline, meter)
+    # --snapshot-every: only the chief saves (the variables live on the ps), so its clock alone
+    # says when, between two of its steps.
+    snapshot_every = plan.snapshot_every or 0.0
+    next_snapshot = time.monotonic() + snapshot_every
     # stop_requested (SIGTERM or --deadline): end after this step; the chief saves below.
     while step < plan.steps_total and not (first.done and deadline.stop_requested):
         previous = step
@@ -270,9 +274,10 @@ def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: Trainer
                       [(task.name, n * plan.worker_batch_size)])
             meter.maybe_emit(step)
         reached = schedule.reached(step)
-        if prefix and reached.checkpoint:
+        if prefix and (reached.checkpoint or (snapshot_every and time.monotonic() >= next_snapshot)):
             checkpoint = _save(saver, session, prefix, step, reporter)
             last_saved = step
+            next_snapshot = time.monotonic() + snapshot_every
         if evaluate and reached.evaluate:
             meter.maybe_emit(step, force=True)  # the evaluation's line comes with the loss up to it
             evaluate(step)

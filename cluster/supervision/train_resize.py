@@ -15,7 +15,7 @@ import json
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..contracts import DEFAULT_GRACE, JobState, Mode, ProcessKind
+from ..contracts import DEFAULT_GRACE, JobState, Mode, ProcessKind, RestartPolicy
 from ..errors import Failure, PsclusterError
 from ..events import Reporter
 from ..hosts import hostops
@@ -66,6 +66,8 @@ class Resizer:
         self.membership_answers: dict[int, dict[str, Any]] = {}
 
     def between_turns(self, ex: JobExecutor[Any]) -> None:
+        if self.elastic is None and self.away:      # an async worker host out in place: back when it answers
+            self.take_back_away(ex)
         if self.elastic is not None:
             if self.train.standby_tasks and self.train.trained_since_launch:
                 # Once it trains again after a launch (not inside a relaunch's pause, where the
@@ -360,11 +362,18 @@ class Resizer:
         watched until it answers again), or a worker that used up its restarts (``task``: its
         host runs one worker fewer): go on without it if at least --min-workers remain (True),
         else let the job fail as before (False)."""
-        if self.elastic is None or self.elastic.min_workers is None:
+        min_workers = self.elastic.min_workers if self.elastic is not None else None
+        if (min_workers is None and task is None and ex.plan.mode == Mode.ASYNC
+                and ex.rules.policy is not RestartPolicy.NEVER):
+            # Async goes on in place without a lost worker host, --min-workers or not: the chief
+            # already trains on without it (issue 41) and takes it back when it answers. Under
+            # --restart-policy never a lost host fails the job at once, as asked.
+            min_workers = 1
+        if min_workers is None:
             return False
         counts = resize.worker_counts(ex.plan)
         others = sorted({t.role for t in ex.plan.tasks if t.host == host} - {"worker"})
-        verdict = core.drop_out(counts, host=host, other_roles=others, task=task, min_workers=self.elastic.min_workers)
+        verdict = core.drop_out(counts, host=host, other_roles=others, task=task, min_workers=min_workers)
         if not verdict.drop:
             ex.reporter.emit("message", level="warning", text=f"cannot go on without {task or host}: {verdict.why}")
             return False
@@ -458,14 +467,10 @@ class Resizer:
 
     def elastic_turn(self, ex: JobExecutor[Any]) -> None:
         """Take back a dropped host that answers again; follow the discovery command."""
-        elastic = self.elastic
-        assert elastic is not None
+        assert self.elastic is not None
+        if self.take_back_away(ex):
+            return
         now = ex.clock()
-        for host, link in list(self.away.items()):
-            if link.poll(now) and now >= self.next_rejoin:
-                self.next_rejoin = now + REJOIN_RETRY
-                self.bring_back(ex, host)
-                return
         for host, link in list(self.dropped.items()):
             if link.poll(now) and now >= self.next_rejoin:        # its watch stream answers: the host is back
                 self.next_rejoin = now + REJOIN_RETRY
@@ -476,6 +481,16 @@ class Resizer:
             wanted = self.discovery.poll(now, ex.reporter)
             if wanted is not None:
                 self.follow_discovery(ex, wanted)
+
+    def take_back_away(self, ex: JobExecutor[Any]) -> bool:
+        """An async worker host out in place that answers again is brought back (one per turn)."""
+        now = ex.clock()
+        for host, link in list(self.away.items()):
+            if link.poll(now) and now >= self.next_rejoin:
+                self.next_rejoin = now + REJOIN_RETRY
+                self.bring_back(ex, host)
+                return True
+        return False
 
     def close(self) -> None:
         """When the job ends, however it ends: a discovery command still running is stopped."""

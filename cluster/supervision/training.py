@@ -147,9 +147,6 @@ def check_job_options(options: JobOptions, plan: ClusterPlan | None = None, *, m
         return
     if options.warmup_steps and plan.mode != Mode.ASYNC:
         raise UsageError(f"--warmup-steps applies to async mode only; cluster {plan.name!r} runs {plan.mode}")
-    if options.snapshot_every and plan.mode != Mode.ASYNC:
-        raise UsageError(f"--snapshot-every applies to async mode only; cluster {plan.name!r} runs {plan.mode}",
-                         hint="the sync modes save at --checkpoint-every steps")
     workers = len(plan.tasks_of(Role.WORKER))
     if min_workers is not None and min_workers > workers:
         raise UsageError(f"--min-workers {min_workers} is larger than cluster {plan.name!r}, which has {workers} worker(s)",

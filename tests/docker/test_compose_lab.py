@@ -161,15 +161,18 @@ def test_each_mode_runs_logs_status_and_down_leave_nothing(lab, mode):
 
 
 def test_a_killed_worker_node_is_a_lost_host(cluster):
-    """docker kill: node-3 (worker:2) is gone, with every process in it. Past --host-timeout it
-    drops out (--min-workers 2) and the job finishes on node-1 and node-2."""
-    training = cluster.train("--epochs", EPOCHS, "--checkpoint-every", "50", "--host-timeout", "10", "--min-workers", "2")
+    """docker kill: node-3 (worker:2) is gone, with every process in it. Past --host-timeout the
+    async job goes on in place without it (the default: no --min-workers given) and finishes on
+    node-1 and node-2, nothing restored."""
+    training = cluster.train("--epochs", EPOCHS, "--checkpoint-every", "50", "--host-timeout", "10")
     training.wait_step(200)
     docker(cluster.engine, "kill", NODES["node-3"])
     code, report = training.finish()
     assert code == 0, training.stderr[-3000:]
     assert report["val_accuracy"] >= ACCURACY, report
     assert "node-3" in training.stderr and "worker:2" in training.stderr, training.stderr[-3000:]
+    assert "training goes on in place" in " ".join(training.stderr.split()), training.stderr[-3000:]
+    assert not report["restored_step"], report
 
 
 @pytest.mark.extended

@@ -70,11 +70,12 @@ def test_short_link_cut_fails_at_once_under_policy_never(fault_cluster):
 
 
 def test_host_lost_for_good_fails_the_job_and_down_finishes_later(fault_cluster):
-    """Scenario 9: node-3 never comes back. The job fails naming it within the host timeout;
+    """Scenario 9: node-3, which holds ps:1, never comes back. The job fails naming it within the
+    host timeout (a lost worker-only host would not: the async job goes on in place without it);
     ``down`` stops everything elsewhere and says node-3 is unreachable; after the link heals a
     second ``down`` cleans what was left there."""
     cluster = fault_cluster()
-    cluster.up(ASYNC, "async")
+    cluster.up({"chief": ["node-1"], "ps": ["node-1", "node-3"], "worker": ["node-2", "node-3"]}, "async")
     training = cluster.train(*UNFINISHABLE, "--host-timeout", 10)
     training.wait_step(100)
     stranded = training.record("worker:1", "server")

@@ -180,14 +180,13 @@ def test_status_while_training_and_ctrl_c_stops_only_the_job(async_cluster):
         after = run_json(["status", "--name", name], state_dir=state_dir)
 
 
-def test_a_killed_ps_costs_at_most_one_snapshot_interval(async_cluster):
-    """Issue 41, item 3: `--snapshot-every 2`: the chief saves every 2 s while training goes on
-    (no drain; its checkpoint events fall between the `--checkpoint-every` boundaries). ps:0 is
-    killed: the supervisor restarts it and the chief, which resumes from the newest snapshot
-    (the one recorded before the kill, or a later one), not from the start or from a boundary."""
-    name, state_dir = async_cluster
+def kill_and_resume_from_a_snapshot(name: str, state_dir, task: str, kind: str) -> None:
+    """Train under `--snapshot-every 2` with no boundary checkpoint in reach (every save is a
+    snapshot), SIGKILL ``task``'s ``kind`` process once two snapshots exist, and check that the
+    job resumed from the newest snapshot (the one recorded before the kill, or a later one),
+    not from the start or from a boundary."""
     env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), NO_COLOR="1")
-    every = 1000000                     # no boundary checkpoint within this test: every save is a snapshot
+    every = 1000000
     train = subprocess.Popen([sys.executable, "-m", "cluster", "train", "distributed_mnist", "--name", name,
                               "--steps", str(every - 1), "--checkpoint-every", str(every), "--snapshot-every", "2",
                               "--summary-every", "0"], cwd=REPO, env=env, stdout=subprocess.PIPE,
@@ -210,8 +209,9 @@ def test_a_killed_ps_costs_at_most_one_snapshot_interval(async_cluster):
         first = wait_for("a snapshot", lambda job: (job.get("checkpoint_step") or 0) > 0)["job"]["checkpoint_step"]
         before = wait_for("a second snapshot", lambda job: (job.get("checkpoint_step") or 0) > first)
         saved = before["job"]["checkpoint_step"]
-        ps = next(r for r in reversed(before["processes"]) if r["task"] == "ps:0" and not r.get("stopped"))
-        os.kill(ps["pid"], signal.SIGKILL)
+        victim = next(r for r in reversed(before["processes"])
+                      if r["task"] == task and r["kind"] == kind and not r.get("stopped"))
+        os.kill(victim["pid"], signal.SIGKILL)
         after = wait_for("a resume from the snapshot",
                          lambda job: (job.get("restored_step") or 0) > 0 and job.get("state") == "running"
                          and (job.get("step") or 0) > (job.get("restored_step") or 0))
@@ -223,5 +223,28 @@ def test_a_killed_ps_costs_at_most_one_snapshot_interval(async_cluster):
             train.wait()
     restored = after["job"]["restored_step"]
     assert restored >= saved and restored % every != 0, (saved, after["job"])
-    assert after["job"]["restarts"].get("ps:0") == 1, after["job"]
+    assert after["job"]["restarts"].get(task) == 1, after["job"]
     assert train.returncode == 130, err[-3000:]
+
+
+def test_a_killed_ps_costs_at_most_one_snapshot_interval(async_cluster):
+    """Issue 41, item 3: async, the chief saves every 2 s while training goes on (no drain; its
+    checkpoint events fall between the `--checkpoint-every` boundaries). ps:0 is killed: the
+    supervisor restarts it and the chief, which resumes from the newest snapshot."""
+    name, state_dir = async_cluster
+    kill_and_resume_from_a_snapshot(name, state_dir, "ps:0", "server")
+
+
+def test_a_killed_sync_worker_costs_at_most_one_snapshot_interval(tmp_path):
+    """Issue 41, item 4: sync, every worker saves after the same step when the chief's clock
+    says so (the flag rides on the all-reduce each unit has). worker:1 is killed: the group is
+    relaunched and resumes from the newest snapshot."""
+    name, state_dir = f"local-snap-sync-{os.getpid()}", tmp_path / "state"
+    up = run_cli(["up", REPO / "inventories/local.yaml", "--name", name, "--mode", "sync", "--port-base", port_base()],
+                 state_dir=state_dir)
+    try:
+        assert up.returncode == 0, up.stderr
+        kill_and_resume_from_a_snapshot(name, state_dir, "worker:1", "train")
+    finally:
+        run_cli(["down", "--name", name, "--now"], state_dir=state_dir)
+    assert_no_survivors(name)

@@ -57,7 +57,7 @@ def write_inventory(tmp_path, monkeypatch):
     return write
 
 
-def idle_supervisor(tmp_path, *, name: str, mode: str, options=None):
+def idle_supervisor(tmp_path, *, name: str, mode: str, options=None, inventory=None):
     """The executor of a training job (its kind a `TrainJob`) for the local inventory's plan, with
     its job record made and nothing started: for tests of what it decides and reports (the clock
     stands at 100 s, the job began at 90 s)."""
@@ -69,7 +69,7 @@ def idle_supervisor(tmp_path, *, name: str, mode: str, options=None):
     from cluster.supervision.training import JobRef, JobOptions
     from cluster.transport import TransportPool
 
-    plan = plan_cluster(load_inventory(str(INVENTORIES / "local.yaml")),
+    plan = plan_cluster(load_inventory(str(inventory or INVENTORIES / "local.yaml")),
                         PlanOptions(local_python="/venv/bin/python", local_workdir="/checkout", name=name, mode=mode))
     store = StateStore(tmp_path / "state")
     store.save(RunState(name=name, plan=plan, phase="up"))

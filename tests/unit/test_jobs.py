@@ -374,15 +374,16 @@ def test_plan_sync_ps_runs_one_step_per_call(job):
     (dict(mode="async", snapshot_every=0.5, checkpoint_dir="c"), "at least 1 second"),
     (dict(mode="async", snapshot_every=-3.0, checkpoint_dir="c"), "at least 1 second"),
     (dict(mode="async", snapshot_every=float("nan"), checkpoint_dir="c"), "at least 1 second"),
-    (dict(mode="sync", snapshot_every=20.0, checkpoint_dir="c"), "--snapshot-every applies to async mode only"),
+    (dict(mode="sync", snapshot_every=20.0), "--snapshot-every needs --checkpoint-dir"),
 ])
 def test_plan_rejects_impossible_requests(job, kw, message):
     with pytest.raises(ConfigError, match=message):
         make_plan(job, options(**kw), workers=2)
 
 
-def test_plan_snapshots_are_async_seconds_and_zero_is_off(job):
-    assert make_plan(job, options(mode="async", snapshot_every=15.0, checkpoint_dir="c"), workers=2).snapshot_every == 15.0
+def test_plan_snapshots_are_seconds_in_every_mode_and_zero_is_off(job):
+    for mode in ("async", "sync", "sync-ps"):
+        assert make_plan(job, options(mode=mode, snapshot_every=15.0, checkpoint_dir="c"), workers=2).snapshot_every == 15.0
     assert make_plan(job, options(mode="async", snapshot_every=0.0), workers=2).snapshot_every is None
     assert make_plan(job, options(mode="sync", snapshot_every=0.0), workers=2).snapshot_every is None
     assert make_plan(job, options(mode="async"), workers=2).snapshot_every is None
@@ -427,7 +428,6 @@ def test_event_writer_lines_and_contract(tmp_path):
 @pytest.mark.parametrize("options, min_workers, error", [
     (dict(epochs=1.0, steps=5), None, "give --epochs or --steps, not both"),
     (dict(warmup_steps=10), None, "--warmup-steps applies to async mode only"),
-    (dict(snapshot_every=20.0), None, "--snapshot-every applies to async mode only"),
     (dict(snapshot_every=0.25), None, "--snapshot-every must be at least 1 second"),
     (dict(), 3, "--min-workers 3 is larger than cluster"),
 ])

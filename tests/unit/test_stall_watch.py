@@ -234,3 +234,33 @@ def test_a_turn_that_blocked_is_not_counted_as_the_trainers_silence(tmp_path):
     assert sup.progress.stalled_since is None
     sup.kind.on_event(sup, leader, {"event": "progress", "step": 700}, now=116.6)
     assert sup.kind.slowest_unit < 2.0
+
+
+TWO_HOSTS = """\
+all:
+  children:
+    chief: {hosts: {h1: {ansible_host: 127.0.0.1}}}
+    ps: {hosts: {h1: {ansible_host: 127.0.0.1}}}
+    worker: {hosts: {h1: {ansible_host: 127.0.0.1}, h2: {ansible_host: 127.0.0.2}}}
+"""
+
+
+@pytest.mark.parametrize("policy, goes_on", [("on-failure", True), ("never", False)])
+def test_an_async_job_goes_on_in_place_without_a_lost_worker_host_without_min_workers(tmp_path, policy, goes_on):
+    """Issue 41 item 2, the default a user gets: no --min-workers, and a worker-only host lost
+    past --host-timeout does not fail an async job (its chief already trains on without it); it
+    is kept in the plan and taken back when it answers. --restart-policy never still fails."""
+    inventory = tmp_path / "two.yaml"
+    inventory.write_text(TWO_HOSTS)
+    sup = idle_supervisor(tmp_path, name="inplace", mode="async", options=JobOptions(restart_policy=policy),
+                          inventory=inventory)
+    try:
+        assert sup.kind.drop_out(sup, "h2", "lost for over 60 s (no heartbeat for 4 s)") is goes_on
+        if goes_on:
+            assert "h2" in sup.kind.resizer.away
+            assert "training goes on in place with 1 worker(s)" in sup.progress.message
+        # h1 also runs the chief and ps:0: never dropped.
+        assert sup.kind.drop_out(sup, "h1", "lost for over 60 s") is False
+    finally:
+        for link in sup.kind.resizer.away.values():
+            link.close()
