@@ -13,6 +13,13 @@ throw-away directory and delete it, which :class:`CheckpointKeeper` does with
 ``keep=False``. Restoring needs the files only on the chief; the sync driver then
 copies the chief's values to the other workers.
 
+Async saves go through one ``tf.function`` traced at the first save. TensorFlow's own eager
+save of variables on several tasks traces a new function at every call
+(``MultiDeviceSaver.save``), and registering a new function reaches every task of the cluster:
+with a worker's host unreachable, each save waited for it (measured: a snapshot took 18 s after
+the orchestrator shut the link to a cut worker; with the packets only dropped, an eager save
+waited over 250 s while the traced one took 0.02 s).
+
 Sync-ps (graph mode) uses ``tf.compat.v1.train.Saver`` instead; see syncps_driver.py.
 """
 
@@ -24,6 +31,7 @@ import tempfile
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python.checkpoint import checkpoint_management
 
 MAX_TO_KEEP = 3
 CHECKPOINT_NAME = "ckpt"
@@ -49,13 +57,26 @@ class CheckpointKeeper:
         self._manager = tf.train.CheckpointManager(
             checkpoint, self._directory, max_to_keep=MAX_TO_KEEP,
             checkpoint_name=CHECKPOINT_NAME)
+        self._traced: Any = None
+        if io_device:       # the variables live on other tasks (async): one traced save function
+            options = self._options
+            # Made before the trace (it is saved, as CheckpointManager.save would, so that a
+            # restore matches every object) and counted on the chief, outside the function.
+            self._counter = checkpoint.save_counter
+
+            @tf.function(input_signature=[tf.TensorSpec([], tf.string)])
+            def write(prefix: tf.Tensor) -> tf.Tensor:
+                return checkpoint.write(prefix, options=options)
+            self._traced = write
 
     @property
     def directory(self) -> str:
         return self._directory
 
     def latest(self) -> str | None:
-        return self._manager.latest_checkpoint if self._keep else None
+        if not self._keep:
+            return None
+        return tf.train.latest_checkpoint(self._directory) if self._traced else self._manager.latest_checkpoint
 
     def restore_latest(self) -> str | None:
         """Restores the newest checkpoint; returns its path, or None if there is none.
@@ -79,10 +100,27 @@ class CheckpointKeeper:
 
     def save(self, step: int) -> str | None:
         """Writes a checkpoint numbered ``step``; returns its path (None if not kept)."""
+        if self._traced is not None:
+            return self._save_traced(step)
         path = self._manager.save(checkpoint_number=step, options=self._options)
         if not self._keep:
             shutil.rmtree(self._directory, ignore_errors=True)
             return None
+        return path
+
+    def _save_traced(self, step: int) -> str:
+        """What ``CheckpointManager.save`` does, with the traced function: write, record the
+        newest in the directory's ``checkpoint`` file (relative paths) and keep MAX_TO_KEEP."""
+        prefix = os.path.join(self._directory, f"{CHECKPOINT_NAME}-{step}")
+        self._counter.assign_add(1)
+        path = self._traced(tf.constant(prefix)).numpy().decode()
+        state = tf.train.get_checkpoint_state(self._directory)
+        kept = [p for p in (state.all_model_checkpoint_paths if state else []) if p != path] + [path]
+        for old in kept[:-MAX_TO_KEEP]:
+            for name in tf.io.gfile.glob(f"{old}.*"):
+                tf.io.gfile.remove(name)
+        checkpoint_management.update_checkpoint_state_internal(
+            self._directory, path, all_model_checkpoint_paths=kept[-MAX_TO_KEEP:], save_relative_paths=True)
         return path
 
     def close(self) -> None:
