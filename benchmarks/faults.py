@@ -3,8 +3,8 @@
 The lab of the issue: three fake hosts (network namespaces with their own sshd, each its own
 workdir). Async: chief, ps:0 and worker:0 on node-1, ps:1 and worker:1 on node-2, worker:2 on
 node-3. Sync (MultiWorkerMirroredStrategy): one worker on each. Each trial is what a user types:
-``up``, ``train distributed_mnist --steps N --host-timeout 10 --json`` (the defaults otherwise:
-snapshots every 15 s in async, the derived stall timeout), one fault at a random step (15-60 % of
+``up``, ``train distributed_mnist --steps N --json`` (the defaults: a 60 s host timeout, a
+snapshot every 15 s in async, the derived stall timeout; ``--host-timeout`` sets one), one fault at a random step (15-60 % of
 the budget), then ``down``. The faults (``--faults`` picks some):
 
 =================  ========================================================================
@@ -22,8 +22,8 @@ chief-cut-20s      node-1's link down for 20 s (the chief, ps:0 and worker:0)
 
 Per trial: the **outcome** (``rode through``: finished at ≥ 98.5 % with every worker, nothing
 restored; ``went on without``: finished after dropping a worker; ``restored``: finished after a
-restore; ``failed: <the error's first line>``; ``hang``: did not end within ``--limit`` s of the
-fault's end, stopped by this script), **steps lost** (steps redone after a restore, plus in async
+restore; ``failed: <the CLI's error line>``; ``crashed``: ended without one; ``hang``: did not
+end within ``--limit`` s of the fault's end, stopped by this script), **steps lost** (steps redone after a restore, plus in async
 the steps past the budget: closures that ran twice), the **pause** (the longest time without a
 progress event of the job's leader, about one every 1.5 s while it trains, from the fault to the
 last one before the budget; ``pause_record``: the same on the job record as `status` shows it),
@@ -63,7 +63,7 @@ from testbed.procs import cluster_pids  # noqa: E402
 
 BUDGET = {"async": 3500, "sync": 2000}      # what reaches 98.5 % with a margin (tests/lab/test_elastic_lab.py)
 ACCURACY = 0.985
-HOST_TIMEOUT = 10.0
+HOST_TIMEOUT = 60.0                # train's default --host-timeout
 IN_FLIGHT_STEPS = 2 * 32          # roles/async_driver.py: 2 closures per worker of 32 steps
 SNAPSHOT_EVERY = 15.0             # cluster/supervision/training.py DEFAULT_SNAPSHOT_EVERY
 
@@ -190,14 +190,15 @@ def _reason(stderr: str) -> str:
 
 
 def trial(lab: Lab, work: Path, number: int, mode: str, fault: Fault, rng: random.Random,
-          limit: float) -> dict[str, Any]:
+          limit: float, host_timeout: float | None = None) -> dict[str, Any]:
     name = f"faults-{number}"
     state_dir = work / "state"
     state_file = state_dir / f"{name}.json"
     inventory = write_inventory(lab, work / f"{name}.yaml", _groups(mode, work), {
         "pscluster_port_base": 39000 + (number % 8) * 40, "pscluster_mode": mode,
         "pscluster_env": {"OMP_NUM_THREADS": 1}, "pscluster_intra_op_threads": 1})
-    row: dict[str, Any] = {"mode": mode, "fault": fault.name, "trial": number}
+    row: dict[str, Any] = {"mode": mode, "fault": fault.name, "trial": number,
+                           "host_timeout": host_timeout or HOST_TIMEOUT}
     _, up = cli(["up", inventory, "--name", name], state_dir, check=False)
     if up.returncode != 0:
         row["outcome"] = f"up failed: {_reason(up.stderr)}"
@@ -205,7 +206,8 @@ def trial(lab: Lab, work: Path, number: int, mode: str, fault: Fault, rng: rando
         return row
     budget = BUDGET[mode]
     argv = [sys.executable, "-m", "cluster", "train", "distributed_mnist", "--name", name, "--json",
-            "--steps", str(budget), "--host-timeout", f"{HOST_TIMEOUT:g}"] + (["--min-workers", "2"] if fault.min_workers else [])
+            "--steps", str(budget)] + (["--host-timeout", f"{host_timeout:g}"] if host_timeout else []) \
+        + (["--min-workers", "2"] if fault.min_workers else [])
     out_path, err_path = work / f"{name}.out", work / f"{name}.err"
     env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), NO_COLOR="1", COLUMNS="200")
     seen: list[tuple[float, int]] = []
@@ -273,7 +275,9 @@ def trial(lab: Lab, work: Path, number: int, mode: str, fault: Fault, rng: rando
         if hang:
             row["outcome"] = "hang"
         elif not report:
-            row["outcome"] = ("traceback: " if "Traceback" in stderr else "failed: ") + _reason(stderr)
+            # A named failure is the CLI's own "error:" line (a task's log tail may quote a traceback).
+            named = any(line.startswith("error:") for line in stderr.splitlines())
+            row["outcome"] = ("failed: " if named else "crashed: ") + _reason(stderr)
         elif (report.get("val_accuracy") or 0) < ACCURACY:
             row["outcome"] = f"finished at {report.get('val_accuracy')}"
         elif row["restored_step"]:
@@ -313,7 +317,9 @@ def plan_trials(trials: int, modes: list[str], faults: list[str], rng: random.Ra
 
 def goals(rows: list[dict[str, Any]]) -> list[str]:
     """Each of issue 41's goals and whether these trials meet it."""
-    lines = []
+    lines: list[str] = []
+    if not rows:
+        return lines
     hangs = [r for r in rows if r["outcome"] == "hang"]
     lines.append(f"{'MET ' if not hangs else 'MISS'} 0 hangs: {len(hangs)} in {len(rows)} trials")
     ended = [r for r in rows if r["outcome"] in ("rode through", "went on without", "restored")
@@ -322,11 +328,13 @@ def goals(rows: list[dict[str, Any]]) -> list[str]:
                  f"naming the cause: {len(ended)}/{len(rows)}")
     worker = [r for r in rows if r["mode"] == "async" and FAULTS[r["fault"]].kind == "worker" and "steps_lost" in r]
     if worker:
-        lost, pause = max(r["steps_lost"] for r in worker), max(r["pause"] for r in worker)
+        lost = max(r["steps_lost"] for r in worker)
+        worst = max(worker, key=lambda r: r["pause"] - r.get("host_timeout", HOST_TIMEOUT))
         lines.append(f"{'MET ' if lost <= IN_FLIGHT_STEPS else 'MISS'} async worker faults lose <= the closures in "
                      f"flight ({IN_FLIGHT_STEPS} steps): at most {lost}")
-        lines.append(f"{'MET ' if pause <= HOST_TIMEOUT + 5 else 'MISS'} async worker faults go on within "
-                     f"--host-timeout + 5 s ({HOST_TIMEOUT + 5:g} s): longest pause {pause} s")
+        bound = worst.get("host_timeout", HOST_TIMEOUT) + 5
+        lines.append(f"{'MET ' if worst['pause'] <= bound else 'MISS'} async worker faults go on within "
+                     f"--host-timeout + 5 s ({bound:g} s): longest pause {max(r['pause'] for r in worker)} s")
     ps = [r for r in rows if FAULTS[r["fault"]].kind == "ps" and "steps_lost" in r and r.get("snapshot_steps")]
     if ps:
         worst = max(ps, key=lambda r: r["steps_lost"] / r["snapshot_steps"])
@@ -369,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", default=",".join(FAULTS), help="comma-separated, of: " + ", ".join(FAULTS))
     parser.add_argument("--quick", action="store_true",
                         help="one trial per fault kind: the async ones and the sync cut-20s (CI's short form)")
+    parser.add_argument("--host-timeout", type=float, help="train --host-timeout (default: train's own, 60 s)")
     parser.add_argument("--limit", type=float, default=300.0,
                         help="seconds after the fault's end before a trial counts as a hang")
     parser.add_argument("--seed", type=int)
@@ -401,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     with Lab(3, work / "lab", subnet="auto") as lab:
         for number, (mode, fault) in enumerate(order, 1):
             began = time.monotonic()
-            row = trial(lab, work, number, mode, fault, rng, args.limit)
+            row = trial(lab, work, number, mode, fault, rng, args.limit, args.host_timeout)
             row["seconds"] = round(time.monotonic() - began)
             rows.append(row)
             with open(record, "a") as handle:
