@@ -86,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-every", type=int, metavar="STEPS",
                    help="also checkpoint every STEPS global steps (default: only at the end)")
     p.add_argument("--snapshot-every", type=float, metavar="SECONDS",
-                   help="async: the chief also saves every SECONDS while training goes on, so that a "
-                        "lost ps costs at most that much training (default: off; 0: off)")
+                   help="also save every SECONDS (async: the chief, while training goes on; sync: every "
+                        "worker after the same step), so that a lost ps or worker costs at most that much "
+                        "training (default: off; 0: off)")
     p.add_argument("--resume", action="store_true",
                    help="restore the latest checkpoint in --checkpoint-dir and continue")
     p.add_argument("--eval-every", type=int, metavar="STEPS",

@@ -157,6 +157,11 @@ class Transport(abc.ABC):
     def close(self) -> None:
         """Release the connection; the transport may be used again (it reconnects)."""
 
+    def reset(self) -> None:
+        """Drop the connection (not the tunnels), so that the next call opens a new one: after a
+        host was lost, a fresh connection answers as soon as the host does, where the old one
+        may wait out TCP's retransmission backoff. No-op where there is no connection to keep."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.host.name})"
 

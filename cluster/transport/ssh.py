@@ -523,6 +523,9 @@ class SSHTransport(Transport):
                     pass
                 self._conn = None
 
+    def reset(self) -> None:
+        self._drop()
+
     def close(self) -> None:
         with self._lock:
             tunnels, self._tunnels = list(self._tunnels.values()), {}

@@ -2,8 +2,9 @@
 and the control container running pscluster against them over SSH (host keys checked against
 what the nodes published, key-only login), exactly as the README tells a user to run it.
 
-Then faults, injected with Docker itself while a job trains: a worker node killed, a node frozen
-for 20 s, a ps node restarted. Each job (4 epochs) must still end at 98.5 % validation accuracy or more.
+Then faults, injected with Docker itself while a job trains: a worker node killed (the job goes on
+in place without it), a node frozen for 20 s, a ps node restarted (these two end at 98.5 %
+validation accuracy or more after 4 epochs).
 """
 from __future__ import annotations
 
@@ -162,17 +163,29 @@ def test_each_mode_runs_logs_status_and_down_leave_nothing(lab, mode):
 
 def test_a_killed_worker_node_is_a_lost_host(cluster):
     """docker kill: node-3 (worker:2) is gone, with every process in it. Past --host-timeout the
-    async job goes on in place without it (the default: no --min-workers given) and finishes on
-    node-1 and node-2, nothing restored."""
+    async job goes on in place without it (the default: no --min-workers given), nothing
+    restored; it trains on, and a stop ends it with its work saved (stopped by state, not run
+    to its budget: accuracy is the subject of test_each_mode_runs_logs_status_and_down_leave_nothing)."""
     training = cluster.train("--epochs", EPOCHS, "--checkpoint-every", "50", "--host-timeout", "10")
     training.wait_step(200)
     docker(cluster.engine, "kill", NODES["node-3"])
-    code, report = training.finish()
+
+    def went_on() -> dict | None:
+        assert training.proc.poll() is None, training.finish(1)
+        job = cluster.job()
+        return job if "training goes on in place" in (job.get("message") or "") else None
+    at = wait_for("the job going on in place without node-3", went_on, timeout=300)
+    wait_for("200 steps more on node-1 and node-2",
+             lambda: (cluster.job().get("step") or 0) >= (at.get("step") or 0) + 200, timeout=300)
+    stop = cluster.pscluster("stop-job")
+    assert stop.returncode == 0, stop.stderr[-3000:]
+    code, _ = training.finish()
     assert code == 0, training.stderr[-3000:]
-    assert report["val_accuracy"] >= ACCURACY, report
-    assert "node-3" in training.stderr and "worker:2" in training.stderr, training.stderr[-3000:]
-    assert "training goes on in place" in " ".join(training.stderr.split()), training.stderr[-3000:]
-    assert not report["restored_step"], report
+    job = cluster.job()
+    assert job["state"] == "stopped" and not job.get("restored_step"), job
+    assert job["checkpoint_step"] >= (at.get("step") or 0) + 200, job
+    said = " ".join(training.stderr.split())
+    assert "node-3" in said and "worker:2" in said and "training goes on in place" in said, training.stderr[-3000:]
 
 
 @pytest.mark.extended
