@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="async,sync")
     parser.add_argument("--faults", default=",".join(FAULTS), help="comma-separated, of: " + ", ".join(FAULTS))
     parser.add_argument("--quick", action="store_true",
-                        help="one trial per fault kind: the async ones and the sync cut-20s (CI's short form)")
+                        help="one trial per fault kind: the async ones, and the sync cut-20s and kill-worker")
     parser.add_argument("--host-timeout", type=float, help="train --host-timeout (default: train's own, 60 s)")
     parser.add_argument("--limit", type=float, default=300.0,
                         help="seconds after the fault's end before a trial counts as a hang")
@@ -400,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else int(time.time())
     rng = random.Random(seed)
     if args.quick:
-        order = [("async", fault) for fault in FAULTS.values() if "async" in fault.modes] + [("sync", FAULTS["cut-20s"])]
+        order = [("async", fault) for fault in FAULTS.values() if "async" in fault.modes] + \
+            [("sync", FAULTS["cut-20s"]), ("sync", FAULTS["kill-worker"])]
     else:
         order = plan_trials(args.trials, modes, names, rng)
     work = args.work or Path(tempfile.mkdtemp(prefix="pscluster-faults-"))
