@@ -397,6 +397,11 @@ def main(argv: list[str] | None = None) -> int:
     except LabUnavailable as exc:
         print(f"benchmarks.faults: the SSH lab is not available here: {exc}", file=sys.stderr)
         return 2
+    def interrupted(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+    # SIGTERM (or SIGINT, which a shell's background job ignores) ends the trial in flight
+    # through its cleanup: the job stopped, the cluster down, the lab removed.
+    signal.signal(signal.SIGTERM, interrupted)
     seed = args.seed if args.seed is not None else int(time.time())
     rng = random.Random(seed)
     if args.quick:
