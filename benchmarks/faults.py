@@ -25,8 +25,9 @@ restored; ``went on without``: finished after dropping a worker; ``restored``: f
 restore; ``failed: <the CLI's error line>``; ``crashed``: ended without one; ``hang``: did not
 end within ``--limit`` s of the fault's end, stopped by this script), **steps lost** (steps redone after a restore, plus in async
 the steps past the budget: closures that ran twice), the **pause** (the longest time without a
-progress event of the job's leader, about one every 1.5 s while it trains, from the fault to the
-last one before the budget; ``pause_record``: the same on the job record as `status` shows it),
+progress event of the job's leader, about one every 1.5 s while it trains, from the fault until
+60 s after its end; ``gap_before``: the longest in the 60 s before it, the reporting interval
+under this machine's load; ``pause_record``: the same on the job record as `status` shows it),
 and the processes **left** after ``down``.
 
 Goals (issue 41): 0 hangs; async worker faults lose at most the closures in flight on the worker
@@ -184,6 +185,25 @@ def _progress(work: Path, name: str, mode: str) -> list[tuple[float, int]]:
     return sorted(found)
 
 
+WINDOW = 60.0      # seconds after a fault's end within which its pause is looked for
+
+
+def pauses(progress: list[tuple[float, int]], start: float, end: float, budget: int) -> tuple[float, float]:
+    """(pause, gap before): the longest time without a progress event of the leader from the
+    fault's start until WINDOW s after its end (or the last event before the budget: the final
+    report comes after the last save), and the longest gap in the WINDOW s before the fault (the
+    reporting interval under this machine's load, to compare with). Gaps long after a fault are
+    the machine's load, not the fault's cost."""
+    before = [t for t, step in progress if start - WINDOW <= t <= start]
+    later = [t for t, step in progress if t > start and step < budget]
+    # Every event in the window, and the first after it (a job that went on only later).
+    after = [t for t in later if t <= end + WINDOW] + [t for t in later if t > end + WINDOW][:1]
+    ends = [start] + after
+    pause = max((b - a for a, b in zip(ends, ends[1:])), default=0.0)
+    gap = max((b - a for a, b in zip(before, before[1:])), default=0.0)
+    return round(pause, 1), round(gap, 1)
+
+
 def _reason(stderr: str) -> str:
     lines = [line.strip() for line in stderr.splitlines() if line.strip().lower().startswith("error")]
     return (lines[-1] if lines else (stderr.strip().splitlines() or ["(no output)"])[-1])[:160]
@@ -244,10 +264,9 @@ def trial(lab: Lab, work: Path, number: int, mode: str, fault: Fault, rng: rando
                         hang = True
                         break
                     time.sleep(0.1)
-                # The pause: the longest time without a progress event of the leader from the fault
-                # to the last one before the budget (the final report comes after the last save).
-                ends = [fault_wall] + [t for t, step in _progress(work, name, mode) if t > fault_wall and step < budget]
-                row["pause"] = round(max((b - a for a, b in zip(ends, ends[1:])), default=time.time() - fault_wall), 1)
+                row["fault_ts"], row["fault_end_ts"] = fault_wall, fault_wall + (fault.seconds or 0)
+                row["pause"], row["gap_before"] = pauses(_progress(work, name, mode), row["fault_ts"],
+                                                         row["fault_end_ts"], budget)
                 look()
                 marks = [fault_at] + [t for t, _ in seen if t > fault_at]
                 row["pause_record"] = round(max((b - a for a, b in zip(marks, marks[1:])), default=0.0), 1)
