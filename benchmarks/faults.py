@@ -204,6 +204,12 @@ def pauses(progress: list[tuple[float, int]], start: float, end: float, budget: 
     return round(pause, 1), round(gap, 1)
 
 
+def went_without(said: str) -> bool:
+    """Whether the job dropped a worker and did not take it back before the end (``train``'s
+    output, whitespace folded): a resize without it, or the chief counting it out for good."""
+    return "in place with" in said or "resized (" in said or said.count("is out of training") > said.count("trains again")
+
+
 def _reason(stderr: str) -> str:
     lines = [line.strip() for line in stderr.splitlines() if line.strip().lower().startswith("error")]
     return (lines[-1] if lines else (stderr.strip().splitlines() or ["(no output)"])[-1])[:160]
@@ -301,7 +307,7 @@ def trial(lab: Lab, work: Path, number: int, mode: str, fault: Fault, rng: rando
             row["outcome"] = f"finished at {report.get('val_accuracy')}"
         elif row["restored_step"]:
             row["outcome"] = "restored"
-        elif "in place with" in said or "resized (" in said:
+        elif went_without(said):
             row["outcome"] = "went on without"
         else:
             row["outcome"] = "rode through"
