@@ -305,8 +305,8 @@ def trial(lab: Lab, work: Path, number: int, mode: str, fault: Fault, rng: rando
             row["outcome"] = ("failed: " if named else "crashed: ") + _reason(stderr)
         elif (report.get("val_accuracy") or 0) < ACCURACY:
             row["outcome"] = f"finished at {report.get('val_accuracy')}"
-        elif row["restored_step"]:
-            row["outcome"] = "restored"
+        elif row["restored_step"] or report.get("steps_redone"):
+            row["outcome"] = "restored"     # (from the start when nothing was saved yet: restored_step 0)
         elif went_without(said):
             row["outcome"] = "went on without"
         else:
