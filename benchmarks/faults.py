@@ -387,8 +387,28 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def recompute(row: dict[str, Any], work: Path) -> dict[str, Any]:
+    """A row recorded before the script kept the fault's time (and its window for the pause), or
+    its outcome's finer names, done again from the trial's files in ``work`` when they are there."""
+    progress = _progress(work, f"faults-{row['trial']}", row["mode"])
+    if "fault_ts" not in row and row.get("fault_step") is not None and progress:
+        # The fault came when the job record showed fault_step: the first event at or past it.
+        found = next((t for t, step in progress if step >= row["fault_step"]), None)
+        if found is not None:
+            row["fault_ts"], row["fault_end_ts"] = found, found + (FAULTS[row["fault"]].seconds or 0)
+            row["pause"], row["gap_before"] = pauses(progress, found, row["fault_end_ts"], BUDGET[row["mode"]])
+    err = work / f"faults-{row['trial']}.err"
+    if row.get("outcome") == "rode through":
+        if row.get("mode") == "sync" and row.get("steps_lost"):
+            row["outcome"] = "restored"
+        elif err.exists() and went_without(" ".join(err.read_text(errors="replace").split())):
+            row["outcome"] = "went on without"
+    return row
+
+
 def report(paths: list[Path]) -> int:
-    rows = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
+    rows = [recompute(json.loads(line), path.parent)
+            for path in paths for line in path.read_text().splitlines() if line.strip()]
     print(table(rows))
     print()
     print("\n".join(goals(rows)))

@@ -38,8 +38,8 @@ from .options import (restart_opts, check_hosts_from, DurationParam, FiniteFloat
 @click.option("--resume", is_flag=True, help="Continue from the latest checkpoint.")
 @click.option("--snapshot-every", type=FiniteFloat(0, 86400), metavar="SECONDS",
               help="Also save every SECONDS, so that a lost ps or sync worker costs at most that much training "
-                   "(async: the chief, while training goes on; default 15 there, off in the sync modes; 0: off; "
-                   "at least 1).")
+                   "(async: the chief, while training goes on; sync: every worker after the same step; default 15 in "
+                   "async and sync, off in sync-ps; 0: off; at least 1).")
 @click.option("--data", help="Data file for the job, as a path on the hosts.")
 @click.option("--steps-per-execution", type=click.IntRange(1), metavar="K",
               help="Steps per scheduled function / traced call.")

@@ -122,15 +122,17 @@ def _value(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-# Async: the chief saves a snapshot this often while training goes on unless --snapshot-every says
-# otherwise (0: off), so that a lost ps costs at most this much training. benchmarks/snapshot_cost.py
-# measured no step-rate cost at 10 s (1.04 and 1.01, with against without, on two alternating pairs).
+# Async and sync jobs save this often unless --snapshot-every says otherwise (0: off), so that a
+# lost ps or sync worker costs at most this much training. benchmarks/snapshot_cost.py measured no
+# step-rate cost: async (MLP) every 10 s 1.04 and 1.01, with against without, on two alternating
+# pairs; sync (CNN) every 15 s 1.027 and 0.986. sync-ps (not measured) keeps --checkpoint-every only.
 DEFAULT_SNAPSHOT_EVERY = 15.0
+SNAPSHOT_MODES = (Mode.ASYNC, Mode.SYNC)
 
 
 def with_defaults(options: JobOptions, plan: ClusterPlan) -> JobOptions:
-    """``options`` with what depends on the cluster filled in: the async snapshot interval."""
-    if options.snapshot_every is None and plan.mode == Mode.ASYNC:
+    """``options`` with what depends on the cluster filled in: the snapshot interval."""
+    if options.snapshot_every is None and plan.mode in SNAPSHOT_MODES:
         return replace(options, snapshot_every=DEFAULT_SNAPSHOT_EVERY)
     return options
 

@@ -443,18 +443,19 @@ def test_train_options_a_sync_cluster_cannot_run_are_refused(options, min_worker
     check_job_options(JobOptions(), plan, min_workers=len(plan.tasks_of("worker")))     # the cluster's size: fine
 
 
-def test_an_async_job_snapshots_every_15_s_unless_told_and_a_sync_job_never():
-    """Issue 41 item 3: the default a user gets. 0 turns it off; a sync cluster gets none (and
-    0 on it is accepted: nothing to turn off)."""
+def test_async_and_sync_jobs_snapshot_every_15_s_unless_told_and_sync_ps_never():
+    """Issue 41 items 3-4: the default a user gets. 0 turns it off; a sync-ps cluster gets none
+    (and 0 on it is accepted: nothing to turn off)."""
     from cluster.inventory import load_inventory
     from cluster.plan import PlanOptions, plan_cluster
     from cluster.supervision.training import DEFAULT_SNAPSHOT_EVERY, JobOptions, check_job_options, with_defaults
     plans = {mode: plan_cluster(load_inventory(str(REPO / "inventories" / "local.yaml")),
                                 PlanOptions(local_python="/py", local_workdir="/wd", mode=mode))
-             for mode in ("async", "sync")}
+             for mode in ("async", "sync", "sync-ps")}
     assert DEFAULT_SNAPSHOT_EVERY == 15.0
     assert with_defaults(JobOptions(), plans["async"]).snapshot_every == DEFAULT_SNAPSHOT_EVERY
     assert with_defaults(JobOptions(snapshot_every=0.0), plans["async"]).snapshot_every == 0.0
     assert with_defaults(JobOptions(snapshot_every=40.0), plans["async"]).snapshot_every == 40.0
-    assert with_defaults(JobOptions(), plans["sync"]).snapshot_every is None
-    check_job_options(JobOptions(snapshot_every=0.0), plans["sync"])
+    assert with_defaults(JobOptions(), plans["sync"]).snapshot_every == DEFAULT_SNAPSHOT_EVERY
+    assert with_defaults(JobOptions(), plans["sync-ps"]).snapshot_every is None
+    check_job_options(JobOptions(snapshot_every=0.0), plans["sync-ps"])
