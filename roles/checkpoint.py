@@ -35,6 +35,11 @@ from tensorflow.python.checkpoint import checkpoint_management
 
 MAX_TO_KEEP = 3
 CHECKPOINT_NAME = "ckpt"
+# Every traced save function, alive until the process ends (async trainers end with os._exit):
+# deleting one removes it from the eager context, which waits for every pending remote op, and a
+# frozen worker's never finish; the chief that ended without a checkpoint hung there, in
+# AtomicFunction.__del__, when the driver returned.
+_TRACED: list[Any] = []
 
 
 class CheckpointKeeper:
@@ -68,6 +73,7 @@ class CheckpointKeeper:
             def write(prefix: tf.Tensor) -> tf.Tensor:
                 return checkpoint.write(prefix, options=options)
             self._traced = write
+            _TRACED.append(write)
 
     @property
     def directory(self) -> str:
