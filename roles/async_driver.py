@@ -71,6 +71,7 @@ _KEEP_UNTIL_EXIT: list[Any] = []
 # Closures in flight per worker: 2 keeps a worker's queue non-empty while the chief
 # handles the previous result; more only delays progress reports and checkpoints.
 IN_FLIGHT_PER_WORKER = 2
+SNAPSHOT_AFTER_LOSS = 30.0      # seconds after a worker went out before the chief snapshots again
 
 # After a stop request, the closures in flight get this long to finish (or twice the slowest
 # closure seen, from schedule to result, if that is longer: a big model's closures take longer),
@@ -411,8 +412,12 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             elif abandoned:
                 break
         now = time.monotonic()
+        # Not in the first SNAPSHOT_AFTER_LOSS s after a worker went out: the chief's first save
+        # then waits until TensorFlow's pending ops to the lost worker fail (16-19 s measured,
+        # the chief holding every closure meanwhile); later saves do not.
         if (keeper and snapshot_every and now >= next_snapshot and first.done and not checkpoint_due
-                and not deadline.stop_requested and not any_late(now)):
+                and not deadline.stop_requested and not any_late(now)
+                and not 0.0 < loss.out_for() < SNAPSHOT_AFTER_LOSS):
             # A snapshot: saved while the closures in flight keep running (no drain, no join), so it
             # costs the chief the save alone; its step is read first, and the variables it holds
             # may have a few later updates (async training has no one consistent step anyway).

@@ -125,6 +125,12 @@ class WorkerLoss:
         with self._lock:
             return set(self._parked)
 
+    def out_for(self) -> float:
+        """Seconds since the most recent of the workers out went out (0.0: none is out)."""
+        with self._lock:
+            newest = max((parked.since for parked in self._parked.values()), default=None)
+        return 0.0 if newest is None else self._clock() - newest
+
     def live(self, total: int) -> int:
         """Workers that take closures, of ``total`` (at least one, so that the chief schedules)."""
         return max(1, total - len(self.out()))
