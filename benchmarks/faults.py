@@ -174,37 +174,31 @@ def _job(state_file: Path) -> dict[str, Any]:
         return {}
 
 
-def _first_save(work: Path, name: str, mode: str) -> int | None:
-    """The step of the leader's first checkpoint event in its first attempt (a fault before it
-    restarts from 0); None: the first attempt saved nothing."""
+def _leader_events(work: Path, name: str, mode: str, pattern: str = "job-*/{leader}.*.events.jsonl"):
+    """Every event the job's leader wrote (its files on node-1's workdir, the lab's shared disk)."""
     leader = "chief-0" if mode == "async" else "worker-0"
-    steps = []
-    for path in (work / "work-node-1" / ".pscluster" / name).glob(f"job-1/{leader}.1.events.jsonl"):
+    for path in (work / "work-node-1" / ".pscluster" / name).glob(pattern.format(leader=leader)):
         for line in path.read_text(errors="replace").splitlines():
             try:
                 event = json.loads(line)
             except ValueError:
                 continue
-            if event.get("event") == "checkpoint" and isinstance(event.get("step"), int):
-                steps.append(event["step"])
-                break
-    return min(steps) if steps else None
+            if isinstance(event, dict) and isinstance(event.get("step"), int):
+                yield event
+
+
+def _first_save(work: Path, name: str, mode: str) -> int | None:
+    """The step of the leader's first checkpoint event in its first attempt (a fault before it
+    restarts from 0); None: the first attempt saved nothing."""
+    return next((event["step"] for event in _leader_events(work, name, mode, "job-1/{leader}.1.events.jsonl")
+                 if event.get("event") == "checkpoint"), None)
 
 
 def _progress(work: Path, name: str, mode: str) -> list[tuple[float, int]]:
     """(time, step) of every progress event the job's leader wrote, every attempt of it (its own
     clock: the record's step stands still while the supervisor restarts a task, training not)."""
-    leader = "chief-0" if mode == "async" else "worker-0"
-    found = []
-    for path in (work / "work-node-1" / ".pscluster" / name).glob(f"job-*/{leader}.*.events.jsonl"):
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("event") == "progress" and isinstance(event.get("step"), int):
-                found.append((float(event["ts"]), event["step"]))
-    return sorted(found)
+    return sorted((float(event["ts"]), event["step"]) for event in _leader_events(work, name, mode)
+                  if event.get("event") == "progress")
 
 
 WINDOW = 60.0      # seconds after a fault's end within which its pause is looked for
