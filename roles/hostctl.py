@@ -803,9 +803,14 @@ def op_read(req):
 
 
 def op_hashes(req):
+    """Each file's sha256 below ``root`` (None: not there), and the files group or others may
+    read or write (``open``): a file kept private on the control machine is sent again when its
+    copy here is not (issue 42, M1: a copy made 0644 before stays 0644 while its content is the same)."""
     import hashlib
+    import stat
     root = _expand(req["root"])
     result = {}
+    shared = []
     for rel in req["files"]:
         # A name that normalizes out of the workdir (../x, /etc/x) is refused, never read (issue 42, M2).
         normal = os.path.normpath(rel) if isinstance(rel, str) and rel else ".."
@@ -815,9 +820,11 @@ def op_hashes(req):
         try:
             with open(path, "rb") as handle:
                 result[rel] = hashlib.sha256(handle.read()).hexdigest()
+                if stat.S_IMODE(os.fstat(handle.fileno()).st_mode) & 0o077:
+                    shared.append(rel)
         except OSError:
             result[rel] = None
-    return {"root": root, "hashes": result}
+    return {"root": root, "hashes": result, "open": shared}
 
 
 def op_fsid(req):

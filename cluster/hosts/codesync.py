@@ -142,7 +142,8 @@ def sync_files(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, files
         workdir = destination[host.name]
         transport = pool.get(host)
         remote = hostops.hashes(transport, workdir, [f.rel for f in files])
-        changed = [f for f in files if remote.get(f.rel) != f.sha256]
+        # A private file whose copy there is open to others travels again, same content or not.
+        changed = [f for f in files if remote.hashes.get(f.rel) != f.sha256 or (f.mode is not None and f.rel in remote.open)]
         for mode in sorted({f.mode for f in changed}, key=lambda m: m or 0):
             transport.put_files([(f.path, f"{workdir.rstrip('/')}/{f.rel}") for f in changed if f.mode == mode],
                                 root=workdir, mode=mode)

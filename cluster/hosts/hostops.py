@@ -340,9 +340,17 @@ def find(transport: Transport, root: str, *, contains: str, depth: int = 2) -> F
     return Found(answer["root"], answer["exists"], tuple(answer["files"]))
 
 
-def hashes(transport: Transport, root: str, files: Sequence[str]) -> dict[str, str | None]:
+@dataclass(frozen=True)
+class RemoteCopies:
+    """What a host holds of files below its workdir (hostctl ``hashes``)."""
+
+    hashes: Mapping[str, str | None]      # relative name -> sha256, None where there is none
+    open: frozenset[str] = frozenset()    # those group or others may read or write there
+
+
+def hashes(transport: Transport, root: str, files: Sequence[str]) -> RemoteCopies:
     answer = call(transport, "hashes", {"root": root, "files": list(files)})
-    return answer["hashes"]
+    return RemoteCopies(answer["hashes"], frozenset(answer.get("open") or ()))
 
 
 def fsid(transport: Transport, root: str) -> tuple[str, str]:

@@ -162,6 +162,36 @@ def test_a_private_file_stays_private_on_the_hosts(tmp_path):
     assert target.stat().st_mode & 0o777 == 0o600
 
 
+def test_a_private_file_copied_open_before_is_sent_again_though_unchanged(tmp_path):
+    """Issue 42, M1: only a changed sha256 travelled, so a copy made 0644 before the fix (or
+    before the file was chmod 600 here) stayed 0644 on the host; hostctl ``hashes`` says which
+    copies are open to others, and a private file's open copy is sent again."""
+    from cluster.events import Reporter
+    from cluster.hosts.codesync import sync_files
+    from cluster.inventory import load_inventory
+    from cluster.plan import PlanOptions, plan_cluster
+    from cluster.transport import TransportPool
+    cwd = write(tmp_path / "proj", {"main.py": "\n", "token.txt": "t"})
+    (cwd / "main.py").chmod(0o644)
+    (cwd / "token.txt").chmod(0o600)
+    host = write(tmp_path / "host", {"main.py": "\n", "token.txt": "t"})     # the copies an earlier run made
+    for name in ("main.py", "token.txt"):
+        (host / name).chmod(0o644)
+    (tmp_path / "one.yaml").write_text(f"all: {{vars: {{ansible_connection: local, pscluster_python: {sys.executable}}}, "
+                                       f"children: {{worker: {{hosts: {{a: {{pscluster_workdir: {host}}}}}}}}}}}\n")
+    plan = plan_cluster(load_inventory(str(tmp_path / "one.yaml")),
+                        PlanOptions(local_python=sys.executable, local_workdir=str(tmp_path / "co"), mode="sync"))
+    files = local_files(["python", "main.py"], [], Workspace(cwd=cwd, root=tmp_path / "co"))
+    with TransportPool() as pool:
+        assert hostops.hashes(pool.get(plan.hosts[0]), str(host), ["main.py", "token.txt", "gone.txt"]).open == {
+            "main.py", "token.txt"}
+        [result] = sync_files(plan, pool, Reporter(), files, tmp_path / "co")
+        assert (result.sent, result.unchanged) == (1, 1)
+        assert {name: (host / name).stat().st_mode & 0o777 for name in ("main.py", "token.txt")} == {
+            "main.py": 0o644, "token.txt": 0o600}
+        assert sync_files(plan, pool, Reporter(), files, tmp_path / "co")[0].sent == 0     # private there now
+
+
 def test_git_info_exclude_and_core_excludesfile_leave_files_home_as_git_does(tmp_path, monkeypatch):
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
