@@ -290,6 +290,11 @@ def test_the_kept_copy_is_private_checksummed_and_never_written_through_a_link(d
     os.chmod(folder, 0o777)
     assert data.read_kept(folder, "test") is None
     os.chmod(folder, 0o700)
+    # Nor is another user's, 0700 or not: they may have put the copy there too.
+    os.chown(folder, 4321, -1)
+    data.keep(folder, "train", first)
+    assert data.read_kept(folder, "test") is None and not (folder / "train.sha256").exists()
+    os.chown(folder, os.geteuid(), -1)
     # A link planted under a partial's name is not followed (O_EXCL|O_NOFOLLOW).
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
