@@ -11,7 +11,8 @@ tool caches, ``*.pyc``) and virtualenvs (a folder with ``pyvenv.cfg``).
 Never copied unless named one by one (on the command line, or a file given to ``--sync``):
 credentials (:data:`CREDENTIAL_DIRS`, ``.config/gcloud``, :data:`CREDENTIAL_FILES`, ``*.pem``,
 ``id_*`` but ``id_*.py``) and pscluster's own state directory. A script's folder that is the home
-folder, or holds ``.ssh``/``.gnupg``/``.aws``, is not walked at all unless ``--sync`` names it.
+folder or above it (``/home``), or holds ``.ssh``/``.gnupg``/``.aws``, is not walked at all unless
+``--sync`` names it.
 
 The total is capped (``--sync-limit``, default :data:`DEFAULT_SYNC_LIMIT_MIB` MiB, and
 :data:`MAX_FILES` files): a script in a home folder would otherwise copy the home folder. Over
@@ -160,11 +161,15 @@ def credential_path(rel: str) -> bool:
 
 
 def _refuse_home(path: Path, folder: str, home: Path | None) -> None:
+    """Refuse the script's folder when it is ``home``, lies above it (``/home``: every user's
+    home at once), or holds one of :data:`HOME_MARKERS`."""
     resolved = path.resolve()
     marker = next((m for m in HOME_MARKERS if (resolved / m).exists()), None)
-    if marker is None and (home is None or resolved != home.resolve()):
+    mine = home.resolve() if home is not None else None
+    if marker is None and (mine is None or (resolved != mine and resolved not in mine.parents)):
         return
-    why = f"it holds {marker}" if marker else "it is your home folder"
+    why = (f"it holds {marker}" if marker else "it is your home folder" if resolved == mine
+           else f"it holds your home folder {mine}")
     raise UsageError(f"{_shown(folder)} (the script's folder) is not copied to the hosts: {why}",
                      hint="move the script into a folder of its own, or name what travels with --sync "
                           f"(--sync {folder} takes the folder anyway, less credentials)")

@@ -136,6 +136,13 @@ def test_a_script_in_the_home_folder_does_not_take_the_home_folder_along(tmp_pat
         (home / marker).rename(tmp_path / marker)
     with pytest.raises(UsageError, match="your home folder"):
         local_files(["python", "main.py"], [], space)
+    for marker in (".ssh", ".gnupg", ".aws"):                # back home: the folder above holds none
+        (tmp_path / marker).rename(home / marker)
+    above = Workspace(cwd=tmp_path, root=tmp_path / "checkout", home=home)      # /home: every home at once
+    (tmp_path / "main.py").write_text("\n")
+    with pytest.raises(UsageError, match=f"it holds your home folder {home}"):
+        local_files(["python", "main.py"], [], above)
+    assert "home/main.py" in {f.rel for f in local_files(["python", "main.py"], ["."], above)}   # named: taken
 
 
 def test_credentials_and_the_state_never_travel_unless_named_one_by_one(tmp_path):
