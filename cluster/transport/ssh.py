@@ -222,7 +222,8 @@ def _pump(source, sink, client: socket.socket, channel) -> None:
 
 
 def lost_reason(exc: BaseException, *, timeout: float) -> str:
-    """What was seen when a connection went, for "connection to ... lost: REASON".
+    """What was seen when a connection went, for "connection to ... lost: REASON" (and a failed
+    SSH handshake or file copy, which paramiko ends the same ways).
 
     paramiko raises ``EOFError()`` or a timeout with no text when a peer goes away, and an
     exception object is true even when its text is empty: say what its type means instead.
@@ -378,7 +379,7 @@ class SSHTransport(Transport):
                     self.host.name, f"unknown host key for {self.where} (not in {known_hosts})",
                     hint=f"check the host's fingerprint, then add it: 'ssh-keyscan {self.host.address} "
                          f">> {known_hosts}'; or set pscluster_host_key_policy: accept-new") from None
-            raise UnreachableHostError(self.host.name, f"SSH to {self.where} failed: {text}",
+            raise UnreachableHostError(self.host.name, f"SSH to {self.where} failed: {lost_reason(exc, timeout=timeout)}",
                                        hint="is sshd running there?") from None
         except (socket.timeout, TimeoutError) as exc:
             raise UnreachableHostError(
@@ -480,10 +481,11 @@ class SSHTransport(Transport):
 
     def _put_files(self, files: Sequence[tuple[str, str]], *, mode: int | None = None) -> None:
         self.connect()
+        limit = max(30.0, self.host.connect_timeout * 3)
         with self._sftp_lock:
             try:
                 sftp = self._connected().sftp()
-                sftp.get_channel().settimeout(max(30.0, self.host.connect_timeout * 3))
+                sftp.get_channel().settimeout(limit)
                 made: set[str] = set()
                 for local, remote in files:
                     path = remote[2:] if remote.startswith("~/") else remote   # SFTP starts in $HOME
@@ -494,7 +496,8 @@ class SSHTransport(Transport):
                     sftp.posix_rename(tmp, path)
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 self._drop()
-                raise HostError(self.host.name, f"copying files to {self.where} failed: {exc}") from None
+                raise HostError(self.host.name,
+                                f"copying files to {self.where} failed: {lost_reason(exc, timeout=limit)}") from None
 
     @staticmethod
     def _makedirs(sftp, directory: str, made: set[str]) -> None:

@@ -7,7 +7,7 @@ import socket
 import paramiko
 import pytest
 
-from cluster.errors import UnreachableHostError
+from cluster.errors import HostError, UnreachableHostError
 from cluster.hosts import hostops
 from cluster.plan import HostSpec
 from cluster.transport.base import CommandResult, Transport
@@ -171,6 +171,12 @@ class _Gone:
     def open_session(self, timeout=None):
         raise self.exc
 
+    def sftp(self):
+        raise self.exc
+
+    def open(self):
+        raise self.exc
+
     def close(self):
         pass
 
@@ -190,6 +196,25 @@ def test_a_lost_connection_says_what_was_seen(exc, seen):
             operation()
         assert caught.value.message == f"gpu-1: connection to root@127.77.0.4 lost: {seen}"
         assert transport._conn is None   # dropped: the next operation reconnects
+
+
+@pytest.mark.parametrize("exc, seen", [(EOFError(), "the connection closed"), (socket.timeout(), "no answer for 30 s")])
+def test_a_copy_that_fails_says_what_was_seen(exc, seen, tmp_path):
+    transport = SSHTransport(host(address="127.77.0.4", user="root"))
+    transport._conn = _Gone(exc)         # type: ignore[assignment]
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(HostError) as caught:
+        transport.put_files([(str(tmp_path / "f"), "~/pscluster/f")], root="~/pscluster")
+    assert caught.value.message == f"gpu-1: copying files to root@127.77.0.4 failed: {seen}"   # the sftp limit: 30 s
+    assert transport._conn is None
+
+
+def test_an_ssh_failure_without_text_says_its_kind(tmp_path, monkeypatch):
+    transport = SSHTransport(host(address="127.77.0.4", user="root", known_hosts=str(tmp_path / "known_hosts")))
+    monkeypatch.setattr(transport, "_connection", lambda *hop: _Gone(paramiko.SSHException()))
+    with pytest.raises(UnreachableHostError) as caught:
+        transport.connect()
+    assert caught.value.message == "gpu-1: SSH to root@127.77.0.4 failed: SSHException (no message)"
 
 
 def test_lost_reason_keeps_the_exceptions_own_text():

@@ -1,4 +1,4 @@
-"""The CLI on commands that touch no host: ``plan`` and ``status`` without a cluster.
+"""The CLI on commands that touch no host: ``plan``, and ``status`` and ``down`` without a cluster.
 
 ``cluster.cli.run`` returns the exit code; an ``Env`` with consoles writing to StringIO
 captures what the user would see.
@@ -148,3 +148,15 @@ def test_status_of_an_unknown_cluster(tmp_path):
     cli = Captured(tmp_path)
     assert cli.run("status", "--name", "nope") == 2
     assert cli.stderr.getvalue().splitlines()[0] == "error: no cluster named 'nope' (known: none)"
+
+
+def test_down_of_an_unknown_cluster_lists_clusters_not_resize_files(tmp_path):
+    """Issue 45 item 3: `down --name X` said `known: bar23s.resize-result, barlab23.resize-result`."""
+    from cluster.lifecycle.resize import post_result
+    for name in ("bar23s", "barlab23"):             # answers of resizes that outlived their clusters
+        post_result(StateStore(tmp_path), name, ok=True, message="resized")
+    cli = Captured(tmp_path)
+    assert cli.run("down", "--name", "X") == 2
+    assert cli.stderr.getvalue().splitlines()[0] == "error: no cluster named 'X' (known: none)"
+    assert cli.run("down") == 2                     # nor is any of them the one cluster that is up
+    assert cli.stderr.getvalue().splitlines()[2] == "error: no cluster is up"
