@@ -37,7 +37,7 @@ def main() -> int:
 
     from roles.tfruntime import import_tensorflow, session_config
 
-    tf = import_tensorflow(threads)
+    tf = import_tensorflow(threads, keras=False)     # a server runs its peers' graphs: no Keras
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     config = session_config(tf, threads) if (threads.intra_op or threads.inter_op) else None
     try:

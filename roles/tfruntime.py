@@ -17,21 +17,32 @@ from typing import Any, Iterator
 from roles.tfconfig import ThreadConfig
 
 
-class _HidePlotting(importlib.abc.MetaPathFinder):
-    """Makes ``import matplotlib`` (and its submodules) fail while installed."""
+class _Hide(importlib.abc.MetaPathFinder):
+    """Makes imports fail while installed: ``"pkg"`` hides the package and its modules,
+    ``"pkg."`` its modules only."""
+
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        self.prefixes = prefixes
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if name == "matplotlib" or name.startswith("matplotlib."):
-            raise ImportError(f"{name} is not loaded while TensorFlow loads (PSCLUSTER_TF_PLOTTING=1 loads it)")
+        if any(name.startswith(p) if p.endswith(".") else name == p or name.startswith(p + ".")
+               for p in self.prefixes):
+            raise ImportError(f"{name} is not loaded while TensorFlow loads here (roles/tfruntime.py)")
         return None
 
 
+# Keras's modules, not the top-level package: TensorFlow's API modules look its folder up with
+# importlib.util.find_spec("keras"), which must still succeed; its eager `import keras.src.optimizers`
+# is the one that fails (TensorFlow catches the ImportError).
+KERAS_MODULES = ("keras.", "tf_keras.")
+
+
 @contextlib.contextmanager
-def _without_plotting() -> Iterator[None]:
-    if "matplotlib" in sys.modules or os.environ.get("PSCLUSTER_TF_PLOTTING") == "1":
+def _hidden(prefixes: tuple[str, ...]) -> Iterator[None]:
+    if not prefixes:
         yield
         return
-    finder = _HidePlotting()
+    finder = _Hide(prefixes)
     sys.meta_path.insert(0, finder)
     try:
         yield
@@ -39,7 +50,7 @@ def _without_plotting() -> Iterator[None]:
         sys.meta_path.remove(finder)
 
 
-def import_tensorflow(threads: ThreadConfig) -> Any:
+def import_tensorflow(threads: ThreadConfig, keras: bool = True) -> Any:
     """Imports TensorFlow and applies ``threads`` to the eager runtime.
 
     Returns the ``tensorflow`` module.
@@ -49,8 +60,18 @@ def import_tensorflow(threads: ThreadConfig) -> Any:
     every server, standby and trainer, none of which plots. So matplotlib is hidden while
     TensorFlow loads (Keras leaves the helper without it); anything imported later, a user's job
     included, gets matplotlib as usual. ``PSCLUSTER_TF_PLOTTING=1`` keeps the import as it was.
+
+    ``keras=False`` (a standing server, which runs only the graphs its peers send) also leaves
+    Keras unloaded: ``import tensorflow`` loads all of it eagerly (``keras.src.optimizers``, for
+    SavedModel's registry), about a fifth of the import's CPU here (benchmarks/server_start.py).
+    ``tf.keras`` stays TensorFlow's lazy loader and loads Keras on first use.
     """
-    with _without_plotting():
+    hide: tuple[str, ...] = ()
+    if "matplotlib" not in sys.modules and os.environ.get("PSCLUSTER_TF_PLOTTING") != "1":
+        hide += ("matplotlib",)
+    if not keras and "keras" not in sys.modules:
+        hide += KERAS_MODULES
+    with _hidden(hide):
         import tensorflow as tf
 
     if threads.intra_op:
