@@ -14,7 +14,10 @@ CHECKPOINT_EVERY = 50
 BUDGET = ("--steps", 600, "--checkpoint-every", CHECKPOINT_EVERY)
 
 
+@pytest.mark.extended
 def test_worker_killed_is_restarted_and_the_job_completes(fault_cluster):
+    """Extended: test_cluster_faults.py's two-cluster test kills worker:1 of cluster A the same way
+    and checks the same (the restart, its record, status, the line naming task and host)."""
     cluster = fault_cluster()
     cluster.up(ASYNC, "async")
     training = cluster.train(*BUDGET)
@@ -32,7 +35,11 @@ def test_worker_killed_is_restarted_and_the_job_completes(fault_cluster):
     assert '"restarts": 1' in status.stdout
 
 
+@pytest.mark.extended
 def test_ps_killed_job_resumes_from_the_last_checkpoint(fault_cluster):
+    """Extended: tests/local/test_training.py kills a ps under --snapshot-every and checks the
+    resume from the newest save; `benchmarks.faults --ci` (in .ci/run) kills ps:1 on this lab and
+    checks the loss against one snapshot interval."""
     cluster = fault_cluster()
     cluster.up(ASYNC, "async")
     training = cluster.train(*BUDGET)

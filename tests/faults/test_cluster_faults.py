@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.faults.conftest import ACCURACY_BOUND
 from testbed.procs import cluster_pids
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
@@ -201,9 +202,15 @@ def test_two_clusters_on_the_same_hosts_never_touch_each_other(fault_cluster):
     assert len(before) == 4
     training = a.train(*BUDGET)
     training.wait_step(100)
-    training.signal("worker:1", signal.SIGKILL)
+    killed = training.signal("worker:1", signal.SIGKILL)
     code, report = training.finish()
+    # A's killed worker is restarted and its job completes (the suite's proof of a worker kill).
     assert code == 0 and report["restarts"] == {"worker:1": 1}, training.stderr
+    assert report["global_step"] >= 500 and report["val_accuracy"] >= ACCURACY_BOUND, report
+    assert "worker:1@node-3" in training.stderr          # the change was reported, naming task and host
+    restarted = training.record("worker:1", "server")
+    assert restarted["pid"] != killed["pid"] and restarted["attempt"] == 2
+    assert '"restarts": 1' in a.cli("status", "--json", check=True).stdout
     down = a.down()
     assert down.returncode == 0
     assert cluster_pids(a.name) == []

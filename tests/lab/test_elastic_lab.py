@@ -24,24 +24,24 @@ pytestmark = [pytest.mark.lab, pytest.mark.tf]
 HOSTS = ("node-1", "node-2", "node-3")
 
 
-def write(lab3, tmp_path, mode: str, workers: tuple[str, ...], base: int):
+def write(lab3, tmp_path, mode: str, workers: tuple[str, ...], base: int, model: str = "cnn"):
     def at(host: str) -> dict:
         return {host: {"pscluster_workdir": str(tmp_path / f"work-{host}")}}
     groups: dict = {"worker": {k: v for host in workers for k, v in at(host).items()}}
     if mode == "async":
         groups = {"chief": at("node-1"), "ps": at("node-1"), **groups}
     return write_inventory(lab3, tmp_path / f"{mode}-{'-'.join(workers)}.yaml", groups, {
-        "pscluster_port_base": base, "pscluster_mode": mode, "pscluster_env": {"OMP_NUM_THREADS": 1},
+        "pscluster_port_base": base, "pscluster_mode": mode, "pscluster_env": {"OMP_NUM_THREADS": 1, "MNIST_MODEL": model},
         "pscluster_intra_op_threads": 1})
 
 
 @contextlib.contextmanager
-def lab_cluster(tmp_path, lab3, name: str, mode: str, workers: tuple[str, ...]):
+def lab_cluster(tmp_path, lab3, name: str, mode: str, workers: tuple[str, ...], model: str = "cnn"):
     """``up`` of the lab with ``workers``; yields (state dir, port base); down and checked after."""
     state_dir, base = tmp_path / "state", port_base()
     down = None
     try:
-        up = run_cli(["up", write(lab3, tmp_path, mode, workers, base), "--name", name], state_dir=state_dir)
+        up = run_cli(["up", write(lab3, tmp_path, mode, workers, base, model), "--name", name], state_dir=state_dir)
         assert up.returncode == 0, up.stderr
         yield state_dir, base
     finally:
@@ -151,7 +151,7 @@ def test_a_cut_host_drops_out_under_min_workers_and_rejoins_when_it_heals(tmp_pa
     """Async (issue 41): the job goes on in place, nothing restored, and node-3's worker comes
     back in place once the link heals (its server, still running, is watched again)."""
     name = "elastic-cut"
-    with lab_cluster(tmp_path, lab3, name, "async", HOSTS) as (state_dir, _):
+    with lab_cluster(tmp_path, lab3, name, "async", HOSTS, model="mlp") as (state_dir, _):     # stopped by state
         train = start_train(state_dir, name, "--steps", 100000, "--min-workers", 2, "--host-timeout", 5,
                             "--checkpoint-every", 500)
         try:
