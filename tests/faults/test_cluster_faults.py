@@ -135,8 +135,11 @@ def test_policy_never_fails_at_once_with_the_root_cause(fault_cluster):
     assert "last lines of its log" in training.stderr or "its log, at the failure" in training.stderr
 
 
+@pytest.mark.extended
 def test_restart_budget_exhausted_names_the_task_and_its_log(fault_cluster):
-    """Scenario 11: worker:1 always crashes on restart (its port is taken on node-3)."""
+    """Scenario 11: worker:1 always crashes on restart (its port is taken on node-3). Extended:
+    test_sync_faults.py's worker that never starts uses up the same budget and checks the same
+    error line and its log's last lines."""
     cluster = fault_cluster()
     cluster.up(ASYNC, "async")
     training = cluster.train(*UNFINISHABLE, "--max-restarts", 2)
@@ -171,8 +174,10 @@ def test_restart_budget_exhausted_names_the_task_and_its_log(fault_cluster):
     assert cluster.state()["restarts"]["worker:1"] == 2
 
 
+@pytest.mark.extended
 def test_orchestrator_killed_during_train_then_down_stops_everything(fault_cluster):
-    """Scenario 12."""
+    """Scenario 12. Extended: tests/local/test_stop_keeps_work.py's `down` of a job whose
+    supervisor is gone (SIGKILLed) stops everything from the records, and saves first."""
     cluster = fault_cluster()
     cluster.up(ASYNC, "async")
     # A budget the job cannot finish before `down`: on a quiet machine async runs ~30 steps/s,
