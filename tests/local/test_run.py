@@ -87,7 +87,7 @@ def test_ps_coordinator_runs_on_the_chief_of_an_async_cluster(tmp_path, cleanup)
     up = run_cli(["up", LOCAL, "--name", name, "--port-base", port_base()], state_dir=state_dir)
     assert up.returncode == 0, up.stderr
     proc = run_cli(["run", "--name", name, "--json", "--", "python", "examples/byo/tf2_ps_coordinator.py",
-                    "--steps", "600"], state_dir=state_dir, timeout=900)
+                    "--steps", "400"], state_dir=state_dir, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     report = json.loads(proc.stdout)
     assert list(tasks_of(report)) == ["chief:0"] and report["tasks"][0]["exit_code"] == 0

@@ -22,7 +22,7 @@ import pytest
 from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, port_base
 from testbed.procs import cluster_pids
 
-LOCAL = REPO / "inventories" / "local.yaml"
+LOCAL = REPO / "tests" / "fixtures" / "local-mlp.yaml"      # inventories/local.yaml, the MLP
 CHECKPOINT_EVERY = {"async": 320, "sync": 100, "sync-ps": 50}
 PAST = 20           # steps past the periodic checkpoint before the stop
 

@@ -954,3 +954,15 @@ def test_secret_with_a_plain_value_is_refused(tmp_path):
     assert caught.value.line == 5
     assert caught.value.key_path == "all.vars.pscluster_env.API_TOKEN"
     assert "plain value" in caught.value.message
+
+
+def test_the_tests_mlp_copy_of_the_local_inventory_differs_only_by_the_model():
+    """tests/fixtures/local-mlp.yaml stands in for inventories/local.yaml in the local tests whose
+    subject is a state: it must say what the shipped file says, but for MNIST_MODEL."""
+    import yaml
+
+    repo = Path(__file__).resolve().parents[2]
+    shipped = yaml.safe_load((repo / "inventories" / "local.yaml").read_text())
+    copy = yaml.safe_load((repo / "tests" / "fixtures" / "local-mlp.yaml").read_text())
+    assert copy["all"]["vars"]["pscluster_env"].pop("MNIST_MODEL") == "mlp"
+    assert copy == shipped
