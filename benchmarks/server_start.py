@@ -58,15 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         for keras in ((False, True) if i % 2 else (True, False)):
             runs[keras].append(one(keras))
     assert not any(r["keras"] for r in runs[False]) and all(r["keras"] for r in runs[True])
-    rows = []
-    for keras in (True, False):
-        cpu = statistics.median(r["cpu"] for r in runs[keras])
-        wall = statistics.median(r["wall"] for r in runs[keras])
-        rows.append(["with Keras (before)" if keras else "without Keras (roles.server)", f"{cpu:.2f}", f"{wall:.2f}"])
-    print_columns(["server import", "CPU s (median)", "wall s (median)"], rows)
-    without = statistics.median(r["cpu"] for r in runs[False]) / statistics.median(r["cpu"] for r in runs[True])
-    wall = statistics.median(r["wall"] for r in runs[False]) / statistics.median(r["wall"] for r in runs[True])
-    print(f"without / with Keras: CPU {without:.2f}, wall {wall:.2f} ({args.runs} alternated runs each)")
+    median = {keras: {key: statistics.median(r[key] for r in runs[keras]) for key in ("cpu", "wall")}
+              for keras in (True, False)}
+    print_columns(["server import", "CPU s (median)", "wall s (median)"],
+                  [["with Keras (before)" if keras else "without Keras (roles.server)",
+                    f"{median[keras]['cpu']:.2f}", f"{median[keras]['wall']:.2f}"] for keras in (True, False)])
+    print(f"without / with Keras: CPU {median[False]['cpu'] / median[True]['cpu']:.2f}, "
+          f"wall {median[False]['wall'] / median[True]['wall']:.2f} ({args.runs} alternated runs each)")
     return 0
 
 

@@ -27,7 +27,8 @@ class _Hide(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         if any(name.startswith(p) if p.endswith(".") else name == p or name.startswith(p + ".")
                for p in self.prefixes):
-            raise ImportError(f"{name} is not loaded while TensorFlow loads here (roles/tfruntime.py)")
+            raise ImportError(f"{name} is not loaded while TensorFlow loads here (roles/tfruntime.py; "
+                              "PSCLUSTER_TF_PLOTTING=1 loads matplotlib)")
         return None
 
 

@@ -142,7 +142,7 @@ def test_scale_adds_a_worker_to_a_running_job(tmp_path, mode):
         else:
             assert "resized (scale): start worker:2@localhost; 2 -> 3 worker(s)" in said, err
             # The job saved at one step and the new group restored exactly there: no step redone.
-            assert job["restored_step"] and job["restored_step"] >= grown.get("restored_step", 0), job
+            assert job["restored_step"] and job["restored_step"] >= (grown.get("restored_step") or 0), job
             # The new workers started on the old ones' ports while those trained (roles/handover.py),
             # each at its gate until the old ones had saved; the old ones released their listeners.
             assert "the new workers started while the old ones trained" in said, err
