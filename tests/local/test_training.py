@@ -32,36 +32,61 @@ def _leader_events(state_dir, name: str, job_id: int) -> list[dict]:
     return _events(records[-1]["events"])
 
 
-@pytest.mark.parametrize("mode", ["async", "sync", "sync-ps"])
-def test_each_mode_trains_distributed_mnist_on_the_local_inventory(tmp_path, mode):
-    name = f"local-train-{mode}"
-    state_dir = tmp_path / "state"
+def _shared_cluster(tmp_path_factory, mode: str):
+    """One local cluster of ``mode`` for the tests of this module that train on it (servers stay
+    up between jobs): one ``up`` instead of one per test. Down, and nothing left, at the end."""
+    name = f"local-train-{mode}-{os.getpid()}"
+    state_dir = tmp_path_factory.mktemp(mode) / "state"
     try:
         up = run_cli(["up", REPO / "inventories/local.yaml", "--name", name, "--mode", mode,
                       "--port-base", port_base()], state_dir=state_dir)
         assert up.returncode == 0, up.stderr
-        report = run_json(["train", "distributed_mnist", "--name", name, "--steps", 200], state_dir=state_dir,
-                          timeout=900)
-        assert report["mode"] == mode and report["workers"] == 2
-        assert report["global_step"] == 200
-        assert report["val_accuracy"] >= ACCURACY_BOUND
-        assert report["wall_seconds"] > 0 and report["examples_per_second"] > 0
-        assert report["checkpoint"].endswith("ckpt-200") and os.path.exists(report["checkpoint"] + ".index")
-        losses = [e["loss"] for e in _leader_events(state_dir, name, 1) if e["event"] == "progress" and e["loss"]]
-        # The loss falls well below chance level (ln 10 = 2.30 for ten classes). On a quiet machine
-        # async trains 200 steps within one progress interval, so there may be a single progress event.
-        assert losses and losses[-1] < 0.5 * math.log(10), losses
-        status = run_json(["status", "--name", name], state_dir=state_dir)
-        assert status["job"]["state"] == "done" and status["job"]["step"] == 200
-        # Every training process (the chief; or each worker) ran in the standby `up` left for it.
-        processes = json.loads((state_dir / f"{name}.json").read_text())["processes"]
-        taken = {r["pid"] for r in processes if r["kind"] == "standby" and r["stopped"]}
-        trainers = [r for r in processes if r["kind"] == "train"]
-        assert len(trainers) == (1 if mode == "async" else 2) and all(r["pid"] in taken for r in trainers)
+        yield name, state_dir
     finally:
         if (state_dir / f"{name}.json").exists():
             run_cli(["down", "--name", name], state_dir=state_dir)
     assert_no_survivors(name)
+
+
+@pytest.fixture(scope="module")
+def async_cluster(tmp_path_factory):
+    yield from _shared_cluster(tmp_path_factory, "async")
+
+
+@pytest.fixture(scope="module")
+def sync_cluster(tmp_path_factory):
+    yield from _shared_cluster(tmp_path_factory, "sync")
+
+
+@pytest.fixture(scope="module")
+def syncps_cluster(tmp_path_factory):
+    yield from _shared_cluster(tmp_path_factory, "sync-ps")
+
+
+@pytest.mark.parametrize("mode", ["async", "sync", "sync-ps"])
+def test_each_mode_trains_distributed_mnist_on_the_local_inventory(request, mode):
+    """Accuracy, the report, the record and the standbys, per mode; the async and sync clusters
+    are the ones the module's other tests train on afterwards."""
+    name, state_dir = request.getfixturevalue({"sync-ps": "syncps_cluster"}.get(mode, f"{mode}_cluster"))
+    report = run_json(["train", "distributed_mnist", "--name", name, "--steps", 200], state_dir=state_dir,
+                      timeout=900)
+    assert report["mode"] == mode and report["workers"] == 2
+    assert report["global_step"] == 200
+    assert report["val_accuracy"] >= ACCURACY_BOUND
+    assert report["wall_seconds"] > 0 and report["examples_per_second"] > 0
+    assert report["checkpoint"].endswith("ckpt-200") and os.path.exists(report["checkpoint"] + ".index")
+    job_id = json.loads((state_dir / f"{name}.json").read_text())["job"]["id"]
+    losses = [e["loss"] for e in _leader_events(state_dir, name, job_id) if e["event"] == "progress" and e["loss"]]
+    # The loss falls well below chance level (ln 10 = 2.30 for ten classes). On a quiet machine
+    # async trains 200 steps within one progress interval, so there may be a single progress event.
+    assert losses and losses[-1] < 0.5 * math.log(10), losses
+    status = run_json(["status", "--name", name], state_dir=state_dir)
+    assert status["job"]["state"] == "done" and status["job"]["step"] == 200
+    # Every training process of this job ran in a standby: the one `up` left, or one a job left.
+    processes = json.loads((state_dir / f"{name}.json").read_text())["processes"]
+    taken = {r["pid"] for r in processes if r["kind"] == "standby" and r["stopped"]}
+    trainers = [r for r in processes if r["kind"] == "train" and f"#j{job_id}." in r["key"]]
+    assert len(trainers) == (1 if mode == "async" else 2) and all(r["pid"] in taken for r in trainers)
 
 
 USER_JOB = textwrap.dedent('''
@@ -94,19 +119,6 @@ USER_JOB = textwrap.dedent('''
     def optimizer(learning_rate):
         return keras.optimizers.SGD(learning_rate, momentum=0.9)
 ''')
-
-
-@pytest.fixture(scope="module")
-def async_cluster(tmp_path_factory):
-    """One async local cluster shared by the tests below (servers stay up between jobs)."""
-    name = "local-train-shared"
-    state_dir = tmp_path_factory.mktemp("shared") / "state"
-    up = run_cli(["up", REPO / "inventories/local.yaml", "--name", name, "--mode", "async",
-                  "--port-base", port_base()], state_dir=state_dir)
-    assert up.returncode == 0, up.stderr
-    yield name, state_dir
-    run_cli(["down", "--name", name], state_dir=state_dir)
-    assert_no_survivors(name)
 
 
 def test_a_user_job_file_trains(async_cluster, tmp_path):
@@ -235,16 +247,9 @@ def test_a_killed_ps_costs_at_most_one_snapshot_interval(async_cluster):
     kill_and_resume_from_a_snapshot(name, state_dir, "ps:0", "server")
 
 
-def test_a_killed_sync_worker_costs_at_most_one_snapshot_interval(tmp_path):
+def test_a_killed_sync_worker_costs_at_most_one_snapshot_interval(sync_cluster):
     """Issue 41, item 4: sync, every worker saves after the same step when the chief's clock
     says so (the flag rides on the all-reduce each unit has). worker:1 is killed: the group is
     relaunched and resumes from the newest snapshot."""
-    name, state_dir = f"local-snap-sync-{os.getpid()}", tmp_path / "state"
-    up = run_cli(["up", REPO / "inventories/local.yaml", "--name", name, "--mode", "sync", "--port-base", port_base()],
-                 state_dir=state_dir)
-    try:
-        assert up.returncode == 0, up.stderr
-        kill_and_resume_from_a_snapshot(name, state_dir, "worker:1", "train")
-    finally:
-        run_cli(["down", "--name", name, "--now"], state_dir=state_dir)
-    assert_no_survivors(name)
+    name, state_dir = sync_cluster
+    kill_and_resume_from_a_snapshot(name, state_dir, "worker:1", "train")
