@@ -6,7 +6,10 @@
 on every full run and calls this at the end, so each run prints its own table; docs/testing.md
 keeps the table of a clean-clone run with its budget per area. A test's time is its setup, call
 and teardown together (a module's shared cluster is paid by the test that first asks for it).
-The lanes run at once, so the areas' sum is more than the wall time. ``--summary`` prints only
+The lanes run at once, so the areas' sum is more than the wall time. Where the report carries
+tests/conftest.py's ``machine_cpu_seconds`` (the machine's busy CPU over each test), the CPU
+minutes per area and file are shown too: on 2 cores the suite is bound by CPU, so that is a
+test's cost (measured on a machine running nothing else). ``--summary`` prints only
 the whole suite's count, as one line: ``suite: N passed, N failed, N skipped``.
 """
 from __future__ import annotations
@@ -37,6 +40,8 @@ class Report:
         self.areas: dict[str, float] = collections.defaultdict(float)
         self.files: dict[str, float] = collections.defaultdict(float)
         self.counts: dict[str, int] = collections.defaultdict(int)
+        self.cpu_areas: dict[str, float] = collections.defaultdict(float)
+        self.cpu_files: dict[str, float] = collections.defaultdict(float)
         self.outcomes: dict[str, int] = collections.defaultdict(int)
         self.wall = 0.0
 
@@ -49,6 +54,11 @@ class Report:
             self.areas[area] += seconds
             self.files[file] += seconds
             self.counts[area] += 1
+            cpu = next((float(prop.get("value") or 0.0) for prop in case.iter("property")
+                        if prop.get("name") == "machine_cpu_seconds"), None)
+            if cpu is not None:
+                self.cpu_areas[area] += cpu
+                self.cpu_files[file] += cpu
             kinds = {child.tag for child in case}
             self.outcomes["failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds
                           else "passed"] += 1
@@ -75,26 +85,32 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     areas, files, counts = report.areas, report.files, report.counts
     summed = sum(areas.values())
+
+    def cpu(minutes_of: dict[str, float], key: str) -> str:
+        return f"{minutes_of[key] / 60:.1f}" if key in minutes_of else "-"
+
     if args.markdown:
-        print("| area | tests | minutes | budget | share |\n|---|---|---|---|---|")
+        print("| area | tests | minutes | CPU minutes | budget | share |\n|---|---|---|---|---|---|")
         for area, seconds in sorted(areas.items(), key=lambda kv: -kv[1]):
             budget = BUDGET_MINUTES.get(area)
-            print(f"| {area} | {counts[area]} | {seconds / 60:.1f} | {'' if budget is None else f'{budget:.0f}'} "
-                  f"| {100 * seconds / summed:.0f} % |")
-        print(f"| all | {sum(counts.values())} | {summed / 60:.1f} | {sum(BUDGET_MINUTES.values()):.0f} | |")
-        print("\n| file | minutes |\n|---|---|")
+            print(f"| {area} | {counts[area]} | {seconds / 60:.1f} | {cpu(report.cpu_areas, area)} "
+                  f"| {'' if budget is None else f'{budget:.0f}'} | {100 * seconds / summed:.0f} % |")
+        print(f"| all | {sum(counts.values())} | {summed / 60:.1f} | {sum(report.cpu_areas.values()) / 60:.1f} "
+              f"| {sum(BUDGET_MINUTES.values()):.0f} | |")
+        print("\n| file | minutes | CPU minutes |\n|---|---|---|")
         for file, seconds in sorted(files.items(), key=lambda kv: -kv[1])[:args.files]:
-            print(f"| {file} | {seconds / 60:.1f} |")
+            print(f"| {file} | {seconds / 60:.1f} | {cpu(report.cpu_files, file)} |")
         return 0
     print(f"suite time by area (test minutes; the longest lane took {report.wall / 60:.1f} min):")
     for area, seconds in sorted(areas.items(), key=lambda kv: -kv[1]):
         budget = BUDGET_MINUTES.get(area)
         over = "  OVER BUDGET" if budget is not None and seconds / 60 > budget else ""
         shown = "" if budget is None else f" / {budget:.0f}"
-        print(f"  {area:8} {counts[area]:5d} tests  {seconds / 60:6.1f}{shown} min{over}")
-    print("slowest files:")
+        print(f"  {area:8} {counts[area]:5d} tests  {seconds / 60:6.1f}{shown} min{over}  "
+              f"(CPU {cpu(report.cpu_areas, area)} min)")
+    print("slowest files (CPU minutes: the machine's, over the file's tests):")
     for file, seconds in sorted(files.items(), key=lambda kv: -kv[1])[:args.files]:
-        print(f"  {seconds / 60:6.1f} min  {file}")
+        print(f"  {seconds / 60:6.1f} min  CPU {cpu(report.cpu_files, file):>5}  {file}")
     return 0
 
 

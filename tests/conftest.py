@@ -44,6 +44,42 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def machine_busy_seconds() -> float | None:
+    """CPU seconds this machine's cores spent busy since boot (all processes: /proc/stat's user,
+    nice, system, irq, softirq and steal), or None where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as handle:
+            fields = [int(v) for v in handle.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+_BUSY_AT_SETUP = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    """With ``pytest_runtest_teardown``: records the machine's busy CPU seconds over each test's
+    setup, call and teardown as the JUnit property ``machine_cpu_seconds``. The suite is bound by
+    CPU on 2 cores, so this, not the wall time, is what a test costs (the TensorFlow processes it
+    starts included, which no rusage of the test process counts). Meaningful only on a machine
+    that runs nothing else; scripts/suite_times.py sums it per area and file."""
+    busy = machine_busy_seconds()
+    if busy is not None:
+        item.stash[_BUSY_AT_SETUP] = busy
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    before, after = item.stash.get(_BUSY_AT_SETUP, None), machine_busy_seconds()
+    if before is not None and after is not None:     # before the teardown's report, which JUnit reads
+        item.user_properties.append(("machine_cpu_seconds", round(after - before, 2)))
+
+
 EXTENDED = os.environ.get("PSCLUSTER_EXTENDED") == "1"
 
 
