@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed import netlab
 from tests.helpers import REPO, assert_no_survivors, port_base, run_cli
 
 # Short, fast jobs: the MLP variant of distributed_mnist, a few hundred steps, frequent checkpoints.
@@ -132,6 +133,33 @@ class FaultCluster:
 
     def down(self) -> subprocess.CompletedProcess:
         return self.cli("down", "--grace", "3")
+
+
+@pytest.fixture(scope="module")
+def shared_fault_cluster(_lab3_module, tmp_path_factory):
+    """Factory of clusters kept up for the rest of the module, one per layout and mode: the tests
+    whose fault leaves every server standing (a link cut and healed, a job stopped or failed)
+    train on one ``up``. Each test gets it with every link healed; down, and nothing left, at the
+    module's end."""
+    clusters: dict[tuple, FaultCluster] = {}
+
+    def get(groups: dict, mode: str) -> FaultCluster:
+        key = (tuple((role, tuple(hosts)) for role, hosts in groups.items()), mode)
+        if key not in clusters:
+            name = f"f-shared-{len(clusters)}-{os.getpid()}"
+            cluster = FaultCluster(_lab3_module, tmp_path_factory.mktemp(name), name, netlab.write_inventory)
+            clusters[key] = cluster
+            cluster.up(groups, mode)
+        _lab3_module.heal_all()
+        return clusters[key]
+
+    yield get
+    _lab3_module.heal_all()
+    for cluster in clusters.values():
+        if (cluster.state_dir / f"{cluster.name}.json").exists():
+            cluster.down()
+    for cluster in clusters.values():
+        assert_no_survivors(cluster.name, timeout=15)
 
 
 @pytest.fixture

@@ -29,12 +29,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_short_link_cut_is_survived(fault_cluster):
+def test_short_link_cut_is_survived(shared_fault_cluster):
     """Scenario 8, default policy: node-3 (worker:1) vanishes for 5 s; the job recovers: it trains
     on, worker:1 trains again once the link heals (the chief counts its examples again), and a
-    stop then ends it with its work saved. Stopped by state, not run to a budget (185 s before)."""
-    cluster = fault_cluster()
-    cluster.up(ASYNC, "async")
+    stop then ends it with its work saved. Stopped by state, not run to a budget (185 s before).
+    The cluster stays up for the next test (its servers all rode through)."""
+    cluster = shared_fault_cluster(ASYNC, "async")
     training = cluster.train(*UNFINISHABLE)
     training.wait_step(100)
     cluster.lab.cut("node-3")
@@ -58,10 +58,12 @@ def test_short_link_cut_is_survived(fault_cluster):
     assert "task-lost: worker:1@node-3: host unreachable" in training.stderr
 
 
-def test_short_link_cut_fails_at_once_under_policy_never(fault_cluster):
-    """Scenario 8, policy never: the same cut fails the job with a message naming the host."""
-    cluster = fault_cluster()
-    cluster.up(ASYNC, "async")
+def test_short_link_cut_fails_at_once_under_policy_never(shared_fault_cluster):
+    """Scenario 8, policy never: the same cut fails the job with a message naming the host (on
+    the cluster of the test before, whose servers stand: every one is ready first)."""
+    cluster = shared_fault_cluster(ASYNC, "async")
+    tasks = json.loads(cluster.cli("status", "--json", check=True).stdout)["tasks"]
+    assert all(t["state"] == "ready" for t in tasks if t["kind"] == "server"), tasks
     training = cluster.train(*UNFINISHABLE, "--restart-policy", "never")
     training.wait_step(100)
     cluster.lab.cut("node-3")
