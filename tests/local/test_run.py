@@ -80,12 +80,25 @@ def test_tf_config_mirrored_script_on_a_sync_cluster(tmp_path, cleanup):
     assert down.returncode == 0, down.stderr
 
 
+@pytest.fixture(scope="module")
+def async_up(tmp_path_factory):
+    """One async cluster `up` for the module's runs on an up cluster (the coordinator, then the
+    Ctrl-C that must keep its servers, which ends with its `down`). Down at the end if left up,
+    and nothing left."""
+    name, state_dir = f"run-up-{os.getpid()}", tmp_path_factory.mktemp("async-up") / "state"
+    try:
+        up = run_cli(["up", LOCAL, "--name", name, "--port-base", port_base()], state_dir=state_dir)
+        assert up.returncode == 0, up.stderr
+        yield name, state_dir
+    finally:
+        if (state_dir / f"{name}.json").exists():
+            run_cli(["down", "--name", name, "--grace", "3"], state_dir=state_dir)
+    assert_no_survivors(name)
+
+
 @pytest.mark.tf
-def test_ps_coordinator_runs_on_the_chief_of_an_async_cluster(tmp_path, cleanup):
-    name, state_dir = "run-coord", tmp_path / "state"
-    cleanup(name, state_dir)
-    up = run_cli(["up", LOCAL, "--name", name, "--port-base", port_base()], state_dir=state_dir)
-    assert up.returncode == 0, up.stderr
+def test_ps_coordinator_runs_on_the_chief_of_an_async_cluster(async_up):
+    name, state_dir = async_up
     proc = run_cli(["run", "--name", name, "--json", "--", "python", "examples/byo/tf2_ps_coordinator.py",
                     "--steps", "400"], state_dir=state_dir, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -292,18 +305,17 @@ def test_ctrl_c_stops_every_process_of_a_one_shot_run(tmp_path, cleanup):
 
 
 @pytest.mark.tf
-def test_ctrl_c_during_a_run_on_an_up_cluster_keeps_the_standing_servers(tmp_path, cleanup):
-    name, state_dir = "run-int-up", tmp_path / "state"
-    cleanup(name, state_dir)
-    up = run_cli(["up", LOCAL, "--name", name, "--port-base", port_base()], state_dir=state_dir)
-    assert up.returncode == 0, up.stderr
+def test_ctrl_c_during_a_run_on_an_up_cluster_keeps_the_standing_servers(async_up, tmp_path):
+    """On the cluster the coordinator ran on: a Ctrl-C ends the run, not the servers; then `down`."""
+    name, state_dir = async_up
     servers = {r["key"]: r["pid"] for r in state_of(state_dir, name)["processes"] if r["kind"] == "server"}
     assert len(servers) == 4                                        # ps:0, ps:1, worker:0, worker:1 (async)
     proc = subprocess.Popen(cli_argv(["run", "--name", name, "--", "python", "prog.py"]), cwd=program_dir(tmp_path),
                             env=cli_env(state_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         def running_programs():
-            records = [r for r in state_of(state_dir, name).get("processes", []) if r["kind"] == "run" and r["pid"]]
+            records = [r for r in state_of(state_dir, name).get("processes", [])
+                       if r["kind"] == "run" and r["pid"] and not r["stopped"]]      # not the coordinator's
             return records if records and all(os.path.exists(r["log"]) and "started" in open(r["log"]).read()
                                                for r in records) else None
 
