@@ -22,14 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from .contracts import ProcessKind
+from .contracts import Phase, ProcessKind
 from .errors import Aborted, StateError, UntrustedStateError, UsageError
 from .names import check_cluster_name, is_cluster_name
 from .plan import ClusterPlan, HostSpec, TaskSpec
 from .supervision.jobrecord import JobProgress
-
-PHASES = ("starting", "up", "failed", "stopping", "down")
-
 
 @dataclass(frozen=True)
 class ProcessRecord:
@@ -69,7 +66,7 @@ class RunState:
 
     name: str
     plan: ClusterPlan
-    phase: str = "starting"
+    phase: Phase = Phase.STARTING
     processes: list[ProcessRecord] = field(default_factory=list)
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
@@ -84,6 +81,9 @@ class RunState:
     # edited inventory that asks for another mode is refused by `scale`); None: a state written
     # before it was recorded, or a cluster `up` did not start (`run`'s one-shot cluster).
     mode_from: str | None = None
+
+    def __post_init__(self) -> None:
+        self.phase = Phase(self.phase)     # given as its string (a test, an old caller): the enum
 
     @property
     def mode(self) -> str:
@@ -123,7 +123,7 @@ class RunState:
 
     @classmethod
     def from_json(cls, data: dict) -> "RunState":
-        return cls(name=data["name"], plan=plan_from_json(data["plan"]), phase=data["phase"],
+        return cls(name=data["name"], plan=plan_from_json(data["plan"]), phase=Phase(data["phase"]),
                    processes=[ProcessRecord(**record) for record in data["processes"]],
                    created=data["created"], updated=data["updated"], message=data.get("message"),
                    job=JobProgress.from_json(data["job"]) if data.get("job") else None, restarts=data.get("restarts", {}), synced=data.get("synced", {}),
@@ -332,7 +332,7 @@ class StateStore:
 class StateWriter:
     """Serialises changes to one :class:`RunState` from several threads, saving each at once."""
 
-    def __init__(self, store: StateStore, state: RunState, *, expect_phase: str | None = None):
+    def __init__(self, store: StateStore, state: RunState, *, expect_phase: Phase | None = None):
         self.store = store
         self.state = state
         self.expect_phase = expect_phase

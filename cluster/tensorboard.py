@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from .hosts import hostops
-from .contracts import ProcessKind
+from .contracts import Phase, ProcessKind
 from .errors import HostError, PsclusterError, UsageError
 from .plan import ClusterPlan, TaskSpec
 from .layout import exit_file
@@ -93,7 +93,7 @@ class TensorBoardRun:
         state = self.store.load(self.name)
         if state is None:
             raise UsageError(f"no cluster named {self.name!r}", hint="'pscluster status' lists the clusters that are up")
-        if state.phase != "up":
+        if state.phase != Phase.UP:
             raise UsageError(f"cluster {self.name!r} is {state.phase}, not up")
         self.state, self.spec = state, board_spec(state)
         host = state.plan.host(self.spec.owner.host)
@@ -107,7 +107,7 @@ class TensorBoardRun:
         # The local end first: a taken --port fails before anything starts on the host.
         address = self.transport.forward("127.0.0.1", port, local_port=self.port) or f"127.0.0.1:{port}"
         self.url = f"http://{address}/"
-        self.writer = StateWriter(self.store, state, expect_phase="up")
+        self.writer = StateWriter(self.store, state, expect_phase=Phase.UP)
         self.writer.change(lambda s: s.processes.append(self.spec.record))
         self.record = self.spec.record
         try:

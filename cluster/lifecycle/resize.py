@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable, Collection, Iterator, Mapping, Sequence
 
 from ..hosts.codesync import sync_code
-from ..contracts import DEFAULT_GRACE, Mode, ProcessKind
+from ..contracts import DEFAULT_GRACE, Mode, Phase, ProcessKind
 from ..errors import PsclusterError, UsageError
 from ..events import Reporter
 from .tasks import forget_pid_files, new_record, report_standbys, start_standbys, start_tasks, stop_records, task_env, wait_ready
@@ -697,7 +697,7 @@ def scale_cluster(store: StateStore, name: str, new: ClusterPlan, *, pool: Trans
         state = store.load(name)
         if state is None:
             raise UsageError(f"no cluster named {name!r}", hint="'pscluster status' lists the clusters that are up")
-        if state.phase != "up":
+        if state.phase != Phase.UP:
             raise UsageError(f"cluster {name!r} is {state.phase}: only a cluster that is up can be resized",
                              hint="wait for 'up' or 'down' to finish")
         old = state.plan
@@ -714,7 +714,7 @@ def scale_cluster(store: StateStore, name: str, new: ClusterPlan, *, pool: Trans
             if report is not None and not report.ok:
                 report.raise_for_failures()
         if not job_live:
-            writer = StateWriter(store, state, expect_phase="up")
+            writer = StateWriter(store, state, expect_phase=Phase.UP)
             apply_plan(writer, pool, reporter, old, new, diff, secrets)
             return ScaleResult(diff, f"cluster {name!r} resized: {describe(diff, new)}", False)
         info = job.orchestrator if job is not None else None

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
 from ..hosts import hostops
-from ..contracts import DEFAULT_GRACE, JobState, ProcessKind, ProcState, RestartPolicy
+from ..contracts import DEFAULT_GRACE, JobState, Phase, ProcessKind, ProcState, RestartPolicy
 from ..errors import HostError, PsclusterError, TaskError, UsageError
 from .daemon import DaemonFiles, job_conflict, orchestrator_alive, process_starttime, run_gone, stop_supervisor
 from ..events import Reporter
@@ -85,7 +85,7 @@ class JobExecutor(Generic[K]):
             state = self.store.load(self.name)
             if state is None:
                 raise UsageError(f"no cluster named {self.name!r}")
-            if state.phase != "up":
+            if state.phase != Phase.UP:
                 raise UsageError(f"cluster {self.name!r} is {state.phase}, not up",
                                  hint="bring it up with 'pscluster up INVENTORY'")
         return state
@@ -206,7 +206,7 @@ class JobExecutor(Generic[K]):
         self.began = self.clock()
         self.state = self.claim()
         self.plan: ClusterPlan = self.state.plan
-        self.writer = StateWriter(self.store, self.state, expect_phase="up")
+        self.writer = StateWriter(self.store, self.state, expect_phase=Phase.UP)
         stale = [r for r in self.state.live_records() if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM)]
         if stale:     # an earlier job whose orchestrator was killed
             self.reporter.emit("message", text=f"stopping {len(stale)} process(es) of an earlier, orphaned job")
