@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Iterator
 
 from .contracts import Phase, ProcessKind
 from .errors import Aborted, StateError, UntrustedStateError, UsageError
+from .layout import exit_file
 from .names import check_cluster_name, is_cluster_name
 from .plan import ClusterPlan, HostSpec, TaskSpec
 from .supervision.jobrecord import JobProgress
@@ -36,10 +37,10 @@ class ProcessRecord:
     task itself; the start times guard against PID reuse.
     """
 
-    key: str                 # unique within the cluster: "worker:1#2" (task, attempt)
+    key: str                 # unique within the cluster: "worker:1#2" (task, attempt); the grammar: for_task
     task: str                # "worker:1"
     host: str
-    kind: str                # contracts.ProcessKind: "server" | "standby" | "train" | "run" | "tensorboard"
+    kind: ProcessKind
     attempt: int
     log: str
     exit_file: str
@@ -54,10 +55,42 @@ class ProcessRecord:
     # cancels the token, and the start then spawns nothing (hostctl ``start``/``stop``).
     token: str = field(default_factory=lambda: os.urandom(8).hex())
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", ProcessKind(self.kind))     # read from JSON as its string
+
+    @classmethod
+    def for_task(cls, task: str, host: str, kind: ProcessKind, attempt: int, log: str, *,
+                 job: int | None = None, events: str | None = None) -> "ProcessRecord":
+        """The record of attempt ``attempt`` of ``task``'s process of ``kind`` on ``host``, before it
+        starts; its exit file lies beside ``log``. The key is the one grammar of keys: ``ps:0#2`` a
+        standing server (``tensorboard#1`` TensorBoard), ``worker:1#s2`` a standby, ``worker:1#j3.2``
+        a process of job 3 (``train`` or ``run``: ``job`` is required for those).
+
+        Raises:
+            ValueError: a job's process without its job.
+        """
+        return cls(key=_key_prefix(task, kind, job) + str(attempt), task=task, host=host, kind=kind,
+                   attempt=attempt, log=log, exit_file=exit_file(log), events=events)
+
+    def in_job(self, job: int) -> bool:
+        """Whether this is a process of job ``job`` (its key says so: :meth:`for_task`)."""
+        return f"#j{job}." in self.key
+
     def to_hostctl(self) -> dict:
         return {"key": self.key, "pid": self.pid, "pgid": self.pgid, "starttime": self.starttime,
                 "task_starttime": self.task_starttime, "started": self.started, "log": self.log,
                 "exit_file": self.exit_file, "token": self.token}
+
+
+def _key_prefix(task: str, kind: ProcessKind, job: int | None) -> str:
+    """A record's key without its attempt number (:meth:`ProcessRecord.for_task`)."""
+    if kind is ProcessKind.STANDBY:
+        return f"{task}#s"
+    if kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM):
+        if job is None:
+            raise ValueError(f"a {kind} process of {task} belongs to a job: its number is missing")
+        return f"{task}#j{job}."
+    return f"{task}#"
 
 
 @dataclass
@@ -102,6 +135,12 @@ class RunState:
         found = [record for record in self.processes
                  if record.task == task and record.kind == ProcessKind.STANDBY and not record.stopped]
         return found[-1] if found else None
+
+    def next_attempt(self, task: str, kind: ProcessKind, job: int | None = None) -> int:
+        """The attempt number of ``task``'s next process of ``kind``: one more than it has had (of
+        job ``job``: each job counts its processes from 1, a server or standby counts across them)."""
+        return 1 + sum(1 for record in self.processes if record.task == task and record.kind == kind
+                       and (job is None or record.in_job(job)))
 
     def replace_record(self, record: ProcessRecord) -> None:
         self.processes = [record if r.key == record.key else r for r in self.processes]

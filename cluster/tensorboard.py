@@ -24,7 +24,6 @@ from .hosts import hostops
 from .contracts import Phase, ProcessKind
 from .errors import HostError, PsclusterError, UsageError
 from .plan import ClusterPlan, TaskSpec
-from .layout import exit_file
 from .state import ProcessRecord, RunState, StateStore, StateWriter
 from .supervision.training import leader_layout, leader_task
 from .transport import TransportPool
@@ -58,11 +57,10 @@ def board_spec(state: RunState) -> BoardSpec:
     """TensorBoard's host, folder and the record of its next start (logs numbered per start)."""
     plan: ClusterPlan = state.plan
     owner = leader_task(plan)
-    attempt = 1 + sum(1 for record in state.processes if record.kind == ProcessKind.TENSORBOARD)
+    attempt = state.next_attempt(TASK, ProcessKind.TENSORBOARD)
     layout = leader_layout(plan)
     log = layout.tensorboard_log(attempt)
-    record = ProcessRecord(key=f"{TASK}#{attempt}", task=TASK, host=owner.host, kind=ProcessKind.TENSORBOARD,
-                           attempt=attempt, log=log, exit_file=exit_file(log))
+    record = ProcessRecord.for_task(TASK, owner.host, ProcessKind.TENSORBOARD, attempt, log)
     return BoardSpec(owner=owner, logdir=layout.tensorboard_root, record=record)
 
 

@@ -272,11 +272,10 @@ def _start_servers(writer: StateWriter, pool: TransportPool, reporter: Reporter,
                    idle: Callable[[], None] | None = None) -> None:
     state: RunState = writer.state
     if standing:
-        attempts = {t.name: 1 + sum(1 for r in state.processes if r.task == t.name and r.kind == ProcessKind.SERVER)
-                    for t in standing}
+        attempts = {t.name: state.next_attempt(t.name, ProcessKind.SERVER) for t in standing}
         reporter.emit("phase", name="start", detail=f"{len(standing)} new server(s)")
         records, failures = start_tasks(writer, pool, new, [
-            (task, new_record(task, kind="server", attempt=attempts[task.name]), task.argv,
+            (task, new_record(task, kind=ProcessKind.SERVER, attempt=attempts[task.name]), task.argv,
              task_env(new, task, secrets, standing=True)) for task in standing], reporter)
         if failures:
             raise failures[0].error

@@ -13,7 +13,7 @@ from ..supervision.daemon import live_daemon, remove_event_files, signal_supervi
 from ..errors import Aborted, Failure, MultiHostError, PsclusterError, StateError, Terminated, UsageError
 from ..events import Reporter
 from ..hosts.firewall import install_rules, remove_rules
-from ..contracts import DEFAULT_GRACE, Phase, TensorFlowNeed
+from ..contracts import DEFAULT_GRACE, Phase, ProcessKind, TensorFlowNeed
 from ..plan import ClusterPlan
 from ..hosts.preflight import CheckReport, run_preflight
 from ..hosts.probe import Prober
@@ -81,7 +81,7 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
         standing = plan.standing_tasks
         reporter.emit("phase", name="start", detail=f"{len(standing)} server(s)")
         records, failures = start_tasks(writer, pool, plan, [
-            (task, new_record(task, kind="server", attempt=1), task.argv, task_env(plan, task, secrets, standing=True))
+            (task, new_record(task, kind=ProcessKind.SERVER, attempt=1), task.argv, task_env(plan, task, secrets, standing=True))
             for task in standing], reporter)
         if failures:
             raise failures[0].error if len(failures) == 1 else \

@@ -97,7 +97,7 @@ def run_gone(store: StateStore, *, here: str | None = None) -> Callable[[RunReco
         job = state.job
         if job is not None and job.id == record.id and orchestrator_alive(job.orchestrator, here=here):
             return False
-        return not any(f"#j{record.id}." in process.key for process in state.live_records())
+        return not any(process.in_job(record.id) for process in state.live_records())
     return gone
 
 

@@ -164,7 +164,7 @@ class JobExecutor(Generic[K]):
         # A host an elastic job dropped is no longer in its plan: its logs cannot be read later.
         known = {host.name: host for plan in (self.state.plan, self.plan) for host in plan.hosts}
         logs = tuple(LogFile(r.task, r.host, r.log, r.attempt) for r in self.state.processes
-                     if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM) and f"#j{self.job_id}." in r.key
+                     if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM) and r.in_job(self.job_id)
                      and r.host in known)
         hosts = tuple(known[name] for name in dict.fromkeys(log.host for log in logs))
         job = self.state.job
@@ -455,9 +455,7 @@ class JobExecutor(Generic[K]):
 
     # ------------------------------------------------------------------ launching and stopping
     def attempt(self, task: TaskSpec, kind: ProcessKind) -> int:
-        prefix = f"{task.name}#j{self.job_id}."
-        return 1 + sum(1 for r in self.state.processes if r.task == task.name and r.kind == kind
-                       and (kind is ProcessKind.SERVER or r.key.startswith(prefix)))
+        return self.state.next_attempt(task.name, kind, None if kind is ProcessKind.SERVER else self.job_id)
 
     def launch(self, task: TaskSpec, record: ProcessRecord, *, argv: Sequence[str], env: dict[str, str],
                kind: ProcessKind, files: Sequence[str] = (), standby: ProcessRecord | None = None) -> Watched:
@@ -476,7 +474,7 @@ class JobExecutor(Generic[K]):
 
     def launch_server(self, task: TaskSpec) -> Watched:
         from ..lifecycle.tasks import new_record
-        record = new_record(task, kind="server", attempt=self.attempt(task, ProcessKind.SERVER))
+        record = new_record(task, kind=ProcessKind.SERVER, attempt=self.attempt(task, ProcessKind.SERVER))
         watched = self.launch(task, record, argv=task.argv, env=task_env(self.plan, task, self.secrets, standing=True), kind=ProcessKind.SERVER)
         try:
             with Prober() as prober:
