@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .contracts import Phase, ProcessKind
 from .errors import Aborted, StateError, UntrustedStateError, UsageError
@@ -272,6 +272,41 @@ def open_private(path: str | Path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_
     return fd
 
 
+def write_private_json(path: Path, data: Any, *, indent: int | None = None) -> None:
+    """Replace ``path`` with ``data`` as JSON, atomically (a temporary file beside it, synced, then
+    renamed over it) and 0600: the one writer of the state, the run history and the resize
+    requests, which all hold a plan (its notification URLs may carry tokens: pscluster_notify)."""
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=indent)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, *, wait: float | None = None,
+              busy: Callable[[], Exception] | None = None) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (created 0600) for the body, released if this process
+    dies: the one lock of the state, the run history and ``scale``. ``wait`` None waits until it is
+    free; else ``busy()`` is raised once ``wait`` seconds passed (0: after one try). The lock file
+    stays: deleting it while another command holds or waits for it would let two commands in."""
+    fd = open_private(path, os.O_RDWR | os.O_CREAT)
+    try:
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if deadline is None else fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise (busy() if busy else StateError(f"{path} is locked by another pscluster command")) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
 def default_state_dir() -> Path:
     if os.environ.get("PSCLUSTER_STATE_DIR"):
         return Path(os.environ["PSCLUSTER_STATE_DIR"])
@@ -308,14 +343,7 @@ class StateStore:
     def save(self, state: RunState) -> None:
         state.updated = time.time()
         private_dir(self.root)
-        path = self.path(state.name)
-        tmp = path.with_suffix(f".json.tmp{os.getpid()}")
-        # 0600: the plan may hold notification URLs with tokens in them (pscluster_notify)
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as handle:
-            json.dump(state.to_json(), handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        write_private_json(self.path(state.name), state.to_json(), indent=1)
 
     def delete(self, name: str) -> None:
         """Remove the state. The lock file stays: deleting it while another command holds
@@ -327,21 +355,10 @@ class StateStore:
     def lock(self, name: str, *, wait: float = 10.0) -> Iterator[None]:
         """Exclusive lock on one cluster's state (released if this process dies)."""
         private_dir(self.root)
-        handle = open(self.root / f"{check_cluster_name(name)}.lock", "a+")
-        deadline = time.monotonic() + wait
-        try:
-            while True:
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise StateError(f"cluster {name!r} is locked by another pscluster command",
-                                         hint="wait for it to finish") from None
-                    time.sleep(0.05)
+        with file_lock(self.root / f"{check_cluster_name(name)}.lock", wait=wait,
+                       busy=lambda: StateError(f"cluster {name!r} is locked by another pscluster command",
+                                               hint="wait for it to finish")):
             yield
-        finally:
-            handle.close()
 
     def update(self, state: RunState) -> None:
         """Save under the lock (the usual way to record progress)."""

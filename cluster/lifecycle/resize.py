@@ -20,7 +20,6 @@ too; the standing servers that stay are not touched.
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -42,6 +41,7 @@ from ..plan import ClusterPlan, HostSpec, TaskSpec
 from ..hosts.probe import Prober
 from ..secrets import Secrets
 from ..state import ProcessRecord, RunState, StateStore, StateWriter, plan_from_json, plan_to_json, read_owned
+from ..state import file_lock, write_private_json
 from ..supervision.training import leader_task
 from ..transport import TransportPool
 
@@ -568,16 +568,9 @@ def resize_lock(store: StateStore, name: str) -> Iterator[None]:
     """One resize of a cluster at a time: a second ``scale`` is refused while one runs."""
     path = store.root / f"{name}.resize.lock"
     store.root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UsageError(f"another 'pscluster scale' of cluster {name!r} is running",
-                             hint="wait for it to finish, then run this one again") from None
+    with file_lock(path, wait=0, busy=lambda: UsageError(f"another 'pscluster scale' of cluster {name!r} is running",
+                                                         hint="wait for it to finish, then run this one again")):
         yield
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -633,17 +626,9 @@ class ResizeRequest:
         return None
 
 
-def _write_private(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle)
-    os.replace(tmp, path)
-
-
 def post_request(store: StateStore, name: str, request: ResizeRequest) -> None:
     (store.root / f"{name}{RESULT_SUFFIX}").unlink(missing_ok=True)
-    _write_private(store.root / f"{name}{RESIZE_SUFFIX}", request.to_json())
+    write_private_json(store.root / f"{name}{RESIZE_SUFFIX}", request.to_json())
 
 
 def take_request(store: StateStore, name: str) -> ResizeRequest | None:
@@ -658,7 +643,7 @@ def take_request(store: StateStore, name: str) -> ResizeRequest | None:
 
 
 def post_result(store: StateStore, name: str, *, ok: bool, message: str) -> None:
-    _write_private(store.root / f"{name}{RESULT_SUFFIX}", {"ok": ok, "message": message})
+    write_private_json(store.root / f"{name}{RESULT_SUFFIX}", {"ok": ok, "message": message})
 
 
 def read_result(store: StateStore, name: str) -> dict | None:

@@ -4,11 +4,17 @@ run histories and resize requests keep working across the change (docs/architect
 from __future__ import annotations
 
 import json
+import os
+import stat
+import threading
 
 import pytest
 
 from cluster.contracts import Phase, ProcessKind, StrEnum
-from cluster.state import ProcessRecord, RunState
+from cluster.errors import UsageError
+from cluster.history import RunHistory, RunRecord
+from cluster.lifecycle.resize import RESIZE_SUFFIX, RESULT_SUFFIX, ResizeRequest, post_request, post_result, take_request
+from cluster.state import ProcessRecord, RunState, StateStore, file_lock, write_private_json
 
 from .conftest import REPO
 
@@ -72,3 +78,71 @@ def test_a_phase_no_pscluster_wrote_is_refused():
 
 def test_phases_that_let_a_new_up_take_the_name():
     assert [phase for phase in Phase if phase.ended] == [Phase.FAILED, Phase.DOWN]
+
+
+def test_the_store_writes_an_old_state_again_byte_for_byte(tmp_path):
+    store = StateStore(tmp_path)
+    state = RunState.from_json(json.loads(text("state.json")))
+    store.save(state)                       # sets `updated`, the one value that may differ
+    written = (tmp_path / "lab.json").read_text(encoding="utf-8")
+    assert written == text("state.json").replace('"updated": 1700000001.5', f'"updated": {state.updated!r}')
+    assert store.load("lab") == state
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["lab.json"]     # no temporary left
+
+
+def test_an_old_run_history_is_written_again_byte_for_byte(tmp_path):
+    records = [RunRecord.from_json(item) for item in json.loads(text("history.json"))]
+    assert [(record.id, record.state, record.exit_code) for record in records] == [(2, "stopped", 130), (3, "running", None)]
+    history = RunHistory(tmp_path)
+    for record in records:
+        history.save(record)
+    assert (tmp_path / "history" / "lab.json").read_text(encoding="utf-8") == text("history.json")
+    assert history.load("lab") == records
+
+
+def test_an_old_resize_request_and_its_answer_are_written_again_byte_for_byte(tmp_path):
+    store = StateStore(tmp_path)
+    request = ResizeRequest.from_json(json.loads(text("resize.json")))
+    post_request(store, "lab", request)
+    assert (tmp_path / f"lab{RESIZE_SUFFIX}").read_text(encoding="utf-8") == text("resize.json")
+    assert take_request(store, "lab") == request
+    post_result(store, "lab", ok=True, message="resized: 2 workers")
+    assert (tmp_path / f"lab{RESULT_SUFFIX}").read_text(encoding="utf-8") == text("resize-result.json")
+
+
+def test_the_private_writer_replaces_a_file_0600_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "x.json"
+    target.write_text("old")
+    os.chmod(target, 0o644)
+    old = os.umask(0o022)
+    try:
+        write_private_json(target, {"a": [1, 2]}, indent=1)
+    finally:
+        os.umask(old)
+    assert target.read_text() == '{\n "a": [\n  1,\n  2\n ]\n}'
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert [path.name for path in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_the_file_lock_refuses_after_its_wait_and_waits_without_one(tmp_path):
+    path = tmp_path / "c.lock"
+    with file_lock(path):
+        with pytest.raises(UsageError, match="busy"):
+            with file_lock(path, wait=0, busy=lambda: UsageError("busy")):
+                pass
+        with pytest.raises(Exception, match="locked by another pscluster command"):
+            with file_lock(path, wait=0.1):
+                pass
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and path.exists()     # the lock file stays
+    order: list[str] = []
+    with file_lock(path):
+        def take() -> None:
+            with file_lock(path):
+                order.append("waited")
+        waiter = threading.Thread(target=take)
+        waiter.start()
+        waiter.join(0.2)
+        assert waiter.is_alive()            # blocked: wait=None waits until the lock is free
+        order.append("released")
+    waiter.join(5)
+    assert order == ["released", "waited"]
