@@ -160,6 +160,10 @@ class TensorFlowNeed(StrEnum):
 
 # Seconds between SIGTERM and SIGKILL when pscluster stops a process (down, stop-job, a restart).
 DEFAULT_GRACE = 10.0
+# The same, when pscluster cleans up after a failure (a failed job's processes, an orphaned job's, an
+# `up` rolled back, what a lost host still runs when it answers again): short, since nothing there
+# has a state to save, and the user waits on it.
+CLEANUP_GRACE = 3.0
 # train --stop-grace: seconds the job has to checkpoint on stop before its processes are killed.
 DEFAULT_STOP_GRACE = 30.0
 

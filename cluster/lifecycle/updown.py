@@ -13,7 +13,7 @@ from ..supervision.daemon import live_daemon, remove_event_files, signal_supervi
 from ..errors import Aborted, Failure, MultiHostError, PsclusterError, StateError, Terminated, UsageError
 from ..events import Reporter
 from ..hosts.firewall import install_rules, remove_rules
-from ..contracts import DEFAULT_GRACE, Phase, ProcessKind, TensorFlowNeed
+from ..contracts import CLEANUP_GRACE, DEFAULT_GRACE, Phase, ProcessKind, TensorFlowNeed
 from ..plan import ClusterPlan
 from ..hosts.preflight import CheckReport, run_preflight
 from ..hosts.probe import Prober
@@ -142,7 +142,7 @@ def _stop_after_abort(plan: ClusterPlan, state: RunState, pool: TransportPool, r
     if live:
         reporter.emit("phase", name="rollback", detail=f"taken down meanwhile: stopping {len(live)} task(s) "
                                                        "this up started")
-    stop_records(plan, live, pool, reporter, grace=3.0)
+    stop_records(plan, live, pool, reporter, grace=CLEANUP_GRACE)
     if state.firewall:
         remove_rules(state, pool, reporter)
 
@@ -154,7 +154,7 @@ def _roll_back(plan: ClusterPlan, store: StateStore, state: RunState, pool: Tran
     live = state.live_records()
     if live:
         reporter.emit("phase", name="rollback", detail=f"stopping {len(live)} task(s) started so far")
-    stopped, errors = stop_records(plan, live, pool, reporter, grace=3.0)
+    stopped, errors = stop_records(plan, live, pool, reporter, grace=CLEANUP_GRACE)
     if state.firewall:
         errors.update(remove_rules(state, pool, reporter))
     with store.lock(plan.name):
