@@ -84,6 +84,7 @@ class ProcessRecord:
 
 def _key_prefix(task: str, kind: ProcessKind, job: int | None) -> str:
     """A record's key without its attempt number (:meth:`ProcessRecord.for_task`)."""
+    kind = ProcessKind(kind)      # a caller that gave the string gets the same key
     if kind is ProcessKind.STANDBY:
         return f"{task}#s"
     if kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM):

@@ -45,6 +45,7 @@ def test_for_task_spells_the_keys_the_old_records_have():
             (record.key, record.exit_file, record.kind, record.events)
     assert [record.key for record in old] == ["ps:0#1", "worker:1#2", "chief:0#s1", "chief:0#j3.1", "worker:0#j2.1",
                                               "tensorboard#1"]
+    assert ProcessRecord.for_task("chief:0", "h", "standby", 2, "/w/s.log").key == "chief:0#s2"   # given as its string
     with pytest.raises(ValueError, match="job"):
         ProcessRecord.for_task("worker:0", "h", ProcessKind.TRAIN, 1, "/w/x.log")
 
