@@ -98,6 +98,31 @@ class ProcessKind(StrEnum):
     TENSORBOARD = "tensorboard"
 
 
+class Phase(StrEnum):
+    """Where a cluster is in its life (``RunState.phase`` in its state file). Transitions:
+
+    - ``STARTING`` -> ``UP``: ``up`` started the servers and they answer (and the standbys started);
+    - ``STARTING`` -> ``FAILED``: ``up`` rolled back (the state says why and keeps what it could
+      not stop, for ``down``);
+    - any -> ``STOPPING``: ``down`` began; a command that expects the phase it saw (``StateWriter``)
+      aborts from then on. ``down`` then deletes the state, or leaves it ``STOPPING`` with what it
+      could not stop.
+
+    ``DOWN`` is never written (``down`` deletes the state); a state in it, as in ``FAILED``, is
+    :attr:`ended`. ``train``, ``run``, ``scale`` and ``tensorboard`` need ``UP``."""
+
+    STARTING = "starting"
+    UP = "up"
+    FAILED = "failed"
+    STOPPING = "stopping"
+    DOWN = "down"
+
+    @property
+    def ended(self) -> bool:
+        """Nothing of the cluster is meant to run any more: a new ``up`` may take its name."""
+        return self in (Phase.FAILED, Phase.DOWN)
+
+
 class ProcState(StrEnum):
     """A process as its host's monitor reports it."""
 
@@ -135,6 +160,10 @@ class TensorFlowNeed(StrEnum):
 
 # Seconds between SIGTERM and SIGKILL when pscluster stops a process (down, stop-job, a restart).
 DEFAULT_GRACE = 10.0
+# The same, when pscluster cleans up after a failure (a failed job's processes, an orphaned job's, an
+# `up` rolled back, what a lost host still runs when it answers again): short, since nothing there
+# has a state to save, and the user waits on it.
+CLEANUP_GRACE = 3.0
 # train --stop-grace: seconds the job has to checkpoint on stop before its processes are killed.
 DEFAULT_STOP_GRACE = 30.0
 

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,17 +161,14 @@ class RunHistory:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
             return
-        tmp = path.with_suffix(f".json.tmp{os.getpid()}")
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as handle:
-            json.dump([record.to_json() for record in records], handle, indent=1)
-        os.replace(tmp, path)
+        from .state import write_private_json
+        write_private_json(path, [record.to_json() for record in records], indent=1)
 
     @contextlib.contextmanager
     def _locked(self, name: str) -> Iterator[None]:
-        from .state import private_dir
+        from .state import file_lock, private_dir
         private_dir(self.folder)
-        with open(self.folder / f"{check_cluster_name(name)}.lock", "a+") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+        with file_lock(self.folder / f"{check_cluster_name(name)}.lock"):
             yield
 
 

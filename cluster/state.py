@@ -20,16 +20,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
-from .contracts import ProcessKind
+from .contracts import Phase, ProcessKind
 from .errors import Aborted, StateError, UntrustedStateError, UsageError
+from .layout import exit_file
 from .names import check_cluster_name, is_cluster_name
 from .plan import ClusterPlan, HostSpec, TaskSpec
 from .supervision.jobrecord import JobProgress
-
-PHASES = ("starting", "up", "failed", "stopping", "down")
-
 
 @dataclass(frozen=True)
 class ProcessRecord:
@@ -39,10 +37,10 @@ class ProcessRecord:
     task itself; the start times guard against PID reuse.
     """
 
-    key: str                 # unique within the cluster: "worker:1#2" (task, attempt)
+    key: str                 # unique within the cluster: "worker:1#2" (task, attempt); the grammar: for_task
     task: str                # "worker:1"
     host: str
-    kind: str                # contracts.ProcessKind: "server" | "standby" | "train" | "run" | "tensorboard"
+    kind: ProcessKind
     attempt: int
     log: str
     exit_file: str
@@ -57,10 +55,43 @@ class ProcessRecord:
     # cancels the token, and the start then spawns nothing (hostctl ``start``/``stop``).
     token: str = field(default_factory=lambda: os.urandom(8).hex())
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", ProcessKind(self.kind))     # read from JSON as its string
+
+    @classmethod
+    def for_task(cls, task: str, host: str, kind: ProcessKind, attempt: int, log: str, *,
+                 job: int | None = None, events: str | None = None) -> "ProcessRecord":
+        """The record of attempt ``attempt`` of ``task``'s process of ``kind`` on ``host``, before it
+        starts; its exit file lies beside ``log``. The key is the one grammar of keys: ``ps:0#2`` a
+        standing server (``tensorboard#1`` TensorBoard), ``worker:1#s2`` a standby, ``worker:1#j3.2``
+        a process of job 3 (``train`` or ``run``: ``job`` is required for those).
+
+        Raises:
+            ValueError: a job's process without its job.
+        """
+        return cls(key=_key_prefix(task, kind, job) + str(attempt), task=task, host=host, kind=kind,
+                   attempt=attempt, log=log, exit_file=exit_file(log), events=events)
+
+    def in_job(self, job: int) -> bool:
+        """Whether this is a process of job ``job`` (its key says so: :meth:`for_task`)."""
+        return f"#j{job}." in self.key
+
     def to_hostctl(self) -> dict:
         return {"key": self.key, "pid": self.pid, "pgid": self.pgid, "starttime": self.starttime,
                 "task_starttime": self.task_starttime, "started": self.started, "log": self.log,
                 "exit_file": self.exit_file, "token": self.token}
+
+
+def _key_prefix(task: str, kind: ProcessKind, job: int | None) -> str:
+    """A record's key without its attempt number (:meth:`ProcessRecord.for_task`)."""
+    kind = ProcessKind(kind)      # a caller that gave the string gets the same key
+    if kind is ProcessKind.STANDBY:
+        return f"{task}#s"
+    if kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM):
+        if job is None:
+            raise ValueError(f"a {kind} process of {task} belongs to a job: its number is missing")
+        return f"{task}#j{job}."
+    return f"{task}#"
 
 
 @dataclass
@@ -69,7 +100,7 @@ class RunState:
 
     name: str
     plan: ClusterPlan
-    phase: str = "starting"
+    phase: Phase = Phase.STARTING
     processes: list[ProcessRecord] = field(default_factory=list)
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
@@ -84,6 +115,9 @@ class RunState:
     # edited inventory that asks for another mode is refused by `scale`); None: a state written
     # before it was recorded, or a cluster `up` did not start (`run`'s one-shot cluster).
     mode_from: str | None = None
+
+    def __post_init__(self) -> None:
+        self.phase = Phase(self.phase)     # given as its string (a test, an old caller): the enum
 
     @property
     def mode(self) -> str:
@@ -102,6 +136,12 @@ class RunState:
         found = [record for record in self.processes
                  if record.task == task and record.kind == ProcessKind.STANDBY and not record.stopped]
         return found[-1] if found else None
+
+    def next_attempt(self, task: str, kind: ProcessKind, job: int | None = None) -> int:
+        """The attempt number of ``task``'s next process of ``kind``: one more than it has had (of
+        job ``job``: each job counts its processes from 1, a server or standby counts across them)."""
+        return 1 + sum(1 for record in self.processes if record.task == task and record.kind == kind
+                       and (job is None or record.in_job(job)))
 
     def replace_record(self, record: ProcessRecord) -> None:
         self.processes = [record if r.key == record.key else r for r in self.processes]
@@ -123,7 +163,7 @@ class RunState:
 
     @classmethod
     def from_json(cls, data: dict) -> "RunState":
-        return cls(name=data["name"], plan=plan_from_json(data["plan"]), phase=data["phase"],
+        return cls(name=data["name"], plan=plan_from_json(data["plan"]), phase=Phase(data["phase"]),
                    processes=[ProcessRecord(**record) for record in data["processes"]],
                    created=data["created"], updated=data["updated"], message=data.get("message"),
                    job=JobProgress.from_json(data["job"]) if data.get("job") else None, restarts=data.get("restarts", {}), synced=data.get("synced", {}),
@@ -233,6 +273,41 @@ def open_private(path: str | Path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_
     return fd
 
 
+def write_private_json(path: Path, data: Any, *, indent: int | None = None) -> None:
+    """Replace ``path`` with ``data`` as JSON, atomically (a temporary file beside it, synced, then
+    renamed over it) and 0600: the one writer of the state, the run history and the resize
+    requests, which all hold a plan (its notification URLs may carry tokens: pscluster_notify)."""
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=indent)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, *, wait: float | None = None,
+              busy: Callable[[], Exception] | None = None) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (created 0600) for the body, released if this process
+    dies: the one lock of the state, the run history and ``scale``. ``wait`` None waits until it is
+    free; else ``busy()`` is raised once ``wait`` seconds passed (0: after one try). The lock file
+    stays: deleting it while another command holds or waits for it would let two commands in."""
+    fd = open_private(path, os.O_RDWR | os.O_CREAT)
+    try:
+        deadline = None if wait is None else time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if deadline is None else fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise (busy() if busy else StateError(f"{path} is locked by another pscluster command")) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
 def default_state_dir() -> Path:
     if os.environ.get("PSCLUSTER_STATE_DIR"):
         return Path(os.environ["PSCLUSTER_STATE_DIR"])
@@ -269,14 +344,7 @@ class StateStore:
     def save(self, state: RunState) -> None:
         state.updated = time.time()
         private_dir(self.root)
-        path = self.path(state.name)
-        tmp = path.with_suffix(f".json.tmp{os.getpid()}")
-        # 0600: the plan may hold notification URLs with tokens in them (pscluster_notify)
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as handle:
-            json.dump(state.to_json(), handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        write_private_json(self.path(state.name), state.to_json(), indent=1)
 
     def delete(self, name: str) -> None:
         """Remove the state. The lock file stays: deleting it while another command holds
@@ -288,21 +356,10 @@ class StateStore:
     def lock(self, name: str, *, wait: float = 10.0) -> Iterator[None]:
         """Exclusive lock on one cluster's state (released if this process dies)."""
         private_dir(self.root)
-        handle = open(self.root / f"{check_cluster_name(name)}.lock", "a+")
-        deadline = time.monotonic() + wait
-        try:
-            while True:
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise StateError(f"cluster {name!r} is locked by another pscluster command",
-                                         hint="wait for it to finish") from None
-                    time.sleep(0.05)
+        with file_lock(self.root / f"{check_cluster_name(name)}.lock", wait=wait,
+                       busy=lambda: StateError(f"cluster {name!r} is locked by another pscluster command",
+                                               hint="wait for it to finish")):
             yield
-        finally:
-            handle.close()
 
     def update(self, state: RunState) -> None:
         """Save under the lock (the usual way to record progress)."""
@@ -332,7 +389,7 @@ class StateStore:
 class StateWriter:
     """Serialises changes to one :class:`RunState` from several threads, saving each at once."""
 
-    def __init__(self, store: StateStore, state: RunState, *, expect_phase: str | None = None):
+    def __init__(self, store: StateStore, state: RunState, *, expect_phase: Phase | None = None):
         self.store = store
         self.state = state
         self.expect_phase = expect_phase

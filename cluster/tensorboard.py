@@ -21,10 +21,9 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from .hosts import hostops
-from .contracts import ProcessKind
+from .contracts import Phase, ProcessKind
 from .errors import HostError, PsclusterError, UsageError
 from .plan import ClusterPlan, TaskSpec
-from .layout import exit_file
 from .state import ProcessRecord, RunState, StateStore, StateWriter
 from .supervision.training import leader_layout, leader_task
 from .transport import TransportPool
@@ -58,11 +57,10 @@ def board_spec(state: RunState) -> BoardSpec:
     """TensorBoard's host, folder and the record of its next start (logs numbered per start)."""
     plan: ClusterPlan = state.plan
     owner = leader_task(plan)
-    attempt = 1 + sum(1 for record in state.processes if record.kind == ProcessKind.TENSORBOARD)
+    attempt = state.next_attempt(TASK, ProcessKind.TENSORBOARD)
     layout = leader_layout(plan)
     log = layout.tensorboard_log(attempt)
-    record = ProcessRecord(key=f"{TASK}#{attempt}", task=TASK, host=owner.host, kind=ProcessKind.TENSORBOARD,
-                           attempt=attempt, log=log, exit_file=exit_file(log))
+    record = ProcessRecord.for_task(TASK, owner.host, ProcessKind.TENSORBOARD, attempt, log)
     return BoardSpec(owner=owner, logdir=layout.tensorboard_root, record=record)
 
 
@@ -93,7 +91,7 @@ class TensorBoardRun:
         state = self.store.load(self.name)
         if state is None:
             raise UsageError(f"no cluster named {self.name!r}", hint="'pscluster status' lists the clusters that are up")
-        if state.phase != "up":
+        if state.phase != Phase.UP:
             raise UsageError(f"cluster {self.name!r} is {state.phase}, not up")
         self.state, self.spec = state, board_spec(state)
         host = state.plan.host(self.spec.owner.host)
@@ -107,7 +105,7 @@ class TensorBoardRun:
         # The local end first: a taken --port fails before anything starts on the host.
         address = self.transport.forward("127.0.0.1", port, local_port=self.port) or f"127.0.0.1:{port}"
         self.url = f"http://{address}/"
-        self.writer = StateWriter(self.store, state, expect_phase="up")
+        self.writer = StateWriter(self.store, state, expect_phase=Phase.UP)
         self.writer.change(lambda s: s.processes.append(self.spec.record))
         self.record = self.spec.record
         try:

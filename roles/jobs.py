@@ -106,7 +106,6 @@ from typing import Any, Callable
 
 REQUIRED_FUNCTIONS = ("build_model", "dataset", "loss", "optimizer")
 OPTIONAL_FUNCTIONS = ("accuracy",)
-SPLITS = ("train", "test")
 
 
 class JobError(ValueError):

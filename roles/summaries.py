@@ -7,8 +7,8 @@ there, so points land on multiples): ``loss`` (mean over the interval), ``steps_
 and ``examples_per_second`` (over the interval; the first unit of work, which holds tracing
 and start-up, is left out of the rates: an interval it fills has none), ``learning_rate`` (the run's, after --scale-lr) and
 ``restarts`` (of the job before this process, from the orchestrator); at each evaluation
-``val_loss`` and ``val_accuracy``. A last point closes a partial interval at the end or on
-stop.
+``val_loss`` and ``val_accuracy`` (no tag has a ``/``, so TensorBoard groups none of them). A
+last point closes a partial interval at the end or on stop.
 
 Why not ``tf.summary``: sync-ps trains inside a TF1 graph, where a summary op is a graph node
 that needs a session run, and tensorflow-cpu 2.21 does not pull in the tensorboard package,
@@ -34,10 +34,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 log = logging.getLogger("pscluster.summaries")
-
-# The tags written (TensorBoard groups tags by the part before a '/': none here).
-TRAIN_TAGS = ("loss", "steps_per_second", "examples_per_second", "learning_rate", "restarts")
-EVAL_TAGS = ("val_loss", "val_accuracy")
 
 
 @dataclass(frozen=True)

@@ -44,10 +44,6 @@ DRIVERS = {"async": "roles.async_driver", "sync": "roles.sync_driver",
            "sync-ps": "roles.syncps_driver"}
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 EXIT_STOPPED = 128 + signal.SIGTERM     # checkpointed and ended on a stop request
-# Modes that checkpoint on SIGTERM: all of them. Sync's coordination service takes SIGTERM
-# over in C++ (docs/platform-notes.md TF3), so the guardian passes the request on as SIGUSR1
-# (roles/lifecycle.py), and the workers agree on the step to stop at (roles/sync_driver.py).
-STOP_MODES = frozenset({"async", "sync", "sync-ps"})
 
 log = logging.getLogger("pscluster.train")
 
@@ -226,8 +222,11 @@ def guardian_report(options: TrainOptions, task: TaskInfo) -> Callable[[str, str
 
 
 def stop_grace_of(options: TrainOptions) -> float:
-    """The guardian's checkpoint-on-stop grace: 0 (SIGTERM kills) in modes that cannot stop."""
-    return options.stop_grace if options.mode in STOP_MODES else 0.0
+    """The guardian's checkpoint-on-stop grace (``--stop-grace``). Every mode checkpoints on
+    SIGTERM: sync's coordination service takes SIGTERM over in C++ (docs/platform-notes.md TF3),
+    so the guardian passes the request on as SIGUSR1 (roles/lifecycle.py), and the workers agree
+    on the step to stop at (roles/sync_driver.py)."""
+    return options.stop_grace
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -248,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_trainer(options: TrainOptions, task: TaskInfo, guardian: TrainerLink, started: float) -> int:
     """The trainer's side of the split (here, or in an adopted standby: roles/standby.py):
     train, write the final event, return the exit code."""
-    if options.mode in STOP_MODES and options.deadline is not None:
+    if options.deadline is not None:
         timer = threading.Timer(max(0.0, options.deadline - (time.time() - started)),
                                 guardian.request_stop, args=("deadline",))
         timer.daemon = True

@@ -513,7 +513,7 @@ class Study:
         if config.plan is None:
             return _failed(config, "impossible", config.impossible or "cannot be planned")
         existing = self.store.load(config.name)
-        if existing is not None and (existing.phase not in ("failed", "down") or existing.live_records()):
+        if existing is not None and (not existing.phase.ended or existing.live_records()):
             # Not ours to stop: a leftover of an earlier study, or someone else's cluster.
             return _failed(config, "failed", f"a cluster named {config.name!r} already exists ({existing.phase}); "
                                              f"run 'pscluster down --name {config.name}' first")

@@ -20,7 +20,6 @@ too; the standing servers that stay are not touched.
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Collection, Iterator, Mapping, Sequence
 
 from ..hosts.codesync import sync_code
-from ..contracts import DEFAULT_GRACE, Mode, ProcessKind
+from ..contracts import DEFAULT_GRACE, Mode, Phase, ProcessKind
 from ..errors import PsclusterError, UsageError
 from ..events import Reporter
 from .tasks import forget_pid_files, new_record, report_standbys, start_standbys, start_tasks, stop_records, task_env, wait_ready
@@ -42,6 +41,7 @@ from ..plan import ClusterPlan, HostSpec, TaskSpec
 from ..hosts.probe import Prober
 from ..secrets import Secrets
 from ..state import ProcessRecord, RunState, StateStore, StateWriter, plan_from_json, plan_to_json, read_owned
+from ..state import file_lock, write_private_json
 from ..supervision.training import leader_task
 from ..transport import TransportPool
 
@@ -272,11 +272,10 @@ def _start_servers(writer: StateWriter, pool: TransportPool, reporter: Reporter,
                    idle: Callable[[], None] | None = None) -> None:
     state: RunState = writer.state
     if standing:
-        attempts = {t.name: 1 + sum(1 for r in state.processes if r.task == t.name and r.kind == ProcessKind.SERVER)
-                    for t in standing}
+        attempts = {t.name: state.next_attempt(t.name, ProcessKind.SERVER) for t in standing}
         reporter.emit("phase", name="start", detail=f"{len(standing)} new server(s)")
         records, failures = start_tasks(writer, pool, new, [
-            (task, new_record(task, kind="server", attempt=attempts[task.name]), task.argv,
+            (task, new_record(task, kind=ProcessKind.SERVER, attempt=attempts[task.name]), task.argv,
              task_env(new, task, secrets, standing=True)) for task in standing], reporter)
         if failures:
             raise failures[0].error
@@ -569,16 +568,9 @@ def resize_lock(store: StateStore, name: str) -> Iterator[None]:
     """One resize of a cluster at a time: a second ``scale`` is refused while one runs."""
     path = store.root / f"{name}.resize.lock"
     store.root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UsageError(f"another 'pscluster scale' of cluster {name!r} is running",
-                             hint="wait for it to finish, then run this one again") from None
+    with file_lock(path, wait=0, busy=lambda: UsageError(f"another 'pscluster scale' of cluster {name!r} is running",
+                                                         hint="wait for it to finish, then run this one again")):
         yield
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -634,17 +626,9 @@ class ResizeRequest:
         return None
 
 
-def _write_private(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle)
-    os.replace(tmp, path)
-
-
 def post_request(store: StateStore, name: str, request: ResizeRequest) -> None:
     (store.root / f"{name}{RESULT_SUFFIX}").unlink(missing_ok=True)
-    _write_private(store.root / f"{name}{RESIZE_SUFFIX}", request.to_json())
+    write_private_json(store.root / f"{name}{RESIZE_SUFFIX}", request.to_json())
 
 
 def take_request(store: StateStore, name: str) -> ResizeRequest | None:
@@ -659,7 +643,7 @@ def take_request(store: StateStore, name: str) -> ResizeRequest | None:
 
 
 def post_result(store: StateStore, name: str, *, ok: bool, message: str) -> None:
-    _write_private(store.root / f"{name}{RESULT_SUFFIX}", {"ok": ok, "message": message})
+    write_private_json(store.root / f"{name}{RESULT_SUFFIX}", {"ok": ok, "message": message})
 
 
 def read_result(store: StateStore, name: str) -> dict | None:
@@ -697,7 +681,7 @@ def scale_cluster(store: StateStore, name: str, new: ClusterPlan, *, pool: Trans
         state = store.load(name)
         if state is None:
             raise UsageError(f"no cluster named {name!r}", hint="'pscluster status' lists the clusters that are up")
-        if state.phase != "up":
+        if state.phase != Phase.UP:
             raise UsageError(f"cluster {name!r} is {state.phase}: only a cluster that is up can be resized",
                              hint="wait for 'up' or 'down' to finish")
         old = state.plan
@@ -714,7 +698,7 @@ def scale_cluster(store: StateStore, name: str, new: ClusterPlan, *, pool: Trans
             if report is not None and not report.ok:
                 report.raise_for_failures()
         if not job_live:
-            writer = StateWriter(store, state, expect_phase="up")
+            writer = StateWriter(store, state, expect_phase=Phase.UP)
             apply_plan(writer, pool, reporter, old, new, diff, secrets)
             return ScaleResult(diff, f"cluster {name!r} resized: {describe(diff, new)}", False)
         info = job.orchestrator if job is not None else None

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..hosts import hostops
+from ..contracts import ProcessKind
 from ..fanout import fan_out
 from ..layout import ready_file
 from ..hosts.probe import Prober
@@ -42,7 +43,7 @@ class TaskRow:
     host: str
     address: str
     port: int
-    kind: str
+    kind: ProcessKind
     pid: int | None
     state: str                # starting | ready | running | exited | lost | not started | stopped
     devices: tuple[str, ...] = ()
@@ -89,7 +90,7 @@ def cluster_status(state: RunState, *, pool: TransportPool, prober: Prober | Non
         if standby is not None and getattr(statuses.get(standby.key), "state", None) == "running":
             waiting = StandbyView(standby.pid, ready_file(standby.log) in ready)
         row = functools.partial(TaskRow, role=task.role, index=task.index, host=task.host, address=task.address,
-                                port=task.port, kind="server" if task.standing else "train", restarts=restarts,
+                                port=task.port, kind=ProcessKind.SERVER if task.standing else ProcessKind.TRAIN, restarts=restarts,
                                 standby=waiting)
         if record is None:
             rows.append(row(pid=None, state="not started", detail="" if task.standing else _not_started(waiting)))
@@ -130,7 +131,7 @@ def rows_after_up(state: RunState, devices: dict[str, tuple[str, ...]]) -> list[
     for task in state.plan.tasks:
         record = state.latest(task.name)
         row = functools.partial(TaskRow, role=task.role, index=task.index, host=task.host, address=task.address,
-                                port=task.port, kind="server" if task.standing else "train")
+                                port=task.port, kind=ProcessKind.SERVER if task.standing else ProcessKind.TRAIN)
         standby = state.standby(task.name)
         if record is None:
             rows.append(row(pid=None, state="not started",

@@ -13,7 +13,7 @@ from ..errors import Failure, HostError, PsclusterError, TaskError
 from ..events import Reporter
 from ..fanout import fan_out
 from ..contracts import ProcessKind
-from ..layout import HostLayout, attempt_log, exit_file, fifo_file, pid_file, ready_file
+from ..layout import HostLayout, attempt_log, fifo_file, pid_file, ready_file
 from ..plan import ClusterPlan, TaskSpec
 from ..hosts.probe import Prober
 from ..secrets import Secrets
@@ -48,13 +48,10 @@ def records_by_host(records: Sequence[ProcessRecord]) -> dict[str, list[ProcessR
     return grouped
 
 
-def new_record(task: TaskSpec, *, kind: str, attempt: int, log: str | None = None,
-               events: str | None = None) -> ProcessRecord:
-    """The record of attempt ``attempt`` of ``task``; a standing server's log is numbered from the
-    plan's ``log_path`` (layout.attempt_log) unless ``log`` is given."""
-    log = log or attempt_log(task.log_path, attempt)
-    return ProcessRecord(key=f"{task.name}#{attempt}", task=task.name, host=task.host, kind=kind,
-                         attempt=attempt, log=log, exit_file=exit_file(log), events=events)
+def new_record(task: TaskSpec, *, kind: ProcessKind, attempt: int) -> ProcessRecord:
+    """The record of attempt ``attempt`` of ``task``, its log numbered from the plan's
+    ``log_path`` (layout.attempt_log): a standing server's."""
+    return ProcessRecord.for_task(task.name, task.host, kind, attempt, attempt_log(task.log_path, attempt))
 
 
 def start_task(writer: StateWriter, pool: TransportPool, plan: ClusterPlan, task: TaskSpec,
@@ -140,10 +137,9 @@ def standby_starts(plan: ClusterPlan, state: RunState, secrets: Secrets | None, 
             continue
         if not plan.host(task.host).standby or state.standby(task.name) is not None:
             continue
-        attempt = 1 + sum(1 for r in state.processes if r.task == task.name and r.kind == ProcessKind.STANDBY)
+        attempt = state.next_attempt(task.name, ProcessKind.STANDBY)
         log = HostLayout(task.workdir, plan.name).standby_log(task.role, task.index, attempt)
-        record = ProcessRecord(key=f"{task.name}#s{attempt}", task=task.name, host=task.host,
-                               kind=ProcessKind.STANDBY, attempt=attempt, log=log, exit_file=exit_file(log))
+        record = ProcessRecord.for_task(task.name, task.host, ProcessKind.STANDBY, attempt, log)
         argv = [task.argv[0], "-m", "roles.standby", "--fifo", fifo_file(log), "--ready", ready_file(log)]
         items.append((task, record, argv, task_env(plan, task, secrets, standing=True)))
     return items

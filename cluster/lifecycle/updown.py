@@ -13,7 +13,7 @@ from ..supervision.daemon import live_daemon, remove_event_files, signal_supervi
 from ..errors import Aborted, Failure, MultiHostError, PsclusterError, StateError, Terminated, UsageError
 from ..events import Reporter
 from ..hosts.firewall import install_rules, remove_rules
-from ..contracts import DEFAULT_GRACE, TensorFlowNeed
+from ..contracts import CLEANUP_GRACE, DEFAULT_GRACE, Phase, ProcessKind, TensorFlowNeed
 from ..plan import ClusterPlan
 from ..hosts.preflight import CheckReport, run_preflight
 from ..hosts.probe import Prober
@@ -56,7 +56,7 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
     _remove_stale_tables(plan.name, store, pool, reporter)
     with store.lock(plan.name):
         existing = store.load(plan.name)
-        if existing is not None and existing.phase not in ("failed", "down"):
+        if existing is not None and not existing.phase.ended:
             raise UsageError(f"cluster {plan.name!r} is already {existing.phase} "
                              f"(state {store.path(plan.name)})",
                              hint=f"'pscluster down --name {plan.name}' first, or use another --name "
@@ -66,7 +66,7 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
                              hint=f"run 'pscluster down --name {plan.name}' first")
         state = RunState(name=plan.name, plan=plan, port_base=port_base, limit=limit, mode_from=mode_from)
         store.save(state)
-    writer = StateWriter(store, state, expect_phase="starting")
+    writer = StateWriter(store, state, expect_phase=Phase.STARTING)
     devices: dict[str, tuple[str, ...]] = {}
     try:
         report = run_preflight(plan, pool, reporter, allow_busy_gpus=allow_busy_gpus, tensorflow=tensorflow)
@@ -81,7 +81,7 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
         standing = plan.standing_tasks
         reporter.emit("phase", name="start", detail=f"{len(standing)} server(s)")
         records, failures = start_tasks(writer, pool, plan, [
-            (task, new_record(task, kind="server", attempt=1), task.argv, task_env(plan, task, secrets, standing=True))
+            (task, new_record(task, kind=ProcessKind.SERVER, attempt=1), task.argv, task_env(plan, task, secrets, standing=True))
             for task in standing], reporter)
         if failures:
             raise failures[0].error if len(failures) == 1 else \
@@ -94,7 +94,7 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
             # Once the servers answer, not beside their own imports: on a host with few cores the
             # standby's import would slow `up`; it is ready a few seconds after `up` returns.
             report_standbys(reporter, *start_standbys(writer, pool, plan, secrets))
-        writer.change(lambda s: setattr(s, "phase", "up"))
+        writer.change(lambda s: setattr(s, "phase", Phase.UP))
         return UpResult(state, report, devices, time.monotonic() - began)
     except (PsclusterError, KeyboardInterrupt) as exc:
         if isinstance(exc, Aborted):
@@ -116,7 +116,7 @@ def _remove_stale_tables(name: str, store: StateStore, pool: TransportPool, repo
     """
     with store.lock(name):
         stale = store.load(name)
-    if stale is None or stale.phase not in ("failed", "down") or not stale.firewall or stale.live_records():
+    if stale is None or not stale.phase.ended or not stale.firewall or stale.live_records():
         return      # (live records: the check below sends the user to `down`, which removes both)
     reporter.emit("phase", name="firewall", detail=f"removing {len(stale.firewall)} table(s) of the earlier, "
                                                    "failed cluster")
@@ -142,7 +142,7 @@ def _stop_after_abort(plan: ClusterPlan, state: RunState, pool: TransportPool, r
     if live:
         reporter.emit("phase", name="rollback", detail=f"taken down meanwhile: stopping {len(live)} task(s) "
                                                        "this up started")
-    stop_records(plan, live, pool, reporter, grace=3.0)
+    stop_records(plan, live, pool, reporter, grace=CLEANUP_GRACE)
     if state.firewall:
         remove_rules(state, pool, reporter)
 
@@ -154,7 +154,7 @@ def _roll_back(plan: ClusterPlan, store: StateStore, state: RunState, pool: Tran
     live = state.live_records()
     if live:
         reporter.emit("phase", name="rollback", detail=f"stopping {len(live)} task(s) started so far")
-    stopped, errors = stop_records(plan, live, pool, reporter, grace=3.0)
+    stopped, errors = stop_records(plan, live, pool, reporter, grace=CLEANUP_GRACE)
     if state.firewall:
         errors.update(remove_rules(state, pool, reporter))
     with store.lock(plan.name):
@@ -163,7 +163,7 @@ def _roll_back(plan: ClusterPlan, store: StateStore, state: RunState, pool: Tran
             return
         for record in stopped:
             state.replace_record(record)
-        state.phase = "failed"
+        state.phase = Phase.FAILED
         state.message = message
         if errors:
             state.message += "\nrollback could not reach: " + ", ".join(sorted(errors))
@@ -194,7 +194,7 @@ def bring_down(name: str, *, store: StateStore, reporter: Reporter, grace: float
             state = store.load(name)
             if state is None:
                 raise StateError(f"no state for cluster {name!r}")
-            state.phase = "stopping"
+            state.phase = Phase.STOPPING
             store.save(state)
         # A detached supervisor (train/run --detach) ends too: from now on it can record nothing
         # (the phase changed), and SIGTERM makes it stop acting; it is killed if still there after.

@@ -39,12 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, cast
 
-from ..contracts import ExitStatus, JobState
+from ..contracts import JobState
 from ..errors import PsclusterError
 from ..events import Reporter
 from ..history import RunRecord
 from ..layout import DaemonLayout
-from .jobrecord import JobProgress, Orchestrator
+from .jobrecord import JobProgress, Orchestrator, job_exit_status
 from ..state import StateStore, open_private, private_dir
 
 POLL_SECONDS = 0.25
@@ -97,7 +97,7 @@ def run_gone(store: StateStore, *, here: str | None = None) -> Callable[[RunReco
         job = state.job
         if job is not None and job.id == record.id and orchestrator_alive(job.orchestrator, here=here):
             return False
-        return not any(f"#j{record.id}." in process.key for process in state.live_records())
+        return not any(process.in_job(record.id) for process in state.live_records())
     return gone
 
 
@@ -179,13 +179,8 @@ def supervisor_health(job: JobProgress | None, *, alive: bool, here: str, now: f
 
 
 def exit_status(job: JobProgress) -> int:
-    """The exit code of an ended job, as ``train``/``run`` would have exited: 0 done, 4 done at
-    ``--deadline``, 1 failed, 130 stopped (Ctrl-C, ``stop-job``)."""
-    if job.state is JobState.DONE:
-        return ExitStatus.DEADLINE if (job.result or {}).get("deadline_reached") else ExitStatus.OK
-    if job.state is JobState.STOPPED:
-        return ExitStatus.INTERRUPTED
-    return ExitStatus.FAILURE
+    """The exit code of an ended job, as ``train``/``run`` would have exited (:func:`job_exit_status`)."""
+    return job_exit_status(job.state, job.result)
 
 
 # ----------------------------------------------------------------------------- the daemon's files

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
 from ..hosts import hostops
-from ..contracts import DEFAULT_GRACE, JobState, ProcessKind, ProcState, RestartPolicy
+from ..contracts import CLEANUP_GRACE, DEFAULT_GRACE, JobState, Phase, ProcessKind, ProcState, RestartPolicy
 from ..errors import HostError, PsclusterError, TaskError, UsageError
 from .daemon import DaemonFiles, job_conflict, orchestrator_alive, process_starttime, run_gone, stop_supervisor
 from ..events import Reporter
@@ -32,7 +32,7 @@ from ..lifecycle.tasks import start_task, stop_records, task_env, wait_ready
 from ..plan import ClusterPlan, TaskSpec
 from ..hosts.probe import Prober
 from ..secrets import Secrets
-from .jobrecord import JobProgress, Orchestrator
+from .jobrecord import JobProgress, Orchestrator, job_exit_status
 from ..state import ProcessRecord, RunState, StateStore, StateWriter
 from ..transport import TransportPool
 from . import core
@@ -85,7 +85,7 @@ class JobExecutor(Generic[K]):
             state = self.store.load(self.name)
             if state is None:
                 raise UsageError(f"no cluster named {self.name!r}")
-            if state.phase != "up":
+            if state.phase != Phase.UP:
                 raise UsageError(f"cluster {self.name!r} is {state.phase}, not up",
                                  hint="bring it up with 'pscluster up INVENTORY'")
         return state
@@ -154,8 +154,7 @@ class JobExecutor(Generic[K]):
             self.writer.change(lambda s: None)
         except PsclusterError:
             pass     # the cluster was taken down meanwhile: nothing to record
-        deadline = bool((fields.get("result") or {}).get("deadline_reached"))
-        self.record_run(final, exit_code={JobState.DONE: 4 if deadline else 0, JobState.STOPPED: 130}.get(final, 1))
+        self.record_run(final, exit_code=int(job_exit_status(final, fields.get("result"))))
         self.prune_runs()
 
     # ------------------------------------------------------------------ the run history (cluster/history.py)
@@ -164,7 +163,7 @@ class JobExecutor(Generic[K]):
         # A host an elastic job dropped is no longer in its plan: its logs cannot be read later.
         known = {host.name: host for plan in (self.state.plan, self.plan) for host in plan.hosts}
         logs = tuple(LogFile(r.task, r.host, r.log, r.attempt) for r in self.state.processes
-                     if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM) and f"#j{self.job_id}." in r.key
+                     if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM) and r.in_job(self.job_id)
                      and r.host in known)
         hosts = tuple(known[name] for name in dict.fromkeys(log.host for log in logs))
         job = self.state.job
@@ -206,11 +205,11 @@ class JobExecutor(Generic[K]):
         self.began = self.clock()
         self.state = self.claim()
         self.plan: ClusterPlan = self.state.plan
-        self.writer = StateWriter(self.store, self.state, expect_phase="up")
+        self.writer = StateWriter(self.store, self.state, expect_phase=Phase.UP)
         stale = [r for r in self.state.live_records() if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM)]
         if stale:     # an earlier job whose orchestrator was killed
             self.reporter.emit("message", text=f"stopping {len(stale)} process(es) of an earlier, orphaned job")
-            self.stop(stale, grace=3.0)
+            self.stop(stale, grace=CLEANUP_GRACE)
         # Numbers count up per name across up/down and one-shot runs: each run's folder is its own.
         self.history = RunHistory(self.store.root)
         self.job_id = max(self.state.job.id if self.state.job else 0, self.history.last_id(self.name)) + 1
@@ -238,7 +237,7 @@ class JobExecutor(Generic[K]):
             self.announce("failed", {"message": exc.message})
             raise
         except Exception as exc:      # PsclusterError, or a bug: never leave the job running
-            self.stop_job_processes(grace=3.0)
+            self.stop_job_processes(grace=CLEANUP_GRACE)
             self.finish(JobState.FAILED, message=str(exc) or type(exc).__name__)
             self.announce("failed", {"message": getattr(exc, "message", str(exc)) or type(exc).__name__})
             raise
@@ -433,7 +432,7 @@ class JobExecutor(Generic[K]):
         self.set_job(state=JobState.RUNNING, message=None)
 
     def fail(self, cause: PsclusterError, why: str | None = None) -> JobFailed:
-        self.stop_job_processes(grace=3.0)
+        self.stop_job_processes(grace=CLEANUP_GRACE)
         failed = JobFailed(cause, prefix=self.kind.failure_prefix + (f" ({why})" if why else ""))
         more = self.kind.failure_hint(self)
         if more:
@@ -455,9 +454,7 @@ class JobExecutor(Generic[K]):
 
     # ------------------------------------------------------------------ launching and stopping
     def attempt(self, task: TaskSpec, kind: ProcessKind) -> int:
-        prefix = f"{task.name}#j{self.job_id}."
-        return 1 + sum(1 for r in self.state.processes if r.task == task.name and r.kind == kind
-                       and (kind is ProcessKind.SERVER or r.key.startswith(prefix)))
+        return self.state.next_attempt(task.name, kind, None if kind is ProcessKind.SERVER else self.job_id)
 
     def launch(self, task: TaskSpec, record: ProcessRecord, *, argv: Sequence[str], env: dict[str, str],
                kind: ProcessKind, files: Sequence[str] = (), standby: ProcessRecord | None = None) -> Watched:
@@ -476,7 +473,7 @@ class JobExecutor(Generic[K]):
 
     def launch_server(self, task: TaskSpec) -> Watched:
         from ..lifecycle.tasks import new_record
-        record = new_record(task, kind="server", attempt=self.attempt(task, ProcessKind.SERVER))
+        record = new_record(task, kind=ProcessKind.SERVER, attempt=self.attempt(task, ProcessKind.SERVER))
         watched = self.launch(task, record, argv=task.argv, env=task_env(self.plan, task, self.secrets, standing=True), kind=ProcessKind.SERVER)
         try:
             with Prober() as prober:
@@ -540,7 +537,7 @@ class JobExecutor(Generic[K]):
     def forget_and_stop(self, items: list[Watched]) -> None:
         for item in items:
             self.watched.pop(item.record.key, None)
-        self.stop([item.record for item in items], grace=3.0)
+        self.stop([item.record for item in items], grace=CLEANUP_GRACE)
 
     def stop(self, records: list[ProcessRecord], *, grace: float, first_signal: str = "TERM") -> None:
         if not records:

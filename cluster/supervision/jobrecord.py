@@ -14,7 +14,18 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..contracts import JobState
+from ..contracts import ExitStatus, JobState
+
+
+def job_exit_status(state: JobState, result: Mapping[str, Any] | None = None) -> ExitStatus:
+    """What ``train``/``run`` exit with for a job that ended in ``state`` with the final report
+    ``result``: 0 done, 4 done at ``--deadline``, 1 failed, 130 stopped (Ctrl-C, ``stop-job``).
+    The one mapping: the run history records it, ``attach`` exits with it."""
+    if state is JobState.DONE:
+        return ExitStatus.DEADLINE if (result or {}).get("deadline_reached") else ExitStatus.OK
+    if state is JobState.STOPPED:
+        return ExitStatus.INTERRUPTED
+    return ExitStatus.FAILURE
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import socket
 import time
 from typing import Any, Iterable
 
-from ..contracts import JobState, Mode, ProcessKind
+from ..contracts import JobState, Mode, Phase, ProcessKind
 from .daemon import orchestrator_alive, stop_supervisor
 from ..errors import Failure, MultiHostError, PsclusterError, StateError
 from ..events import Reporter
@@ -93,7 +93,7 @@ def stop_orphaned_job(name: str, *, store: StateStore, reporter: Reporter, grace
         state = store.load(name)
         if state is None:
             raise StateError(f"no state for cluster {name!r}")
-        writer = StateWriter(store, state, expect_phase="up")
+        writer = StateWriter(store, state, expect_phase=Phase.UP)
         records = [r for r in state.live_records() if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM)]
         job = state.job
         if stop_grace is None:

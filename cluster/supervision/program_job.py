@@ -45,7 +45,6 @@ from . import core
 from .executor import JobExecutor
 from .jobkind import Watched
 from .train_job import check_ports_free
-from ..layout import exit_file
 from .training import host_layout
 from ..transport import TransportPool
 
@@ -168,8 +167,7 @@ class ProgramJob:
     def launch_program(self, ex: JobExecutor[Any], task: TaskSpec) -> Watched:
         attempt = ex.attempt(task, ProcessKind.PROGRAM)
         log, _ = host_layout(task, ex.plan).job_paths(ex.job_id, task.role, task.index, attempt)
-        record = ProcessRecord(key=f"{task.name}#j{ex.job_id}.{attempt}", task=task.name, host=task.host,
-                               kind=str(ProcessKind.PROGRAM), attempt=attempt, log=log, exit_file=exit_file(log))
+        record = ProcessRecord.for_task(task.name, task.host, ProcessKind.PROGRAM, attempt, log, job=ex.job_id)
         host = ex.plan.host(task.host)
         argv = host_argv(expand(self.argv, placeholder_values(ex.plan, task)), host)
         env = {**task_env(ex.plan, task, ex.secrets, standing=False), **program_env(ex.plan, task, self.keras)}

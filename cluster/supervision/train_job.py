@@ -46,7 +46,7 @@ from ..state import ProcessRecord, StateStore
 from . import core
 from .executor import JobExecutor, restart_rules
 from .jobkind import Watched
-from ..layout import exit_file, gate_file
+from ..layout import gate_file
 from .train_resize import Resizer
 from .training import (EventTail, JobRef, JobOptions, host_layout, job_files, job_path_on, leader_layout, leader_task,
                        path_on, summarize, train_argv, with_evaluator)
@@ -201,8 +201,7 @@ class TrainJob:
         leader = leader_task(plan)
         attempt = ex.attempt(task, ProcessKind.TRAIN)
         log, events = host_layout(task, plan).job_paths(ex.job_id, task.role, task.index, attempt)
-        record = ProcessRecord(key=f"{task.name}#j{ex.job_id}.{attempt}", task=task.name, host=task.host,
-                               kind="train", attempt=attempt, log=log, exit_file=exit_file(log), events=events)
+        record = ProcessRecord.for_task(task.name, task.host, ProcessKind.TRAIN, attempt, log, job=ex.job_id, events=events)
         # The leader writes TensorBoard summaries; the restarts before this launch are one of them.
         # A side-car evaluator that shares the leader's workdir path writes its scalars beside them
         # (`<job>/eval`, one more run in `pscluster tensorboard`); elsewhere in <checkpoint dir>/eval.

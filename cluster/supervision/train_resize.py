@@ -15,7 +15,7 @@ import json
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..contracts import DEFAULT_GRACE, JobState, Mode, ProcessKind, RestartPolicy
+from ..contracts import CLEANUP_GRACE, DEFAULT_GRACE, JobState, Mode, ProcessKind, RestartPolicy
 from ..errors import Failure, PsclusterError
 from ..events import Reporter
 from ..hosts import hostops
@@ -505,7 +505,7 @@ class Resizer:
             ex.reporter.emit("message", text=f"{host} answers again: stopping {len(left)} process(es) it still "
                                              "runs from before it was lost")
             plan = resize.knowing_hosts(ex.plan, self.dropped[host].host) if host in self.dropped else ex.plan
-            stopped, errors = stop_records(plan, left, ex.pool, ex.reporter, grace=3.0)
+            stopped, errors = stop_records(plan, left, ex.pool, ex.reporter, grace=CLEANUP_GRACE)
             ex.writer.change(lambda s: s.replace_records(stopped))
             for where, error in errors.items():
                 ex.reporter.emit("message", level="warning",

@@ -53,7 +53,7 @@ def local_transport(workdir) -> LocalTransport:
 
 
 def record_for(log: str, key: str = "worker:0#1") -> ProcessRecord:
-    return ProcessRecord(key=key, task="worker:0", host="localhost", kind="program", attempt=1, log=log,
+    return ProcessRecord(key=key, task="worker:0", host="localhost", kind="run", attempt=1, log=log,
                          exit_file=log + ".exit")
 
 

@@ -271,3 +271,22 @@ def test_claim_refuses_an_orphaned_job_whose_processes_run_unless_replace(cluste
     assert executor(True).claim().job == state.job            # --replace: run() then stops them
     running["count"] = 0                                       # processes gone: today's clean-up, no refusal
     assert executor(False).claim().name == "c"
+
+
+@pytest.mark.parametrize("final, result, code", [
+    (JobState.DONE, {"global_step": 10}, 0),
+    (JobState.DONE, {"global_step": 5, "deadline_reached": True}, 4),
+    (JobState.FAILED, None, 1),
+    (JobState.STOPPED, None, 130),
+])
+def test_the_run_history_records_the_code_attach_exits_with(tmp_path, final, result, code):
+    """One mapping (jobrecord.job_exit_status): the executor's end of a job wrote its own (issue 43)."""
+    from .conftest import idle_supervisor
+    supervisor = idle_supervisor(tmp_path, name="codes", mode="async")
+    from cluster.history import RunHistory
+    supervisor.history = RunHistory(supervisor.store.root)      # what the executor's start sets
+    supervisor.prune_runs = lambda: None              # no hosts to clean
+    supervisor.finish(final, **({"result": result} if result else {}))
+    recorded = supervisor.history.find("codes", supervisor.job_id)
+    assert recorded is not None and recorded.exit_code == detach.exit_status(supervisor.state.job) == code
+    assert type(recorded.exit_code) is int

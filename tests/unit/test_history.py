@@ -176,7 +176,7 @@ def test_a_runs_processes_are_gone_when_its_cluster_is_down_or_none_runs(tmp_pat
     gone = run_gone(store)
     assert gone(record(tmp_path, 3, ended=None, name="lab"))                # no state: `down` stopped it all
     state = lab_state("lab")
-    state.processes = [ProcessRecord(key="worker:0#j3.1", task="worker:0", host="node-a", kind="program", attempt=1,
+    state.processes = [ProcessRecord(key="worker:0#j3.1", task="worker:0", host="node-a", kind="run", attempt=1,
                                      log="/w/job-3/worker-0.1.log", exit_file="/w/job-3/worker-0.1.exit")]
     state.job = JobProgress(id=3, job="p.py", mode="async", orchestrator=Orchestrator(999_999_999, "elsewhere"))
     store.save(state)

@@ -14,7 +14,8 @@ from cluster.inventory import load_inventory
 from cluster.lifecycle.tasks import new_record
 from cluster.layout import DaemonLayout, HostLayout, attempt_log, exit_file, job_code_dir, pid_file
 from cluster.plan import ClusterPlan, PlanOptions, plan_cluster
-from cluster.state import RunState
+from cluster.contracts import ProcessKind
+from cluster.state import ProcessRecord, RunState
 from cluster.tensorboard import board_spec
 from cluster.supervision.training import JobRef, host_layout, job_files, job_path_on, leader_layout
 
@@ -71,7 +72,8 @@ def test_attempt_n_of_a_server_changes_only_the_file_names_suffix():
     assert host_layout(worker, p).server_log("worker", 0, 3) == third.log
     assert host_layout(worker, p).job_paths(1, "worker", 0, 2)[0] == f"{run}/job-1/worker-0.2.log"
     assert attempt_log("/a.log/b.log", 2) == "/a.log/b.2.log"
-    assert new_record(worker, kind="train", attempt=2, log="/x/given.log").log == "/x/given.log"
+    given = ProcessRecord.for_task(worker.name, worker.host, ProcessKind.TRAIN, 2, "/x/given.log", job=1)
+    assert (given.key, given.log, given.exit_file) == ("worker:0#j1.2", "/x/given.log", "/x/given.log.exit")
 
 
 def test_tensorboard_records_follow_the_layout(tmp_path):
