@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import posixpath
 import shlex
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -43,7 +42,7 @@ from ..program.runspec import (Workspace, effective_keras, expand, host_argv, pl
 from ..state import ProcessRecord, StateStore
 from . import core
 from .executor import JobExecutor
-from .jobkind import Watched
+from .jobkind import JobKind, Watched
 from .train_job import check_ports_free
 from ..layout import exit_file
 from .training import host_layout
@@ -58,7 +57,7 @@ class ProgramMissing(MultiHostError):
     exit_code = ExitStatus.BAD_INPUT
 
 
-class ProgramJob:
+class ProgramJob(JobKind):
     """The ``run`` job kind (:class:`~cluster.supervision.jobkind.JobKind`): the user's program on
     ``on``'s tasks (None: every task without a standing server) of a cluster that is up, run by
     the executor to its end."""
@@ -99,9 +98,6 @@ class ProgramJob:
         if problem is not None:
             raise UsageError(problem, hint=f"the program runs on {', '.join(dict.fromkeys(roles))}")
         return progress.updated(command=self.argv)
-
-    def running(self, ex: JobExecutor[Any]) -> AbstractContextManager[None]:
-        return nullcontext()
 
     def watchdog(self, ex: JobExecutor[Any]) -> core.Watchdog:
         return core.Watchdog(restart_clean_exits=ex.rules.policy is RestartPolicy.ALWAYS)
@@ -216,9 +212,6 @@ class ProgramJob:
         ex.announce("resized", {"old": workers, "new": left, "reason": f"{task or host} {why}", "workers": len(left)})
         return True
 
-    def between_turns(self, ex: JobExecutor[Any]) -> None:
-        pass
-
     def recovery(self, ex: JobExecutor[Any], incident: core.Incident) -> core.Recovery:
         proc = incident.proc
         if proc.kind is ProcessKind.SERVER:      # a standing server of `up` died during the run
@@ -287,9 +280,6 @@ class ProgramJob:
         if self.one_shot:          # its cluster is gone when the error is shown: say where the logs stay
             return f"'pscluster logs --name {ex.name} --run {ex.job_id}' shows every task's log of this run"
         return None
-
-    def before_interrupt(self, ex: JobExecutor[Any]) -> None:
-        pass
 
     def interrupted(self, ex: JobExecutor[Any]) -> tuple[str, str | None]:
         if self.one_shot:

@@ -45,7 +45,7 @@ from ..plan import ClusterPlan, TaskSpec
 from ..state import ProcessRecord, StateStore
 from . import core
 from .executor import JobExecutor, restart_rules
-from .jobkind import Watched
+from .jobkind import JobKind, Watched
 from ..layout import exit_file, gate_file
 from .train_resize import Resizer
 from .training import (EventTail, JobRef, JobOptions, host_layout, job_files, job_path_on, leader_layout, leader_task,
@@ -55,7 +55,7 @@ from ..transport import TransportPool
 __all__ = ["TrainJob", "train_executor"]
 
 
-class TrainJob:
+class TrainJob(JobKind):
     """The ``train`` job kind (:class:`~cluster.supervision.jobkind.JobKind`): one training job,
     which the executor runs to its end: done, failed for good, or interrupted."""
 
@@ -131,9 +131,6 @@ class TrainJob:
     def interrupted(self, ex: JobExecutor[Any]) -> tuple[str, str | None]:
         return (f"job {ex.job_id} stopped: its processes were stopped; the standing servers are still up",
                 "'pscluster down' stops them")
-
-    def failure_hint(self, ex: JobExecutor[Any]) -> str | None:
-        return None
 
     def read_final_events(self, ex: JobExecutor[Any], records: list[ProcessRecord]) -> None:
         """The events a stopped leader wrote last (its checkpoint), into the job record."""
@@ -270,9 +267,6 @@ class TrainJob:
                                           and (report.get("global_step") or 0) < total)
         return report
 
-    def on_stopped(self, ex: JobExecutor[Any], records: list[ProcessRecord]) -> None:
-        pass
-
     # ------------------------------------------------------------------ resizes (cluster/supervision/train_resize.py)
     def between_turns(self, ex: JobExecutor[Any]) -> None:
         self.resizer.between_turns(ex)
@@ -328,9 +322,6 @@ class TrainJob:
             return
         for event in tail.feed(chunk):
             self.on_event(ex, watched, event, now)
-
-    def on_exit(self, ex: JobExecutor[Any], watched: Watched, now: float) -> None:
-        pass
 
     def on_event(self, ex: JobExecutor[Any], watched: Watched, event: dict[str, Any], now: float) -> None:
         kind = event.get("event")

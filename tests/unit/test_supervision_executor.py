@@ -15,14 +15,15 @@ from cluster.supervision.jobrecord import JobProgress
 from cluster.state import ProcessRecord, RunState, StateStore
 from cluster.supervision import core
 from cluster.supervision.executor import JobExecutor
-from cluster.supervision.jobkind import JobFailed, Watched
+from cluster.supervision.jobkind import JobFailed, JobKind, Watched
 from cluster.transport import TransportPool
 
 from .conftest import INVENTORIES
 
 
-class ScriptedKind:
-    """A job kind whose recoveries only count (the hooks these tests reach); its processes are made up."""
+class ScriptedKind(JobKind):
+    """A job kind whose recoveries only count (the hooks these tests reach, and JobKind's defaults);
+    its processes are made up."""
 
     entry = "train"
     failure_prefix = "training failed"
@@ -34,22 +35,10 @@ class ScriptedKind:
     def job_name(self):
         return "new"
 
-    def new_job(self, ex, progress):
-        return progress
-
     def recovery(self, ex, incident):
         plan = core.Recovery(wait_hosts=(), stop=())
         self.recoveries.append(plan)
         return plan
-
-    def drop_out(self, ex, host, why, task=None):
-        return False
-
-    def on_stopped(self, ex, records):
-        pass
-
-    def failure_hint(self, ex):
-        return None
 
 
 @pytest.fixture
