@@ -227,10 +227,7 @@ class TrainJob(JobKind):
         self.tails[record.key] = EventTail(events)
         self.standby_tasks.add(task.name)
         self.trained_since_launch = False
-        now = ex.clock()
-        watched = Watched(task, record, ProcessKind.TRAIN, launched=now, last_event=now, files=(events,))
-        ex.watched[record.key] = watched
-        return watched
+        return ex.adopt(task, record, ProcessKind.TRAIN, files=(events,))
 
     def recovery(self, ex: JobExecutor[Any], incident: core.Incident) -> core.Recovery:
         return core.train_recovery(Mode(ex.plan.mode), incident.proc, ex.views(),

@@ -105,7 +105,7 @@ class Resizer:
         old, new = ex.plan, request.plan
         diff = resize.diff_plans(old, new)
         resize.check_resize(old, new, diff, job_live=True)
-        ex.secrets = request.secrets_for(ex.secrets)     # the new plan's scope, keyed by its host names
+        ex.use_secrets(request.secrets_for(ex.secrets))     # the new plan's scope, keyed by its host names
         early = resize.early_servers(old, new, diff, unreachable)
         if early:      # while the job still trains: their import stays out of the pause
             resize.start_early(ex.writer, ex.pool, ex.reporter, new, early, ex.secrets, root=ex.root,
@@ -142,13 +142,12 @@ class Resizer:
         # A lost host's processes are not stopped now (an SSH connection to it would wait out its
         # timeout inside the pause): they stay recorded, and its rejoin or `down` stops them.
         ex.forget_and_stop([w for w in leaving if w.record.host not in unreachable])
-        for item in leaving:
-            ex.watched.pop(item.record.key, None)
+        ex.forget(leaving)
         resize.apply_plan(ex.writer, ex.pool, ex.reporter, old, new, diff, ex.secrets, root=ex.root,
                           standbys=False, unreachable=unreachable,
                           known_hosts=[link.host for link in self.dropped.values()],
                           started=[task.name for task in early], running=[*ready, *early_keys])
-        ex.plan = new
+        ex.replace_plan(new)
         self.train.leader = leader_task(new)
         self.prepare_new_hosts(ex, new)
         ex.watch_servers()
@@ -321,7 +320,7 @@ class Resizer:
         running = [w.record.key for w in ex.watched.values() if w.kind is ProcessKind.TRAIN]
         resize.apply_plan(ex.writer, ex.pool, ex.reporter, old, new, diff, ex.secrets, root=ex.root,
                           standbys=False, started=diff.start, running=running)
-        ex.plan = new
+        ex.replace_plan(new)
         ex.watch_servers()
         workers_before, workers_after = len(old.tasks_of("worker")), len(new.tasks_of("worker"))
         ex.set_job(workers=workers_after, message=None)
@@ -400,8 +399,7 @@ class Resizer:
         restarted. Its processes are no longer watched; once the host answers, they are started
         again on the same ports (:meth:`elastic_turn`) and the chief takes them back."""
         tasks = sorted(w.task.name for w in ex.watched.values() if w.task.host == host)
-        for watched in [w for w in ex.watched.values() if w.task.host == host]:
-            ex.watched.pop(watched.record.key, None)
+        ex.forget([w for w in ex.watched.values() if w.task.host == host])
         self.away[host] = HostLink(ex.plan.host(host), ex.pool, clock=ex.clock)
         self.away[host].set_targets([], [])
         ex.retarget()
@@ -421,7 +419,7 @@ class Resizer:
         tasks = [t for t in ex.plan.tasks if t.host == host and t.standing]
         kept = self.answering_servers(ex, host, tasks)
         for task_name, record in kept.items():
-            ex.watched[record.key] = Watched(ex.plan.task(task_name), record, ProcessKind.SERVER, launched=ex.clock())
+            ex.watch_server(ex.plan.task(task_name), record)
         restart = [t for t in tasks if t.name not in kept]
         if restart:
             self.stop_leftovers(ex, host)
