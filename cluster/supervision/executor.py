@@ -200,9 +200,14 @@ class JobExecutor(Generic[K]):
             JobInterrupted: Ctrl-C (or SIGTERM/SIGHUP); the job's processes were stopped.
         """
         with self.kind.running(self):
+            self.begin()
             return self._run()
 
-    def _run(self) -> dict[str, Any]:
+    def begin(self) -> None:
+        """The job's start, before anything of it runs: the cluster claimed (:meth:`claim`), its
+        plan and state taken, what an earlier, orphaned job left running stopped, the job numbered
+        and recorded (its job record in the state, its run in the history). :meth:`run` calls it;
+        tests of what the executor decides call it alone."""
         self.began = self.clock()
         self.state = self.claim()
         self.plan: ClusterPlan = self.state.plan
@@ -216,6 +221,9 @@ class JobExecutor(Generic[K]):
         self.job_id = max(self.state.job.id if self.state.job else 0, self.history.last_id(self.name)) + 1
         self.writer.change(lambda s: setattr(s, "job", self.new_job()))
         self.record_run()
+
+    def _run(self) -> dict[str, Any]:
+        """The job once :meth:`begin` started it, to its end."""
         try:
             self.kind.prepare(self)
             self.kind.launch_group(self)

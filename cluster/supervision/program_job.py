@@ -82,6 +82,7 @@ class ProgramJob(JobKind):
         self.partial: dict[str, str] = {}          # log path -> its unfinished last line
         self.outcomes: dict[str, dict[str, Any]] = {}         # task -> what became of it (for the report)
         self.first_launch: dict[str, float] = {}
+        self.tasks: tuple[TaskSpec, ...] = ()     # the tasks that run it, once the job begins (new_job)
 
     # ------------------------------------------------------------------ the job
     def job_name(self) -> str:
@@ -290,10 +291,10 @@ class ProgramJob(JobKind):
         return self.report(ex, exit_code=0)
 
     def report(self, ex: JobExecutor[Any], *, exit_code: int) -> dict[str, Any]:
-        """The ``run --json`` document."""
-        restarts = ex.job_restarts() if hasattr(ex, "state") and ex.state.job else {}
+        """The ``run --json`` document (of a job that began: :meth:`JobExecutor.begin`)."""
+        restarts = ex.job_restarts()
         tasks = []
-        for task in getattr(self, "tasks", ()):
+        for task in self.tasks:
             outcome = self.outcomes.get(task.name, {"state": "not started"})
             tasks.append({"role": task.role, "index": task.index, "host": task.host, "state": outcome["state"],
                           "exit_code": outcome.get("exit_code"), "signal": outcome.get("signal"),

@@ -35,6 +35,9 @@ class ScriptedKind(JobKind):
     def job_name(self):
         return "new"
 
+    def command(self):
+        return ("new",)
+
     def recovery(self, ex, incident):
         plan = core.Recovery(wait_hosts=(), stop=())
         self.recoveries.append(plan)
@@ -55,12 +58,7 @@ def job(tmp_path):
                            root=tmp_path, rules=core.RestartRules(RestartPolicy.ON_FAILURE, max_restarts=2),
                            clock=lambda: 100.0, sleep=sleeps.append, wall=lambda: 1700000000.0)
     executor.retarget = lambda: None          # no watch streams: nothing runs
-    executor.state = store.load("budget")
-    executor.plan = plan
-    from cluster.state import StateWriter
-    executor.writer = StateWriter(store, executor.state, expect_phase="up")
-    executor.job_id = 2
-    executor.state.job = executor.new_job()
+    executor.begin()                          # job 2, after the old one
     task = plan.task("worker:0")
     record = ProcessRecord(key="worker:0#j2.1", task="worker:0", host=task.host, kind="run", attempt=1,
                            log=str(tmp_path / "nope.log"), exit_file=str(tmp_path / "nope.log.exit"))
