@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import signal
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -94,7 +95,7 @@ class TrainJob(JobKind):
         resize between two turns of the loop; after a finished job, new standbys for the next."""
         previous = None
         try:
-            previous = signal.signal(signal.SIGUSR2, lambda _s, _f: setattr(self.resizer, "asked", True))
+            previous = signal.signal(signal.SIGUSR2, lambda _s, _f: self.resizer.ask())
         except ValueError:      # not the main thread: a resize is then seen by polling the request file
             pass
         try:
@@ -153,7 +154,7 @@ class TrainJob(JobKind):
         return (self.job.name,)
 
     def new_job(self, ex: JobExecutor[Any], progress: JobProgress) -> JobProgress:
-        self.resizer.membership_seq = int(ex.wall() * 1000)
+        self.resizer.number_from(ex.wall())
         self.leader = leader_task(ex.plan)
         self.checkpoint_dir = self.options.checkpoint_dir or leader_layout(ex.plan).checkpoint_dir(self.job.name)
         if ex.plan.evaluator_tasks:
@@ -170,9 +171,7 @@ class TrainJob(JobKind):
     def prepare(self, ex: JobExecutor[Any]) -> None:
         """Sync code and the job where needed; check the training ports are free."""
         sync_code(ex.plan, ex.pool, ex.reporter, ex.root)
-        if not self.job.example and any(needs_sync(h, ex.root) for h in ex.plan.hosts):
-            ex.reporter.emit("phase", name="sync", detail=f"job {self.job.name}")
-            sync_files(ex.plan, ex.pool, ex.reporter, job_files(self.job, ex.plan), ex.root)
+        self.sync_job_files(ex, ex.plan, announce=True)
         check_ports_free(ex.plan.training_tasks, ex.pool, ex.plan)
         check_checkpoints_shared(ex.plan, ex.pool, self.checkpoint_dir, self.leader, ex.plan.evaluator_tasks)
 
@@ -187,6 +186,40 @@ class TrainJob(JobKind):
             ex.reporter.emit("message", text=f"{evaluator.name} evaluates each checkpoint in {self.checkpoint_dir} "
                                              + (f"(every {cadence} steps)" if cadence else
                                                 "(only the final one: give --checkpoint-every or --eval-every)"))
+
+    # ------------------------------------------------------------------ what its resizes ask of it (train_resize.TrainSide)
+    @property
+    def leader_name(self) -> str:
+        return self.leader.name
+
+    @property
+    def stop_grace(self) -> float:
+        return self.options.stop_grace
+
+    def follow_plan(self, plan: ClusterPlan) -> None:
+        """The job goes on at ``plan``, led by its leader task."""
+        self.leader = leader_task(plan)
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """The trainers' ``--batch-size`` from the next launch on (a sync resize keeps each worker's batch)."""
+        self.trainer_options = replace(self.trainer_options, batch_size=batch_size)
+
+    def sync_job_files(self, ex: JobExecutor[Any], plan: ClusterPlan, *, announce: bool = False) -> None:
+        """The job's own files on the hosts of ``plan`` that do not share this checkout (an example
+        job comes with the code); ``announce``: as the ``sync`` phase."""
+        if self.job.example or not any(needs_sync(h, ex.root) for h in plan.hosts):
+            return
+        if announce:
+            ex.reporter.emit("phase", name="sync", detail=f"job {self.job.name}")
+        sync_files(plan, ex.pool, ex.reporter, job_files(self.job, plan), ex.root)
+
+    def refill_once_trained(self, ex: JobExecutor[Any]) -> None:
+        """Once the leader trains again after a launch that took standbys (not inside a
+        relaunch's pause, where their import would slow the new processes' start): a standby
+        for each such task's next relaunch, which then skips TensorFlow's import."""
+        if self.standby_tasks and self.trained_since_launch:
+            self.refill_standbys(ex)
+            self.standby_tasks.clear()
 
     def relaunch(self, ex: JobExecutor[Any], task: TaskSpec) -> Watched:
         return self.launch_train(ex, task, resume=True)
@@ -289,10 +322,9 @@ class TrainJob(JobKind):
             if not workers or chief is None or chief.ended_at is not None or not chief.record.events \
                     or chief.task.host == host:
                 continue
-            self.resizer.membership_seq += 1
             try:
                 hostops.tell(ex.pool.get(ex.plan.host(chief.task.host)), chief.record.events,
-                             {"seq": self.resizer.membership_seq, "cut": workers})
+                             {"seq": self.resizer.next_seq(), "cut": workers})
             except PsclusterError as exc:
                 ex.reporter.emit("message", level="warning",
                                  text=f"could not tell the chief that {host} is lost: {exc.message.splitlines()[0]}")
@@ -381,7 +413,7 @@ class TrainJob(JobKind):
         elif kind == "error":
             watched.error = event.get("message")
         elif kind == "membership" and isinstance(event.get("seq"), int):     # the async chief's, a sync worker's
-            self.resizer.membership_answers[event["seq"]] = event
+            self.resizer.answered(event)
 
     def on_worker(self, ex: JobExecutor[Any], event: dict[str, Any]) -> None:
         """Say that the chief trains on without a worker, or took it back (no restart either way)."""
