@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
-from typing import Callable, Collection, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
 from ..hosts import hostops
 from ..errors import Failure, HostError, PsclusterError, TaskError
@@ -173,6 +173,20 @@ def task_env(plan: ClusterPlan, task: TaskSpec, secrets: Secrets | None, *, stan
     env = plan.task_env(task)
     env.update(secrets.env_for(task, standing=standing) if secrets else {})
     return env
+
+
+def check_ports_free(tasks: Iterable[TaskSpec], pool: TransportPool, plan: ClusterPlan) -> None:
+    """Before a job starts its processes: their ports must be free on their hosts."""
+    by_host: dict[str, list[TaskSpec]] = {}
+    for task in tasks:
+        by_host.setdefault(task.host, []).append(task)
+    for host, host_tasks in by_host.items():
+        facts = hostops.facts(pool.get(plan.host(host)), ports=[t.port for t in host_tasks], gpus=False, workdir=None)
+        busy = dict(facts.busy_ports)
+        clashes = [f"{t.port} ({t.name})" for t in host_tasks if t.port in busy]
+        if clashes:
+            raise HostError(host, f"port(s) of the job's tasks in use: {', '.join(clashes)}",
+                            hint="another job or program holds them; stop it or change the ports")
 
 
 def wait_ready(plan: ClusterPlan, records: dict[str, ProcessRecord], pool: TransportPool, prober: Prober,

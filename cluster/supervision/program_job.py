@@ -31,7 +31,7 @@ from ..errors import Failure, HostError, MultiHostError, PsclusterError, UsageEr
 from ..events import Reporter
 from ..fanout import fan_out
 from ..program.importscan import ImportedModule, scan_program
-from ..lifecycle.tasks import task_env
+from ..lifecycle.tasks import check_ports_free, task_env
 from ..lifecycle.updown import bring_down, bring_up
 from ..secrets import Secrets
 from .jobrecord import JobProgress
@@ -43,7 +43,6 @@ from ..state import ProcessRecord, StateStore
 from . import core
 from .executor import JobExecutor
 from .jobkind import JobKind, Watched
-from .train_job import check_ports_free
 from ..layout import exit_file
 from .training import host_layout
 from ..transport import TransportPool

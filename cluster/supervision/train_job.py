@@ -30,15 +30,15 @@ import signal
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 from ..hosts import hostops
 from ..hosts.codesync import needs_sync, sync_code, sync_files
 from ..contracts import Mode, ProcessKind
-from ..errors import Failure, HostError, PsclusterError, UsageError
+from ..errors import Failure, PsclusterError, UsageError
 from ..events import Reporter
 from .jobstop import first_to_stop
-from ..lifecycle.tasks import report_standbys, start_standbys, task_env
+from ..lifecycle.tasks import check_ports_free, report_standbys, start_standbys, task_env
 from ..lifecycle.resize import Elastic
 from ..secrets import Secrets
 from .jobrecord import JobProgress
@@ -518,20 +518,6 @@ def check_checkpoints_shared(plan: ClusterPlan, pool: TransportPool, checkpoint_
                              f"{seen[leader.host][0]}, {evaluator.host}: {seen[evaluator.host][0]})",
                              hint=f"give --checkpoint-dir a folder on a filesystem both hosts share (an NFS home), "
                                   f"or put the evaluator on {leader.host}")
-
-
-def check_ports_free(tasks: Iterable[TaskSpec], pool: TransportPool, plan: ClusterPlan) -> None:
-    """Before a job starts its processes: their ports must be free on their hosts."""
-    by_host: dict[str, list[TaskSpec]] = {}
-    for task in tasks:
-        by_host.setdefault(task.host, []).append(task)
-    for host, host_tasks in by_host.items():
-        facts = hostops.facts(pool.get(plan.host(host)), ports=[t.port for t in host_tasks], gpus=False, workdir=None)
-        busy = dict(facts.busy_ports)
-        clashes = [f"{t.port} ({t.name})" for t in host_tasks if t.port in busy]
-        if clashes:
-            raise HostError(host, f"port(s) of the job's tasks in use: {', '.join(clashes)}",
-                            hint="another job or program holds them; stop it or change the ports")
 
 
 def train_executor(*, store: StateStore, name: str, job: JobRef, options: JobOptions, reporter: Reporter,
