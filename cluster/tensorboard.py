@@ -26,7 +26,7 @@ from .errors import HostError, PsclusterError, UsageError
 from .plan import ClusterPlan, TaskSpec
 from .layout import exit_file
 from .state import ProcessRecord, RunState, StateStore, StateWriter
-from .supervision.training import leader_layout, leader_task
+from .supervision.training import leader_layout
 from .transport import TransportPool
 
 DEFAULT_PORT = 6006           # TensorBoard's own default
@@ -57,7 +57,7 @@ class BoardSpec:
 def board_spec(state: RunState) -> BoardSpec:
     """TensorBoard's host, folder and the record of its next start (logs numbered per start)."""
     plan: ClusterPlan = state.plan
-    owner = leader_task(plan)
+    owner = plan.leader
     attempt = 1 + sum(1 for record in state.processes if record.kind == ProcessKind.TENSORBOARD)
     layout = leader_layout(plan)
     log = layout.tensorboard_log(attempt)

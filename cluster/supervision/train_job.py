@@ -49,7 +49,7 @@ from .executor import JobExecutor, restart_rules
 from .jobkind import JobKind, Watched
 from ..layout import exit_file, gate_file
 from .train_resize import Resizer
-from .training import (EventTail, JobRef, JobOptions, host_layout, job_files, job_path_on, leader_layout, leader_task,
+from .training import (EventTail, JobRef, JobOptions, host_layout, job_files, job_path_on, leader_layout,
                        path_on, summarize, train_argv, with_evaluator)
 from ..transport import TransportPool
 
@@ -155,7 +155,7 @@ class TrainJob(JobKind):
 
     def new_job(self, ex: JobExecutor[Any], progress: JobProgress) -> JobProgress:
         self.resizer.number_from(ex.wall())
-        self.leader = leader_task(ex.plan)
+        self.leader = ex.plan.leader
         self.checkpoint_dir = self.options.checkpoint_dir or leader_layout(ex.plan).checkpoint_dir(self.job.name)
         if ex.plan.evaluator_tasks:
             self.trainer_options = with_evaluator(self.options)
@@ -198,7 +198,7 @@ class TrainJob(JobKind):
 
     def follow_plan(self, plan: ClusterPlan) -> None:
         """The job goes on at ``plan``, led by its leader task."""
-        self.leader = leader_task(plan)
+        self.leader = plan.leader
 
     def set_batch_size(self, batch_size: int) -> None:
         """The trainers' ``--batch-size`` from the next launch on (a sync resize keeps each worker's batch)."""
@@ -228,7 +228,7 @@ class TrainJob(JobKind):
                       gate: bool = False) -> tuple[ProcessRecord, list[str], dict[str, str], str]:
         """One training process of ``plan`` (the record, its argv, environment and events file), not
         started."""
-        leader = leader_task(plan)
+        leader = plan.leader
         attempt = ex.attempt(task, ProcessKind.TRAIN)
         log, events = host_layout(task, plan).job_paths(ex.job_id, task.role, task.index, attempt)
         record = ProcessRecord(key=f"{task.name}#j{ex.job_id}.{attempt}", task=task.name, host=task.host,
