@@ -24,9 +24,8 @@ from .hosts import hostops
 from .contracts import ProcessKind
 from .errors import HostError, PsclusterError, UsageError
 from .plan import ClusterPlan, TaskSpec
-from .layout import exit_file
+from .layout import exit_file, leader_layout
 from .state import ProcessRecord, RunState, StateStore, StateWriter
-from .supervision.training import leader_layout
 from .transport import TransportPool
 
 DEFAULT_PORT = 6006           # TensorBoard's own default

@@ -13,7 +13,7 @@ from ..errors import Failure, HostError, PsclusterError, TaskError
 from ..events import Reporter
 from ..fanout import fan_out
 from ..contracts import ProcessKind
-from ..layout import HostLayout, attempt_log, exit_file, fifo_file, pid_file, ready_file
+from ..layout import attempt_log, host_layout, exit_file, fifo_file, pid_file, ready_file
 from ..plan import ClusterPlan, TaskSpec
 from ..hosts.probe import Prober
 from ..secrets import Secrets
@@ -141,7 +141,7 @@ def standby_starts(plan: ClusterPlan, state: RunState, secrets: Secrets | None, 
         if not plan.host(task.host).standby or state.standby(task.name) is not None:
             continue
         attempt = 1 + sum(1 for r in state.processes if r.task == task.name and r.kind == ProcessKind.STANDBY)
-        log = HostLayout(task.workdir, plan.name).standby_log(task.role, task.index, attempt)
+        log = host_layout(task, plan).standby_log(task.role, task.index, attempt)
         record = ProcessRecord(key=f"{task.name}#s{attempt}", task=task.name, host=task.host,
                                kind=ProcessKind.STANDBY, attempt=attempt, log=log, exit_file=exit_file(log))
         argv = [task.argv[0], "-m", "roles.standby", "--fifo", fifo_file(log), "--ready", ready_file(log)]

@@ -43,8 +43,7 @@ from ..state import ProcessRecord, StateStore
 from . import core
 from .executor import JobExecutor
 from .jobkind import JobKind, Watched
-from ..layout import exit_file
-from .training import host_layout
+from ..layout import exit_file, host_layout
 from ..transport import TransportPool
 
 MONITOR_PREFIX = "pscluster: "     # lines the host's monitor writes into the log (start, end)

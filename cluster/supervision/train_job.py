@@ -47,9 +47,9 @@ from ..state import ProcessRecord, StateStore
 from . import core
 from .executor import JobExecutor, restart_rules
 from .jobkind import JobKind, Watched
-from ..layout import exit_file, gate_file
+from ..layout import exit_file, gate_file, host_layout, leader_layout
 from .train_resize import Resizer
-from .training import (EventTail, JobRef, JobOptions, host_layout, job_files, job_path_on, leader_layout,
+from .training import (EventTail, JobRef, JobOptions, job_files, job_path_on,
                        path_on, summarize, train_argv, with_evaluator)
 from ..transport import TransportPool
 
