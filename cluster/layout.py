@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from .names import is_cluster_name
 
@@ -176,6 +177,35 @@ class HostLayout:
     def tensorboard_log(self, attempt: int) -> str:
         """The log of the ``attempt``-th TensorBoard server started for this cluster."""
         return f"{self.run_dir}/tensorboard.{_check_number('attempt', attempt, 1)}{LOG_SUFFIX}"
+
+
+class Placed(Protocol):
+    """A task as the layout needs it (:class:`cluster.plan.TaskSpec` is one; the plan sits in a
+    room below this module, which therefore names only what it reads)."""
+
+    @property
+    def workdir(self) -> str: ...
+
+
+class Planned(Protocol):
+    """A plan as the layout needs it (:class:`cluster.plan.ClusterPlan` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def leader(self) -> Placed: ...
+
+
+def host_layout(task: Placed, plan: Planned) -> HostLayout:
+    """The cluster's files under ``task``'s workdir on its host."""
+    return HostLayout(task.workdir, plan.name)
+
+
+def leader_layout(plan: Planned) -> HostLayout:
+    """The files on the job leader's host: the default checkpoint folder and the TensorBoard
+    summaries (``tensorboard_root``, what ``pscluster tensorboard`` serves)."""
+    return host_layout(plan.leader, plan)
 
 
 @dataclass(frozen=True)

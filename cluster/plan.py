@@ -152,6 +152,12 @@ class ClusterPlan:
     def task(self, name: str) -> TaskSpec:
         return self._tasks_by_name[name]
 
+    @property
+    def leader(self) -> TaskSpec:
+        """The task that drives a training job and keeps its checkpoints: the chief in async mode,
+        else worker 0."""
+        return self.task("chief:0") if self.mode == "async" else self.task("worker:0")
+
     # Indexes built on first use (a frozen dataclass may cache in its __dict__): a lookup per
     # task must not scan every task (10,000 tasks made `plan` quadratic).
     @functools.cached_property

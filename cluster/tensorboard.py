@@ -24,8 +24,8 @@ from .hosts import hostops
 from .contracts import Phase, ProcessKind
 from .errors import HostError, PsclusterError, UsageError
 from .plan import ClusterPlan, TaskSpec
+from .layout import leader_layout
 from .state import ProcessRecord, RunState, StateStore, StateWriter
-from .supervision.training import leader_layout, leader_task
 from .transport import TransportPool
 
 DEFAULT_PORT = 6006           # TensorBoard's own default
@@ -56,7 +56,7 @@ class BoardSpec:
 def board_spec(state: RunState) -> BoardSpec:
     """TensorBoard's host, folder and the record of its next start (logs numbered per start)."""
     plan: ClusterPlan = state.plan
-    owner = leader_task(plan)
+    owner = plan.leader
     attempt = state.next_attempt(TASK, ProcessKind.TENSORBOARD)
     layout = leader_layout(plan)
     log = layout.tensorboard_log(attempt)

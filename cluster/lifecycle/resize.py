@@ -42,7 +42,6 @@ from ..hosts.probe import Prober
 from ..secrets import Secrets
 from ..state import ProcessRecord, RunState, StateStore, StateWriter, plan_from_json, plan_to_json, read_owned
 from ..state import file_lock, write_private_json
-from ..supervision.training import leader_task
 from ..transport import TransportPool
 
 RESIZE_SUFFIX = f"{RESIZE_ENDING}.json"   # a request to a job's supervisor, beside the state
@@ -111,7 +110,7 @@ def check_resize(old: ClusterPlan, new: ClusterPlan, diff: PlanDiff, *, job_live
     if old.firewall:
         raise UsageError(f"cluster {old.name!r} runs with --firewall: scale does not rewrite its tables yet",
                          hint="'pscluster down', then 'up --firewall' the edited inventory")
-    leader_old = leader_task(old) if any(t.name == leader_task(old).name for t in old.tasks) else None
+    leader_old = old.leader if any(t.name == old.leader.name for t in old.tasks) else None
     if job_live and leader_old is not None:
         moved = leader_old.name in diff.stop
         if moved:

@@ -6,14 +6,14 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
-from typing import Callable, Collection, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
 from ..hosts import hostops
 from ..errors import Failure, HostError, PsclusterError, TaskError
 from ..events import Reporter
 from ..fanout import fan_out
 from ..contracts import ProcessKind
-from ..layout import HostLayout, attempt_log, fifo_file, pid_file, ready_file
+from ..layout import attempt_log, host_layout, fifo_file, pid_file, ready_file
 from ..plan import ClusterPlan, TaskSpec
 from ..hosts.probe import Prober
 from ..secrets import Secrets
@@ -138,7 +138,7 @@ def standby_starts(plan: ClusterPlan, state: RunState, secrets: Secrets | None, 
         if not plan.host(task.host).standby or state.standby(task.name) is not None:
             continue
         attempt = state.next_attempt(task.name, ProcessKind.STANDBY)
-        log = HostLayout(task.workdir, plan.name).standby_log(task.role, task.index, attempt)
+        log = host_layout(task, plan).standby_log(task.role, task.index, attempt)
         record = ProcessRecord.for_task(task.name, task.host, ProcessKind.STANDBY, attempt, log)
         argv = [task.argv[0], "-m", "roles.standby", "--fifo", fifo_file(log), "--ready", ready_file(log)]
         items.append((task, record, argv, task_env(plan, task, secrets, standing=True)))
@@ -169,6 +169,20 @@ def task_env(plan: ClusterPlan, task: TaskSpec, secrets: Secrets | None, *, stan
     env = plan.task_env(task)
     env.update(secrets.env_for(task, standing=standing) if secrets else {})
     return env
+
+
+def check_ports_free(tasks: Iterable[TaskSpec], pool: TransportPool, plan: ClusterPlan) -> None:
+    """Before a job starts its processes: their ports must be free on their hosts."""
+    by_host: dict[str, list[TaskSpec]] = {}
+    for task in tasks:
+        by_host.setdefault(task.host, []).append(task)
+    for host, host_tasks in by_host.items():
+        facts = hostops.facts(pool.get(plan.host(host)), ports=[t.port for t in host_tasks], gpus=False, workdir=None)
+        busy = dict(facts.busy_ports)
+        clashes = [f"{t.port} ({t.name})" for t in host_tasks if t.port in busy]
+        if clashes:
+            raise HostError(host, f"port(s) of the job's tasks in use: {', '.join(clashes)}",
+                            hint="another job or program holds them; stop it or change the ports")
 
 
 def wait_ready(plan: ClusterPlan, records: dict[str, ProcessRecord], pool: TransportPool, prober: Prober,

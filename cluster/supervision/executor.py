@@ -19,7 +19,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterable, Sequence, TypeVar
 
 from ..hosts import hostops
 from ..contracts import CLEANUP_GRACE, DEFAULT_GRACE, JobState, Phase, ProcessKind, ProcState, RestartPolicy
@@ -199,9 +199,14 @@ class JobExecutor(Generic[K]):
             JobInterrupted: Ctrl-C (or SIGTERM/SIGHUP); the job's processes were stopped.
         """
         with self.kind.running(self):
+            self.begin()
             return self._run()
 
-    def _run(self) -> dict[str, Any]:
+    def begin(self) -> None:
+        """The job's start, before anything of it runs: the cluster claimed (:meth:`claim`), its
+        plan and state taken, what an earlier, orphaned job left running stopped, the job numbered
+        and recorded (its job record in the state, its run in the history). :meth:`run` calls it;
+        tests of what the executor decides call it alone."""
         self.began = self.clock()
         self.state = self.claim()
         self.plan: ClusterPlan = self.state.plan
@@ -215,6 +220,9 @@ class JobExecutor(Generic[K]):
         self.job_id = max(self.state.job.id if self.state.job else 0, self.history.last_id(self.name)) + 1
         self.writer.change(lambda s: setattr(s, "job", self.new_job()))
         self.record_run()
+
+    def _run(self) -> dict[str, Any]:
+        """The job once :meth:`begin` started it, to its end."""
         try:
             self.kind.prepare(self)
             self.kind.launch_group(self)
@@ -460,10 +468,36 @@ class JobExecutor(Generic[K]):
                kind: ProcessKind, files: Sequence[str] = (), standby: ProcessRecord | None = None) -> Watched:
         started = start_task(self.writer, self.pool, self.plan, task, record, argv=argv, env=env,
                              reporter=self.reporter, standby=standby)
+        return self.adopt(task, started, kind, files=files)
+
+    def adopt(self, task: TaskSpec, record: ProcessRecord, kind: ProcessKind, *, files: Sequence[str] = ()) -> Watched:
+        """Watch a job process that runs now, from now on: one :meth:`launch` started, or one a
+        job kind started before the job reached it (a sync resize's next incarnation)."""
         now = self.clock()
-        watched = Watched(task, started, kind, launched=now, last_event=now, files=tuple(files))
-        self.watched[started.key] = watched
+        watched = Watched(task, record, kind, launched=now, last_event=now, files=tuple(files))
+        self.watched[record.key] = watched
         return watched
+
+    def watch_server(self, task: TaskSpec, record: ProcessRecord) -> Watched:
+        """Watch a standing server that runs (started by ``up``, an earlier restart, or before
+        its host was lost)."""
+        watched = Watched(task, record, ProcessKind.SERVER, launched=self.clock())
+        self.watched[record.key] = watched
+        return watched
+
+    def forget(self, items: Iterable[Watched]) -> None:
+        """Watch ``items`` no more, and leave them as they are (stopped by the caller, or on a
+        lost host, stopped when it answers again or by ``down``)."""
+        for item in list(items):
+            self.watched.pop(item.record.key, None)
+
+    def replace_plan(self, plan: ClusterPlan) -> None:
+        """The job goes on at ``plan``: a resize brought the servers and the state in line with it."""
+        self.plan = plan
+
+    def use_secrets(self, secrets: Secrets | None) -> None:
+        """The secrets the launches from now on are given (a resize's request: the new plan's scope)."""
+        self.secrets = secrets
 
     def launch_many(self, tasks: Sequence[TaskSpec], one: Callable[[TaskSpec], Watched]) -> None:
         """Launch one process per task, all hosts in parallel; the first error (in task order)
@@ -490,7 +524,7 @@ class JobExecutor(Generic[K]):
         for task in self.plan.standing_tasks:
             record = self.state.latest(task.name)
             if record is not None and not record.stopped and record.key not in self.watched:
-                self.watched[record.key] = Watched(task, record, ProcessKind.SERVER, launched=self.clock())
+                self.watch_server(task, record)
 
     def ensure_servers(self) -> None:
         """Before a new coordinator starts: every standing server must answer. A dead one is
@@ -535,8 +569,7 @@ class JobExecutor(Generic[K]):
             self.links.pop(host).close()
 
     def forget_and_stop(self, items: list[Watched]) -> None:
-        for item in items:
-            self.watched.pop(item.record.key, None)
+        self.forget(items)
         self.stop([item.record for item in items], grace=CLEANUP_GRACE)
 
     def stop(self, records: list[ProcessRecord], *, grace: float, first_signal: str = "TERM") -> None:

@@ -10,7 +10,7 @@ holds the job's plan, state, streams and processes; a kind keeps only its own bo
 """
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -67,65 +67,95 @@ class Watched:
 
 class JobKind(Protocol):
     """What one kind of job supplies to the executor: how to launch a task, what the watched
-    files say, the watchdog, the recovery table and when the job is complete."""
+    files say, the watchdog, the recovery table and when the job is complete.
+
+    A kind subclasses this class (as torch elastic's agents subclass ``SimpleElasticAgent``):
+    the hooks with ``...`` bodies are the ones every kind must have (mypy refuses a kind that
+    lacks one); the others are optional, and their defaults here do nothing. Each hook is
+    given the executor; what a kind changes of it goes through the executor's methods
+    (:meth:`~cluster.supervision.executor.JobExecutor.replace_plan`, ``adopt``, ``forget``, ...),
+    never by assigning its fields."""
 
     entry: str              # the job's kind as the job record and the run history name it: "train", "run"
     failure_prefix: str     # the start of a failure's message: "training failed", "run failed"
     one_shot: bool          # the cluster was brought up for this job alone (and goes down after it)
 
+    # ------------------------------------------------------------------ what every kind has
     def job_name(self) -> str:
         """The job's name in its record (the training job; the program)."""
+        ...
 
     def command(self) -> tuple[str, ...]:
         """What the run history shows as the job's command."""
-
-    def running(self, ex: JobExecutor[Any]) -> AbstractContextManager[None]:
-        """Around the whole of :meth:`JobExecutor.run` (``train``: SIGUSR2 asks for a resize)."""
-
-    def new_job(self, ex: JobExecutor[Any], progress: JobProgress) -> JobProgress:
-        """The job record at the start (``progress``, as the executor makes it, completed)."""
+        ...
 
     def watchdog(self, ex: JobExecutor[Any]) -> core.Watchdog:
         """What counts as a process that does not start, froze or stalls."""
+        ...
 
     def prepare(self, ex: JobExecutor[Any]) -> None:
         """Before the first launch (sync code, check ports, ...)."""
+        ...
 
     def launch_group(self, ex: JobExecutor[Any]) -> None:
         """Start the job's processes."""
+        ...
 
     def relaunch(self, ex: JobExecutor[Any], task: TaskSpec) -> Watched:
         """Start a job process of ``task`` again (after a failure)."""
+        ...
 
     def recovery(self, ex: JobExecutor[Any], incident: core.Incident) -> core.Recovery:
         """What a restart after ``incident`` stops and starts."""
-
-    def between_turns(self, ex: JobExecutor[Any]) -> None:
-        """Once per turn of the loop, before the streams are read (a resize, for ``train``)."""
+        ...
 
     def on_chunk(self, ex: JobExecutor[Any], watched: Watched, chunk: hostops.FileChunk, now: float) -> None:
         """New bytes of one of ``watched.files``."""
-
-    def on_exit(self, ex: JobExecutor[Any], watched: Watched, now: float) -> None:
-        """``watched`` was just seen ended (exited or gone)."""
-
-    def on_stopped(self, ex: JobExecutor[Any], records: list[ProcessRecord]) -> None:
-        """``records`` were just stopped by the executor."""
-
-    def drop_out(self, ex: JobExecutor[Any], host: str, why: str, task: str | None = None) -> bool:
-        """Go on without ``host`` (or its ``task``): True if the job did; False: it fails as before."""
+        ...
 
     def complete(self, ex: JobExecutor[Any], now: float) -> bool:
         """True when the job is done (after stopping what must be stopped)."""
+        ...
 
     def summary(self, ex: JobExecutor[Any]) -> dict[str, Any]:
         """The report of a job that is done."""
-
-    def before_interrupt(self, ex: JobExecutor[Any]) -> None:
-        """On Ctrl-C, before the executor stops the job's processes (``train``: the leader checkpoints)."""
+        ...
 
     def interrupted(self, ex: JobExecutor[Any]) -> tuple[str, str | None]:
         """The message and hint of :class:`JobInterrupted` once the job's processes were stopped."""
+        ...
+
+    # ------------------------------------------------------------------ optional: the defaults do nothing
+    # (an explicit ``return``: a body of a docstring alone would make the hook required)
+    def running(self, ex: JobExecutor[Any]) -> AbstractContextManager[None]:
+        """Around the whole of :meth:`JobExecutor.run` (``train``: SIGUSR2 asks for a resize)."""
+        return nullcontext()
+
+    def new_job(self, ex: JobExecutor[Any], progress: JobProgress) -> JobProgress:
+        """The job record at the start (``progress``, as the executor makes it, completed)."""
+        return progress
+
+    def between_turns(self, ex: JobExecutor[Any]) -> None:
+        """Once per turn of the loop, before the streams are read (a resize, for ``train``)."""
+        return None
+
+    def on_exit(self, ex: JobExecutor[Any], watched: Watched, now: float) -> None:
+        """``watched`` was just seen ended (exited or gone)."""
+        return None
+
+    def on_stopped(self, ex: JobExecutor[Any], records: list[ProcessRecord]) -> None:
+        """``records`` were just stopped by the executor."""
+        return None
+
+    def drop_out(self, ex: JobExecutor[Any], host: str, why: str, task: str | None = None) -> bool:
+        """Go on without ``host`` (or its ``task``): True if the job did; False (the default): it
+        fails as before."""
+        return False
+
+    def before_interrupt(self, ex: JobExecutor[Any]) -> None:
+        """On Ctrl-C, before the executor stops the job's processes (``train``: the leader checkpoints)."""
+        return None
 
     def failure_hint(self, ex: JobExecutor[Any]) -> str | None:
         """More of the hint of :class:`JobFailed` (where a one-shot run's logs stay), or None."""
+        return None

@@ -30,7 +30,7 @@ from ..lifecycle.tasks import stop_records
 from ..plan import ClusterPlan
 from .jobrecord import JobProgress
 from ..state import ProcessRecord, RunState, StateStore, StateWriter
-from .training import EventTail, leader_task
+from .training import EventTail
 from ..transport import TransportPool
 
 # The supervisor stops the job within the leader's --stop-grace and then its own grace (10 s);
@@ -47,7 +47,7 @@ def first_to_stop(plan: ClusterPlan, records: Iterable[ProcessRecord]) -> list[P
         return [r for r in trainers if r.task.startswith("worker:")]
     if not trainers:
         return []
-    leader = leader_task(plan).name
+    leader = plan.leader.name
     return [r for r in trainers if r.task == leader]
 
 
@@ -137,7 +137,7 @@ def _last_checkpoint(state: RunState, records: list[ProcessRecord], pool: Transp
     than the job's recorded one."""
     if not records:
         return None
-    leader = leader_task(state.plan).name
+    leader = state.plan.leader.name
     recorded = state.job.checkpoint_step if state.job is not None else None
     for record in records:
         if record.task != leader or not record.events:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import posixpath
 import shlex
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -32,7 +31,7 @@ from ..errors import Failure, HostError, MultiHostError, PsclusterError, UsageEr
 from ..events import Reporter
 from ..fanout import fan_out
 from ..program.importscan import ImportedModule, scan_program
-from ..lifecycle.tasks import task_env
+from ..lifecycle.tasks import check_ports_free, task_env
 from ..lifecycle.updown import bring_down, bring_up
 from ..secrets import Secrets
 from .jobrecord import JobProgress
@@ -43,9 +42,8 @@ from ..program.runspec import (Workspace, effective_keras, expand, host_argv, pl
 from ..state import ProcessRecord, StateStore
 from . import core
 from .executor import JobExecutor
-from .jobkind import Watched
-from .train_job import check_ports_free
-from .training import host_layout
+from .jobkind import JobKind, Watched
+from ..layout import host_layout
 from ..transport import TransportPool
 
 MONITOR_PREFIX = "pscluster: "     # lines the host's monitor writes into the log (start, end)
@@ -57,7 +55,7 @@ class ProgramMissing(MultiHostError):
     exit_code = ExitStatus.BAD_INPUT
 
 
-class ProgramJob:
+class ProgramJob(JobKind):
     """The ``run`` job kind (:class:`~cluster.supervision.jobkind.JobKind`): the user's program on
     ``on``'s tasks (None: every task without a standing server) of a cluster that is up, run by
     the executor to its end."""
@@ -82,6 +80,7 @@ class ProgramJob:
         self.partial: dict[str, str] = {}          # log path -> its unfinished last line
         self.outcomes: dict[str, dict[str, Any]] = {}         # task -> what became of it (for the report)
         self.first_launch: dict[str, float] = {}
+        self.tasks: tuple[TaskSpec, ...] = ()     # the tasks that run it, once the job begins (new_job)
 
     # ------------------------------------------------------------------ the job
     def job_name(self) -> str:
@@ -98,9 +97,6 @@ class ProgramJob:
         if problem is not None:
             raise UsageError(problem, hint=f"the program runs on {', '.join(dict.fromkeys(roles))}")
         return progress.updated(command=self.argv)
-
-    def running(self, ex: JobExecutor[Any]) -> AbstractContextManager[None]:
-        return nullcontext()
 
     def watchdog(self, ex: JobExecutor[Any]) -> core.Watchdog:
         return core.Watchdog(restart_clean_exits=ex.rules.policy is RestartPolicy.ALWAYS)
@@ -214,9 +210,6 @@ class ProgramJob:
         ex.announce("resized", {"old": workers, "new": left, "reason": f"{task or host} {why}", "workers": len(left)})
         return True
 
-    def between_turns(self, ex: JobExecutor[Any]) -> None:
-        pass
-
     def recovery(self, ex: JobExecutor[Any], incident: core.Incident) -> core.Recovery:
         proc = incident.proc
         if proc.kind is ProcessKind.SERVER:      # a standing server of `up` died during the run
@@ -286,9 +279,6 @@ class ProgramJob:
             return f"'pscluster logs --name {ex.name} --run {ex.job_id}' shows every task's log of this run"
         return None
 
-    def before_interrupt(self, ex: JobExecutor[Any]) -> None:
-        pass
-
     def interrupted(self, ex: JobExecutor[Any]) -> tuple[str, str | None]:
         if self.one_shot:
             return "run interrupted: its processes were stopped", None
@@ -298,10 +288,10 @@ class ProgramJob:
         return self.report(ex, exit_code=0)
 
     def report(self, ex: JobExecutor[Any], *, exit_code: int) -> dict[str, Any]:
-        """The ``run --json`` document."""
-        restarts = ex.job_restarts() if hasattr(ex, "state") and ex.state.job else {}
+        """The ``run --json`` document (of a job that began: :meth:`JobExecutor.begin`)."""
+        restarts = ex.job_restarts()
         tasks = []
-        for task in getattr(self, "tasks", ()):
+        for task in self.tasks:
             outcome = self.outcomes.get(task.name, {"state": "not started"})
             tasks.append({"role": task.role, "index": task.index, "host": task.host, "state": outcome["state"],
                           "exit_code": outcome.get("exit_code"), "signal": outcome.get("signal"),

@@ -28,16 +28,17 @@ from __future__ import annotations
 
 import signal
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 from ..hosts import hostops
 from ..hosts.codesync import needs_sync, sync_code, sync_files
 from ..contracts import Mode, ProcessKind
-from ..errors import Failure, HostError, PsclusterError, UsageError
+from ..errors import Failure, PsclusterError, UsageError
 from ..events import Reporter
 from .jobstop import first_to_stop
-from ..lifecycle.tasks import report_standbys, start_standbys, task_env
+from ..lifecycle.tasks import check_ports_free, report_standbys, start_standbys, task_env
 from ..lifecycle.resize import Elastic
 from ..secrets import Secrets
 from .jobrecord import JobProgress
@@ -45,17 +46,17 @@ from ..plan import ClusterPlan, TaskSpec
 from ..state import ProcessRecord, StateStore
 from . import core
 from .executor import JobExecutor, restart_rules
-from .jobkind import Watched
-from ..layout import gate_file
+from .jobkind import JobKind, Watched
+from ..layout import gate_file, host_layout, leader_layout
 from .train_resize import Resizer
-from .training import (EventTail, JobRef, JobOptions, host_layout, job_files, job_path_on, leader_layout, leader_task,
+from .training import (EventTail, JobRef, JobOptions, job_files, job_path_on,
                        path_on, summarize, train_argv, with_evaluator)
 from ..transport import TransportPool
 
 __all__ = ["TrainJob", "train_executor"]
 
 
-class TrainJob:
+class TrainJob(JobKind):
     """The ``train`` job kind (:class:`~cluster.supervision.jobkind.JobKind`): one training job,
     which the executor runs to its end: done, failed for good, or interrupted."""
 
@@ -94,7 +95,7 @@ class TrainJob:
         resize between two turns of the loop; after a finished job, new standbys for the next."""
         previous = None
         try:
-            previous = signal.signal(signal.SIGUSR2, lambda _s, _f: setattr(self.resizer, "asked", True))
+            previous = signal.signal(signal.SIGUSR2, lambda _s, _f: self.resizer.ask())
         except ValueError:      # not the main thread: a resize is then seen by polling the request file
             pass
         try:
@@ -132,9 +133,6 @@ class TrainJob:
         return (f"job {ex.job_id} stopped: its processes were stopped; the standing servers are still up",
                 "'pscluster down' stops them")
 
-    def failure_hint(self, ex: JobExecutor[Any]) -> str | None:
-        return None
-
     def read_final_events(self, ex: JobExecutor[Any], records: list[ProcessRecord]) -> None:
         """The events a stopped leader wrote last (its checkpoint), into the job record."""
         before = ex.state.job.checkpoint_step if ex.state.job else None
@@ -156,8 +154,8 @@ class TrainJob:
         return (self.job.name,)
 
     def new_job(self, ex: JobExecutor[Any], progress: JobProgress) -> JobProgress:
-        self.resizer.membership_seq = int(ex.wall() * 1000)
-        self.leader = leader_task(ex.plan)
+        self.resizer.number_from(ex.wall())
+        self.leader = ex.plan.leader
         self.checkpoint_dir = self.options.checkpoint_dir or leader_layout(ex.plan).checkpoint_dir(self.job.name)
         if ex.plan.evaluator_tasks:
             self.trainer_options = with_evaluator(self.options)
@@ -173,9 +171,7 @@ class TrainJob:
     def prepare(self, ex: JobExecutor[Any]) -> None:
         """Sync code and the job where needed; check the training ports are free."""
         sync_code(ex.plan, ex.pool, ex.reporter, ex.root)
-        if not self.job.example and any(needs_sync(h, ex.root) for h in ex.plan.hosts):
-            ex.reporter.emit("phase", name="sync", detail=f"job {self.job.name}")
-            sync_files(ex.plan, ex.pool, ex.reporter, job_files(self.job, ex.plan), ex.root)
+        self.sync_job_files(ex, ex.plan, announce=True)
         check_ports_free(ex.plan.training_tasks, ex.pool, ex.plan)
         check_checkpoints_shared(ex.plan, ex.pool, self.checkpoint_dir, self.leader, ex.plan.evaluator_tasks)
 
@@ -191,6 +187,40 @@ class TrainJob:
                                              + (f"(every {cadence} steps)" if cadence else
                                                 "(only the final one: give --checkpoint-every or --eval-every)"))
 
+    # ------------------------------------------------------------------ what its resizes ask of it (train_resize.TrainSide)
+    @property
+    def leader_name(self) -> str:
+        return self.leader.name
+
+    @property
+    def stop_grace(self) -> float:
+        return self.options.stop_grace
+
+    def follow_plan(self, plan: ClusterPlan) -> None:
+        """The job goes on at ``plan``, led by its leader task."""
+        self.leader = plan.leader
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """The trainers' ``--batch-size`` from the next launch on (a sync resize keeps each worker's batch)."""
+        self.trainer_options = replace(self.trainer_options, batch_size=batch_size)
+
+    def sync_job_files(self, ex: JobExecutor[Any], plan: ClusterPlan, *, announce: bool = False) -> None:
+        """The job's own files on the hosts of ``plan`` that do not share this checkout (an example
+        job comes with the code); ``announce``: as the ``sync`` phase."""
+        if self.job.example or not any(needs_sync(h, ex.root) for h in plan.hosts):
+            return
+        if announce:
+            ex.reporter.emit("phase", name="sync", detail=f"job {self.job.name}")
+        sync_files(plan, ex.pool, ex.reporter, job_files(self.job, plan), ex.root)
+
+    def refill_once_trained(self, ex: JobExecutor[Any]) -> None:
+        """Once the leader trains again after a launch that took standbys (not inside a
+        relaunch's pause, where their import would slow the new processes' start): a standby
+        for each such task's next relaunch, which then skips TensorFlow's import."""
+        if self.standby_tasks and self.trained_since_launch:
+            self.refill_standbys(ex)
+            self.standby_tasks.clear()
+
     def relaunch(self, ex: JobExecutor[Any], task: TaskSpec) -> Watched:
         return self.launch_train(ex, task, resume=True)
 
@@ -198,7 +228,7 @@ class TrainJob:
                       gate: bool = False) -> tuple[ProcessRecord, list[str], dict[str, str], str]:
         """One training process of ``plan`` (the record, its argv, environment and events file), not
         started."""
-        leader = leader_task(plan)
+        leader = plan.leader
         attempt = ex.attempt(task, ProcessKind.TRAIN)
         log, events = host_layout(task, plan).job_paths(ex.job_id, task.role, task.index, attempt)
         record = ProcessRecord.for_task(task.name, task.host, ProcessKind.TRAIN, attempt, log, job=ex.job_id, events=events)
@@ -229,10 +259,7 @@ class TrainJob:
         self.tails[record.key] = EventTail(events)
         self.standby_tasks.add(task.name)
         self.trained_since_launch = False
-        now = ex.clock()
-        watched = Watched(task, record, ProcessKind.TRAIN, launched=now, last_event=now, files=(events,))
-        ex.watched[record.key] = watched
-        return watched
+        return ex.adopt(task, record, ProcessKind.TRAIN, files=(events,))
 
     def recovery(self, ex: JobExecutor[Any], incident: core.Incident) -> core.Recovery:
         return core.train_recovery(Mode(ex.plan.mode), incident.proc, ex.views(),
@@ -269,9 +296,6 @@ class TrainJob:
                                           and (report.get("global_step") or 0) < total)
         return report
 
-    def on_stopped(self, ex: JobExecutor[Any], records: list[ProcessRecord]) -> None:
-        pass
-
     # ------------------------------------------------------------------ resizes (cluster/supervision/train_resize.py)
     def between_turns(self, ex: JobExecutor[Any]) -> None:
         self.resizer.between_turns(ex)
@@ -297,10 +321,9 @@ class TrainJob:
             if not workers or chief is None or chief.ended_at is not None or not chief.record.events \
                     or chief.task.host == host:
                 continue
-            self.resizer.membership_seq += 1
             try:
                 hostops.tell(ex.pool.get(ex.plan.host(chief.task.host)), chief.record.events,
-                             {"seq": self.resizer.membership_seq, "cut": workers})
+                             {"seq": self.resizer.next_seq(), "cut": workers})
             except PsclusterError as exc:
                 ex.reporter.emit("message", level="warning",
                                  text=f"could not tell the chief that {host} is lost: {exc.message.splitlines()[0]}")
@@ -327,9 +350,6 @@ class TrainJob:
             return
         for event in tail.feed(chunk):
             self.on_event(ex, watched, event, now)
-
-    def on_exit(self, ex: JobExecutor[Any], watched: Watched, now: float) -> None:
-        pass
 
     def on_event(self, ex: JobExecutor[Any], watched: Watched, event: dict[str, Any], now: float) -> None:
         kind = event.get("event")
@@ -392,7 +412,7 @@ class TrainJob:
         elif kind == "error":
             watched.error = event.get("message")
         elif kind == "membership" and isinstance(event.get("seq"), int):     # the async chief's, a sync worker's
-            self.resizer.membership_answers[event["seq"]] = event
+            self.resizer.answered(event)
 
     def on_worker(self, ex: JobExecutor[Any], event: dict[str, Any]) -> None:
         """Say that the chief trains on without a worker, or took it back (no restart either way)."""
@@ -497,20 +517,6 @@ def check_checkpoints_shared(plan: ClusterPlan, pool: TransportPool, checkpoint_
                              f"{seen[leader.host][0]}, {evaluator.host}: {seen[evaluator.host][0]})",
                              hint=f"give --checkpoint-dir a folder on a filesystem both hosts share (an NFS home), "
                                   f"or put the evaluator on {leader.host}")
-
-
-def check_ports_free(tasks: Iterable[TaskSpec], pool: TransportPool, plan: ClusterPlan) -> None:
-    """Before a job starts its processes: their ports must be free on their hosts."""
-    by_host: dict[str, list[TaskSpec]] = {}
-    for task in tasks:
-        by_host.setdefault(task.host, []).append(task)
-    for host, host_tasks in by_host.items():
-        facts = hostops.facts(pool.get(plan.host(host)), ports=[t.port for t in host_tasks], gpus=False, workdir=None)
-        busy = dict(facts.busy_ports)
-        clashes = [f"{t.port} ({t.name})" for t in host_tasks if t.port in busy]
-        if clashes:
-            raise HostError(host, f"port(s) of the job's tasks in use: {', '.join(clashes)}",
-                            hint="another job or program holds them; stop it or change the ports")
 
 
 def train_executor(*, store: StateStore, name: str, job: JobRef, options: JobOptions, reporter: Reporter,

@@ -12,14 +12,13 @@ of :class:`~cluster.supervision.train_job.TrainJob` that does it.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from ..contracts import CLEANUP_GRACE, DEFAULT_GRACE, JobState, Mode, ProcessKind, RestartPolicy
 from ..errors import Failure, PsclusterError
 from ..events import Reporter
 from ..hosts import hostops
-from ..hosts.codesync import needs_sync, sync_code, sync_files
+from ..hosts.codesync import sync_code
 from ..hosts.probe import Prober
 from ..layout import gate_file, ready_file
 from ..lifecycle import resize
@@ -32,10 +31,6 @@ from .executor import LOOP_SECONDS, JobExecutor
 from .jobkind import Watched
 from .jobstop import first_to_stop
 from .links import HostLink
-from .training import job_files, leader_task
-
-if TYPE_CHECKING:
-    from .train_job import TrainJob
 
 REJOIN_RETRY = 5.0      # seconds between two tries to take a host back (each runs preflight there)
 LOST_HOST_GRACE = 3.0   # the leader's time to save when a resize leaves a lost host out (it usually cannot: see resize())
@@ -44,11 +39,56 @@ STANDBY_WAIT = 60.0      # for the standbys of a resize's relaunch to import Ten
 HANDOVER_TIMEOUT = 30.0  # sync: for the old workers to release their ports (one unit of work each; roles/handover.py)
 
 
+class TrainSide(Protocol):
+    """What a resize needs of the training job (:class:`~cluster.supervision.train_job.TrainJob`),
+    and all it touches of it."""
+
+    @property
+    def leader_name(self) -> str:
+        """The task that leads the job now."""
+        ...
+
+    @property
+    def stop_grace(self) -> float:
+        """``--stop-grace``: the leader's time to checkpoint when asked to stop."""
+        ...
+
+    def follow_plan(self, plan: ClusterPlan) -> None:
+        """The job goes on at ``plan`` (its leader may be another task)."""
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """The trainers' ``--batch-size`` from the next launch on."""
+
+    def sync_job_files(self, ex: JobExecutor[Any], plan: ClusterPlan) -> None:
+        """The job's own files on the hosts of ``plan`` that need them."""
+
+    def refill_once_trained(self, ex: JobExecutor[Any]) -> None:
+        """New standbys for the tasks a launch took theirs from, once the leader trains again."""
+
+    def read_final_events(self, ex: JobExecutor[Any], records: list[ProcessRecord]) -> None:
+        """The last events of stopped ``records`` (the leader's checkpoint), into the job record."""
+
+    def train_process(self, ex: JobExecutor[Any], task: TaskSpec, plan: ClusterPlan, *, resume: bool,
+                      gate: bool = False) -> tuple[ProcessRecord, list[str], dict[str, str], str]:
+        """One training process of ``plan``, not started: its record, argv, environment and events file."""
+        ...
+
+    def launch_train(self, ex: JobExecutor[Any], task: TaskSpec, *, resume: bool) -> Watched:
+        """Start and watch a training process of ``task``."""
+        ...
+
+    def adopt_started(self, ex: JobExecutor[Any], task: TaskSpec, record: ProcessRecord, events: str) -> Watched:
+        """Watch a training process started before the job reached it."""
+        ...
+
+
 class Resizer:
     """Resizes ``train``'s job: what a resize needs of the job's processes is the executor's
-    (given to each method), what it needs of the training job is ``train``'s."""
+    (given to each method), what it needs of the training job is ``train``'s (:class:`TrainSide`);
+    the training job tells it what it hears through :meth:`ask`, :meth:`number_from`,
+    :meth:`next_seq` and :meth:`answered`."""
 
-    def __init__(self, train: TrainJob, elastic: Elastic | None):
+    def __init__(self, train: TrainSide, elastic: Elastic | None):
         self.train = train
         self.elastic = elastic                    # --min-workers / --hosts-from
         self.asked = False                        # SIGUSR2: `pscluster scale` posted a request
@@ -65,17 +105,30 @@ class Resizer:
         self.membership_seq = 0
         self.membership_answers: dict[int, dict[str, Any]] = {}
 
+    # ------------------------------------------------------------------ what the training job tells it
+    def ask(self) -> None:
+        """``pscluster scale`` posted a request (SIGUSR2): carried out at the next turn."""
+        self.asked = True
+
+    def number_from(self, wall: float) -> None:
+        """Requests to the chief are numbered from ``wall`` (the job's start, in ms) on."""
+        self.membership_seq = int(wall * 1000)
+
+    def next_seq(self) -> int:
+        """The number of the next request to the chief or a worker (their answers carry it)."""
+        self.membership_seq += 1
+        return self.membership_seq
+
+    def answered(self, event: dict[str, Any]) -> None:
+        """A ``membership`` event (the async chief's, a sync worker's): the answer to request ``event["seq"]``."""
+        self.membership_answers[event["seq"]] = event
+
     def between_turns(self, ex: JobExecutor[Any]) -> None:
         if self.elastic is None and self.away:      # an async worker host out in place: back when it answers
             self.take_back_away(ex)
         if self.elastic is not None:
-            if self.train.standby_tasks and self.train.trained_since_launch:
-                # Once it trains again after a launch (not inside a relaunch's pause, where the
-                # import would slow the new processes' start): a standby for its next relaunch
-                # (the resize after a host's loss restarts the chief), which then skips
-                # TensorFlow's import.
-                self.train.refill_standbys(ex)
-                self.train.standby_tasks.clear()
+            # A standby for the next relaunch (the resize after a host's loss restarts the chief).
+            self.train.refill_once_trained(ex)
             self.elastic_turn(ex)
         if not self.asked:
             return
@@ -105,7 +158,7 @@ class Resizer:
         old, new = ex.plan, request.plan
         diff = resize.diff_plans(old, new)
         resize.check_resize(old, new, diff, job_live=True)
-        ex.secrets = request.secrets_for(ex.secrets)     # the new plan's scope, keyed by its host names
+        ex.use_secrets(request.secrets_for(ex.secrets))     # the new plan's scope, keyed by its host names
         early = resize.early_servers(old, new, diff, unreachable)
         if early:      # while the job still trains: their import stays out of the pause
             resize.start_early(ex.writer, ex.pool, ex.reporter, new, early, ex.secrets, root=ex.root,
@@ -123,17 +176,17 @@ class Resizer:
             global_batch = ex.progress.global_batch_size or 0
             if global_batch:
                 per_worker = max(1, global_batch // workers_before)
-                self.train.trainer_options = replace(self.train.trainer_options, batch_size=per_worker * workers_after)
+                self.train.set_batch_size(per_worker * workers_after)
         # Sync: the new workers start in those standbys while the old ones train (roles/handover.py).
         following = self.start_next(ex, new, diff) if not unreachable else {}
         ex.reporter.emit("message", text=f"resizing: {resize.describe(diff, new)}; "
-                                         f"the job checkpoints first (up to {self.train.options.stop_grace:g} s)")
+                                         f"the job checkpoints first (up to {self.train.stop_grace:g} s)")
         began = ex.clock()        # the pause: from here to the relaunch
         ex.set_job(state=JobState.RESTARTING, message="resizing")
         early_keys = {record.key for _, record, _ in following.values()}
         first = [r for r in first_to_stop(old, ex.state.live_records())
                  if r.host not in unreachable and r.key not in early_keys]
-        grace = min(self.train.options.stop_grace, LOST_HOST_GRACE) if unreachable else self.train.options.stop_grace
+        grace = min(self.train.stop_grace, LOST_HOST_GRACE) if unreachable else self.train.stop_grace
         if first and grace > 0:
             ex.stop(first, grace=grace)
             self.train.read_final_events(ex, first)
@@ -142,20 +195,18 @@ class Resizer:
         # A lost host's processes are not stopped now (an SSH connection to it would wait out its
         # timeout inside the pause): they stay recorded, and its rejoin or `down` stops them.
         ex.forget_and_stop([w for w in leaving if w.record.host not in unreachable])
-        for item in leaving:
-            ex.watched.pop(item.record.key, None)
+        ex.forget(leaving)
         resize.apply_plan(ex.writer, ex.pool, ex.reporter, old, new, diff, ex.secrets, root=ex.root,
                           standbys=False, unreachable=unreachable,
                           known_hosts=[link.host for link in self.dropped.values()],
                           started=[task.name for task in early], running=[*ready, *early_keys])
-        ex.plan = new
-        self.train.leader = leader_task(new)
-        self.prepare_new_hosts(ex, new)
+        ex.replace_plan(new)
+        self.train.follow_plan(new)
+        self.train.sync_job_files(ex, new)      # on hosts that just joined (the code came with apply_plan)
         ex.watch_servers()
         ex.set_job(workers=workers_after, message=None)
         launched_at = ex.clock()
-        self.membership_seq += 1
-        go = {"seq": self.membership_seq, "go": True}
+        go = {"seq": self.next_seq(), "go": True}
 
         def launch(task: TaskSpec) -> Watched:       # in parallel, a thread per task
             if task.name not in following:
@@ -202,10 +253,10 @@ class Resizer:
         asked: dict[int, Watched] = {}
         try:
             for item in running:
-                self.membership_seq += 1
-                asked[self.membership_seq] = item
+                seq = self.next_seq()
+                asked[seq] = item
                 hostops.tell(ex.pool.get(old.host(item.task.host)), item.record.events or "",
-                             {"seq": self.membership_seq, "release": True})
+                             {"seq": seq, "release": True})
         except PsclusterError as exc:
             return self.not_overlapped(ex, f"could not ask the workers to release their ports: {exc.message.splitlines()[0]}")
         deadline = ex.clock() + HANDOVER_TIMEOUT
@@ -216,7 +267,7 @@ class Resizer:
             ex.sleep(LOOP_SECONDS)
         following: dict[str, tuple[TaskSpec, ProcessRecord, str]] = {}
         try:
-            self.prepare_new_hosts(ex, new)      # the job's own files, on a host that joins
+            self.train.sync_job_files(ex, new)      # the job's own files, on a host that joins
             for task in new.training_tasks:
                 record, argv, env, events = self.train.train_process(ex, task, new, resume=True, gate=True)
                 started = start_task(ex.writer, ex.pool, new, task, record, argv=argv, env=env,
@@ -296,11 +347,10 @@ class Resizer:
         restart. None if it did not (it refused, ended, or did not answer): then the caller
         restarts the job from a checkpoint."""
         old, new = ex.plan, request.plan
-        chief = ex.current(self.train.leader.name)
+        chief = ex.current(self.train.leader_name)
         if chief is None or not chief.started or chief.done or chief.ended_at is not None or not chief.record.events:
             return None
-        self.membership_seq += 1
-        seq = self.membership_seq
+        seq = self.next_seq()
         began = ex.clock()
         ex.reporter.emit("message", text=f"resizing in place: {resize.describe(diff, new)}; "
                                          "the chief takes the new cluster between two steps")
@@ -321,7 +371,7 @@ class Resizer:
         running = [w.record.key for w in ex.watched.values() if w.kind is ProcessKind.TRAIN]
         resize.apply_plan(ex.writer, ex.pool, ex.reporter, old, new, diff, ex.secrets, root=ex.root,
                           standbys=False, started=diff.start, running=running)
-        ex.plan = new
+        ex.replace_plan(new)
         ex.watch_servers()
         workers_before, workers_after = len(old.tasks_of("worker")), len(new.tasks_of("worker"))
         ex.set_job(workers=workers_after, message=None)
@@ -400,8 +450,7 @@ class Resizer:
         restarted. Its processes are no longer watched; once the host answers, they are started
         again on the same ports (:meth:`elastic_turn`) and the chief takes them back."""
         tasks = sorted(w.task.name for w in ex.watched.values() if w.task.host == host)
-        for watched in [w for w in ex.watched.values() if w.task.host == host]:
-            ex.watched.pop(watched.record.key, None)
+        ex.forget([w for w in ex.watched.values() if w.task.host == host])
         self.away[host] = HostLink(ex.plan.host(host), ex.pool, clock=ex.clock)
         self.away[host].set_targets([], [])
         ex.retarget()
@@ -421,7 +470,7 @@ class Resizer:
         tasks = [t for t in ex.plan.tasks if t.host == host and t.standing]
         kept = self.answering_servers(ex, host, tasks)
         for task_name, record in kept.items():
-            ex.watched[record.key] = Watched(ex.plan.task(task_name), record, ProcessKind.SERVER, launched=ex.clock())
+            ex.watch_server(ex.plan.task(task_name), record)
         restart = [t for t in tasks if t.name not in kept]
         if restart:
             self.stop_leftovers(ex, host)
@@ -564,9 +613,3 @@ class Resizer:
             if link is not None:
                 link.close()
         self.resize(ex, resize.ResizeRequest(new, reason=reason))
-
-    def prepare_new_hosts(self, ex: JobExecutor[Any], plan: ClusterPlan) -> None:
-        """The job's files on hosts that just joined (the code itself came with apply_plan, or
-        with the standbys)."""
-        if not self.train.job.example and any(needs_sync(h, ex.root) for h in plan.hosts):
-            sync_files(plan, ex.pool, ex.reporter, job_files(self.train.job, plan), ex.root)

@@ -19,7 +19,7 @@ from ..hosts import hostops
 from ..contracts import DEFAULT_GRACE, Mode, Role
 from ..hosts.codesync import LocalFile, collect, needs_sync
 from ..errors import UsageError
-from ..layout import HostLayout, job_code_dir
+from ..layout import job_code_dir
 from ..names import is_cluster_name
 from ..plan import ClusterPlan, HostSpec, TaskSpec
 from .jobrecord import JobProgress
@@ -163,28 +163,12 @@ def with_evaluator(options: JobOptions) -> JobOptions:
     return replace(options, eval_every=None, checkpoint_every=options.checkpoint_every or options.eval_every)
 
 
-def leader_task(plan: ClusterPlan) -> TaskSpec:
-    """The task that drives the job and keeps checkpoints: the chief in async mode, else worker 0."""
-    return plan.task("chief:0") if plan.mode == "async" else plan.task("worker:0")
-
-
 def path_on(host: HostSpec, path: str) -> str:
     """``path`` as a job process on ``host`` reads it: relative paths start at the host's workdir
     (the processes' working directory); ``~`` is the host's home."""
     if path.startswith(("/", "~")):
         return path
     return f"{host.workdir.rstrip('/')}/{path}"
-
-
-def host_layout(task: TaskSpec, plan: ClusterPlan) -> HostLayout:
-    """The cluster's files under ``task``'s workdir on its host."""
-    return HostLayout(task.workdir, plan.name)
-
-
-def leader_layout(plan: ClusterPlan) -> HostLayout:
-    """The files on the job leader's host: the default checkpoint folder and the TensorBoard
-    summaries (``tensorboard_root``, what ``pscluster tensorboard`` serves)."""
-    return host_layout(leader_task(plan), plan)
 
 
 def train_argv(task: TaskSpec, *, mode: str, job_path: str, events_path: str, checkpoint_dir: str,

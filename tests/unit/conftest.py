@@ -64,7 +64,7 @@ def idle_supervisor(tmp_path, *, name: str, mode: str, options=None, inventory=N
     from cluster.events import RecordingReporter
     from cluster.inventory import load_inventory
     from cluster.plan import PlanOptions, plan_cluster
-    from cluster.state import RunState, StateStore, StateWriter
+    from cluster.state import RunState, StateStore
     from cluster.supervision.train_job import train_executor
     from cluster.supervision.training import JobRef, JobOptions
     from cluster.transport import TransportPool
@@ -77,8 +77,6 @@ def idle_supervisor(tmp_path, *, name: str, mode: str, options=None, inventory=N
     supervisor = train_executor(store=store, name=name, job=job, options=options or JobOptions(),
                                 reporter=RecordingReporter(), pool=TransportPool(), root=pathlib.Path("/checkout"),
                                 clock=lambda: 100.0, sleep=lambda _: None, wall=lambda: 1700000000.0)
-    supervisor.state, supervisor.plan, supervisor.job_id = store.load(name), plan, 1
-    supervisor.writer = StateWriter(store, supervisor.state, expect_phase="up")
-    supervisor.state.job = supervisor.new_job()
+    supervisor.begin()                 # job 1: the first of this cluster
     supervisor.began = 90.0
     return supervisor

@@ -83,11 +83,10 @@ ROOMS = [["contracts", "errors", "layout", "names", "fanout", "notify.urls"], ["
          ["plan", "secrets", "slurm_layout", "export"], ["supervision.jobrecord", "events", "state"], ["transport", "hosts"],
          ["program"], ["history", "logs"], ["lifecycle"], ["supervision"],
          ["console", "notify", "tensorboard", "bench"], ["cli", "__main__"]]
-# `down` and `scale` must find and signal a job's supervisor, `status` judges its health, and
-# `scale` asks who leads the job.
+# `down` and `scale` must find and signal a job's supervisor, and `status` judges its health
+# (who leads the job `scale` asks the plan: ClusterPlan.leader).
 UPWARD = {("cluster.lifecycle.resize", "cluster.supervision.daemon"),
           ("cluster.lifecycle.status", "cluster.supervision.daemon"),
-          ("cluster.lifecycle.resize", "cluster.supervision.training"),
           ("cluster.lifecycle.updown", "cluster.supervision.daemon")}
 
 

@@ -12,12 +12,13 @@ from cluster import layout as layout_module
 from cluster.supervision.daemon import DaemonFiles
 from cluster.inventory import load_inventory
 from cluster.lifecycle.tasks import new_record
-from cluster.layout import DaemonLayout, HostLayout, attempt_log, exit_file, job_code_dir, pid_file
+from cluster.layout import (DaemonLayout, HostLayout, attempt_log, exit_file, host_layout, job_code_dir, leader_layout,
+                            pid_file)
 from cluster.plan import ClusterPlan, PlanOptions, plan_cluster
 from cluster.contracts import ProcessKind
 from cluster.state import ProcessRecord, RunState
 from cluster.tensorboard import board_spec
-from cluster.supervision.training import JobRef, host_layout, job_files, job_path_on, leader_layout
+from cluster.supervision.training import JobRef, job_files, job_path_on
 
 from .conftest import INVENTORIES
 

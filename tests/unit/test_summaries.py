@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from cluster.contracts import ProcessKind
-from cluster.supervision.training import JobRef, leader_layout
+from cluster.layout import leader_layout
+from cluster.supervision.training import JobRef
 from cluster.tensorboard import board_spec, host_ports
 from roles import hostctl
 from roles.settings import StepSchedule

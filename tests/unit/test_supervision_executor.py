@@ -15,14 +15,15 @@ from cluster.supervision.jobrecord import JobProgress
 from cluster.state import ProcessRecord, RunState, StateStore
 from cluster.supervision import core
 from cluster.supervision.executor import JobExecutor
-from cluster.supervision.jobkind import JobFailed, Watched
+from cluster.supervision.jobkind import JobFailed, JobKind, Watched
 from cluster.transport import TransportPool
 
 from .conftest import INVENTORIES
 
 
-class ScriptedKind:
-    """A job kind whose recoveries only count (the hooks these tests reach); its processes are made up."""
+class ScriptedKind(JobKind):
+    """A job kind whose recoveries only count (the hooks these tests reach, and JobKind's defaults);
+    its processes are made up."""
 
     entry = "train"
     failure_prefix = "training failed"
@@ -34,22 +35,13 @@ class ScriptedKind:
     def job_name(self):
         return "new"
 
-    def new_job(self, ex, progress):
-        return progress
+    def command(self):
+        return ("new",)
 
     def recovery(self, ex, incident):
         plan = core.Recovery(wait_hosts=(), stop=())
         self.recoveries.append(plan)
         return plan
-
-    def drop_out(self, ex, host, why, task=None):
-        return False
-
-    def on_stopped(self, ex, records):
-        pass
-
-    def failure_hint(self, ex):
-        return None
 
 
 @pytest.fixture
@@ -66,12 +58,7 @@ def job(tmp_path):
                            root=tmp_path, rules=core.RestartRules(RestartPolicy.ON_FAILURE, max_restarts=2),
                            clock=lambda: 100.0, sleep=sleeps.append, wall=lambda: 1700000000.0)
     executor.retarget = lambda: None          # no watch streams: nothing runs
-    executor.state = store.load("budget")
-    executor.plan = plan
-    from cluster.state import StateWriter
-    executor.writer = StateWriter(store, executor.state, expect_phase="up")
-    executor.job_id = 2
-    executor.state.job = executor.new_job()
+    executor.begin()                          # job 2, after the old one
     task = plan.task("worker:0")
     record = ProcessRecord(key="worker:0#j2.1", task="worker:0", host=task.host, kind="run", attempt=1,
                            log=str(tmp_path / "nope.log"), exit_file=str(tmp_path / "nope.log.exit"))

@@ -10,7 +10,7 @@ import pytest
 from cluster import cli
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.supervision.training import JobOptions, leader_task, train_argv
+from cluster.supervision.training import JobOptions, train_argv
 from roles.settings import TRAINER_DEFAULTS, TrainerSettings
 from roles.train import parse_options
 from tests.helpers import REPO
@@ -25,7 +25,7 @@ CHOSEN = JobOptions(steps=321, batch_size=96, learning_rate=0.0125, scale_lr=Tru
 def trainer_argvs(mode: str, options: JobOptions, resume: bool):
     plan = plan_cluster(load_inventory(str(REPO / "inventories" / "local.yaml")),
                         PlanOptions(local_python="/venv/bin/python", local_workdir="/checkout", mode=mode))
-    leader = leader_task(plan).name
+    leader = plan.leader.name
     for task in plan.tasks:
         if task.argv[1:3] == ("-m", "roles.train"):
             # as the supervisor launches them: the leader writes summaries; a relaunch knows the restarts
