@@ -40,7 +40,7 @@ from typing import Mapping, Sequence
 
 from testbed import netlab
 
-__all__ = ["MAX_HOSTS", "ManyLab", "address_of", "inventory_groups", "write_inventory"]
+__all__ = ["MAX_HOSTS", "ManyLab", "address_of", "free_subnet", "inventory_groups", "write_inventory"]
 
 MAX_HOSTS = 1023            # ports of one Linux bridge (BR_MAX_PORTS 1024) less none spare
 DEFAULT_SUBNET = "127.79.0"
@@ -52,6 +52,14 @@ def address_of(prefix: str, index: int) -> str:
     """Host ``index`` (1-based) of a lab on ``prefix``.0.0/16: 253 hosts per /24, from .2."""
     k = index - 1
     return f"{prefix}.{k // 253}.{k % 253 + 2}"
+
+
+def free_subnet(start: int = 79) -> str:
+    """The first ``127.K.0`` (K >= start) whose first /24 no lab here uses (a /16's name)."""
+    for k in range(start, 256):
+        if not netlab._subnet_in_use(f"127.{k}.0"):
+            return f"127.{k}.0"
+    raise netlab.LabError(f"no free 127.K.0.0/16 from 127.{start}")
 
 
 class ManyLab(netlab.Lab):
