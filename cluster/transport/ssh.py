@@ -16,6 +16,10 @@ its defaults are replaced on purpose:
   ``keepalive@openssh.com`` wanting a reply, and closes a connection that has answered nothing
   for ``DEAD_AFTER_SECONDS``; whatever waits on it (a command, SFTP, a stream) then fails at once
   with "connection lost" naming the host.
+* paramiko's reader thread wakes every 0.1 s (its socket timeout) to see whether the connection
+  was closed; once the connection is open it wakes every ``IDLE_WAKEUP_SECONDS`` instead. With
+  one connection per host that is 10 wake-ups a second per host for nothing: at 1,000 hosts
+  10,000 a second on the supervisor's one interpreter (docs/benchmarks.md, "Scale").
 """
 from __future__ import annotations
 
@@ -38,6 +42,9 @@ from .base import CommandResult, Stream, Transport, file_mode, temp_name
 
 KEEPALIVE_SECONDS = 2
 DEAD_AFTER_SECONDS = 10     # OpenSSH answers in ms; 10 s of silence on a loaded 2-core box is a dead host
+# How often an open connection's reader thread wakes when nothing arrives. It only delays the end
+# of a thread whose connection is closed (data wakes it at once; keepalives are the watchdog's).
+IDLE_WAKEUP_SECONDS = 1.0
 _KNOWN_HOSTS_LOCK = threading.Lock()
 _CONFIG_LOCK = threading.Lock()
 _SSH_CONFIG: paramiko.SSHConfig | None = None
@@ -389,6 +396,7 @@ class SSHTransport(Transport):
             reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
             raise UnreachableHostError(self.host.name, f"cannot reach {self.where}: {reason}",
                                        hint="is the host up and sshd listening? check ansible_host / ansible_port") from None
+        conn.transport.sock.settimeout(IDLE_WAKEUP_SECONDS)
         _Watchdog(conn.transport, self.host.name).start()
         return conn
 
