@@ -33,3 +33,16 @@ def netns_of(pid: int) -> str | None:
     """The named network namespace a process lives in (``ip netns identify``)."""
     proc = subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True)
     return proc.stdout.strip() or None
+
+
+def socket_inodes(pid: int | str = "self") -> set[str]:
+    """The inodes of the sockets a process holds open (as /proc/<pid>/net/tcp names them)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes

@@ -11,11 +11,16 @@ its defaults are replaced on purpose:
 * Commands run on raw exec channels rather than Invoke runners, so stdin can be fed and closed
   at once and a deadline bounds every call (``run``: its timeout; channel opening and SFTP: the
   host's connect timeout).
-* A dead host is detected by :class:`_Watchdog`, not by paramiko's keepalive (which sends
-  requests that want no reply, so it never notices silence): every ``KEEPALIVE_SECONDS`` it sends
-  ``keepalive@openssh.com`` wanting a reply, and closes a connection that has answered nothing
-  for ``DEAD_AFTER_SECONDS``; whatever waits on it (a command, SFTP, a stream) then fails at once
-  with "connection lost" naming the host.
+* A dead host is detected by this process's one watchdog (cluster/transport/keepalive.py), not
+  by paramiko's keepalive (which sends requests that want no reply, so it never notices
+  silence): every 2 s it asks each connection for a reply to ``keepalive@openssh.com`` and closes
+  one that has not answered for 10 s; whatever waits on it (a command, SFTP, a stream) then fails
+  at once with "connection lost" naming the host. One thread and a fixed pool for every host,
+  where each connection had two threads of its own before.
+* paramiko's reader thread wakes every 0.1 s (its socket timeout) to see whether the connection
+  was closed; once the connection is open it wakes every ``IDLE_WAKEUP_SECONDS`` instead. With
+  one connection per host that is 10 wake-ups a second per host for nothing: at 1,000 hosts
+  10,000 a second on the supervisor's one interpreter (docs/benchmarks.md, "Scale").
 """
 from __future__ import annotations
 
@@ -35,9 +40,11 @@ import paramiko
 
 from ..errors import HostError, UnreachableHostError, UsageError
 from .base import CommandResult, Stream, Transport, file_mode, temp_name
+from .keepalive import KEEPALIVES
 
-KEEPALIVE_SECONDS = 2
-DEAD_AFTER_SECONDS = 10     # OpenSSH answers in ms; 10 s of silence on a loaded 2-core box is a dead host
+# How often an open connection's reader thread wakes when nothing arrives. It only delays the end
+# of a thread whose connection is closed (data wakes it at once; keepalives are the watchdog's).
+IDLE_WAKEUP_SECONDS = 1.0
 _KNOWN_HOSTS_LOCK = threading.Lock()
 _CONFIG_LOCK = threading.Lock()
 _SSH_CONFIG: paramiko.SSHConfig | None = None
@@ -126,33 +133,6 @@ class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
             os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
             with open(self.path, "a", encoding="ascii") as handle:
                 handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-
-
-class _Watchdog(threading.Thread):
-    """Closes an SSH connection whose server stopped answering (see the module docstring)."""
-
-    def __init__(self, transport: paramiko.Transport, host: str):
-        super().__init__(name=f"ssh-watchdog-{host}", daemon=True)
-        self.transport = transport
-        self.dead = False
-
-    def run(self) -> None:
-        while self.transport.is_active():
-            answered = threading.Event()
-
-            def ask() -> None:
-                try:
-                    self.transport.global_request("keepalive@openssh.com", wait=True)
-                except Exception:     # the connection went away: the loop below sees it
-                    pass
-                answered.set()
-
-            threading.Thread(target=ask, daemon=True).start()
-            if not answered.wait(DEAD_AFTER_SECONDS):
-                self.dead = True
-                self.transport.close()
-                return
-            time.sleep(KEEPALIVE_SECONDS)
 
 
 class _Tunnel(threading.Thread):
@@ -389,7 +369,8 @@ class SSHTransport(Transport):
             reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
             raise UnreachableHostError(self.host.name, f"cannot reach {self.where}: {reason}",
                                        hint="is the host up and sshd listening? check ansible_host / ansible_port") from None
-        _Watchdog(conn.transport, self.host.name).start()
+        conn.transport.sock.settimeout(IDLE_WAKEUP_SECONDS)
+        KEEPALIVES.watch(conn.transport)
         return conn
 
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> CommandResult:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import threading
 import time
 
@@ -16,6 +15,7 @@ from cluster.plan import HostSpec
 from cluster.transport.ssh import SSHTransport
 from tests.helpers import assert_no_survivors, port_base, run_cli, run_json
 from testbed.netlab import venv_python
+from testbed.procs import socket_inodes
 
 pytestmark = [pytest.mark.lab]
 
@@ -116,14 +116,7 @@ def test_preflight_names_a_blocked_path_between_two_hosts_and_starts_nothing(lab
 
 def _own_tcp_listeners() -> list[str]:
     """The TCP sockets this process listens on (local address:port in hex, as /proc shows them)."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
+    inodes = socket_inodes()
     found = []
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         with open(table) as handle:

@@ -1,0 +1,234 @@
+"""The control side at scale (issue 46): what one ``pscluster`` process costs per phase as the
+number of hosts grows, on a many-hosts lab (testbed/manylab.py) whose tasks are stand-ins
+(testbed/standin.py), so the control side is measured and not TensorFlow.
+
+For each size N, on the lab's first N hosts (a between-graph cluster: a ps, a standing server,
+and a worker, a training task, on every host): ``check``, ``up``, ``status``, ``watch`` (a
+``pscluster run`` of a stand-in program on every worker, supervised for ``--watch`` seconds:
+one hostctl watch stream per host, heartbeats, the job record; then Ctrl-C), ``scale`` to N+1
+hosts, ``down`` (and the processes of the cluster left afterwards). Per phase: wall seconds,
+CPU seconds of the pscluster process (user + system, its threads and the children it waited
+for), ``cores`` (watch only: CPU seconds per second over the second half of the window, the
+steady state), peak RSS, and the peaks of its threads, open file descriptors and established
+TCP connections, sampled every ``--interval`` seconds from /proc. Then a fit per figure and
+phase (benchmarks/scalefit.py), projections to 1,000 and 10,000 hosts, and which limit the
+projections reach first.
+
+Usage (root): ``python -m benchmarks.scale --hosts 4,16,64 [--watch 60] [--json] [--out F]``.
+The lab has max(N)+1 hosts and is removed at the end, whatever happens.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks import scalefit  # noqa: E402
+from benchmarks.common import print_columns  # noqa: E402
+from testbed import manylab  # noqa: E402
+from testbed.procs import cluster_pids, socket_inodes  # noqa: E402
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _read(path: str) -> str:
+    with open(path) as handle:
+        return handle.read()
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = _read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS      # utime, stime
+
+
+def _established(pid: int, inodes: set[str]) -> int:
+    count = 0
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = _read(f"/proc/{pid}/net/{table}").splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "01" and fields[9] in inodes:
+                count += 1
+    return count
+
+
+def sample(pid: int) -> dict[str, float] | None:
+    """Threads, fds, established TCP connections, peak RSS (MB) and CPU seconds of ``pid`` now."""
+    try:
+        status = dict(line.split(":", 1) for line in _read(f"/proc/{pid}/status").splitlines() if ":" in line)
+        fds = os.listdir(f"/proc/{pid}/fd")
+        sockets = socket_inodes(pid)
+        return {"threads": float(status["Threads"]), "fds": float(len(fds)),
+                "conns": float(_established(pid, sockets)),
+                "rss_mb": int(status["VmHWM"].split()[0]) / 1024, "cpu": _cpu_seconds(pid)}
+    except (OSError, KeyError, ValueError, IndexError):
+        return None         # it ended between two reads
+
+
+def measure(args: Sequence[str], state_dir: Path, *, interval: float, interrupt_after: float | None = None,
+            timeout: float = 1800) -> dict[str, Any]:
+    """Run ``pscluster ARGS`` and measure it; ``interrupt_after``: send SIGINT (Ctrl-C) then."""
+    env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), NO_COLOR="1")
+    began = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "cluster", *args], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    peaks = {"threads": 0.0, "fds": 0.0, "conns": 0.0, "rss_mb": 0.0}
+    cpu_at: list[tuple[float, float]] = []
+    interrupted = False
+    output = bytearray()
+    os.set_blocking(proc.stdout.fileno(), False)        # type: ignore[union-attr]
+    while proc.poll() is None:
+        now = time.monotonic() - began
+        seen = sample(proc.pid)
+        if seen is not None:
+            for key in peaks:
+                peaks[key] = max(peaks[key], seen[key])
+            cpu_at.append((now, seen["cpu"]))
+        if interrupt_after is not None and not interrupted and now >= interrupt_after:
+            proc.send_signal(signal.SIGINT)
+            interrupted = True
+        if now > timeout:
+            proc.kill()
+        output += proc.stdout.read() or b""             # type: ignore[union-attr]
+        time.sleep(interval)
+    wall = time.monotonic() - began
+    output += proc.stdout.read() or b""                 # type: ignore[union-attr]
+    # CPU seconds: _ChildCpu (poll() reaped it); peak RSS: VmHWM at the last sample
+    row: dict[str, Any] = {"wall_s": wall, "rc": proc.returncode, **peaks,
+                           "output_tail": output.decode(errors="replace")[-1500:]}
+    if interrupt_after is not None:
+        row["cores"] = steady_cores(cpu_at, interrupt_after / 2, interrupt_after)
+    return row
+
+
+def steady_cores(points: Sequence[tuple[float, float]], start: float, end: float) -> float | None:
+    """CPU seconds per second between the samples nearest ``start`` and ``end`` (None: too few)."""
+    inside = [p for p in points if start <= p[0] <= end]
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return None
+    return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+
+
+class _ChildCpu:
+    """CPU of the children reaped so far, so each phase's figure is its own process's."""
+
+    def __init__(self) -> None:
+        self.base = resource.getrusage(resource.RUSAGE_CHILDREN)
+
+    def take(self, row: dict[str, Any]) -> None:
+        now = resource.getrusage(resource.RUSAGE_CHILDREN)
+        row["cpu_s"] = (now.ru_utime - self.base.ru_utime) + (now.ru_stime - self.base.ru_stime)
+        self.base = now
+
+
+def run_size(lab: manylab.ManyLab, n: int, work: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The six phases on the lab's first ``n`` hosts; the cluster is always brought down."""
+    name = f"scale{n}"
+    inventory = manylab.write_inventory(lab, work / f"{name}.yaml", hosts=n)
+    scaled = manylab.write_inventory(lab, work / f"{name}-plus1.yaml", hosts=n + 1)
+    state = work / "state"
+    program = ["--", "python", str(manylab.STANDIN), "program", "--every", str(args.every)]
+    phases = [
+        ("check", ["check", str(inventory), "--name", name], None),
+        ("up", ["up", str(inventory), "--name", name], None),
+        ("status", ["status", "--name", name], None),
+        ("watch", ["run", "--name", name, "--on", "worker", "--grace", "2", *program], args.watch),
+        ("scale", ["scale", str(scaled), "--name", name], None),
+        ("down", ["down", "--name", name, "--grace", "2"], None),
+    ]
+    rows = []
+    cpu = _ChildCpu()
+    try:
+        for phase, argv, interrupt in phases:
+            row = measure(argv, state, interval=args.interval, interrupt_after=interrupt)
+            cpu.take(row)
+            row.update(hosts=n, phase=phase)
+            if phase == "down":
+                row["left"] = len(cluster_pids(name))
+            rows.append(row)
+            print(f"  {n:>5} {phase:<7} {row['wall_s']:7.2f} s  cpu {row['cpu_s']:6.2f} s  rc {row['rc']}",
+                  file=sys.stderr, flush=True)
+            if row["rc"] not in (0, 130):
+                print(row["output_tail"], file=sys.stderr)
+            if row["rc"] not in (0, 130) and phase in ("up", "check"):
+                raise RuntimeError(f"pscluster {phase} at {n} hosts failed:\n{row['output_tail']}")
+    finally:
+        if not rows or rows[-1]["phase"] != "down":
+            measure(["down", "--name", name, "--now"], state, interval=1.0)
+    return rows
+
+
+def limits(rows: Sequence[dict[str, Any]]) -> list[scalefit.Limit]:
+    """What runs out on this control machine, and the issue's goals."""
+    nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    pid_max = int(_read("/proc/sys/kernel/pid_max"))
+    memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 20
+    found = []
+    for phase in scalefit.PHASES:
+        found += [scalefit.Limit(phase, "fds", nofile, f"ulimit -n ({nofile})"),
+                  scalefit.Limit(phase, "threads", pid_max, f"pid_max ({pid_max}), threads are PIDs"),
+                  scalefit.Limit(phase, "rss_mb", 1024, "goal: 1 GiB RSS"),
+                  scalefit.Limit(phase, "rss_mb", memory_mb, f"this machine's memory ({memory_mb / 1024:.0f} GiB)")]
+    found += [scalefit.Limit("watch", "cores", 0.5, "goal: 0.5 core steady"),
+              scalefit.Limit("watch", "cores", 1.0, "one core (a Python process's GIL)"),
+              scalefit.Limit("status", "wall_s", 3.0, "goal: status <= 3 s")]
+    return found
+
+
+def report(rows: Sequence[dict[str, Any]]) -> None:
+    print_columns(*scalefit.table(rows))
+    print()
+    print_columns(*scalefit.projection_table(rows))
+    print()
+    for found in scalefit.first_exhausted(rows, limits(rows))[:8]:
+        at = "never" if found.hosts is None else f"N ≈ {found.hosts:,.0f}"
+        print(f"  {found.limit.phase:<7} {found.limit.metric:<8} reaches {found.limit.what}: {at} "
+              f"({found.fit.describe()})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", default="4,16,64", help="comma list of sizes (default 4,16,64)")
+    parser.add_argument("--watch", type=float, default=60.0, help="seconds a job is supervised per size")
+    parser.add_argument("--every", type=float, default=1.0, help="seconds between the stand-in program's lines")
+    parser.add_argument("--interval", type=float, default=0.25, help="seconds between /proc samples")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    sizes = sorted({int(s) for s in args.hosts.split(",") if s.strip()})
+    if not sizes or sizes[0] < 1 or sizes[-1] + 1 > manylab.MAX_HOSTS:
+        raise SystemExit(f"--hosts: sizes from 1 to {manylab.MAX_HOSTS - 1}")
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="pscluster-scale-") as tmp:
+        work = Path(tmp)
+        with manylab.ManyLab(sizes[-1] + 1, work / "lab") as lab:
+            print(f"lab of {len(lab.hosts)} hosts in {lab.timings.get('start', 0):.1f} s", file=sys.stderr)
+            for n in sizes:
+                rows += run_size(lab, n, work, args)
+    document = {"rows": [{k: v for k, v in row.items() if k != "output_tail"} for row in rows],
+                "config": {"hosts": sizes, "watch_s": args.watch, "cpus": os.cpu_count()}}
+    if args.out:
+        Path(args.out).write_text(json.dumps(document, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(document, indent=1))
+    else:
+        report(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

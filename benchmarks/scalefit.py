@@ -1,0 +1,149 @@
+"""The pure part of ``python -m benchmarks.scale``: fit how a measured figure grows with the
+number of hosts, project it to sizes this machine cannot hold, find where it meets a limit, and
+lay the measurements out as a table. No clock, no host, no process: unit-tested by hand
+(tests/unit/test_scalefit.py).
+
+Two models are fitted to each figure: a line ``a + b·N`` (fixed cost plus a cost per host) and
+a power ``c·N^k`` (``k`` says how the growth bends: 1 linear, 2 quadratic, below 1 a cost that
+levels off). The projection uses whichever fits the measured points with the smaller relative
+error, so a figure that is flat at small N is not projected as a power law through noise, and
+one that grows as N² is not drawn as a line.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+PHASES = ("check", "up", "status", "watch", "scale", "down")
+METRICS = ("wall_s", "cpu_s", "cores", "rss_mb", "threads", "fds", "conns")
+
+
+@dataclass(frozen=True)
+class Fit:
+    """``kind`` "linear" (``y = a + b·N``) or "power" (``y = a·N^b``), fitted on ``sizes``."""
+    kind: str
+    a: float
+    b: float
+    error: float            # root mean square of the relative residuals on the measured points
+
+    def at(self, n: float) -> float:
+        return self.a + self.b * n if self.kind == "linear" else self.a * n ** self.b
+
+    def reaches(self, limit: float) -> float | None:
+        """The smallest N >= 1 at which the fit reaches ``limit`` (None: it never does)."""
+        if self.at(1) >= limit:
+            return 1.0
+        if self.kind == "linear":
+            return (limit - self.a) / self.b if self.b > 0 else None
+        if self.b <= 0 or self.a <= 0:
+            return None
+        return (limit / self.a) ** (1 / self.b)
+
+    def describe(self) -> str:
+        if self.kind == "linear":
+            return f"{self.a:.3g} + {self.b:.3g}·N"
+        return f"{self.a:.3g}·N^{self.b:.2f}"
+
+
+def _relative_error(kind: str, a: float, b: float, sizes: Sequence[float], values: Sequence[float]) -> float:
+    fit = Fit(kind, a, b, 0.0)
+    residuals = [(fit.at(n) - y) / y if y else fit.at(n) for n, y in zip(sizes, values)]
+    return math.sqrt(sum(r * r for r in residuals) / len(residuals))
+
+
+def fit_linear(sizes: Sequence[float], values: Sequence[float]) -> Fit:
+    """Least squares line through (N, y); needs two different sizes."""
+    if len(sizes) != len(values) or len(set(sizes)) < 2:
+        raise ValueError("a fit needs values at two or more different sizes")
+    mean_n, mean_y = sum(sizes) / len(sizes), sum(values) / len(values)
+    spread = sum((n - mean_n) ** 2 for n in sizes)
+    b = sum((n - mean_n) * (y - mean_y) for n, y in zip(sizes, values)) / spread
+    a = mean_y - b * mean_n
+    return Fit("linear", a, b, _relative_error("linear", a, b, sizes, values))
+
+
+def fit_power(sizes: Sequence[float], values: Sequence[float]) -> Fit | None:
+    """Least squares line through (log N, log y); None when a value is not positive."""
+    if any(y <= 0 for y in values) or any(n <= 0 for n in sizes):
+        return None
+    line = fit_linear([math.log(n) for n in sizes], [math.log(y) for y in values])
+    a, b = math.exp(line.a), line.b
+    return Fit("power", a, b, _relative_error("power", a, b, sizes, values))
+
+
+def best_fit(sizes: Sequence[float], values: Sequence[float]) -> Fit:
+    """The model with the smaller relative error (the line when they tie)."""
+    line, power = fit_linear(sizes, values), fit_power(sizes, values)
+    if power is not None and power.error < line.error - 1e-9:
+        return power
+    return line
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A figure's ceiling: ``value`` in the figure's unit, ``what`` names it (e.g. "ulimit -n")."""
+    phase: str
+    metric: str
+    value: float
+    what: str
+
+
+@dataclass(frozen=True)
+class Exhaustion:
+    limit: Limit
+    fit: Fit
+    hosts: float | None     # N at which the fit reaches the limit; None: never
+
+
+def projections(rows: Sequence[Mapping], phase: str, metric: str) -> Fit | None:
+    """The best fit of ``metric`` over the sizes measured for ``phase`` (None: fewer than two)."""
+    points = [(row["hosts"], row[metric]) for row in rows
+              if row["phase"] == phase and row.get(metric) is not None]
+    if len({n for n, _ in points}) < 2:
+        return None
+    return best_fit([float(n) for n, _ in points], [float(y) for _, y in points])
+
+
+def first_exhausted(rows: Sequence[Mapping], limits: Sequence[Limit]) -> list[Exhaustion]:
+    """Each limit with the N at which its figure's fit reaches it, soonest first (never last)."""
+    found = []
+    for limit in limits:
+        fit = projections(rows, limit.phase, limit.metric)
+        if fit is not None:
+            found.append(Exhaustion(limit, fit, fit.reaches(limit.value)))
+    return sorted(found, key=lambda e: (e.hosts is None, e.hosts or 0.0))
+
+
+def _cell(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if float(value).is_integer():
+        return f"{value:.0f}"
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}"
+
+
+def table(rows: Sequence[Mapping]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the measurements: one row per size and phase, in PHASES order."""
+    header = ["hosts", "phase", *METRICS, "left"]
+    order = {phase: i for i, phase in enumerate(PHASES)}
+    body = []
+    for row in sorted(rows, key=lambda r: (r["hosts"], order.get(r["phase"], len(order)))):
+        left = row.get("left")
+        body.append([str(row["hosts"]), row["phase"], *(_cell(row.get(m)) for m in METRICS),
+                     "-" if left is None else str(left)])
+    return header, body
+
+
+def projection_table(rows: Sequence[Mapping], targets: Sequence[int] = (1000, 10000)) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the fits: per phase and metric, the model and its value at ``targets``."""
+    header = ["phase", "metric", "fit", *(f"N={n}" for n in targets)]
+    body = []
+    for phase in PHASES:
+        for metric in METRICS:
+            fit = projections(rows, phase, metric)
+            if fit is not None:
+                body.append([phase, metric, fit.describe(), *(_cell(fit.at(n)) for n in targets)])
+    return header, body
