@@ -18,6 +18,7 @@ from ..fanout import fan_out
 from ..inventory import Inventory
 from ..plan import ClusterPlan, HostSpec, TaskSpec, loopback_addresses
 from ..transport import TransportPool
+from ..transport.limits import ensure_open_files
 
 MIN_TF = (2, 16)        # Keras 3 era; the drivers in roles/ are written against it
 MAX_PARALLEL = 64
@@ -367,6 +368,7 @@ def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, *,
     start = time.monotonic()
     if plan.auto_gpu_hosts:        # the CLI resolves them first (resolve_auto_gpus): a bug if not
         raise PsclusterError(f"<role>_gpus: auto is not resolved on {', '.join(plan.auto_gpu_hosts)}")
+    ensure_open_files(len(plan.hosts))       # before the first connection, not at the 1,000th
     reporter.emit("phase", name="preflight", detail=f"{len(plan.hosts)} host(s)")
 
     def one(host: HostSpec) -> tuple[hostops.HostFacts, float]:

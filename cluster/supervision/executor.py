@@ -35,6 +35,7 @@ from ..secrets import Secrets
 from .jobrecord import JobProgress, Orchestrator, job_exit_status
 from ..state import ProcessRecord, RunState, StateStore, StateWriter
 from ..transport import TransportPool
+from ..transport.limits import ensure_open_files
 from . import core
 from .jobkind import JobFailed, JobInterrupted, JobKind, Watched
 from .links import HostLink
@@ -210,6 +211,7 @@ class JobExecutor(Generic[K]):
         self.began = self.clock()
         self.state = self.claim()
         self.plan: ClusterPlan = self.state.plan
+        ensure_open_files(len(self.plan.hosts))     # the supervisor holds a connection per host
         self.writer = StateWriter(self.store, self.state, expect_phase=Phase.UP)
         stale = [r for r in self.state.live_records() if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM)]
         if stale:     # an earlier job whose orchestrator was killed
