@@ -210,7 +210,8 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     # returns by itself: the watch says which worker the chief waits on, and makes a hung closure
     # fail so that the worker is counted out (roles/closures.py).
     workerloss.install()
-    loss = workerloss.WorkerLoss(coordinator, cluster.get("worker", []))
+    # Training input repeats forever (roles/datasets.py): its end is a worker's broken iterator.
+    loss = workerloss.WorkerLoss(coordinator, cluster.get("worker", []), endless_input=True)
     watch = (closures.ClosureWatch(cluster.get("worker", []), reporter.writer.emit,
                                    busy=lambda: {i: t for i, t in closures.running().items() if i not in loss.out()})
              if closures.install() else None)

@@ -24,6 +24,16 @@ attribute the thread reads for every closure). For a plain worker failure (what 
   the thread, which creates its per-worker resources again (TensorFlow's ``on_recovery_fn``: the
   worker's dataset iterator) before it takes closures.
 
+One more error is a worker's failure when the chief says its input never ends
+(``endless_input``: roles/datasets.py repeats every training set): an ``OutOfRangeError`` ("End of
+sequence") from a closure. It cannot be the end of the data; it is a worker whose per-worker
+iterator broke in its recovery (seen in CI: a 20-s cut, the worker back in 0.9 s, a closure's
+transient failure from its own stale channel to a ps, then "Unable to find the relevant tensor
+remote_handle" and End of sequence, which TensorFlow passed to the chief: the chief exited and
+was restarted from its snapshot, 164 steps lost). Such a worker is counted out like any other and
+its resources are created again when it is taken back, at most ``MAX_BROKEN_INPUT`` times a
+worker; after that the error goes to TensorFlow as before.
+
 Everything else (a parameter server's error, an error of the user's function) goes to
 TensorFlow's handler unchanged. A closure that hangs rather than fails (a link cut without a
 reset) is made to fail by roles/closures.py.
@@ -45,6 +55,7 @@ PROBE_EVERY = 1.0          # seconds between two connection attempts to a parked
 PROBE_TIMEOUT = 0.5
 # A parked worker whose server answers is taken back at most this often (a failed rejoin waits).
 REJOIN_RETRY = 5.0
+MAX_BROKEN_INPUT = 3       # times one worker's broken iterator is taken for a failure (module docstring)
 
 
 def tcp_answers(address: str, timeout: float = PROBE_TIMEOUT) -> bool:
@@ -78,9 +89,11 @@ class WorkerLoss:
 
     def __init__(self, coordinator: Any, addresses: Sequence[str], *,
                  probe: Callable[[str], bool] = tcp_answers,
-                 clock: Callable[[], float] = time.monotonic, start: bool = True) -> None:
+                 clock: Callable[[], float] = time.monotonic, start: bool = True,
+                 endless_input: bool = False) -> None:
         self._cluster = coordinator._cluster          # noqa: SLF001 - no public API (module docstring)
         self.addresses = list(addresses)
+        self.endless_input = endless_input
         self._probe = probe
         self._clock = clock
         self._lock = threading.Lock()
@@ -110,6 +123,14 @@ class WorkerLoss:
         if cc._is_ps_failure(error):                                      # noqa: SLF001
             return False
         return bool(cc._is_worker_failure(error))                         # noqa: SLF001
+
+    def broken_input(self, error: BaseException) -> bool:
+        """Whether ``error`` is a worker's broken iterator: the end of an input that never ends."""
+        if not self.endless_input:
+            return False
+        from tensorflow.python.framework import errors
+
+        return isinstance(error, errors.OutOfRangeError)
 
     def park(self, index: int, reason: str) -> Parked:
         """Count worker ``index`` out (called by its thread, which then waits on ``release``)."""
@@ -272,9 +293,18 @@ class _Handler:
         self._loss = loss
         self._index = index
         self.original = original
+        self.broken_inputs = 0      # the times this worker's broken iterator was taken for a failure
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.original, name)
+
+    def _takes(self, exc: BaseException) -> bool:
+        if self._loss.takes(exc):
+            return True
+        if self.broken_inputs < MAX_BROKEN_INPUT and self._loss.broken_input(exc):
+            self.broken_inputs += 1
+            return True
+        return False
 
     @contextlib.contextmanager
     def wait_on_failure(self, on_failure_fn: Callable[[Exception], Any] | None = None,
@@ -284,7 +314,7 @@ class _Handler:
         try:
             yield
         except Exception as exc:  # noqa: BLE001 - sorted below; what is not ours goes to TensorFlow
-            if self._loss.stopped or not self._loss.takes(exc):
+            if self._loss.stopped or not self._takes(exc):
                 with self.original.wait_on_failure(on_failure_fn=on_failure_fn,
                                                    on_transient_failure_fn=on_transient_failure_fn,
                                                    on_recovery_fn=on_recovery_fn,

@@ -139,3 +139,46 @@ def test_tcp_answers_only_where_something_listens():
         server.close()
     assert not workerloss.tcp_answers(f"127.0.0.1:{port}", timeout=0.2)
     assert not workerloss.tcp_answers("no-port-here")
+
+
+class EndlessLost(Lost):
+    """As Lost, and an input that never ends: EOFError stands for TensorFlow's OutOfRangeError."""
+
+    def broken_input(self, error: BaseException) -> bool:
+        return self.endless_input and isinstance(error, EOFError)
+
+
+def test_the_end_of_an_endless_input_is_a_broken_worker_a_few_times_then_tensorflows():
+    original = Original()
+    workers = [SimpleNamespace(worker_index=i, failure_handler=original) for i in range(2)]
+    coordinator = SimpleNamespace(_cluster=SimpleNamespace(workers=workers))
+    loss = EndlessLost(coordinator, ["h1:2224", "h2:2225"], probe=lambda a: True, start=False, endless_input=True)
+    handler = workers[1].failure_handler
+    assert [handler._takes(EOFError("End of sequence")) for _ in range(workerloss.MAX_BROKEN_INPUT + 1)] == \
+        [True] * workerloss.MAX_BROKEN_INPUT + [False]
+    assert workers[0].failure_handler._takes(EOFError("End of sequence"))      # counted per worker
+    assert not handler._takes(ValueError("a bug in the step function"))
+    # A worker whose iterator broke is parked as a lost one, its closure put back.
+    calls: list[str] = []
+    thread = threading.Thread(target=lambda: _fail_once(workers[0].failure_handler, EOFError("End of sequence"), calls),
+                              daemon=True)
+    thread.start()
+    for _ in range(200):
+        if loss.out():
+            break
+        thread.join(0.01)
+    assert loss.out() == {0} and calls == ["put back after End of sequence"]
+    assert loss.news() == [("lost", 0, "EOFError: End of sequence")]
+    loss.stop()
+    thread.join(5)
+
+
+def _fail_once(handler, error, calls):
+    with handler.wait_on_failure(on_failure_fn=lambda e: calls.append(f"put back after {e}"),
+                                 worker_device_name="/job:worker/replica:0/task:0"):
+        raise error
+
+
+def test_without_an_endless_input_its_end_is_tensorflows():
+    loss, workers, _ = make()
+    assert loss.endless_input is False and not workerloss.WorkerLoss.broken_input(loss, EOFError())
