@@ -9,7 +9,8 @@ and teardown together (a module's shared cluster is paid by the test that first 
 The lanes run at once, so the areas' sum is more than the wall time. Where the report carries
 tests/conftest.py's ``machine_cpu_seconds`` (the machine's busy CPU over each test), the CPU
 minutes per area and file are shown too: on 2 cores the suite is bound by CPU, so that is a
-test's cost (measured on a machine running nothing else). ``--summary`` prints only
+test's cost (measured on a machine running nothing else; with the two lanes at once each lane's
+figures include the other's, so read them from a run with ``PSCLUSTER_TEST_LANES=1``). ``--summary`` prints only
 the whole suite's count, as one line: ``suite: N passed, N failed, N skipped``.
 """
 from __future__ import annotations

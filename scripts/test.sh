@@ -11,9 +11,10 @@
 # The unit tests run first, on two xdist workers (they wait more than they compute). The rest
 # runs in two lanes (docs/testing.md): "local" (tests/local) and "hosts" (tests/lab, tests/faults, tests/slurm, tests/docker: everything that builds hosts,
 # which must not meet: dockerd's FORWARD policy and the labs' bridges are one machine's). By
-# default one lane after the other: on 2 cores the suite is bound by CPU, and the lanes at once
-# were no faster (measured: 0.93x the work per minute) while each test ran up to 4x slower.
-# PSCLUSTER_TEST_LANES=2 runs them at once (a machine with more cores). Each lane writes
+# default the two lanes run at once: since standing servers load only TensorFlow's server
+# modules the suite leaves a third of 2 cores idle (68 % busy, one lane after the other), and a
+# clean-clone .ci/run took 26.2 min with the lanes at once against 31.4 one after the other
+# (docs/testing.md). PSCLUSTER_TEST_LANES=1 runs them one after the other. Each lane writes
 # runs/suite-LANE.xml and runs/lane-LANE.log; the run ends with both lanes' output, the minutes
 # per area against the budget, and one line "suite: N passed, N failed, N skipped".
 set -euo pipefail
@@ -37,7 +38,7 @@ fi
 
 mkdir -p runs
 rm -f runs/suite-*.xml runs/lane-*.log runs/lane-*.rc
-lanes=${PSCLUSTER_TEST_LANES:-1}
+lanes=${PSCLUSTER_TEST_LANES:-2}
 lane() {      # lane NAME INDEX TEST_PATHS...: one pytest, its output to runs/lane-NAME.log
   local name=$1 index=$2 rc=0
   shift 2
