@@ -148,3 +148,20 @@ class RecordingServer:
         self.release.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+def module_cluster(tmp_path_factory, prefix: str, mode: str | None = None):
+    """A local cluster `up` for the tests of one module that only train or run on it (a generator
+    for a module-scoped fixture: ``yield from module_cluster(...)``): one ``up`` instead of one per
+    test. Yields ``(name, state_dir)``; down at the end if left up, and nothing left."""
+    name = f"{prefix}-{os.getpid()}"
+    state_dir = tmp_path_factory.mktemp(prefix) / "state"
+    try:
+        up = run_cli(["up", REPO / "inventories/local.yaml", "--name", name, *(["--mode", mode] if mode else []),
+                      "--port-base", port_base()], state_dir=state_dir)
+        assert up.returncode == 0, up.stderr
+        yield name, state_dir
+    finally:
+        if (state_dir / f"{name}.json").exists():
+            run_cli(["down", "--name", name, "--grace", "3"], state_dir=state_dir)
+    assert_no_survivors(name)

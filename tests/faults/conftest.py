@@ -154,12 +154,7 @@ def shared_fault_cluster(_lab3_module, tmp_path_factory):
         return clusters[key]
 
     yield get
-    _lab3_module.heal_all()
-    for cluster in clusters.values():
-        if (cluster.state_dir / f"{cluster.name}.json").exists():
-            cluster.down()
-    for cluster in clusters.values():
-        assert_no_survivors(cluster.name, timeout=15)
+    _take_down(_lab3_module, list(clusters.values()))
 
 
 @pytest.fixture
@@ -173,7 +168,12 @@ def fault_cluster(tmp_path, lab3, write_lab_inventory, request):
         return cluster
 
     yield make
-    lab3.heal_all()
+    _take_down(lab3, clusters)
+
+
+def _take_down(lab, clusters: list[FaultCluster]) -> None:
+    """Every link healed, each cluster still recorded down, then none of their processes left."""
+    lab.heal_all()
     for cluster in clusters:
         if (cluster.state_dir / f"{cluster.name}.json").exists():
             cluster.down()

@@ -17,3 +17,4 @@ def cleanup():
             run_cli(["down", "--name", name, "--grace", "3"], state_dir=state_dir)
     for name, _ in names:
         assert_no_survivors(name)
+

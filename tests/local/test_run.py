@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, accuracy_in, assert_no_survivors, cli_argv, cli_env, port_base, run_cli, run_json
+from tests.helpers import module_cluster, REPO, accuracy_in, assert_no_survivors, cli_argv, cli_env, port_base, run_cli, run_json
 from testbed.procs import cluster_pids
 
 LOCAL = REPO / "inventories" / "local.yaml"
@@ -85,15 +85,7 @@ def async_up(tmp_path_factory):
     """One async cluster `up` for the module's runs on an up cluster (the coordinator, then the
     Ctrl-C that must keep its servers, which ends with its `down`). Down at the end if left up,
     and nothing left."""
-    name, state_dir = f"run-up-{os.getpid()}", tmp_path_factory.mktemp("async-up") / "state"
-    try:
-        up = run_cli(["up", LOCAL, "--name", name, "--port-base", port_base()], state_dir=state_dir)
-        assert up.returncode == 0, up.stderr
-        yield name, state_dir
-    finally:
-        if (state_dir / f"{name}.json").exists():
-            run_cli(["down", "--name", name, "--grace", "3"], state_dir=state_dir)
-    assert_no_survivors(name)
+    yield from module_cluster(tmp_path_factory, "run-up")
 
 
 @pytest.mark.tf

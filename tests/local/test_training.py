@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, assert_no_survivors, port_base, run_cli, run_json
+from tests.helpers import module_cluster, REPO, run_cli, run_json
 
 pytestmark = pytest.mark.tf
 
@@ -32,35 +32,19 @@ def _leader_events(state_dir, name: str, job_id: int) -> list[dict]:
     return _events(records[-1]["events"])
 
 
-def _shared_cluster(tmp_path_factory, mode: str):
-    """One local cluster of ``mode`` for the tests of this module that train on it (servers stay
-    up between jobs): one ``up`` instead of one per test. Down, and nothing left, at the end."""
-    name = f"local-train-{mode}-{os.getpid()}"
-    state_dir = tmp_path_factory.mktemp(mode) / "state"
-    try:
-        up = run_cli(["up", REPO / "inventories/local.yaml", "--name", name, "--mode", mode,
-                      "--port-base", port_base()], state_dir=state_dir)
-        assert up.returncode == 0, up.stderr
-        yield name, state_dir
-    finally:
-        if (state_dir / f"{name}.json").exists():
-            run_cli(["down", "--name", name], state_dir=state_dir)
-    assert_no_survivors(name)
-
-
 @pytest.fixture(scope="module")
 def async_cluster(tmp_path_factory):
-    yield from _shared_cluster(tmp_path_factory, "async")
+    yield from module_cluster(tmp_path_factory, "local-train-async", "async")
 
 
 @pytest.fixture(scope="module")
 def sync_cluster(tmp_path_factory):
-    yield from _shared_cluster(tmp_path_factory, "sync")
+    yield from module_cluster(tmp_path_factory, "local-train-sync", "sync")
 
 
 @pytest.fixture(scope="module")
 def syncps_cluster(tmp_path_factory):
-    yield from _shared_cluster(tmp_path_factory, "sync-ps")
+    yield from module_cluster(tmp_path_factory, "local-train-syncps", "sync-ps")
 
 
 @pytest.mark.parametrize("mode", ["async", "sync", "sync-ps"])
