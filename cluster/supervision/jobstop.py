@@ -17,6 +17,7 @@ Who carries it out depends on who supervises the job:
 """
 from __future__ import annotations
 
+import os
 import socket
 import time
 from typing import Any, Iterable
@@ -36,6 +37,16 @@ from ..transport import TransportPool
 # The supervisor stops the job within the leader's --stop-grace and then its own grace (10 s);
 # this much more covers its host round trips.
 SUPERVISOR_MARGIN = 30.0
+
+
+def supervisor_margin() -> float:
+    """:data:`SUPERVISOR_MARGIN`, or ``PSCLUSTER_TEST_SUPERVISOR_MARGIN`` (a test hook, as
+    ``PSCLUSTER_TEST_PAUSE``: a race test holds a supervisor at a pause point on purpose, and
+    what it proves is the stop from the records after the wait, not the wait's length)."""
+    try:
+        return max(0.0, float(os.environ.get("PSCLUSTER_TEST_SUPERVISOR_MARGIN", SUPERVISOR_MARGIN)))
+    except ValueError:
+        return SUPERVISOR_MARGIN
 
 
 def first_to_stop(plan: ClusterPlan, records: Iterable[ProcessRecord]) -> list[ProcessRecord]:
@@ -67,7 +78,7 @@ def stop_running_job(name: str, *, store: StateStore, reporter: Reporter, pool: 
         training = job.entry == "train"
         reporter.emit("message", text=f"asking job {job.id}'s supervisor (pid {info.pid}) to stop it"
                                       + (f"; the leader checkpoints first (up to {stop_grace:g} s)" if training else ""))
-        if stop_supervisor(info, timeout=(stop_grace if training else 0) + grace + SUPERVISOR_MARGIN):
+        if stop_supervisor(info, timeout=(stop_grace if training else 0) + grace + supervisor_margin()):
             fresh = store.load(name)
             return fresh.job if fresh is not None else None
         reporter.emit("message", level="warning",

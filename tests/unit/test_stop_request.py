@@ -89,3 +89,15 @@ def test_durations(text, seconds):
 def test_bad_durations_say_how_to_write_one(text):
     with pytest.raises(click.BadParameter, match="duration"):
         DurationParam().convert(text, None, None)
+
+
+def test_supervisor_margin_is_30_s_unless_a_test_sets_it(monkeypatch):
+    from cluster.supervision.jobstop import SUPERVISOR_MARGIN, supervisor_margin
+
+    monkeypatch.delenv("PSCLUSTER_TEST_SUPERVISOR_MARGIN", raising=False)
+    assert supervisor_margin() == SUPERVISOR_MARGIN == 30.0
+    monkeypatch.setenv("PSCLUSTER_TEST_SUPERVISOR_MARGIN", "2")
+    assert supervisor_margin() == 2.0
+    for bad, expected in (("-5", 0.0), ("soon", 30.0)):
+        monkeypatch.setenv("PSCLUSTER_TEST_SUPERVISOR_MARGIN", bad)
+        assert supervisor_margin() == expected
