@@ -2,21 +2,24 @@
 # Set up (idempotent) and run the test suite.
 #
 #   bash scripts/test.sh            the whole suite: unit, local (real TensorFlow processes), the SSH
-#                                   lab, faults, Slurm and Docker (the last four need root, else skip)
+#                                   lab, faults, Slurm and Docker (the last four need root, else skip),
+#                                   and as root the fault benchmark's short form
 #   bash scripts/test.sh --quick    ruff, mypy and the unit tests only (about 2 minutes): for development
 #   bash scripts/test.sh --extended the whole suite and the tests marked extended (variants of a
 #                                   capability that another test proves; docs/testing.md)
 #   bash scripts/test.sh tests/unit -x    given arguments, one pytest with them
 #
 # The unit tests run first, on two xdist workers (they wait more than they compute). The rest
-# runs in two lanes (docs/testing.md): "local" (tests/local) and "hosts" (tests/lab, tests/faults, tests/slurm, tests/docker: everything that builds hosts,
-# which must not meet: dockerd's FORWARD policy and the labs' bridges are one machine's). By
-# default the two lanes run at once: since standing servers load only TensorFlow's server
-# modules the suite leaves a third of 2 cores idle (68 % busy, one lane after the other), and a
-# clean-clone .ci/run took 26.2 min with the lanes at once against 31.4 one after the other
-# (docs/testing.md). PSCLUSTER_TEST_LANES=1 runs them one after the other. Each lane writes
-# runs/suite-LANE.xml and runs/lane-LANE.log; the run ends with both lanes' output, the minutes
-# per area against the budget, and one line "suite: N passed, N failed, N skipped".
+# runs in two lanes (docs/testing.md): "local" (tests/local) and "hosts" (tests/docker, then
+# tests/lab, tests/faults, tests/slurm: everything that builds hosts; a Docker engine must not
+# meet a lab's bridges). By default the two lanes run at once: since standing servers load only
+# TensorFlow's server modules the suite left a third of 2 cores idle (68 % busy, one lane after
+# the other), and a clean-clone .ci/run took 26.2 min with the lanes at once against 31.4 one
+# after the other (docs/testing.md). PSCLUSTER_TEST_LANES=1 runs them one after the other. As
+# root, the short form of issue 41's fault benchmark follows the local lane once the Docker tests
+# are done (PSCLUSTER_TEST_FAULTS=0 skips it). Each lane writes runs/suite-LANE.xml and
+# runs/lane-LANE.log; the run ends with every lane's output, the minutes per area against the
+# budget, and one line "suite: N passed, N failed, N skipped".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
@@ -37,7 +40,7 @@ if [ $# -gt 0 ]; then
 fi
 
 mkdir -p runs
-rm -f runs/suite-*.xml runs/lane-*.log runs/lane-*.rc
+rm -f runs/suite-*.xml runs/lane-*.log runs/lane-*.rc runs/docker.done
 lanes=${PSCLUSTER_TEST_LANES:-2}
 lane() {      # lane NAME INDEX TEST_PATHS...: one pytest, its output to runs/lane-NAME.log
   local name=$1 index=$2 rc=0
@@ -52,18 +55,46 @@ lane() {      # lane NAME INDEX TEST_PATHS...: one pytest, its output to runs/la
   fi
   echo "$rc" > "runs/lane-$name.rc"
 }
+# The short form of issue 41's fault benchmark (three trials on the SSH lab: a worker host's
+# link cut 20 s, a ps killed, a sync worker killed, each goal checked): as root, and not with
+# PSCLUSTER_TEST_FAULTS=0. It builds a lab, so it must not meet the Docker tests' engine.
+faults() {
+  local rc=0
+  if [ "$(id -u)" != 0 ] || [ "${PSCLUSTER_TEST_FAULTS:-1}" = 0 ]; then
+    echo "faults: skipped (needs root; PSCLUSTER_TEST_FAULTS=0 skips it)" > runs/lane-faults.log
+  elif [ "$lanes" = 1 ]; then
+    echo "=================================== faults (python -m benchmarks.faults --ci) ==================================="
+    .venv/bin/python -m benchmarks.faults --ci 2>&1 | tee runs/lane-faults.log || rc=$?
+  else
+    .venv/bin/python -m benchmarks.faults --ci > runs/lane-faults.log 2>&1 || rc=$?
+  fi
+  echo "$rc" > runs/lane-faults.rc
+}
+# The hosts lane: the Docker tests first (their engine is stopped after the last of them:
+# tests/docker/conftest.py), then everything else that builds hosts.
+hosts() {
+  lane docker 1 tests/docker
+  touch runs/docker.done
+  lane hosts 1 tests/lab tests/faults tests/slurm
+}
 # Ctrl-C reaches every pytest (tests/conftest.py gives them SIGINT's default back).
 lane unit "" -n 2 tests/unit     # no lane index: each xdist worker takes its own range (gw0, gw1)
 if [ "$lanes" = 1 ]; then
   lane local 0 tests/local
-  lane hosts 1 tests/lab tests/faults tests/slurm tests/docker
+  hosts
+  faults
 else
-  lane local 0 tests/local &
-  lane hosts 1 tests/lab tests/faults tests/slurm tests/docker &
+  # At once: the fault benchmark follows the local lane (the shorter one), once the Docker
+  # tests are done, beside the rest of the hosts lane.
+  hosts &
+  hosts_pid=$!
+  ( lane local 0 tests/local
+    while [ ! -e runs/docker.done ] && kill -0 "$hosts_pid" 2>/dev/null; do sleep 1; done
+    faults ) &
   wait
 fi
 status=0
-for name in unit local hosts; do
+for name in unit local docker hosts faults; do
   if [ "$lanes" != 1 ] && [ "$name" != unit ]; then
     echo "=================================== lane $name ==================================="
     cat "runs/lane-$name.log"
@@ -71,6 +102,7 @@ for name in unit local hosts; do
   [ "$(cat "runs/lane-$name.rc" 2>/dev/null || echo 1)" = 0 ] || status=1
 done
 echo "==================================================================================="
-.venv/bin/python scripts/suite_times.py runs/suite-unit.xml runs/suite-local.xml runs/suite-hosts.xml || status=1
-.venv/bin/python scripts/suite_times.py --summary runs/suite-unit.xml runs/suite-local.xml runs/suite-hosts.xml || status=1
+xmls=(runs/suite-unit.xml runs/suite-local.xml runs/suite-docker.xml runs/suite-hosts.xml)
+.venv/bin/python scripts/suite_times.py "${xmls[@]}" || status=1
+.venv/bin/python scripts/suite_times.py --summary "${xmls[@]}" || status=1
 exit "$status"
