@@ -216,81 +216,12 @@ def make_plan(job: Job, options: TrainOptions, workers: int) -> TrainPlan:
         raise ConfigError(f"--mode {options.mode!r}: choose one of {', '.join(MODES)}")
     if workers < 1:
         raise ConfigError("the cluster in TF_CONFIG has no 'worker' tasks")
-    global_batch = options.batch_size or job.batch_size
-    if global_batch < 1:
-        raise ConfigError(f"--batch-size must be >= 1, got {global_batch}")
-    if options.mode == "async":
-        worker_batch = global_batch
-    else:
-        worker_batch = global_batch // workers
-        if worker_batch < 1:
-            raise ConfigError(
-                f"global batch {global_batch} is smaller than the {workers} workers that "
-                f"share it; raise --batch-size to at least {workers}")
-        global_batch = worker_batch * workers  # what is really averaged per step
-
-    if options.steps is not None:
-        steps, epochs = options.steps, None
-    elif options.epochs is not None:
-        steps, epochs = None, options.epochs
-    elif job.steps is not None:
-        steps, epochs = job.steps, None
-    else:
-        steps, epochs = None, job.epochs
-    if steps is None:
-        if epochs is None:
-            raise ConfigError(f"{job.path}: the job defines neither EPOCHS nor STEPS")
-        if epochs <= 0:
-            raise ConfigError(f"--epochs must be > 0, got {epochs}")
-        if not job.train_examples:
-            raise ConfigError(f"{job.path}: define TRAIN_EXAMPLES to train by epochs, "
-                              f"or pass --steps")
-        steps = math.ceil(epochs * job.train_examples / global_batch)
-    elif steps < 1:
-        raise ConfigError(f"--steps must be >= 1, got {steps}")
-
-    learning_rate = options.learning_rate or job.learning_rate
-    if learning_rate <= 0:
-        raise ConfigError(f"--learning-rate must be > 0, got {learning_rate}")
-    if options.scale_lr:
-        learning_rate *= workers
-
-    k = options.steps_per_execution or DEFAULT_STEPS_PER_EXECUTION[options.mode]
-    if k < 1:
-        raise ConfigError(f"--steps-per-execution must be >= 1, got {k}")
-    if options.mode == "sync-ps":
-        k = 1
-
-    if options.checkpoint_every is not None:
-        if options.checkpoint_every < 1:
-            raise ConfigError(f"--checkpoint-every must be >= 1, got {options.checkpoint_every}")
-        if not options.checkpoint_dir:
-            raise ConfigError("--checkpoint-every needs --checkpoint-dir")
-    snapshot = options.snapshot_every or None
-    if snapshot is not None:
-        if not math.isfinite(snapshot) or snapshot < 1:
-            raise ConfigError(f"--snapshot-every must be at least 1 second (0: off), got {options.snapshot_every}")
-        if not options.checkpoint_dir:
-            raise ConfigError("--snapshot-every needs --checkpoint-dir")
-    if options.eval_every is not None and options.eval_every < 1:
-        raise ConfigError(f"--eval-every must be >= 1, got {options.eval_every}")
-    if options.summary_every < 0:
-        raise ConfigError(f"--summary-every must be >= 0 (0: no summaries), got {options.summary_every}")
-    if options.resume and not options.checkpoint_dir:
-        raise ConfigError("--resume needs --checkpoint-dir (where to find the checkpoint)")
-    if options.warmup_steps is not None and options.warmup_steps < 0:
-        raise ConfigError(f"--warmup-steps must be >= 0, got {options.warmup_steps}")
-    if options.warmup_steps and options.mode != "async":
-        raise ConfigError(f"--warmup-steps applies to async mode only, not {options.mode}")
-    if options.mode != "async" or workers < 2:
-        warmup = 0
-    elif options.warmup_steps is None:
-        warmup = min(DEFAULT_WARMUP_STEPS, steps // 4)
-    else:
-        warmup = options.warmup_steps
-    if options.start_timeout <= 0 or options.collective_timeout <= 0:
-        raise ConfigError("--start-timeout and --collective-timeout must be > 0 seconds")
-
+    global_batch, worker_batch = _batches(job, options, workers)
+    steps, epochs = _budget(job, options, global_batch)
+    learning_rate = _learning_rate(job, options, workers)
+    k = _steps_per_execution(options)
+    snapshot = _check_cadences(options)
+    warmup = _warmup(options, workers, steps)
     if epochs is None and job.train_examples:
         epochs_reported: float | None = round(steps * global_batch / job.train_examples, 4)
     else:
@@ -317,3 +248,95 @@ def make_plan(job: Job, options: TrainOptions, workers: int) -> TrainPlan:
         gate=options.gate,
         snapshot_every=snapshot,
     )
+
+
+def _batches(job: Job, options: TrainOptions, workers: int) -> tuple[int, int]:
+    """The global batch and each worker's: async workers each take the whole batch; sync
+    workers share it (the global batch rounded down to what is really averaged per step)."""
+    global_batch = options.batch_size or job.batch_size
+    if global_batch < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {global_batch}")
+    if options.mode == "async":
+        return global_batch, global_batch
+    worker_batch = global_batch // workers
+    if worker_batch < 1:
+        raise ConfigError(
+            f"global batch {global_batch} is smaller than the {workers} workers that "
+            f"share it; raise --batch-size to at least {workers}")
+    return worker_batch * workers, worker_batch
+
+
+def _budget(job: Job, options: TrainOptions, global_batch: int) -> tuple[int, float | None]:
+    """Steps to train and the epochs asked for (None when the budget came as steps)."""
+    if options.steps is not None:
+        steps, epochs = options.steps, None
+    elif options.epochs is not None:
+        steps, epochs = None, options.epochs
+    elif job.steps is not None:
+        steps, epochs = job.steps, None
+    else:
+        steps, epochs = None, job.epochs
+    if steps is not None:
+        if steps < 1:
+            raise ConfigError(f"--steps must be >= 1, got {steps}")
+        return steps, None
+    if epochs is None:
+        raise ConfigError(f"{job.path}: the job defines neither EPOCHS nor STEPS")
+    if epochs <= 0:
+        raise ConfigError(f"--epochs must be > 0, got {epochs}")
+    if not job.train_examples:
+        raise ConfigError(f"{job.path}: define TRAIN_EXAMPLES to train by epochs, "
+                          f"or pass --steps")
+    return math.ceil(epochs * job.train_examples / global_batch), epochs
+
+
+def _learning_rate(job: Job, options: TrainOptions, workers: int) -> float:
+    learning_rate = options.learning_rate or job.learning_rate
+    if learning_rate <= 0:
+        raise ConfigError(f"--learning-rate must be > 0, got {learning_rate}")
+    return learning_rate * workers if options.scale_lr else learning_rate
+
+
+def _steps_per_execution(options: TrainOptions) -> int:
+    k = options.steps_per_execution or DEFAULT_STEPS_PER_EXECUTION[options.mode]
+    if k < 1:
+        raise ConfigError(f"--steps-per-execution must be >= 1, got {k}")
+    return 1 if options.mode == "sync-ps" else k
+
+
+def _check_cadences(options: TrainOptions) -> float | None:
+    """Checks the checkpoint, snapshot, evaluation and summary cadences, ``--resume`` and the
+    timeouts; returns the snapshot interval (None: off)."""
+    if options.checkpoint_every is not None:
+        if options.checkpoint_every < 1:
+            raise ConfigError(f"--checkpoint-every must be >= 1, got {options.checkpoint_every}")
+        if not options.checkpoint_dir:
+            raise ConfigError("--checkpoint-every needs --checkpoint-dir")
+    snapshot = options.snapshot_every or None
+    if snapshot is not None:
+        if not math.isfinite(snapshot) or snapshot < 1:
+            raise ConfigError(f"--snapshot-every must be at least 1 second (0: off), got {options.snapshot_every}")
+        if not options.checkpoint_dir:
+            raise ConfigError("--snapshot-every needs --checkpoint-dir")
+    if options.eval_every is not None and options.eval_every < 1:
+        raise ConfigError(f"--eval-every must be >= 1, got {options.eval_every}")
+    if options.summary_every < 0:
+        raise ConfigError(f"--summary-every must be >= 0 (0: no summaries), got {options.summary_every}")
+    if options.resume and not options.checkpoint_dir:
+        raise ConfigError("--resume needs --checkpoint-dir (where to find the checkpoint)")
+    if options.start_timeout <= 0 or options.collective_timeout <= 0:
+        raise ConfigError("--start-timeout and --collective-timeout must be > 0 seconds")
+    return snapshot
+
+
+def _warmup(options: TrainOptions, workers: int, steps: int) -> int:
+    """Async warm-up steps (closures one at a time at the start): only with 2 workers or more."""
+    if options.warmup_steps is not None and options.warmup_steps < 0:
+        raise ConfigError(f"--warmup-steps must be >= 0, got {options.warmup_steps}")
+    if options.warmup_steps and options.mode != "async":
+        raise ConfigError(f"--warmup-steps applies to async mode only, not {options.mode}")
+    if options.mode != "async" or workers < 2:
+        return 0
+    if options.warmup_steps is None:
+        return min(DEFAULT_WARMUP_STEPS, steps // 4)
+    return options.warmup_steps
