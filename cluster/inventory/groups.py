@@ -27,39 +27,7 @@ def _parse_group(raw: _Raw, name: str, data: Any, path: KeyPath) -> None:
         raise _err(raw, path + ("hosts",), f"expected a mapping of host names, got {_describe(hosts)}",
                    hint="write hosts as 'hosts: {node-a: , node-b: }' or one 'name:' per line")
     for pattern, host_vars in (hosts or {}).items():
-        host_path = path + ("hosts", pattern)
-        if host_path in raw.source.key_types:
-            raise _err(raw, host_path, f"host name {pattern!r} is read by YAML as "
-                                       f"{raw.source.key_types[host_path]}, not text",
-                       hint=f"quote it: \"{pattern}\": (as Ansible requires)")
-        name_pattern, port = split_host_port(pattern)       # "node-a:2200" as Ansible reads it
-        try:
-            names = expand_host_pattern(name_pattern)
-        except ValueError as exc:
-            raise _err(raw, host_path, str(exc), hint="ranges are [01:04], [:4], [a:d] or [0:10:2], at most "
-                                                      f"{MAX_RANGE_HOSTS} hosts in all") from None
-        for host in names:
-            problem = check_host_name(host)
-            if problem:
-                raise _err(raw, host_path, problem, hint="a host name is letters, digits, '-', '_' and '.'; "
-                                                         "set the address with ansible_host")
-        if host_vars is not None and not isinstance(host_vars, dict):
-            raise _err(raw, host_path, f"host variables must be a mapping, got {_describe(host_vars)}")
-        for host in names:
-            raw.host_first.setdefault(host, host_path)
-        if len(raw.host_first) > MAX_HOSTS:
-            raise _err(raw, host_path, f"the inventory names more than {MAX_HOSTS} hosts",
-                       hint=f"pscluster plans at most {MAX_HOSTS} hosts from one inventory; split it")
-        known = group.known
-        for host in names:
-            if host not in known:
-                known.add(host)
-                group.hosts.append(host)
-            if port is not None and "ansible_port" not in (host_vars or {}):
-                raw.host_vars.setdefault(host, []).append(("ansible_port", port, host_path))
-            for key, value in (host_vars or {}).items():
-                raw.host_vars.setdefault(host, []).append((key, value, host_path + (key,)))
-            raw.host_vars.setdefault(host, [])
+        _parse_host_entry(raw, group, pattern, host_vars, path + ("hosts", pattern))
     group_vars = data.get("vars")
     if group_vars is not None and not isinstance(group_vars, dict):
         raise _err(raw, path + ("vars",), f"expected a mapping of variables, got {_describe(group_vars)}")
@@ -74,6 +42,49 @@ def _parse_group(raw: _Raw, name: str, data: Any, path: KeyPath) -> None:
         if child not in group.children:
             group.children.append(child)
         _parse_group(raw, child, child_data, path + ("children", child))
+
+
+def _host_names(raw: _Raw, pattern: Any, host_path: KeyPath) -> tuple[list[str], int | None]:
+    """The host names one ``hosts:`` key stands for (``node-[01:04]``, ``node-a:2200``) and the
+    port it carries, each name checked."""
+    if host_path in raw.source.key_types:
+        raise _err(raw, host_path, f"host name {pattern!r} is read by YAML as "
+                                   f"{raw.source.key_types[host_path]}, not text",
+                   hint=f"quote it: \"{pattern}\": (as Ansible requires)")
+    name_pattern, port = split_host_port(pattern)       # "node-a:2200" as Ansible reads it
+    try:
+        names = expand_host_pattern(name_pattern)
+    except ValueError as exc:
+        raise _err(raw, host_path, str(exc), hint="ranges are [01:04], [:4], [a:d] or [0:10:2], at most "
+                                                  f"{MAX_RANGE_HOSTS} hosts in all") from None
+    for host in names:
+        problem = check_host_name(host)
+        if problem:
+            raise _err(raw, host_path, problem, hint="a host name is letters, digits, '-', '_' and '.'; "
+                                                     "set the address with ansible_host")
+    return names, port
+
+
+def _parse_host_entry(raw: _Raw, group: _Group, pattern: Any, host_vars: Any, host_path: KeyPath) -> None:
+    """One key of a group's ``hosts:``: its hosts join the group, with their variables."""
+    names, port = _host_names(raw, pattern, host_path)
+    if host_vars is not None and not isinstance(host_vars, dict):
+        raise _err(raw, host_path, f"host variables must be a mapping, got {_describe(host_vars)}")
+    for host in names:
+        raw.host_first.setdefault(host, host_path)
+    if len(raw.host_first) > MAX_HOSTS:
+        raise _err(raw, host_path, f"the inventory names more than {MAX_HOSTS} hosts",
+                   hint=f"pscluster plans at most {MAX_HOSTS} hosts from one inventory; split it")
+    known = group.known
+    for host in names:
+        if host not in known:
+            known.add(host)
+            group.hosts.append(host)
+        if port is not None and "ansible_port" not in (host_vars or {}):
+            raw.host_vars.setdefault(host, []).append(("ansible_port", port, host_path))
+        for key, value in (host_vars or {}).items():
+            raw.host_vars.setdefault(host, []).append((key, value, host_path + (key,)))
+        raw.host_vars.setdefault(host, [])
 
 
 def _members(raw: _Raw, name: str, seen: tuple[str, ...] = (),

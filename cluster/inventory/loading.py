@@ -22,7 +22,7 @@ import difflib
 from typing import Any
 
 from ..errors import InventoryError
-from .source import read_source
+from .source import InventorySource, read_source
 from .yamlsrc import KeyPath
 from .connection import CONNECTION_KEYS, ORIGIN_KEYS, _ansible_bool, _warn_ssh_options
 from .groups import _ansible_groups, _depths, _members, _merged_vars, _parse_group
@@ -123,52 +123,16 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
         InventoryError: with file, line, key path and a hint.
     """
     inventory_source = read_source(path, display_name)
-    source = inventory_source.source
-    raw = _Raw(source)
+    raw = _Raw(inventory_source.source)
     raw.warnings.update(dict.fromkeys(inventory_source.warnings))
-    for data, root in inventory_source.documents:
-        if data is None:
-            continue
-        if not isinstance(data, dict):
-            raise InventoryError(source.file_of(root), source.line(root), "",
-                                 f"expected a mapping of groups, got {_describe(data)}",
-                                 hint="an inventory starts with 'all:' (see inventories/local.yaml)")
-        for name, group_data in data.items():
-            if root + (name,) in source.key_types:
-                raise _err(raw, root + (name,), f"group name {name!r} is read by YAML as "
-                                                f"{source.key_types[root + (name,)]}, not text",
-                           hint=f'quote it: "{name}":')
-            _parse_group(raw, name, group_data, root + (name,))
-    if not raw.groups:
-        raise InventoryError(source.file, None, "", "the inventory is empty",
-                             hint="see inventories/local.yaml for the format")
+    _parse_documents(raw, inventory_source)
     all_group = raw.groups.setdefault("all", _Group("all", ("all",)))
     explicit_all_children = list(all_group.children)
     for data, root in inventory_source.documents:
         for name in data or ():
             if name != "all" and name not in all_group.children:
                 all_group.children.append(name)
-    for kind, items, target in (
-            ("group", inventory_source.vars_of(inventory_source.group_vars, raw.groups), raw.group_file_vars),
-            ("host", inventory_source.vars_of(inventory_source.host_vars, raw.host_first), raw.host_file_vars)):
-        for owner, values, root in items:
-            for key, value in values.items():
-                _check_key(raw, key, root + (key,), value)
-                if key in CLUSTER_WIDE_KEYS and not (kind == "group" and owner == "all"):
-                    raise _err(raw, root + (key,), f"{key} applies to the whole cluster",
-                               hint="set it in group_vars/all or under all.vars")
-                target.setdefault(owner, {})[key] = (value, root + (key,))
-    for name, group in raw.groups.items():
-        for key, (_, key_path) in group.vars.items():
-            _check_key(raw, key, key_path, group.vars[key][0])
-            if key in CLUSTER_WIDE_KEYS and name != "all":
-                raise _err(raw, key_path, f"{key} applies to the whole cluster",
-                           hint="set it under all.vars")
-    for host, items in raw.host_vars.items():
-        for key, value, key_path in items:
-            _check_key(raw, key, key_path, value)
-            if key in CLUSTER_WIDE_KEYS:
-                raise _err(raw, key_path, f"{key} applies to the whole cluster", hint="set it under all.vars")
+    _check_variables(raw, inventory_source)
 
     depth = _depths(raw)
     membership = {name: _members(raw, name) for name in raw.groups}
@@ -200,6 +164,53 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
                      groups=_ansible_groups(raw, explicit_all_children, groups_by_host), notify=notify,
                      defined=tuple(raw.host_first))
 
+
+def _parse_documents(raw: _Raw, inventory_source: InventorySource) -> None:
+    """Every group of every YAML document (an inventory may be several), into ``raw``."""
+    source = raw.source
+    for data, root in inventory_source.documents:
+        if data is None:
+            continue
+        if not isinstance(data, dict):
+            raise InventoryError(source.file_of(root), source.line(root), "",
+                                 f"expected a mapping of groups, got {_describe(data)}",
+                                 hint="an inventory starts with 'all:' (see inventories/local.yaml)")
+        for name, group_data in data.items():
+            if root + (name,) in source.key_types:
+                raise _err(raw, root + (name,), f"group name {name!r} is read by YAML as "
+                                                f"{source.key_types[root + (name,)]}, not text",
+                           hint=f'quote it: "{name}":')
+            _parse_group(raw, name, group_data, root + (name,))
+    if not raw.groups:
+        raise InventoryError(source.file, None, "", "the inventory is empty",
+                             hint="see inventories/local.yaml for the format")
+
+
+def _check_variables(raw: _Raw, inventory_source: InventorySource) -> None:
+    """Every variable (group_vars/ and host_vars/ files, groups' vars, hosts' own) checked, and
+    the cluster-wide ones only where they apply to the whole cluster; the files' values are
+    kept in ``raw``."""
+    for kind, items, target in (
+            ("group", inventory_source.vars_of(inventory_source.group_vars, raw.groups), raw.group_file_vars),
+            ("host", inventory_source.vars_of(inventory_source.host_vars, raw.host_first), raw.host_file_vars)):
+        for owner, values, root in items:
+            for key, value in values.items():
+                _check_key(raw, key, root + (key,), value)
+                if key in CLUSTER_WIDE_KEYS and not (kind == "group" and owner == "all"):
+                    raise _err(raw, root + (key,), f"{key} applies to the whole cluster",
+                               hint="set it in group_vars/all or under all.vars")
+                target.setdefault(owner, {})[key] = (value, root + (key,))
+    for name, group in raw.groups.items():
+        for key, (_, key_path) in group.vars.items():
+            _check_key(raw, key, key_path, group.vars[key][0])
+            if key in CLUSTER_WIDE_KEYS and name != "all":
+                raise _err(raw, key_path, f"{key} applies to the whole cluster",
+                           hint="set it under all.vars")
+    for host, items in raw.host_vars.items():
+        for key, value, key_path in items:
+            _check_key(raw, key, key_path, value)
+            if key in CLUSTER_WIDE_KEYS:
+                raise _err(raw, key_path, f"{key} applies to the whole cluster", hint="set it under all.vars")
 
 def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], roles: list[str]) -> HostConfig:
     def get(key: str, validators: dict[str, Validator], default: Any = None) -> Any:
