@@ -171,8 +171,19 @@ class RunState:
                    limit=data.get("limit"), mode_from=data.get("mode_from"))
 
 
+_last_plan: list[tuple[ClusterPlan, dict]] = []      # the last plan written, and its JSON form
+
+
 def plan_to_json(plan: ClusterPlan) -> dict:
-    return dataclasses.asdict(plan)
+    """The plan's JSON form (the caller must not change it). A supervisor writes the state once a
+    second with the same plan: its form is kept (the plan is frozen), not rebuilt by
+    ``dataclasses.asdict`` each time (the most of the main thread's CPU in a profile of the
+    64-host watch, issue 46)."""
+    if _last_plan and _last_plan[0][0] is plan:
+        return _last_plan[0][1]
+    data = dataclasses.asdict(plan)
+    _last_plan[:] = [(plan, data)]
+    return data
 
 
 def plan_from_json(data: dict) -> ClusterPlan:
