@@ -14,7 +14,7 @@ TCP connections, sampled every ``--interval`` seconds from /proc. Then a fit per
 phase (benchmarks/scalefit.py), projections to 1,000 and 10,000 hosts, and which limit the
 projections reach first.
 
-Usage (root): ``python -m benchmarks.scale --hosts 4,16,64 [--watch 60] [--json] [--out F]``.
+Usage (root): ``python -m benchmarks.scale --hosts 4,16,64 [--watch 60] [--json] [--out F] [--profile DIR]``.
 The lab has max(N)+1 hosts and is removed at the end, whatever happens.
 """
 from __future__ import annotations
@@ -80,11 +80,14 @@ def sample(pid: int) -> dict[str, float] | None:
 
 
 def measure(args: Sequence[str], state_dir: Path, *, interval: float, interrupt_after: float | None = None,
-            timeout: float = 1800) -> dict[str, Any]:
-    """Run ``pscluster ARGS`` and measure it; ``interrupt_after``: send SIGINT (Ctrl-C) then."""
+            timeout: float = 1800, profile: Path | None = None,
+            during: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run ``pscluster ARGS`` and measure it; ``interrupt_after``: send SIGINT (Ctrl-C) then;
+    ``profile``: under cProfile (its main thread), the stats written there (CPU figures inflated)."""
     env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), NO_COLOR="1")
     began = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "cluster", *args], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+    runner = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
+    proc = subprocess.Popen([sys.executable, *runner, "-m", "cluster", *args], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     peaks = {"threads": 0.0, "fds": 0.0, "conns": 0.0, "rss_mb": 0.0}
     cpu_at: list[tuple[float, float]] = []
@@ -99,6 +102,8 @@ def measure(args: Sequence[str], state_dir: Path, *, interval: float, interrupt_
                 peaks[key] = max(peaks[key], seen[key])
             cpu_at.append((now, seen["cpu"]))
         if interrupt_after is not None and not interrupted and now >= interrupt_after:
+            if during is not None:
+                row_during = _beside(during, env)
             proc.send_signal(signal.SIGINT)
             interrupted = True
         if now > timeout:
@@ -112,7 +117,22 @@ def measure(args: Sequence[str], state_dir: Path, *, interval: float, interrupt_
                            "output_tail": output.decode(errors="replace")[-1500:]}
     if interrupt_after is not None:
         row["cores"] = steady_cores(cpu_at, interrupt_after / 2, interrupt_after)
+    if during is not None and interrupted:
+        row["during"] = row_during
     return row
+
+
+def _beside(args: Sequence[str], env: dict[str, str]) -> dict[str, Any]:
+    """Run ``pscluster ARGS`` to its end while the measured one runs (``status`` of a supervised
+    job): its wall and CPU seconds, from its own rusage."""
+    began = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "cluster", *args], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = proc.stdout.read() if proc.stdout is not None else b""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return {"wall_s": time.monotonic() - began, "cpu_s": usage.ru_utime + usage.ru_stime, "rc": proc.returncode,
+            "output_tail": output.decode(errors="replace")[-1500:]}
 
 
 def steady_cores(points: Sequence[tuple[float, float]], start: float, end: float) -> float | None:
@@ -154,9 +174,13 @@ def run_size(lab: manylab.ManyLab, n: int, work: Path, args: argparse.Namespace)
     cpu = _ChildCpu()
     try:
         for phase, argv, interrupt in phases:
-            row = measure(argv, state, interval=args.interval, interrupt_after=interrupt)
+            profile = Path(args.profile) / f"{name}-{phase}.prof" if args.profile and phase == "watch" else None
+            during = ["status", "--name", name] if phase == "watch" else None
+            row = measure(argv, state, interval=args.interval, interrupt_after=interrupt, profile=profile,
+                          during=during)
             cpu.take(row)
             row.update(hosts=n, phase=phase)
+            beside = row.pop("during", None)
             if phase == "down":
                 row["left"] = len(cluster_pids(name))
             rows.append(row)
@@ -164,6 +188,12 @@ def run_size(lab: manylab.ManyLab, n: int, work: Path, args: argparse.Namespace)
                   file=sys.stderr, flush=True)
             if row["rc"] not in (0, 130):
                 print(row["output_tail"], file=sys.stderr)
+            if beside is not None:
+                # `status` while the job is supervised: from the supervisor's record (issue 46)
+                rows.append({**beside, "hosts": n, "phase": "status*"})
+                print(f"  {n:>5} status* {beside['wall_s']:7.2f} s  cpu {beside['cpu_s']:6.2f} s  rc {beside['rc']}",
+                      file=sys.stderr, flush=True)
+                print(beside["output_tail"][-600:], file=sys.stderr)
             if row["rc"] not in (0, 130) and phase in ("up", "check"):
                 raise RuntimeError(f"pscluster {phase} at {n} hosts failed:\n{row['output_tail']}")
     finally:
@@ -208,6 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.25, help="seconds between /proc samples")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="run the watch phase under cProfile, its stats in DIR (its CPU figures are then inflated)")
     args = parser.parse_args(argv)
     sizes = sorted({int(s) for s in args.hosts.split(",") if s.strip()})
     if not sizes or sizes[0] < 1 or sizes[-1] + 1 > manylab.MAX_HOSTS:

@@ -171,8 +171,19 @@ class RunState:
                    limit=data.get("limit"), mode_from=data.get("mode_from"))
 
 
+_last_plan: list[tuple[ClusterPlan, dict]] = []      # the last plan written, and its JSON form
+
+
 def plan_to_json(plan: ClusterPlan) -> dict:
-    return dataclasses.asdict(plan)
+    """The plan's JSON form (the caller must not change it). A supervisor writes the state once a
+    second with the same plan: its form is kept (the plan is frozen), not rebuilt by
+    ``dataclasses.asdict`` each time (the most of the main thread's CPU in a profile of the
+    64-host watch, issue 46)."""
+    if _last_plan and _last_plan[0][0] is plan:
+        return _last_plan[0][1]
+    data = dataclasses.asdict(plan)
+    _last_plan[:] = [(plan, data)]
+    return data
 
 
 def plan_from_json(data: dict) -> ClusterPlan:
@@ -279,7 +290,7 @@ def write_private_json(path: Path, data: Any, *, indent: int | None = None) -> N
     requests, which all hold a plan (its notification URLs may carry tokens: pscluster_notify)."""
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     with os.fdopen(open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=indent)
+        handle.write(json.dumps(data, indent=indent))     # one string: json.dump writes piece by piece
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
@@ -394,13 +405,25 @@ class StateWriter:
         self.state = state
         self.expect_phase = expect_phase
         self._lock = threading.Lock()
+        self._saved: tuple[int, int, int] | None = None     # the file as this writer last left it
 
     def change(self, mutate: Callable[[RunState], None]) -> None:
         with self._lock, self.store.lock(self.state.name):
-            if self.expect_phase is not None:
+            # Skip reading the state back when the file is still the one this writer saved (no
+            # other command wrote it since): a supervisor writes once a second, and re-reading
+            # the whole state each time grew with the cluster (issue 46).
+            if self.expect_phase is not None and (self._saved is None or self._file_id() != self._saved):
                 on_disk = self.store.load(self.state.name)
                 # A later `up` of the same name has a new state: this command's cluster is gone too.
                 if on_disk is None or on_disk.phase != self.expect_phase or on_disk.created != self.state.created:
                     raise Aborted(f"cluster {self.state.name!r} was taken down by another command")
             mutate(self.state)
             self.store.save(self.state)
+            self._saved = self._file_id()
+
+    def _file_id(self) -> tuple[int, int, int] | None:
+        try:
+            found = os.stat(self.store.path(self.state.name))
+        except OSError:
+            return None
+        return (found.st_ino, found.st_mtime_ns, found.st_size)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 from dataclasses import asdict
 import click
 
@@ -163,22 +164,29 @@ def _write_slurm_inventory(path: str, mode: str | None, layout: Layout) -> None:
         yaml.safe_dump(document, handle, sort_keys=False)
 
 
-def _print_status(env: Env, name: str, *, as_json: bool, pool: TransportPool) -> None:
-    from ..lifecycle.status import cluster_status
+def _print_status(env: Env, name: str, *, as_json: bool, pool: TransportPool, probe: bool = False) -> None:
+    import time
+    from ..lifecycle.status import Source, cluster_status, fresh_hosts, supervisor_alive
+    from ..lifecycle.tasks import records_by_host
     from ..hosts.probe import Prober
     state = _existing(env, name)
+    fresh = {} if probe else fresh_hosts(state, now=time.time(), supervisor_alive=supervisor_alive(state))
     with Prober() as prober:
-        rows = cluster_status(state, pool=pool, prober=prober)
-    _show_status(env, state, rows, as_json=as_json)
+        rows = cluster_status(state, pool=pool, prober=prober, fresh=fresh)
+    asked = sorted(set(records_by_host(state.live_records())) - set(fresh))
+    source = Source(tuple(sorted(fresh)), tuple(asked), max(fresh.values()) if fresh else None)
+    _show_status(env, state, rows, as_json=as_json, source=source)
 
 
-def _show_status(env: Env, state: RunState, rows: list, *, as_json: bool) -> None:
+def _show_status(env: Env, state: RunState, rows: list, *, as_json: bool, source: Any = None) -> None:
     from ..lifecycle.status import status_view
-    view = status_view(state, rows)
+    view = status_view(state, rows, source)
     if as_json:
         env.out.print_json(json.dumps(view.to_json()))
     else:
         ui.render_status(env.out, state.name, state.mode, state.phase, view.rows, job=state.job, message=state.message)
+        if source is not None and source.from_record:
+            env.out.print(f"({source.describe()}; 'pscluster status --probe' asks every host)")
         if view.supervisor is not None:
             ui.render_supervisor(env.out, view.supervisor, cluster=state.name)
 
@@ -186,12 +194,14 @@ def _show_status(env: Env, state: RunState, rows: list, *, as_json: bool) -> Non
 @cli.command()
 @name_opt
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+@click.option("--probe", is_flag=True,
+              help="Ask every host now, even those a live supervisor heard from lately (its record is used otherwise).")
 @click.pass_obj
-def status(env: Env, name: str | None, as_json: bool) -> None:
+def status(env: Env, name: str | None, as_json: bool, probe: bool) -> None:
     """Each task's host, pid, state, uptime and devices; the running job's progress."""
     resolved = env.store.resolve_name(name)
     with env.pool_factory() as pool:
-        _print_status(env, resolved, as_json=as_json, pool=pool)
+        _print_status(env, resolved, as_json=as_json, pool=pool, probe=probe)
 
 
 @cli.command()

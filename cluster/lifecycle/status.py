@@ -17,6 +17,10 @@ from ..state import RunState
 from ..transport import TransportPool
 from .tasks import records_by_host
 
+# A host whose watch stream the supervisor heard this recently (and wrote so in the job record,
+# with a heartbeat as recent) is shown from the record; any other host is asked (issue 46).
+RECORD_FRESH = 5.0
+
 
 @dataclass(frozen=True)
 class StandbyView:
@@ -58,8 +62,60 @@ class TaskRow:
         return f"{self.role}:{self.index}"
 
 
-def cluster_status(state: RunState, *, pool: TransportPool, prober: Prober | None = None) -> list[TaskRow]:
-    """Each task's process state on its host, plus the devices its server reports."""
+@dataclass(frozen=True)
+class Source:
+    """Where ``status`` got its rows: hosts answered from the supervisor's record (with the
+    oldest age of what it heard) and hosts asked (probed) now."""
+
+    from_record: tuple[str, ...] = ()
+    probed: tuple[str, ...] = ()
+    record_age: float | None = None     # seconds: the oldest heartbeat among the hosts from the record
+
+    def describe(self) -> str:
+        if not self.from_record:
+            return f"every host asked now ({len(self.probed)})"
+        asked = f"; {len(self.probed)} asked now" if self.probed else ""
+        return (f"{len(self.from_record)} host(s) from the supervisor's record "
+                f"(heard {self.record_age or 0:.1f} s ago or less){asked}")
+
+    def to_json(self) -> dict:
+        return {"from_record": list(self.from_record), "probed": list(self.probed), "record_age": self.record_age}
+
+
+def fresh_hosts(state: RunState, *, now: float, supervisor_alive: bool,
+                fresh: float = RECORD_FRESH) -> dict[str, float]:
+    """The hosts ``status`` may answer from the job record (host -> age of what was heard, s):
+    a live job whose supervisor runs and wrote its heartbeat within ``fresh`` seconds, the host's
+    stream heard within ``fresh`` seconds, and every live process of the state on it recorded
+    as running then. Anything else (an exit, a frozen process, a standby the supervisor does
+    not watch, a lost host) is asked on its host as before."""
+    job = state.job
+    if (job is None or not job.live or not supervisor_alive or job.heartbeat is None
+            or now - job.heartbeat > fresh or not job.hosts_heard):
+        return {}
+    known = job.proc_states or {}
+    live = [r for r in [*(state.latest(t.name) for t in state.plan.tasks),
+                        *(state.standby(t.name) for t in state.plan.training_tasks)]
+            if r is not None and not r.stopped]
+    found = {}
+    for host, records in records_by_host(live).items():
+        heard = job.hosts_heard.get(host)
+        if heard is None or now - heard > fresh:
+            continue
+        if all(known.get(record.key) == "running" for record in records):
+            found[host] = max(0.0, now - heard)
+    return found
+
+
+def cluster_status(state: RunState, *, pool: TransportPool, prober: Prober | None = None,
+                   fresh: dict[str, float] | None = None) -> list[TaskRow]:
+    """Each task's process state on its host, plus the devices its server reports.
+
+    ``fresh``: hosts answered from the job record (:func:`fresh_hosts`): their running
+    processes are shown as the supervisor last heard them (a standing server it watches as
+    ready, without its devices), without a round trip; the other hosts are asked."""
+    fresh = fresh or {}
+    now = time.time()
     plan = state.plan
     latest = {task.name: state.latest(task.name) for task in plan.tasks}
     standbys = {task.name: state.standby(task.name) for task in plan.training_tasks}
@@ -68,6 +124,10 @@ def cluster_status(state: RunState, *, pool: TransportPool, prober: Prober | Non
     unreachable: dict[str, str] = {}
 
     grouped = records_by_host(live)
+    for host in list(grouped):
+        if host in fresh:
+            statuses.update((r.key, hostops.TaskStatus(r.key, "running", uptime=max(0.0, now - (r.started or now))))
+                            for r in grouped.pop(host))
     # A standby says it has imported TensorFlow in <log>.ready: read in the same round trip.
     ready_files = {ready_file(r.log) for r in standbys.values() if r is not None and not r.stopped}
 
@@ -108,6 +168,8 @@ def cluster_status(state: RunState, *, pool: TransportPool, prober: Prober | Non
         elif status.state == "exited":
             rows.append(row(pid=record.pid, state="exited", exit_code=status.exit_code,
                                 detail=status.describe()))
+        elif task.standing and task.host in fresh:
+            rows.append(row(pid=record.pid, state="ready", uptime=status.uptime))
         elif task.standing and prober is not None:
             probe = prober.probe(task.target, timeout=2.0, via=pool.get(plan.host(task.host)))
             rows.append(row(pid=record.pid, state="ready" if probe.ok else "starting",
@@ -150,6 +212,7 @@ class StatusView:
     state: RunState
     rows: list[TaskRow]
     supervisor: Any = None          # supervision.daemon.SupervisorHealth
+    source: Source | None = None    # where the rows came from (None: what `up` just established)
 
     def to_json(self) -> dict[str, Any]:
         state = self.state
@@ -159,6 +222,7 @@ class StatusView:
                      "stalled_for": state.job.stalled_for}
                     if state.job is not None else None),
             "supervisor": self.supervisor.to_json() if self.supervisor is not None else None,
+            "source": self.source.to_json() if self.source is not None else None,
             "tasks": [{"role": r.role, "index": r.index, "host": r.host, "address": r.address, "port": r.port,
                        "kind": r.kind, "pid": r.pid, "state": r.state, "devices": list(r.devices),
                        "uptime": r.uptime, "exit_code": r.exit_code, "restarts": r.restarts, "detail": r.detail,
@@ -166,11 +230,16 @@ class StatusView:
                       for r in self.rows]}
 
 
-def status_view(state: RunState, rows: list[TaskRow]) -> StatusView:
+def supervisor_alive(state: RunState) -> bool:
+    """Whether the recorded supervisor of the cluster's job runs (judged from here)."""
+    from ..supervision.daemon import orchestrator_alive
+    return state.job is not None and orchestrator_alive(state.job.orchestrator)
+
+
+def status_view(state: RunState, rows: list[TaskRow], source: Source | None = None) -> StatusView:
     """``rows`` (:func:`cluster_status`'s, or :func:`rows_after_up`'s) with the health of the
     job's supervisor (the daemon of a --detach job, or the `train` that runs it), judged from here."""
-    from ..supervision.daemon import orchestrator_alive, supervisor_health
+    from ..supervision.daemon import supervisor_health
     job = state.job
-    health = supervisor_health(job, alive=orchestrator_alive(job.orchestrator if job else None),
-                               here=socket.gethostname(), now=time.time())
-    return StatusView(state, rows, health)
+    health = supervisor_health(job, alive=supervisor_alive(state), here=socket.gethostname(), now=time.time())
+    return StatusView(state, rows, health, source)

@@ -42,6 +42,7 @@ from .links import HostLink
 
 LOOP_SECONDS = 0.1          # bounds how late an exit or event is acted on; cheap when idle
 DEAF_SLACK = 1.0            # a turn longer than LOOP_SECONDS by more than this did not listen meanwhile
+DECIDE_SECONDS = 0.5        # a turn that heard nothing decides again at most this often
 PUBLISH_SECONDS = 1.0       # how often the job record is written while nothing else changes
 SERVER_READY_TIMEOUT = 120.0
 REPLACE_TIMEOUT = 300.0     # --replace: the old job's leader may take --stop-grace to checkpoint, then its grace
@@ -79,6 +80,7 @@ class JobExecutor(Generic[K]):
         self.offsets: dict[str, int] = {}       # watched file -> bytes consumed so far
         self.began = clock()
         self._published = 0.0
+        self._decided = float("-inf")      # when decide() last ran
 
     # ------------------------------------------------------------------ the job record
     def _load(self) -> RunState:
@@ -146,7 +148,10 @@ class JobExecutor(Generic[K]):
     def publish(self, now: float, force: bool = False) -> None:
         if force or now - self._published > PUBLISH_SECONDS:
             self._published = now
-            self.set_job(heartbeat=self.wall())     # `status` shows its age: the supervisor's pulse
+            wall = self.wall()
+            # `status` shows the heartbeat's age (the supervisor's pulse), and answers from what
+            # the streams said for the hosts heard lately instead of asking each (issue 46).
+            self.set_job(heartbeat=wall, **heard(self.links, self.watched, now=now, wall=wall))
             self.writer.change(lambda s: None)
 
     def finish(self, final: JobState, **fields: Any) -> None:
@@ -286,9 +291,16 @@ class JobExecutor(Generic[K]):
             self.forgive_deafness(now - turn)
             turn = now
             self.kind.between_turns(self)
-            self.read_streams(now)
-            if self.decide(now):
-                return
+            updates = self.read_streams(now)
+            # Coalesced: a turn that heard nothing and lost no host decides again only every
+            # DECIDE_SECONDS (the time-based checks: frozen, start timeout, stall, linger, all
+            # of seconds); every update is still acted on in the turn it arrives (issue 46).
+            quiet = not updates and now - self._decided < DECIDE_SECONDS and all(
+                link.lost_since is None for link in self.links.values())
+            if not quiet:
+                self._decided = now
+                if self.decide(now):
+                    return
             self.publish(now)
             self.sleep(LOOP_SECONDS)
 
@@ -304,11 +316,15 @@ class JobExecutor(Generic[K]):
             for watched in self.watched.values():
                 watched.last_event += deaf
 
-    def read_streams(self, now: float) -> None:
-        """What every host's watch stream said since the last turn (exits, events, output)."""
+    def read_streams(self, now: float) -> int:
+        """What every host's watch stream said since the last turn (exits, events, output);
+        how many updates that was."""
+        count = 0
         for link in list(self.links.values()):
             for update in link.poll(now):
                 self.absorb(update, now)
+                count += 1
+        return count
 
     def absorb(self, update: hostops.WatchUpdate, now: float) -> None:
         for key, status in update.states.items():
@@ -602,6 +618,16 @@ class JobExecutor(Generic[K]):
                                               hint="check the host and its network"))
                 self.sleep(0.5)
                 link.poll(self.clock())
+
+
+def heard(links: dict[str, HostLink], watched: dict[str, Watched], *, now: float, wall: float) -> dict[str, Any]:
+    """The job record's ``hosts_heard`` (wall time each answering host's stream was last heard;
+    ``now`` is the executor's clock, ``wall`` the wall clock at that moment) and ``proc_states``
+    (each watched process's last state)."""
+    return {"hosts_heard": {host: round(wall - (now - link.last_seen), 2)
+                            for host, link in links.items()
+                            if link.lost_since is None and link.stream is not None and link.last_seen >= link.opened_at},
+            "proc_states": {key: item.state.value for key, item in watched.items()}}
 
 
 def exhausted(error: PsclusterError, task: TaskSpec, budget: int) -> PsclusterError:

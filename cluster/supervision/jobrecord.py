@@ -59,6 +59,10 @@ class JobProgress:
     ended: float | None = None
     orchestrator: Orchestrator | None = None
     heartbeat: float | None = None            # wall time of the supervisor's last loop turn (about 1 s apart)
+    # What the supervisor's watch streams said, written with the heartbeat: ``status`` answers
+    # from these for the hosts heard lately instead of asking every host (issue 46).
+    hosts_heard: Mapping[str, float] | None = None    # host -> wall time its watch stream was last heard
+    proc_states: Mapping[str, str] | None = None      # process record key -> its state then ("running", ...)
     checkpoint_dir: str | None = None
     stop_grace: float | None = None           # train: the leader's time to checkpoint on stop (down reads it)
     workers: int | None = None

@@ -30,3 +30,25 @@ def test_writer_aborts_when_down_or_a_new_up_took_the_cluster(tmp_path):
     with pytest.raises(Aborted):
         writer.change(lambda s: None)
     assert store.load(plan.name) is None
+
+
+def test_writer_reads_the_state_back_only_when_another_command_wrote_it(tmp_path, monkeypatch):
+    """A supervisor writes once a second: re-reading the whole state each time grew with the
+    cluster (issue 46); the file as this writer left it needs no second look."""
+    plan = plan_cluster(load_inventory(str(INVENTORIES / "local.yaml")),
+                        PlanOptions(local_python="python3", local_workdir="/w"))
+    store = StateStore(tmp_path)
+    mine = RunState(name=plan.name, plan=plan)
+    store.save(mine)
+    loads = []
+    real_load = store.load
+    monkeypatch.setattr(store, "load", lambda name: loads.append(name) or real_load(name))
+    writer = StateWriter(store, mine, expect_phase="starting")
+    for _ in range(5):
+        writer.change(lambda s: None)
+    assert len(loads) == 1                         # the first change only
+    other = real_load(plan.name)
+    other.message = "another command"
+    store.save(other)                              # the same cluster, written by someone else
+    writer.change(lambda s: None)
+    assert len(loads) == 2

@@ -125,3 +125,23 @@ def test_a_failed_evaluator_is_given_up_and_the_job_goes_on(job, policy):
     assert executor.watched == {} and sleeps == [] and not executor.kind.recoveries
     given_up = [e for e in executor.reporter.events if e.kind == "message" and "given up" in e.data["text"]]
     assert given_up and "training goes on without it" in executor.state.job.message
+
+
+class _Link:
+    def __init__(self, last_seen: float, opened_at: float = 0.0, lost_since: float | None = None, stream=object()):
+        self.last_seen, self.opened_at, self.lost_since, self.stream = last_seen, opened_at, lost_since, stream
+
+
+def test_the_record_says_which_hosts_were_heard_and_when_in_wall_time():
+    """What `status` answers from (issue 46): a lost host, one whose stream is reopening, or one
+    not heard on its new stream yet, is left out, so status asks it."""
+    from cluster.supervision.executor import heard
+    links = {"h1": _Link(98.0), "h2": _Link(99.0, lost_since=95.0), "h3": _Link(99.0, stream=None),
+             "h4": _Link(97.0, opened_at=97.5)}
+    plan = plan_cluster(load_inventory(str(INVENTORIES / "local.yaml")),
+                        PlanOptions(local_python="python3", local_workdir="/w"))
+    task = plan.tasks[0]
+    record = ProcessRecord.for_task(task.name, task.host, ProcessKind.SERVER, 1, "/w/x.log")
+    watched = {record.key: Watched(task, record, ProcessKind.SERVER, 0.0, state=ProcState.FROZEN)}
+    found = heard(links, watched, now=100.0, wall=5000.0)       # type: ignore[arg-type]
+    assert found == {"hosts_heard": {"h1": 4998.0}, "proc_states": {record.key: "frozen"}}
