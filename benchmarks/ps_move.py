@@ -20,7 +20,8 @@ process of its own per scenario, training an MLP (784-128-10, Adam, 10 steps a c
 
 Each prints the *pause* (from the end of the last closure before to the end of the first one
 after), the steps lost (steps trained before, minus the step the job went on from: the goal is
-0) and whether the variables came back equal; then the ratio of each pause to the restart's.
+0), whether the variables came back equal and whether a checkpoint written after the move reads back
+equal; then the ratio of each pause to the restart's.
 
 Usage: ``python -m benchmarks.ps_move [--trials N] [--json]``
 """
@@ -234,6 +235,7 @@ def chief(scenario: str, cluster: dict, spare: str, ckpt: str, phase: str) -> di
         coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
         model, optimizer, step = build(strategy)
         everything = list(model.weights) + list(optimizer.variables) + [step]
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)   # the old one's are gone
         for variable, value in zip(everything, values):
             variable.assign(value)
         iterator = datasets(coordinator)
@@ -243,6 +245,13 @@ def chief(scenario: str, cluster: dict, spare: str, ckpt: str, phase: str) -> di
     out["step_from"] = int(step.numpy())
     first = train(coordinator, fn, iterator, STEPS_AFTER)
     out.update(pause=first - last_before, step_end=int(step.numpy()))
+    # A checkpoint after the move holds the moved variables (the restart path depends on it).
+    path = checkpoint.write(ckpt + "-after", options=io)
+    want = checksum(everything)
+    for variable in everything:
+        variable.assign(tf.zeros_like(variable))
+    checkpoint.read(path, options=io).assert_existing_objects_matched()
+    out["checkpoint_after"] = abs(checksum(everything) - want) <= 1e-6 * max(1.0, want)
     return out
 
 
@@ -362,7 +371,7 @@ def summarize(trials: list[dict]) -> dict:
             "prepare_median_s": (round(statistics.median(t["prepare_s"] for t in trials), 3)
                                  if all("prepare_s" in t for t in trials) else None),
             "steps_lost_max": max(t["steps_lost"] for t in trials),
-            "all_ok": all(t["ok"] and t["equal"] for t in trials)}
+            "all_ok": all(t["ok"] and t["equal"] and t.get("checkpoint_after", True) for t in trials)}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,7 @@
 """A parameter server moves to a spare in place, on real local TensorFlow servers (issue 44, TF13):
 2 ps + an idle spare ps + 2 workers, a chief training an MLP 200 steps, ps:1's variables moved to
 the spare (roles/psmove.py), 100 steps more; no step lost, the values carried over, nothing left
-on ps:1, and no server left running."""
+on ps:1, a checkpoint written after it reads back, and no server left running."""
 from __future__ import annotations
 
 import os
@@ -19,6 +19,7 @@ def test_a_ps_moves_to_a_spare_in_place(tmp_path):
     assert result["steps_lost"] == 0
     assert result["step_end"] == result["step_before"] + ps_move.STEPS_AFTER
     assert result["equal"], (result["sum_before"], result["sum_moved"])
+    assert result["checkpoint_after"]                       # saved after the move, read back equal
     for pid in result["server_pids"]:
         try:
             os.kill(pid, 0)
