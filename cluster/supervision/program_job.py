@@ -361,21 +361,21 @@ def run_program(request: RunRequest, plan: ClusterPlan, *, store: StateStore, po
                                 keras=request.keras, until=request.until, min_workers=request.min_workers)
         secrets = take_secrets(cluster)
         return run_one_shot(cluster, lambda: reported(program_executor(
-            request, cluster, store=store, pool=pool, space=space, reporter=reporter, secrets=secrets,
-            detached=detached)), store=store, pool=pool, bringup_reporter=bringup_reporter, secrets=secrets,
+            request, cluster, name=cluster.name, store=store, pool=pool, space=space, reporter=reporter,
+            secrets=secrets, detached=detached)), store=store, pool=pool, bringup_reporter=bringup_reporter, secrets=secrets,
             timeout=request.timeout, grace=request.grace, allow_busy_gpus=request.allow_busy_gpus)
     check_program_tasks(select_tasks(plan, request.on), until=request.until, min_workers=request.min_workers)
-    return reported(program_executor(request, plan, store=store, pool=pool, space=space, reporter=reporter,
-                                     secrets=take_secrets(plan), detached=detached))
+    return reported(program_executor(request, plan, name=request.name or plan.name, store=store, pool=pool,
+                                     space=space, reporter=reporter, secrets=take_secrets(plan), detached=detached))
 
 
-def program_executor(request: RunRequest, plan: ClusterPlan, *, store: StateStore, pool: TransportPool,
+def program_executor(request: RunRequest, plan: ClusterPlan, *, name: str, store: StateStore, pool: TransportPool,
                      space: Workspace, reporter: Reporter, secrets: Secrets | None,
                      detached: DaemonFiles | None) -> JobExecutor[ProgramJob]:
-    """The executor of ``request``'s run on the cluster of ``plan`` (``.run()`` runs it)."""
+    """The executor of ``request``'s run on cluster ``name`` of ``plan`` (``.run()`` runs it)."""
     # Walked and hashed only when some host needs the files (a shared checkout does not).
     files = functools.partial(local_files, request.program, request.sync_paths, space, limit_mib=request.sync_limit)
-    return JobExecutor(ProgramJob(request, files=files, space=space), store=store, name=plan.name, reporter=reporter,
+    return JobExecutor(ProgramJob(request, files=files, space=space), store=store, name=name, reporter=reporter,
                        pool=pool, root=space.root, rules=restart_rules(request.restart_policy, request.max_restarts),
                        host_timeout=request.host_timeout, grace=request.grace, secrets=secrets, detached=detached,
                        replace=request.replace, keep=request.keep)
