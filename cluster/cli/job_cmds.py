@@ -5,7 +5,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 import click
 
 from .. import console as ui
@@ -19,6 +19,10 @@ from ..plan import ClusterPlan, PlanOptions
 from ..state import RunState
 
 from ..secrets import take_from_environment as take_secrets
+if TYPE_CHECKING:
+    from ..program.request import RunRequest
+    from ..program.runspec import Workspace
+    from ..supervision.training import TrainRequest
 from .base import Env, _existing, _limited, _loaded, _notifier, _planned, _with_notifier, cli
 from .options import (restart_opts, check_hosts_from, DurationParam, FiniteFloat, SECONDS, StallTimeout, allow_busy_opt,
                       detach_opt, keep_opt, limit_opt, mode_opt, name_opt, notify_opts, port_opt, replace_opt)
@@ -100,7 +104,7 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
     _train(env, request, detach=detach)
 
 
-def _train(env: Env, request, *, detach: bool) -> None:
+def _train(env: Env, request: TrainRequest, *, detach: bool) -> None:
     """``train``'s body, of its request (also what a --detach supervisor runs)."""
     from ..lifecycle.resize import Elastic
     from ..supervision.train_job import train_executor
@@ -232,7 +236,7 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
     _run(env, request, detach=detach, dry_run=dry_run)
 
 
-def _run(env: Env, request, *, detach: bool = False, dry_run: bool = False) -> None:
+def _run(env: Env, request: RunRequest, *, detach: bool = False, dry_run: bool = False) -> None:
     """``run``'s body, of its request (also what a --detach supervisor runs): build, call, render."""
     from ..program.runspec import check_sync_paths
     from ..supervision.jobkind import JobFailed
@@ -266,12 +270,12 @@ def _run(env: Env, request, *, detach: bool = False, dry_run: bool = False) -> N
     _show_run_report(env, report, as_json=request.as_json)
 
 
-def _workspace(env: Env, request):
+def _workspace(env: Env, request: RunRequest) -> Workspace:
     from ..program.runspec import Workspace
     return Workspace(cwd=Path(request.cwd), root=project_root(), home=Path.home(), state_dir=env.store.root)
 
 
-def _run_plan(env: Env, request, pool):
+def _run_plan(env: Env, request: RunRequest, pool) -> tuple[RunRequest, ClusterPlan]:
     """The request with its cluster's name resolved, and the plan the program runs on: one shot,
     INVENTORY's (read once) planned with the program's roles (``pool``: `<role>_gpus: auto`
     resolved on the hosts; None, as ``plan`` makes it, for the dry run); else the state's."""
@@ -288,14 +292,14 @@ def _run_plan(env: Env, request, pool):
     return request, _planned(limited, options, pool)
 
 
-def _detach_run(env: Env, request, plan: ClusterPlan) -> None:
+def _detach_run(env: Env, request: RunRequest, plan: ClusterPlan) -> None:
     from ..program.runspec import select_tasks
     from ..supervision.program_job import check_program_tasks
     check_program_tasks(select_tasks(plan, request.on), until=request.until, min_workers=request.min_workers)
-    _detach(env, "run", request, _existing(env, request.name))
+    _detach(env, "run", request, _existing(env, env.store.resolve_name(request.name)))
 
 
-def _dry_run(env: Env, request, space) -> None:
+def _dry_run(env: Env, request: RunRequest, space: Workspace) -> None:
     """``run --dry-run``: the one-shot plan of INVENTORY (as ``plan`` makes it: no host is asked,
     so `<role>_gpus: auto` stays unresolved), or the plan of the cluster that is up, and the
     files ``run`` would copy to hosts that do not share this checkout, with their total size:
@@ -342,12 +346,12 @@ def _job_display(env: Env, display):
     return TeeReporter(display, EventLog(env.detached.events))
 
 
-def _detach(env: Env, command: str, request, state: RunState) -> None:
+def _detach(env: Env, command: str, request: RunRequest | TrainRequest, state: RunState) -> None:
     """``--detach``: start ``command`` (train, run) of ``request`` in a supervisor daemon, which
     receives ``request.to_json()``, and return once the job's processes run (job state
     ``running``); the daemon's log lines are shown meanwhile."""
     from ..supervision import daemon as detach
-    name, replace, as_json = request.name, request.replace, request.as_json
+    name, replace, as_json = request.name or state.name, request.replace, request.as_json
     job = state.job
     alive = job is not None and job.live and detach.orchestrator_alive(job.orchestrator)
     conflict = detach.job_conflict(name, job, supervisor_alive=alive, running=0)

@@ -115,7 +115,7 @@ class TrainRequest(JsonRequest):
     ``--detach`` supervisor receives (:meth:`JsonRequest.to_json`) to run the same job."""
 
     job: str
-    name: str | None
+    name: str                   # the cluster's, resolved
     options: JobOptions
     min_workers: int | None = None
     hosts_from: str | None = None
