@@ -59,10 +59,21 @@ def _planned(inventory: Inventory, options: PlanOptions, pool: TransportPool | N
 def _inventory(env: Env | None, path: str, limit: str | None, mode: str | None,
                roles: tuple[str, ...] | None = None):
     """Load INVENTORY, print its warnings once (stderr), apply --limit."""
-    from ..inventory.patterns import apply_limit, required_roles
+    return _limited(env, _loaded(env, path), limit, mode, roles)
+
+
+def _loaded(env: Env | None, path: str) -> Inventory:
+    """Load INVENTORY and print its warnings once (stderr)."""
     inventory = load_inventory(path)
     if env is not None:
         ui.render_warnings(env.err, inventory.warnings)
+    return inventory
+
+
+def _limited(env: Env | None, inventory: Inventory, limit: str | None, mode: str | None,
+             roles: tuple[str, ...] | None = None) -> Inventory:
+    """``inventory`` with --limit applied (its warnings to stderr)."""
+    from ..inventory.patterns import apply_limit, required_roles
     warn = None if env is None else (lambda warning: ui.render_warnings(env.err, [warning]))
     return apply_limit(inventory, limit, required_roles(mode, inventory, roles), warn=warn)
 

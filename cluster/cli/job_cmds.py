@@ -1,11 +1,11 @@
 """Commands on a cluster's job: train, run, attach, stop-job, and the hidden supervise (a --detach daemon)."""
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 import click
 
 from .. import console as ui
@@ -13,13 +13,17 @@ from ..hosts.codesync import local_workdir, project_root
 from ..contracts import DEFAULT_GRACE, DEFAULT_STOP_GRACE, ExitStatus, Until
 from ..program.progfiles import DEFAULT_SYNC_LIMIT_MIB
 from ..errors import PsclusterError, UsageError
-from ..inventory import KERAS_CHOICES, load_inventory
+from ..inventory import KERAS_CHOICES
 from ..names import check_cluster_name
 from ..plan import ClusterPlan, PlanOptions
 from ..state import RunState
 
 from ..secrets import take_from_environment as take_secrets
-from .base import Env, _existing, _inventory, _notifier, _planned, _with_notifier, cli
+if TYPE_CHECKING:
+    from ..program.request import RunRequest
+    from ..program.runspec import Workspace
+    from ..supervision.training import TrainRequest
+from .base import Env, _existing, _limited, _loaded, _notifier, _planned, _with_notifier, cli
 from .options import (restart_opts, check_hosts_from, DurationParam, FiniteFloat, SECONDS, StallTimeout, allow_busy_opt,
                       detach_opt, keep_opt, limit_opt, mode_opt, name_opt, notify_opts, port_opt, replace_opt)
 
@@ -83,9 +87,7 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
           max_restarts, start_timeout, collective_timeout, host_timeout, stop_grace, stall_timeout, deadline, min_workers,
           hosts_from, hosts_every, notify_urls, notify_cmds, as_json: bool, detach: bool, replace: bool, keep: int) -> None:
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
-    from ..lifecycle.resize import Elastic
-    from ..supervision.train_job import train_executor
-    from ..supervision.training import JobOptions, check_job_options, resolve_job, with_defaults
+    from ..supervision.training import JobOptions, TrainRequest, check_job_options
     options = JobOptions(epochs=epochs, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
                          scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                          resume=resume, snapshot_every=snapshot_every, data=data,
@@ -96,33 +98,46 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
                          collective_timeout=collective_timeout, host_timeout=host_timeout,
                          stop_grace=stop_grace, stall_timeout=stall_timeout, deadline=deadline)
     check_job_options(options)          # before the cluster is looked up, as a usage error
-    resolved = env.store.resolve_name(name)
-    job_ref = resolve_job(job, project_root())
+    request = TrainRequest(job=job, name=env.store.resolve_name(name), options=options, min_workers=min_workers,
+                           hosts_from=hosts_from, hosts_every=hosts_every, notify_urls=notify_urls,
+                           notify_cmds=notify_cmds, replace=replace, keep=keep, as_json=as_json)
+    _train(env, request, detach=detach)
+
+
+def _train(env: Env, request: TrainRequest, *, detach: bool) -> None:
+    """``train``'s body, of its request (also what a --detach supervisor runs)."""
+    from ..lifecycle.resize import Elastic
+    from ..supervision.train_job import train_executor
+    from ..supervision.training import check_job_options, resolve_job, with_defaults
+    resolved = request.name
+    job_ref = resolve_job(request.job, project_root())
     state = _existing(env, resolved)
-    check_job_options(options, state.plan, min_workers=min_workers)
-    options = with_defaults(options, state.plan)
-    elastic = (Elastic(min_workers, hosts_from, hosts_every) if min_workers is not None or hosts_from else None)
+    check_job_options(request.options, state.plan, min_workers=request.min_workers)
+    options = with_defaults(request.options, state.plan)
+    elastic = (Elastic(request.min_workers, request.hosts_from, request.hosts_every)
+               if request.min_workers is not None or request.hosts_from else None)
     if detach:
-        _detach(env, resolved, state, replace=replace, as_json=as_json)
+        _detach(env, "train", request, state)
         return
-    display = _job_display(env, ui.EventLineReporter(env.err) if as_json or env.detached else ui.TrainDisplay(env.err))
-    notifier = _notifier(env, state.plan, notify_urls, notify_cmds, display)
+    display = _job_display(env, ui.EventLineReporter(env.err) if request.as_json or env.detached
+                           else ui.TrainDisplay(env.err))
+    notifier = _notifier(env, state.plan, request.notify_urls, request.notify_cmds, display)
     try:
         with env.pool_factory() as pool:
             summary = train_executor(store=env.store, name=resolved, job=job_ref, options=options,
                                      reporter=_with_notifier(display, notifier), pool=pool, root=project_root(),
-                                     secrets=take_secrets(state.plan), detached=env.detached, replace=replace,
-                                     keep=keep, elastic=elastic).run()
+                                     secrets=take_secrets(state.plan), detached=env.detached, replace=request.replace,
+                                     keep=request.keep, elastic=elastic).run()
     finally:
         if notifier is not None:
             notifier.close()
         display.close()
-    if as_json:
+    if request.as_json:
         env.out.print_json(json.dumps(summary))
     else:
         ui.render_summary(env.out, summary)
     if summary.get("deadline_reached"):
-        _deadline_report(env, summary, job)
+        _deadline_report(env, summary, request.job)
         raise SystemExit(ExitStatus.DEADLINE)
 
 
@@ -207,112 +222,97 @@ def run_program(ctx: click.Context, inventory: str | None, name: str | None, mod
     `python` means each host's pscluster_python. The run is over when its chief exits (without a
     chief: every worker; see --until); exit code 0 when what it waited for exited 0.
     """
-    from ..supervision.program_job import ProgramJob, check_program_tasks, one_shot_plan, run_one_shot
-    from ..program.runspec import (Workspace, check_placeholders, check_sync_paths, local_files, one_shot_roles, parse_roles,
-                          select_tasks)
-    from ..supervision.executor import JobExecutor, restart_rules
-    from ..supervision.jobkind import JobFailed
-    from ..lifecycle.resize import pin_inventory
+    from ..program.request import RunRequest
+    from ..program.runspec import parse_roles
     env: Env = ctx.obj
-    program = ctx.meta.get("pscluster.program")
-    if not program:
-        raise UsageError("no program to run: put it after --",
-                         hint="pscluster run inventories/local.yaml -- python train.py --task_index={task_index}")
-    check_placeholders(program)
-    on = parse_roles(on_text) if on_text else None
-    space = Workspace(cwd=Path.cwd(), root=project_root(), home=Path.home(), state_dir=env.store.root)
-    check_sync_paths(sync_paths, space)     # bad --sync: a usage error before anything happens
-    # Walked and hashed only when some host needs the files (a shared checkout does not).
-    files = functools.partial(local_files, program, sync_paths, space, limit_mib=sync_limit)
-    rules = restart_rules(restart_policy, max_restarts)
-    output = _job_display(env, ui.ProgramOutput(env.err if as_json else env.out, env.err))
-    if inventory is None and (mode or port_base or firewall or limit):
-        raise UsageError("--mode, --port-base, --firewall and --limit apply to a one-shot run (give INVENTORY)",
-                         hint="a cluster that is up keeps the mode and ports of its 'up'")
-    if inventory is not None and (detach or replace):
-        raise UsageError("--detach and --replace apply to a run on a cluster that is up, not to a one-shot run",
-                         hint=f"'pscluster up {inventory}', then 'pscluster run --detach -- PROGRAM ...'; "
-                              "'pscluster down' when it is done")
+    request = RunRequest(program=tuple(ctx.meta.get("pscluster.program") or ()), cwd=str(Path.cwd()), keep=keep,
+                         inventory=inventory, name=name, mode=mode, port_base=port_base,
+                         on=parse_roles(on_text) if on_text else None, sync_paths=sync_paths, sync_limit=sync_limit,
+                         keras=keras, restart_policy=restart_policy, max_restarts=max_restarts,
+                         host_timeout=host_timeout, grace=grace, timeout=timeout, firewall=firewall, limit=limit,
+                         allow_busy_gpus=allow_busy_gpus, notify_urls=notify_urls, notify_cmds=notify_cmds,
+                         replace=replace, until=until, min_workers=min_workers, as_json=as_json)
+    request.check(detach=detach)
+    _run(env, request, detach=detach, dry_run=dry_run)
 
-    notifiers: list = []
 
-    def supervisor(cluster_name: str, one_shot: bool, plan: ClusterPlan) -> JobExecutor[ProgramJob]:
-        notifier = _notifier(env, plan, notify_urls, notify_cmds, output)
-        notifiers.append(notifier)
-        kind = ProgramJob(argv=program, on=on, files=files, space=space, one_shot=one_shot,
-                          until=Until(until) if until else None, keras=keras, min_workers=min_workers)
-        return JobExecutor(kind, store=env.store, name=cluster_name, reporter=_with_notifier(output, notifier), pool=pool,
-                           root=space.root, rules=rules, host_timeout=host_timeout, grace=grace, secrets=secrets,
-                           detached=env.detached, replace=replace, keep=keep)
-
-    current: list[JobExecutor[ProgramJob]] = []
-
-    def remember(item: JobExecutor[ProgramJob]) -> JobExecutor[ProgramJob]:
-        current.append(item)
-        return item
-
+def _run(env: Env, request: RunRequest, *, detach: bool = False, dry_run: bool = False) -> None:
+    """``run``'s body, of its request (also what a --detach supervisor runs): build, call, render."""
+    from ..program.runspec import check_sync_paths
+    from ..supervision.jobkind import JobFailed
+    from ..supervision.program_job import run_program as run_on
+    space = _workspace(env, request)
+    check_sync_paths(request.sync_paths, space)     # bad --sync: a usage error before anything happens
     if dry_run:
-        _dry_run(env, inventory, name=name, mode=mode, port_base=port_base, limit=limit, on=on, program=program,
-                 space=space, as_json=as_json, keras=keras, sync=sync_paths, sync_limit=sync_limit)
+        _dry_run(env, request, space)
         return
+    output = _job_display(env, ui.ProgramOutput(env.err if request.as_json else env.out, env.err))
     try:
         with env.pool_factory() as pool:
-            if inventory is not None:
-                roles = on or one_shot_roles(load_inventory(inventory), mode)
-                options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=name,
-                                      mode=mode, port_base=port_base, roles=roles)
-                cluster = one_shot_plan(pin_inventory(_planned(_inventory(env, inventory, limit, mode, roles=roles),
-                                                               options, pool)),
-                                        store=env.store, on=on, firewall=firewall, keras=keras, until=until,
-                                        min_workers=min_workers)
-                secrets = take_secrets(cluster)
-                bringup = ui.RichReporter(env.err)
-                report = run_one_shot(cluster, lambda: remember(supervisor(cluster.name, True, cluster)), store=env.store,
-                                      pool=pool, bringup_reporter=bringup, secrets=secrets, timeout=timeout,
-                                      grace=grace, allow_busy_gpus=allow_busy_gpus)
-            else:
-                resolved = env.store.resolve_name(name)
-                state = env.store.load(resolved)
-                if state is None:
-                    raise UsageError(f"no cluster named {resolved!r}")
-                check_program_tasks(select_tasks(state.plan, on), until=until, min_workers=min_workers)
-                if detach:
-                    _detach(env, resolved, state, replace=replace, as_json=as_json)
-                    return
-                secrets = take_secrets(state.plan)
-                report = remember(supervisor(resolved, False, state.plan)).run()
-    except JobFailed:
-        if current:
-            _show_run_report(env, current[-1].kind.report(current[-1], exit_code=1), as_json=as_json)
+            request, plan = _run_plan(env, request, pool)
+            if detach:
+                _detach_run(env, request, plan)
+                return
+            notifier = _notifier(env, plan, request.notify_urls, request.notify_cmds, output)
+            try:
+                report = run_on(request, plan, store=env.store, pool=pool, space=space,
+                                reporter=_with_notifier(output, notifier), bringup_reporter=ui.RichReporter(env.err),
+                                detached=env.detached)
+            finally:
+                if notifier is not None:
+                    notifier.close()
+    except JobFailed as exc:
+        if exc.report is not None:
+            _show_run_report(env, exc.report, as_json=request.as_json)
         raise
     finally:
-        for notifier in notifiers:
-            if notifier is not None:
-                notifier.close()
         output.close()
-    _show_run_report(env, report, as_json=as_json)
+    _show_run_report(env, report, as_json=request.as_json)
 
 
-def _dry_run(env: Env, inventory: str | None, *, name: str | None, mode: str | None, port_base: int | None,
-             limit: str | None, on, program, space, as_json: bool, keras: str | None = None,
-             sync: tuple[str, ...] = (), sync_limit: int = DEFAULT_SYNC_LIMIT_MIB) -> None:
+def _workspace(env: Env, request: RunRequest) -> Workspace:
+    from ..program.runspec import Workspace
+    return Workspace(cwd=Path(request.cwd), root=project_root(), home=Path.home(), state_dir=env.store.root)
+
+
+def _run_plan(env: Env, request: RunRequest, pool) -> tuple[RunRequest, ClusterPlan]:
+    """The request with its cluster's name resolved, and the plan the program runs on: one shot,
+    INVENTORY's (read once) planned with the program's roles (``pool``: `<role>_gpus: auto`
+    resolved on the hosts; None, as ``plan`` makes it, for the dry run); else the state's."""
+    from dataclasses import replace
+    from ..program.runspec import one_shot_roles
+    if request.inventory is None:
+        resolved = env.store.resolve_name(request.name)
+        return replace(request, name=resolved), _existing(env, resolved).plan
+    inventory = _loaded(env, request.inventory)
+    roles = request.on or one_shot_roles(inventory, request.mode)
+    limited = _limited(env, inventory, request.limit, request.mode, roles)
+    options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=request.name,
+                          mode=request.mode, port_base=request.port_base, roles=roles)
+    return request, _planned(limited, options, pool)
+
+
+def _detach_run(env: Env, request: RunRequest, plan: ClusterPlan) -> None:
+    from ..program.runspec import select_tasks
+    from ..supervision.program_job import check_program_tasks
+    check_program_tasks(select_tasks(plan, request.on), until=request.until, min_workers=request.min_workers)
+    _detach(env, "run", request, _existing(env, env.store.resolve_name(request.name)))
+
+
+def _dry_run(env: Env, request: RunRequest, space: Workspace) -> None:
     """``run --dry-run``: the one-shot plan of INVENTORY (as ``plan`` makes it: no host is asked,
     so `<role>_gpus: auto` stays unresolved), or the plan of the cluster that is up, and the
-    files ``run`` would copy to hosts that do not share this checkout, with their total size."""
+    files ``run`` would copy to hosts that do not share this checkout, with their total size:
+    each task's :func:`~cluster.program.runspec.launch_spec`, what the run starts."""
     import shlex
-    from ..program.runspec import dry_run, one_shot_roles, program_file_set, same_command_lines, select_tasks
-    if inventory is not None:
-        roles = on or one_shot_roles(load_inventory(inventory), mode)
-        cluster = _planned(_inventory(env, inventory, limit, mode, roles=roles),
-                           PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=name,
-                                       mode=mode, port_base=port_base, roles=roles), None)
-        tasks = cluster.tasks if on is None else select_tasks(cluster, on)
-    else:
-        cluster = _existing(env, env.store.resolve_name(name)).plan
-        tasks = select_tasks(cluster, on)
-    rows = dry_run(cluster, tasks, program, space, keras)
+    from ..program.runspec import dry_run, program_file_set, same_command_lines, select_tasks
+    request, cluster = _run_plan(env, request, None)
+    tasks = cluster.tasks if request.one_shot and request.on is None else select_tasks(cluster, request.on)
+    rows = dry_run(cluster, tasks, request, space)
+    program = request.program
+    as_json = request.as_json
     warnings = same_command_lines(cluster, tasks, program)
-    files = program_file_set(program, sync, space, limit_mib=sync_limit)
+    files = program_file_set(program, request.sync_paths, space, limit_mib=request.sync_limit)
     if as_json:
         ui.print_json(env.out, {"cluster": cluster.name, "tasks": rows, "warnings": warnings,
                                 "files": [{"path": f.rel, "size": f.size} for f in files.entries],
@@ -346,20 +346,18 @@ def _job_display(env: Env, display):
     return TeeReporter(display, EventLog(env.detached.events))
 
 
-def _detach(env: Env, name: str, state: RunState, *, replace: bool, as_json: bool) -> None:
-    """``--detach``: start this very command in a supervisor daemon and return once the job's
-    processes run (job state ``running``); the daemon's log lines are shown meanwhile."""
+def _detach(env: Env, command: str, request: RunRequest | TrainRequest, state: RunState) -> None:
+    """``--detach``: start ``command`` (train, run) of ``request`` in a supervisor daemon, which
+    receives ``request.to_json()``, and return once the job's processes run (job state
+    ``running``); the daemon's log lines are shown meanwhile."""
     from ..supervision import daemon as detach
-    ctx = click.get_current_context()
+    name, replace, as_json = request.name or state.name, request.replace, request.as_json
     job = state.job
     alive = job is not None and job.live and detach.orchestrator_alive(job.orchestrator)
     conflict = detach.job_conflict(name, job, supervisor_alive=alive, running=0)
     if conflict is not None and not replace:
         raise UsageError(conflict.message, hint=conflict.hint)
-    program = ctx.meta.get("pscluster.program")
-    request = {"command": ctx.command.name, "params": dict(ctx.params, name=name, detach=False),
-               "program": list(program) if program else None}
-    spawned = detach.spawn_supervisor(env.store.root, name, request)
+    spawned = detach.spawn_supervisor(env.store.root, name, {"command": command, "request": request.to_json()})
     env.err.print(f"▸ detached: supervisor pid {spawned.pid}, log {spawned.log}", markup=False, highlight=False)
     try:
         started = detach.wait_started(env.store, name, spawned,
@@ -392,21 +390,23 @@ def _detach(env: Env, name: str, state: RunState, *, replace: bool, as_json: boo
 @click.pass_context
 def supervise(ctx: click.Context, name: str) -> None:
     """Internal: the supervisor daemon of `train --detach` / `run --detach` (its request on stdin)."""
+    from ..program.request import JsonRequest, RunRequest
     from ..supervision.daemon import DaemonFiles
+    from ..supervision.training import TrainRequest
     env: Env = ctx.obj
+    kinds: dict[str, tuple[type[JsonRequest], Callable[..., None]]] = {"train": (TrainRequest, _train),
+                                                                        "run": (RunRequest, _run)}
     try:
-        request = json.loads(sys.stdin.read())
-        command = cli.commands[request["command"]]
-        params = dict(request["params"], detach=False)
+        sent = json.loads(sys.stdin.read())
+        kind, body = kinds[sent["command"]]
+        request = kind.from_json(sent["request"])
     except (ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"supervise: bad request on stdin ({exc})", hint="an internal command of --detach") from None
     devnull = os.open(os.devnull, os.O_RDONLY)       # nothing more to read: stdin is /dev/null from here on
     os.dup2(devnull, 0)
     os.close(devnull)
     env.detached = DaemonFiles.of(env.store.root, name, os.getpid())
-    if request.get("program"):
-        ctx.meta["pscluster.program"] = tuple(request["program"])
-    ctx.invoke(command, **params)
+    body(env, request, detach=False)
 
 
 def _final_report(env: Env, job, *, as_json: bool) -> None:

@@ -38,6 +38,7 @@ from ..inventory import ROLES, Inventory, canonical_mode
 from ..contracts import MODE_ROLES
 from ..plan import ClusterPlan, HostSpec, TaskSpec
 from .progfiles import DEFAULT_SYNC_LIMIT_MIB, FileSet, program_files
+from .request import RunRequest
 
 PLACEHOLDERS = ("ps_hosts", "worker_hosts", "chief_hosts", "job_name", "task_type", "task_index", "num_workers",
                 "num_ps", "port", "host")
@@ -109,21 +110,41 @@ def same_command_lines(plan: ClusterPlan, tasks: Sequence[TaskSpec], argv: Seque
     return warnings
 
 
-def dry_run(plan: ClusterPlan, tasks: Sequence[TaskSpec], argv: Sequence[str], space: "Workspace",
-            keras: str | None = None) -> list[dict]:
-    """What ``run`` would start, per task, starting nothing: host, folder, the filled command
-    line, CUDA_VISIBLE_DEVICES, TF_CONFIG and the environment (``run --dry-run``). The secrets a
-    task gets are named with ``****`` for their values (they are read only when a run starts)."""
-    rows = []
-    for task in tasks:
-        host = plan.host(task.host)
-        env = {**plan.task_env(task), **program_env(plan, task, keras)}
-        env.update({name: "****" for name in host.secret_env})
-        rows.append({"task": task.name, "host": task.host, "cwd": space.host_cwd(host),
-                     "argv": host_argv(expand(argv, placeholder_values(plan, task)), host),
-                     "cuda_visible_devices": task.cuda_visible_devices,
-                     "tf_config": json.loads(env["TF_CONFIG"]) if "TF_CONFIG" in env else None, "env": env})
-    return rows
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One program process as it starts: its task, the folder it runs in on its host, its filled
+    command line and its whole environment (TF_CONFIG, the PSCLUSTER_* variables, its secrets)."""
+
+    task: TaskSpec
+    cwd: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+
+    def to_row(self) -> dict:
+        """The ``run --dry-run --json`` row of this process."""
+        env = dict(self.env)
+        return {"task": self.task.name, "host": self.task.host, "cwd": self.cwd, "argv": list(self.argv),
+                "cuda_visible_devices": self.task.cuda_visible_devices,
+                "tf_config": json.loads(env["TF_CONFIG"]) if "TF_CONFIG" in env else None, "env": env}
+
+
+def launch_spec(plan: ClusterPlan, task: TaskSpec, request: RunRequest, space: Workspace,
+                secrets: Mapping[str, str] | None = None) -> LaunchSpec:
+    """What ``run`` starts for ``task``: the one definition that the launch and ``run --dry-run``
+    share, so the dry run is exactly what will run (TorchX's submit_dryrun). ``secrets`` are the
+    task's secret values (cluster/secrets.py ``Secrets.env_for``); None: a dry run, which names
+    every secret of the task's host with ``****`` for its value (they are read only when a run starts)."""
+    host = plan.host(task.host)
+    env = {**plan.task_env(task), **({name: "****" for name in host.secret_env} if secrets is None else secrets),
+           **program_env(plan, task, request.keras)}
+    return LaunchSpec(task=task, cwd=space.host_cwd(host),
+                      argv=tuple(host_argv(expand(request.program, placeholder_values(plan, task)), host)), env=env)
+
+
+def dry_run(plan: ClusterPlan, tasks: Sequence[TaskSpec], request: RunRequest, space: Workspace) -> list[dict]:
+    """What ``run`` would start, per task, starting nothing (``run --dry-run``): :func:`launch_spec`
+    of each task, its secrets masked."""
+    return [launch_spec(plan, task, request, space).to_row() for task in tasks]
 
 
 def program_env(plan: ClusterPlan, task: TaskSpec, keras: str | None = None) -> dict[str, str]:

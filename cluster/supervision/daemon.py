@@ -4,7 +4,7 @@ supervisor's health that ``status`` shows.
 Where the supervisor of a detached job runs: **on the control machine, as a daemon.** The
 ``--detach`` command re-executes pscluster as ``supervise --name N`` in a new session
 (``setsid``: no controlling terminal, so closing the terminal or killing its process group
-cannot reach it), stdin the request (then nothing), stdout and stderr appended to
+cannot reach it), stdin the request (``{"command", "request": request.to_json()}``, then nothing), stdout and stderr appended to
 ``<state dir>/<name>.supervisor.log``. The daemon runs the very same command (the same
 :class:`~cluster.supervision.executor.JobExecutor` loop: restarts, budget, recovery, the job
 record) with its reporter writing plain lines to that log and every event, as one JSON object

@@ -31,6 +31,7 @@ class JobFailed(PsclusterError):
 
     def __init__(self, cause: PsclusterError, *, prefix: str = "training failed"):
         self.cause = cause
+        self.report: dict[str, Any] | None = None      # a failed run's report (program_job.reported)
         super().__init__(f"{prefix}: {cause.message}", hint=cause.hint)
 
 

@@ -19,6 +19,7 @@ ParameterServerStrategy program) are stopped. A failure follows the restart poli
 """
 from __future__ import annotations
 
+import functools
 import posixpath
 import shlex
 from dataclasses import replace
@@ -31,18 +32,21 @@ from ..errors import Failure, HostError, MultiHostError, PsclusterError, UsageEr
 from ..events import Reporter
 from ..fanout import fan_out
 from ..program.importscan import ImportedModule, scan_program
-from ..lifecycle.tasks import check_ports_free, task_env
+from ..lifecycle.tasks import check_ports_free
 from ..lifecycle.updown import bring_down, bring_up
-from ..secrets import Secrets
+from ..secrets import Secrets, take_from_environment as take_secrets
+from ..lifecycle.resize import pin_inventory
 from .jobrecord import JobProgress
 from ..plan import ClusterPlan, HostSpec, TaskSpec
 from ..hosts.preflight import keras_check
-from ..program.runspec import (Workspace, effective_keras, expand, host_argv, placeholder_values, program_env, program_name,
-                               required_paths, same_command_lines, script_of, select_tasks)
+from ..program.request import RunRequest
+from ..program.runspec import (Workspace, effective_keras, expand, host_argv, launch_spec, local_files,
+                               placeholder_values, program_name, required_paths, same_command_lines, script_of, select_tasks)
 from ..state import ProcessRecord, StateStore
 from . import core
-from .executor import JobExecutor
-from .jobkind import JobKind, Watched
+from .daemon import DaemonFiles
+from .executor import JobExecutor, restart_rules
+from .jobkind import JobFailed, JobKind, Watched
 from ..layout import host_layout
 from ..transport import TransportPool
 
@@ -63,19 +67,18 @@ class ProgramJob(JobKind):
     entry = "run"
     failure_prefix = "run failed"
 
-    def __init__(self, *, argv: Sequence[str], on: tuple[str, ...] | None,
-                 files: Sequence[LocalFile] | Callable[[], Sequence[LocalFile]], space: Workspace,
-                 one_shot: bool = False, until: Until | None = None, keras: str | None = None,
-                 min_workers: int | None = None):
-        self.argv = tuple(argv)
-        self.on = on
+    def __init__(self, request: RunRequest, *, files: Sequence[LocalFile] | Callable[[], Sequence[LocalFile]],
+                 space: Workspace):
+        self.request = request
+        self.argv = request.program
+        self.on = request.on
         self.files = files            # or a function that finds them, called only if some host needs them
         self.space = space
-        self.one_shot = one_shot
-        self.until = until                  # None: core.default_until of the tasks that run it
+        self.one_shot = request.one_shot
+        self.until = Until(request.until) if request.until else None     # None: core.default_until of its tasks
         self.idle_since: float | None = None
-        self.keras = keras            # run --keras (None: each host's pscluster_keras)
-        self.min_workers = min_workers          # run --min-workers: workers may drop out down to this
+        self.keras = request.keras            # run --keras (None: each host's pscluster_keras)
+        self.min_workers = request.min_workers          # run --min-workers: workers may drop out down to this
         self.dropped: set[str] = set()          # worker tasks left out of the run
         self.partial: dict[str, str] = {}          # log path -> its unfinished last line
         self.outcomes: dict[str, dict[str, Any]] = {}         # task -> what became of it (for the report)
@@ -164,11 +167,10 @@ class ProgramJob(JobKind):
         attempt = ex.attempt(task, ProcessKind.PROGRAM)
         log, _ = host_layout(task, ex.plan).job_paths(ex.job_id, task.role, task.index, attempt)
         record = ProcessRecord.for_task(task.name, task.host, ProcessKind.PROGRAM, attempt, log, job=ex.job_id)
-        host = ex.plan.host(task.host)
-        argv = host_argv(expand(self.argv, placeholder_values(ex.plan, task)), host)
-        env = {**task_env(ex.plan, task, ex.secrets, standing=False), **program_env(ex.plan, task, self.keras)}
-        launch_task = _in_dir(task, self.space.host_cwd(host))
-        watched = ex.launch(launch_task, record, argv=argv, env=env, kind=ProcessKind.PROGRAM, files=(log,))
+        spec = launch_spec(ex.plan, task, self.request, self.space,
+                           ex.secrets.env_for(task, standing=False) if ex.secrets else {})
+        watched = ex.launch(_in_dir(task, spec.cwd), record, argv=list(spec.argv), env=dict(spec.env),
+                            kind=ProcessKind.PROGRAM, files=(log,))
         watched.task = task
         self.first_launch.setdefault(task.name, watched.launched)
         self.outcomes[task.name] = {"state": "running"}
@@ -345,13 +347,54 @@ def _in_dir(task: TaskSpec, cwd: str) -> TaskSpec:
     return replace(task, workdir=cwd)
 
 
-def run_one_shot(plan: ClusterPlan, make_executor: Callable[[], JobExecutor[ProgramJob]], *, store: StateStore, pool: TransportPool,
+def run_program(request: RunRequest, plan: ClusterPlan, *, store: StateStore, pool: TransportPool, space: Workspace,
+                reporter: Reporter, bringup_reporter: Reporter, detached: DaemonFiles | None = None) -> dict[str, Any]:
+    """Run ``request``'s program and return its report (the ``run --json`` document): one shot
+    (``plan`` is INVENTORY's, planned with the program's roles: bring up, run, take down), or on
+    the cluster that is up (``plan`` is its state's).
+
+    Raises:
+        JobFailed: the run failed; its ``report`` is the run's document (exit code 1).
+    """
+    if request.one_shot:
+        cluster = one_shot_plan(pin_inventory(plan), store=store, on=request.on, firewall=request.firewall,
+                                keras=request.keras, until=request.until, min_workers=request.min_workers)
+        secrets = take_secrets(cluster)
+        return run_one_shot(cluster, lambda: reported(program_executor(
+            request, cluster, name=cluster.name, store=store, pool=pool, space=space, reporter=reporter,
+            secrets=secrets, detached=detached)), store=store, pool=pool, bringup_reporter=bringup_reporter, secrets=secrets,
+            timeout=request.timeout, grace=request.grace, allow_busy_gpus=request.allow_busy_gpus)
+    check_program_tasks(select_tasks(plan, request.on), until=request.until, min_workers=request.min_workers)
+    return reported(program_executor(request, plan, name=request.name or plan.name, store=store, pool=pool,
+                                     space=space, reporter=reporter, secrets=take_secrets(plan), detached=detached))
+
+
+def program_executor(request: RunRequest, plan: ClusterPlan, *, name: str, store: StateStore, pool: TransportPool,
+                     space: Workspace, reporter: Reporter, secrets: Secrets | None,
+                     detached: DaemonFiles | None) -> JobExecutor[ProgramJob]:
+    """The executor of ``request``'s run on cluster ``name`` of ``plan`` (``.run()`` runs it)."""
+    # Walked and hashed only when some host needs the files (a shared checkout does not).
+    files = functools.partial(local_files, request.program, request.sync_paths, space, limit_mib=request.sync_limit)
+    return JobExecutor(ProgramJob(request, files=files, space=space), store=store, name=name, reporter=reporter,
+                       pool=pool, root=space.root, rules=restart_rules(request.restart_policy, request.max_restarts),
+                       host_timeout=request.host_timeout, grace=request.grace, secrets=secrets, detached=detached,
+                       replace=request.replace, keep=request.keep)
+
+
+def reported(ex: JobExecutor[ProgramJob]) -> dict[str, Any]:
+    """``ex.run()``; a failed run's :class:`JobFailed` carries the run's report."""
+    try:
+        return ex.run()
+    except JobFailed as exc:
+        exc.report = ex.kind.report(ex, exit_code=1)
+        raise
+
+
+def run_one_shot(plan: ClusterPlan, run: Callable[[], dict[str, Any]], *, store: StateStore, pool: TransportPool,
                  bringup_reporter: Reporter, secrets: Secrets, timeout: float, grace: float,
                  allow_busy_gpus: bool = False) -> dict[str, Any]:
-    """Bring ``plan`` up (no standing server: every task runs the program), run, and always
-    take it down again, even after a failure or Ctrl-C.
-
-    ``make_executor()`` returns the run's executor (its kind a :class:`ProgramJob`) once the cluster is up.
+    """Bring ``plan`` up (no standing server: every task runs the program), ``run()`` the program
+    once the cluster is up, and always take it down again, even after a failure or Ctrl-C.
 
     Preflight only warns about a host without a usable TensorFlow: no TensorFlow server
     stands in a one-shot run, and whether the user's program imports TensorFlow is its own
@@ -362,7 +405,7 @@ def run_one_shot(plan: ClusterPlan, make_executor: Callable[[], JobExecutor[Prog
              allow_busy_gpus=allow_busy_gpus, tensorflow=need)
     bringup_reporter.close()
     try:
-        return make_executor().run()
+        return run()
     finally:
         take_down(plan.name, store=store, pool=pool, reporter=bringup_reporter, grace=grace)
 
@@ -382,7 +425,7 @@ def take_down(name: str, *, store: StateStore, pool: TransportPool, reporter: Re
             return
 
 
-__all__ = ["ProgramJob", "run_one_shot"]
+__all__ = ["ProgramJob", "run_one_shot", "run_program"]
 
 
 def check_program_tasks(tasks: Sequence[TaskSpec], *, until: str | None, min_workers: int | None) -> None:

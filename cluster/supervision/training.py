@@ -19,9 +19,11 @@ from ..hosts import hostops
 from ..contracts import DEFAULT_GRACE, Mode, Role
 from ..hosts.codesync import LocalFile, collect, needs_sync
 from ..errors import UsageError
+from ..history import DEFAULT_KEEP
 from ..layout import job_code_dir
 from ..names import is_cluster_name
 from ..plan import ClusterPlan, HostSpec, TaskSpec
+from ..program.request import JsonRequest
 from .jobrecord import JobProgress
 from ..transport import Transport
 
@@ -105,6 +107,24 @@ class JobOptions(TrainerSettings):
     # from the job, see cluster/supervision/core.py stall_limit; 0: never).
     stall_timeout: float | None = None
     extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TrainRequest(JsonRequest):
+    """``pscluster train JOB [OPTIONS]`` as one value: what the command line asked for, and what a
+    ``--detach`` supervisor receives (:meth:`JsonRequest.to_json`) to run the same job."""
+
+    job: str
+    name: str                   # the cluster's, resolved
+    options: JobOptions
+    min_workers: int | None = None
+    hosts_from: str | None = None
+    hosts_every: float = 10.0
+    notify_urls: tuple[str, ...] = ()
+    notify_cmds: tuple[str, ...] = ()
+    replace: bool = False
+    keep: int = DEFAULT_KEEP
+    as_json: bool = False
 
 
 # Trainer settings given on every command line, and those given only when set. The seed is

@@ -218,6 +218,45 @@ def test_train_detach_refuses_a_live_job_with_exit_2(cluster_state):
     assert not list(store.root.glob("*.supervisor*"))        # no daemon was started
 
 
+@pytest.mark.parametrize("argv", [["run", "--name", "c", "--detach", "--until", "workers", "--", "python", "p.py"],
+                                  ["train", "distributed_mnist", "--name", "c", "--steps", "40", "--detach"]])
+def test_detach_hands_the_supervisor_its_request_as_json(cluster_state, monkeypatch, argv):
+    """Issue 43 item 2: the daemon receives request.to_json() (not click's parameters), which
+    rebuilds the very request; the supervisor runs its body with it, unchanged."""
+    from cluster.program.request import RunRequest
+    from cluster.supervision.training import TrainRequest
+    store, state = cluster_state
+    store.save(state)
+    sent = []
+
+    def spawn(root, name, request):
+        sent.append(json.loads(json.dumps(request)))
+        raise PsclusterError("spawned (test)")
+    monkeypatch.setattr(detach, "spawn_supervisor", spawn)
+    cli = Captured(store.root)
+    cli.env.store = store
+    assert cli.run(*argv) == 1, cli.stderr.getvalue()
+    (request,) = sent
+    assert request["command"] == argv[0] and set(request) == {"command", "request"}
+    value = (RunRequest if argv[0] == "run" else TrainRequest).from_json(request["request"])
+    assert value.name == "c" and value.to_json() == request["request"]
+    if argv[0] == "run":
+        assert value.program == ("python", "p.py") and value.until == "workers" and value.cwd == os.getcwd()
+    else:
+        assert value.job == "distributed_mnist" and value.options.steps == 40
+
+
+def test_supervise_refuses_a_request_with_a_field_it_does_not_know(cluster_state, monkeypatch):
+    import io
+    store, state = cluster_state
+    store.save(state)
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps({"command": "run", "request": {"program": ["true"]}})))
+    cli = Captured(store.root)
+    cli.env.store = store
+    assert cli.run("supervise", "--name", "c") == 2
+    assert "RunRequest: missing field(s) cwd, keep, inventory" in " ".join(cli.stderr.getvalue().split())
+
+
 def test_one_shot_run_cannot_detach(tmp_path):
     cli = Captured(tmp_path / "state")
     assert cli.run("run", str(INVENTORIES / "local.yaml"), "--detach", "--", "true") == 2
