@@ -71,8 +71,9 @@ def drain_host(store: StateStore, name: str, host: str, *, deadline: float, pool
         _mark(store, name, host, DRAINING)
     try:
         if drain.action == IN_PLACE:
-            text = resize.ask_job(store, name, resize.ResizeRequest(state.plan, reason=reason, drain=host),
-                                  reporter=reporter, timeout=deadline, what=f"{host}'s workers leave in place")
+            with resize.resize_lock(store, name):       # not during a scale, nor two drains at once
+                text = resize.ask_job(store, name, resize.ResizeRequest(state.plan, reason=reason, drain=host),
+                                      reporter=reporter, timeout=deadline, what=f"{host}'s workers leave in place")
         else:
             new = resize.replan(state.plan, port_base=state.port_base, limit=state.limit,
                                 counts={**resize.worker_counts(state.plan), host: 0}, pool=pool)
@@ -128,8 +129,10 @@ def undrain_host(store: StateStore, name: str, host: str, *, pool: TransportPool
     job_live = state.job is not None and state.job.live
     in_plan = any(t.host == host for t in state.plan.tasks)
     if job_live and in_plan:        # an async worker host that left in place: its workers come back
-        text = resize.ask_job(store, name, resize.ResizeRequest(state.plan, reason=f"undrain {host}", undrain=host),
-                              reporter=reporter, timeout=timeout, what=f"{host}'s workers come back")
+        with resize.resize_lock(store, name):
+            text = resize.ask_job(store, name, resize.ResizeRequest(state.plan, reason=f"undrain {host}",
+                                                                    undrain=host),
+                                  reporter=reporter, timeout=timeout, what=f"{host}'s workers come back")
     else:
         counts = {h: c for h, c in resize.worker_counts(state.plan).items() if h != host}
         new = resize.replan(state.plan, port_base=state.port_base, limit=state.limit, counts=counts, pool=pool)

@@ -89,3 +89,30 @@ def test_the_cli_exits_2_on_bad_input(tmp_path, args, said):
     assert captured.run(*args) == 2, captured.stderr.getvalue()
     said_there = captured.stderr.getvalue()
     assert said in said_there and "Traceback" not in said_there
+
+
+def test_undrain_of_a_host_that_is_not_drained_and_a_drain_during_a_scale_are_refused(tmp_path, write_inventory):
+    from cluster.contracts import Phase
+    from cluster.events import RecordingReporter
+    from cluster.lifecycle.resize import resize_lock
+    from cluster.state import StateStore
+    from cluster.supervision.drain_job import drain_host, undrain_host
+    store = StateStore(tmp_path / "state")
+    plan = lab(write_inventory, "h2", "h3")
+    store.save(RunState(name="lab", plan=plan, phase=Phase.UP))
+    with pytest.raises(UsageError) as caught:
+        undrain_host(store, "lab", "h2", pool=None, reporter=RecordingReporter(), secrets=lambda plan: None)  # type: ignore[arg-type]
+    assert "'h2' is not drained in cluster 'lab'" in caught.value.message and "none" in caught.value.hint
+    with pytest.raises(UsageError) as caught:
+        drain_host(store, "lab", "h9", deadline=30, pool=None, reporter=RecordingReporter(),  # type: ignore[arg-type]
+                   secrets=lambda plan: None)
+    assert "'h9' is not a host of cluster 'lab'" in caught.value.message
+    state = store.load("lab")
+    assert state is not None and state.drained == {}
+    with resize_lock(store, "lab"):       # a scale runs: the idle cluster's drain (through scale) is refused
+        with pytest.raises(UsageError) as caught:
+            drain_host(store, "lab", "h2", deadline=30, pool=None, reporter=RecordingReporter(),  # type: ignore[arg-type]
+                       secrets=lambda plan: None)
+    assert "another 'pscluster scale'" in caught.value.message
+    state = store.load("lab")
+    assert state is not None and state.drained == {}      # a refused drain leaves no mark
