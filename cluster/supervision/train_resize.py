@@ -540,7 +540,9 @@ class Resizer:
               (f"{', '.join(t.name for t in restart)} started again" if restart else "")
         text = f"{host} is back: {how}; the chief takes them back in place"
         ex.reporter.emit("message", text=text)
-        ex.set_job(message=None)
+        # (an undrained host's workers count again: drain_in_place counted them out)
+        ex.set_job(message=None, workers=sum(1 for t in ex.plan.tasks_of("worker")
+                                             if t.host not in self.away and t.host not in ex.state.drained))
         ex.announce("resized", {"reason": f"{host} is back", "in_place": True, "back": host,
                                 "tasks": [t.name for t in tasks], "workers": len(ex.plan.tasks_of("worker"))})
 
