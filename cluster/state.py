@@ -115,6 +115,9 @@ class RunState:
     # edited inventory that asks for another mode is refused by `scale`); None: a state written
     # before it was recorded, or a cluster `up` did not start (`run`'s one-shot cluster).
     mode_from: str | None = None
+    # Hosts `pscluster drain` took tasks off (host -> "draining" | "drained"; cluster/lifecycle/drain.py);
+    # `undrain`, or a `scale` that gives the host tasks again, clears them.
+    drained: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.phase = Phase(self.phase)     # given as its string (a test, an old caller): the enum
@@ -157,6 +160,7 @@ class RunState:
             "job": self.job.to_json() if self.job is not None else None,
             "restarts": self.restarts, "synced": self.synced, "firewall": self.firewall, "port_base": self.port_base,
             "limit": self.limit, "mode_from": self.mode_from,
+            **({"drained": self.drained} if self.drained else {}),     # an older state is written again unchanged
             "plan": plan_to_json(self.plan),
             "processes": [dataclasses.asdict(record) for record in self.processes],
         }
@@ -168,7 +172,8 @@ class RunState:
                    created=data["created"], updated=data["updated"], message=data.get("message"),
                    job=JobProgress.from_json(data["job"]) if data.get("job") else None, restarts=data.get("restarts", {}), synced=data.get("synced", {}),
                    firewall=data.get("firewall", {}), port_base=data.get("port_base"),
-                   limit=data.get("limit"), mode_from=data.get("mode_from"))
+                   limit=data.get("limit"), mode_from=data.get("mode_from"),
+                   drained=dict(data.get("drained") or {}))
 
 
 _last_plan: list[tuple[ClusterPlan, dict]] = []      # the last plan written, and its JSON form

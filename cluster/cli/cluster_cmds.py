@@ -1,4 +1,4 @@
-"""Commands on a cluster: plan, check, up, status, down, scale, tensorboard."""
+"""Commands on a cluster: plan, check, up, status, down, scale, drain, undrain, tensorboard."""
 from __future__ import annotations
 
 import json
@@ -187,6 +187,9 @@ def _show_status(env: Env, state: RunState, rows: list, *, as_json: bool, source
         ui.render_status(env.out, state.name, state.mode, state.phase, view.rows, job=state.job, message=state.message)
         if source is not None and source.from_record:
             env.out.print(f"({source.describe()}; 'pscluster status --probe' asks every host)")
+        for host, how in sorted(state.drained.items()):
+            env.out.print(f"{host}: {how} (pscluster undrain {host} lets it take tasks again)",
+                          markup=False, highlight=False)
         if view.supervisor is not None:
             ui.render_supervisor(env.out, view.supervisor, cluster=state.name)
 
@@ -286,7 +289,56 @@ def scale(env: Env, inventory: str, name: str | None, port_base: int | None, lim
                                    timeout=timeout)
     finally:
         reporter.close()
+    from ..supervision.drain_job import clear_drained
+    clear_drained(env.store, resolved)
     env.err.print(result.message, markup=False, highlight=False)
+
+
+@cli.command()
+@click.argument("host")
+@name_opt
+@click.option("--deadline", default="30s", show_default=True,
+              help="Time the host has left (30, 30s, 2m, 500ms): the tasks move before it, or the job checkpoints.")
+@click.pass_obj
+def drain(env: Env, host: str, name: str | None, deadline: str) -> None:
+    """Move every task off HOST before the deadline (a machine about to be taken: spot notice,
+    maintenance). Async workers leave in place, sync workers through a resize; a ps or the chief
+    cannot move yet: the job checkpoints instead (see README 'Before a machine is taken').
+    Exit 0: HOST holds nothing of the cluster; 1: the deadline came first (what is left is said)."""
+    from ..lifecycle.drain import parse_deadline
+    from ..supervision.drain_job import drain_host
+    seconds = parse_deadline(deadline)
+    result = _on_cluster(env, name, lambda resolved, pool, reporter: drain_host(
+        env.store, resolved, host, deadline=seconds, pool=pool, reporter=reporter, secrets=take_secrets))
+    env.err.print(result.message, markup=False, highlight=False)
+    if not result.ok:
+        raise SystemExit(ExitStatus.FAILURE)
+
+
+@cli.command()
+@click.argument("host")
+@name_opt
+@click.option("--timeout", type=SECONDS, default=600.0, show_default=True,
+              help="Seconds to wait for a running job's supervisor to take the host back.")
+@click.pass_obj
+def undrain(env: Env, host: str, name: str | None, timeout: float) -> None:
+    """Let a drained HOST take tasks again (an async job takes its workers back in place)."""
+    from ..supervision.drain_job import undrain_host
+    text = _on_cluster(env, name, lambda resolved, pool, reporter: undrain_host(
+        env.store, resolved, host, pool=pool, reporter=reporter, secrets=take_secrets, timeout=timeout))
+    env.err.print(text, markup=False, highlight=False)
+
+
+def _on_cluster(env: Env, name: str | None, body):
+    """``body(name, pool, reporter)`` on an existing cluster, with the console reporter closed after."""
+    resolved = env.store.resolve_name(name)
+    _existing(env, resolved)
+    reporter = ui.RichReporter(env.err)
+    try:
+        with env.pool_factory() as pool:
+            return body(resolved, pool, reporter)
+    finally:
+        reporter.close()
 
 
 def _check_scale_mode(edited, path: str, state: RunState) -> None:

@@ -584,10 +584,17 @@ class ResizeRequest:
     reason: str = "scale"
     secret_names: Mapping[str, tuple[str, ...]] | None = None
     secret_roles: Mapping[str, tuple[str, ...]] | None = None
+    # `pscluster drain HOST` / `undrain HOST` of an async job's worker host: the plan stays, HOST's
+    # workers leave (or come back) in place (cluster/lifecycle/drain.py)
+    drain: str | None = None
+    undrain: str | None = None
 
     def to_json(self) -> dict:
         data: dict = {"plan": plan_to_json(self.plan), "keep_global_batch": self.keep_global_batch,
                       "reason": self.reason}
+        for key, host in (("drain", self.drain), ("undrain", self.undrain)):
+            if host is not None:        # only then: an older request is written again unchanged
+                data[key] = host
         for key, scope in (("secret_names", self.secret_names), ("secret_roles", self.secret_roles)):
             if scope is not None:
                 data[key] = {host: list(each) for host, each in scope.items()}
@@ -601,8 +608,10 @@ class ResizeRequest:
                 return None
             return {str(host): tuple(str(name) for name in each) for host, each in found.items()
                     if isinstance(each, list)}
+        def host(key: str) -> str | None:
+            return str(data[key]) if data.get(key) else None
         return cls(plan_from_json(data["plan"]), bool(data.get("keep_global_batch")), str(data.get("reason", "scale")),
-                   scope("secret_names"), scope("secret_roles"))
+                   scope("secret_names"), scope("secret_roles"), host("drain"), host("undrain"))
 
     def secret_scope(self) -> tuple[Mapping[str, tuple[str, ...]], Mapping[str, tuple[str, ...]]]:
         """The scope to apply: the one sent, else the plan's."""
@@ -661,9 +670,25 @@ class ScaleResult:
     through_job: bool           # carried out by the running job's supervisor
 
 
+def cluster_that_is_up(store: StateStore, name: str, what: str) -> RunState:
+    """The state of cluster ``name`` if it is up (only such a cluster can be ``what``).
+
+    Raises:
+        UsageError: no such cluster, or one starting or stopping.
+    """
+    state = store.load(name)
+    if state is None:
+        raise UsageError(f"no cluster named {name!r}", hint="'pscluster status' lists the clusters that are up")
+    if state.phase != Phase.UP:
+        raise UsageError(f"cluster {name!r} is {state.phase}: only a cluster that is up can be {what}",
+                         hint="wait for 'up', 'scale' or 'down' to finish")
+    return state
+
+
 def scale_cluster(store: StateStore, name: str, new: ClusterPlan, *, pool: TransportPool, reporter: Reporter,
                   secrets: Secrets | None, keep_global_batch: bool = False, allow_busy_gpus: bool = False,
-                  timeout: float = 600.0, sleep=None) -> ScaleResult:
+                  timeout: float = 600.0, sleep=None, reason: str = "scale", drain: str | None = None,
+                  undrain: str | None = None) -> ScaleResult:
     """Resize cluster ``name`` to ``new`` (module docstring).
 
     Raises:
@@ -672,17 +697,9 @@ def scale_cluster(store: StateStore, name: str, new: ClusterPlan, *, pool: Trans
         MultiHostError: preflight failed on a host that gets tasks (nothing changed).
         PsclusterError: the resize failed under way (the job's failure names why).
     """
-    import time
-    from ..supervision.daemon import orchestrator_alive, signal_supervisor
     from ..hosts.preflight import run_preflight
-    sleep = sleep or time.sleep
     with resize_lock(store, name):
-        state = store.load(name)
-        if state is None:
-            raise UsageError(f"no cluster named {name!r}", hint="'pscluster status' lists the clusters that are up")
-        if state.phase != Phase.UP:
-            raise UsageError(f"cluster {name!r} is {state.phase}: only a cluster that is up can be resized",
-                             hint="wait for 'up' or 'down' to finish")
+        state = cluster_that_is_up(store, name, "resized")
         old = state.plan
         diff = diff_plans(old, new)
         job = state.job
@@ -700,35 +717,53 @@ def scale_cluster(store: StateStore, name: str, new: ClusterPlan, *, pool: Trans
             writer = StateWriter(store, state, expect_phase=Phase.UP)
             apply_plan(writer, pool, reporter, old, new, diff, secrets)
             return ScaleResult(diff, f"cluster {name!r} resized: {describe(diff, new)}", False)
-        info = job.orchestrator if job is not None else None
-        if job is None:
-            raise UsageError(f"cluster {name!r} has no job record")
-        if job.entry != "train":
-            raise UsageError(f"job {job.id} is a 'pscluster run' program: scale resizes 'train' jobs and idle clusters",
-                             hint="stop the program ('pscluster stop-job'), scale, and run it again")
-        if info is None or not orchestrator_alive(info):
-            raise UsageError(f"job {job.id} runs without a supervisor on this machine: nobody can restart it at the "
-                             "new size", hint="'pscluster stop-job' (it checkpoints), scale, then 'train --resume'")
         scoped = secrets.names if secrets is not None else {}
         roles = secrets.standing_roles if secrets is not None else {}
-        post_request(store, name, ResizeRequest(new, keep_global_batch, secret_names=dict(scoped),
-                                                secret_roles=dict(roles)))
-        signal_supervisor(info, signal.SIGUSR2)
-        reporter.emit("message", text=f"asked job {job.id}'s supervisor (pid {info.pid}) to resize it: "
-                                      f"{describe(diff, new)}")
-        deadline = time.monotonic() + timeout
-        while True:
-            result = read_result(store, name)
-            if result is not None:
-                if not result.get("ok"):
-                    raise PsclusterError(f"the resize failed: {result.get('message')}",
-                                         hint="'pscluster status' shows what runs now")
-                return ScaleResult(diff, str(result.get("message")), True)
-            current = store.load(name)
-            if current is None or current.job is None or not current.job.live or not orchestrator_alive(info):
-                raise PsclusterError(f"job {job.id} ended before it was resized",
+        text = ask_job(store, name, ResizeRequest(new, keep_global_batch, reason, secret_names=dict(scoped),
+                                                  secret_roles=dict(roles), drain=drain, undrain=undrain),
+                       reporter=reporter, timeout=timeout, sleep=sleep, what=describe(diff, new))
+        return ScaleResult(diff, text, True)
+
+
+def ask_job(store: StateStore, name: str, request: ResizeRequest, *, reporter: Reporter, timeout: float,
+            what: str, sleep=None) -> str:
+    """Post ``request`` to the supervisor of cluster ``name``'s running ``train`` job and wait for its
+    answer (its message).
+
+    Raises:
+        UsageError: the job is a program, or runs with no supervisor on this machine.
+        PsclusterError: the supervisor refused or failed it, the job ended, or ``timeout`` passed.
+    """
+    import time
+    from ..supervision.daemon import orchestrator_alive, signal_supervisor
+    sleep = sleep or time.sleep
+    state = store.load(name)
+    job = state.job if state is not None else None
+    if job is None or not job.live:
+        raise UsageError(f"cluster {name!r} runs no job")
+    if job.entry != "train":
+        raise UsageError(f"job {job.id} is a 'pscluster run' program: scale resizes 'train' jobs and idle clusters",
+                         hint="stop the program ('pscluster stop-job'), scale, and run it again")
+    info = job.orchestrator
+    if info is None or not orchestrator_alive(info):
+        raise UsageError(f"job {job.id} runs without a supervisor on this machine: nobody can restart it at the "
+                         "new size", hint="'pscluster stop-job' (it checkpoints), scale, then 'train --resume'")
+    post_request(store, name, request)
+    signal_supervisor(info, signal.SIGUSR2)
+    reporter.emit("message", text=f"asked job {job.id}'s supervisor (pid {info.pid}) to resize it: {what}")
+    deadline = time.monotonic() + timeout
+    while True:
+        result = read_result(store, name)
+        if result is not None:
+            if not result.get("ok"):
+                raise PsclusterError(f"the resize failed: {result.get('message')}",
                                      hint="'pscluster status' shows what runs now")
-            if time.monotonic() > deadline:
-                raise PsclusterError(f"job {job.id}'s supervisor has not resized it after {timeout:.0f} s",
-                                     hint="'pscluster status' shows what runs now")
-            sleep(0.3)
+            return str(result.get("message"))
+        current = store.load(name)
+        if current is None or current.job is None or not current.job.live or not orchestrator_alive(info):
+            raise PsclusterError(f"job {job.id} ended before it was resized",
+                                 hint="'pscluster status' shows what runs now")
+        if time.monotonic() > deadline:
+            raise PsclusterError(f"job {job.id}'s supervisor has not resized it after {timeout:.0f} s",
+                                 hint="'pscluster status' shows what runs now")
+        sleep(0.3)

@@ -223,6 +223,7 @@ class StatusView:
                     if state.job is not None else None),
             "supervisor": self.supervisor.to_json() if self.supervisor is not None else None,
             "source": self.source.to_json() if self.source is not None else None,
+            "drained": dict(state.drained),
             "tasks": [{"role": r.role, "index": r.index, "host": r.host, "address": r.address, "port": r.port,
                        "kind": r.kind, "pid": r.pid, "state": r.state, "devices": list(r.devices),
                        "uptime": r.uptime, "exit_code": r.exit_code, "restarts": r.restarts, "detail": r.detail,

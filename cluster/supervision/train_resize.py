@@ -142,7 +142,7 @@ class Resizer:
             resize.post_result(ex.store, ex.name, ok=False, message=exc.message)
             return
         try:
-            text = self.resize(ex, request)
+            text = self.drain(ex, request) if request.drain or request.undrain else self.resize(ex, request)
         except PsclusterError as exc:
             resize.post_result(ex.store, ex.name, ok=False, message=exc.message)
             raise ex.fail(exc, "the resize failed") from None
@@ -227,6 +227,57 @@ class Resizer:
         ex.announce("resized", {"old": resize.membership(old), "new": resize.membership(new),
                                 "reason": request.reason, "workers": workers_after,
                                 "checkpoint_step": ex.progress.checkpoint_step})
+        return text
+
+    def drain(self, ex: JobExecutor[Any], request: ResizeRequest) -> str:
+        """``pscluster drain HOST`` / ``undrain HOST`` (cluster/supervision/drain_job.py): in place
+        when the request keeps HOST's tasks in the plan (an async worker host), else the resize of
+        ``scale``; the drained state is the supervisor's to record while the job runs (its writes
+        carry the whole state)."""
+        from ..lifecycle.drain import DRAINED, mark_drained
+        host = request.drain or request.undrain or ""
+        same = {t.name: t.host for t in request.plan.tasks} == {t.name: t.host for t in ex.plan.tasks}
+        if same and any(t.host == host for t in ex.plan.tasks):
+            return self.drain_in_place(ex, request)
+        text = self.resize(ex, request)
+        ex.writer.change(lambda s: mark_drained(s.drained, host, None if request.undrain else DRAINED))
+        return text
+
+    def drain_in_place(self, ex: JobExecutor[Any], request: ResizeRequest) -> str:
+        """``pscluster drain HOST`` of an async job's worker host (cluster/lifecycle/drain.py): a
+        planned drop-out. HOST's workers keep their tasks and indices in the plan (nobody is
+        renumbered, the chief restarts nothing); their servers stop, and the chief's worker-loss
+        path (roles/workerloss.py) runs their in-flight closures again on the other workers, so no
+        step is lost. ``undrain HOST``: the host is watched as one out in place (:attr:`away`), and
+        :meth:`bring_back` starts its servers again; the chief takes them back."""
+        from ..lifecycle.drain import DRAINED, mark_drained
+        host = request.drain or request.undrain or ""
+        if ex.plan.mode != Mode.ASYNC:
+            raise PsclusterError(f"{host}: an in-place drain is for async jobs; this one runs {ex.plan.mode}")
+        tasks = sorted(t.name for t in ex.plan.tasks if t.host == host)
+        if request.undrain:
+            self.away[host] = HostLink(ex.plan.host(host), ex.pool, clock=ex.clock)
+            self.away[host].set_targets([], [])
+            ex.writer.change(lambda s: mark_drained(s.drained, host, None))
+            return f"undrain {host}: {', '.join(tasks)} start again; the chief takes them back in place"
+        if any(ex.plan.task(name).role != "worker" for name in tasks):
+            raise PsclusterError(f"{host} runs more than workers: it cannot leave in place")
+        began = ex.clock()
+        going = [w for w in ex.watched.values() if w.task.host == host]
+        ex.forget_and_stop(going)
+        standbys = [r for r in ex.state.live_records() if r.host == host]   # a relaunch's standbys
+        if standbys:
+            ex.stop(standbys, grace=CLEANUP_GRACE)
+        ex.writer.change(lambda s: mark_drained(s.drained, host, DRAINED))
+        ex.retarget()
+        left = sum(1 for t in ex.plan.tasks_of("worker") if t.host != host and t.host not in ex.state.drained)
+        seconds = ex.clock() - began
+        text = (f"resized ({request.reason}) in place: {', '.join(tasks)} left, training goes on with {left} "
+                f"worker(s), nothing restored ({seconds:.2f} s)")
+        ex.reporter.emit("message", text=text)
+        ex.set_job(workers=left, message=None)
+        ex.announce("resized", {"reason": request.reason, "workers": left, "in_place": True, "drained": host,
+                                "tasks": tasks, "step": ex.progress.step, "seconds": round(seconds, 3)})
         return text
 
     def start_next(self, ex: JobExecutor[Any], new: ClusterPlan, diff: PlanDiff
@@ -489,7 +540,9 @@ class Resizer:
               (f"{', '.join(t.name for t in restart)} started again" if restart else "")
         text = f"{host} is back: {how}; the chief takes them back in place"
         ex.reporter.emit("message", text=text)
-        ex.set_job(message=None)
+        # (an undrained host's workers count again: drain_in_place counted them out)
+        ex.set_job(message=None, workers=sum(1 for t in ex.plan.tasks_of("worker")
+                                             if t.host not in self.away and t.host not in ex.state.drained))
         ex.announce("resized", {"reason": f"{host} is back", "in_place": True, "back": host,
                                 "tasks": [t.name for t in tasks], "workers": len(ex.plan.tasks_of("worker"))})
 

@@ -107,6 +107,7 @@ FLOAT_OPTIONS = [
     (["stop-job"], "--timeout"),
     (["stop-job"], "--grace"),
     (["scale", LOCAL], "--timeout"),
+    (["undrain", "h1"], "--timeout"),
     (["tensorboard"], "--timeout"),
 ]
 

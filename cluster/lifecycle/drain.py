@@ -1,0 +1,151 @@
+"""``pscluster drain HOST``: the pure part (issue 44, items 1 and 3).
+
+A drain is a planned change of membership with a deadline. :func:`parse_deadline` reads the
+deadline; :func:`plan_drain` says, before anything moves, what becomes of each task of HOST:
+
+* an async worker with a job running **leaves in place** (:data:`IN_PLACE`): its task stays in the
+  plan under its index (no worker is renumbered, so the chief restarts nothing), its server stops,
+  and the chief's worker-loss path (roles/workerloss.py) runs its in-flight closures again on the
+  other workers: no step is lost. The job's supervisor does it
+  (cluster/supervision/train_resize.py ``Resizer.drain_in_place``);
+* a sync or sync-ps worker, or any worker with no job running, leaves through the **resize** of
+  ``scale`` (:data:`RESIZE`): the cluster is re-planned with HOST's worker count at 0; a job
+  checkpoints at one step and restarts at the smaller size;
+* a ps or the chief cannot move yet (:data:`CHECKPOINT`): no spare is supported, so the job is
+  checkpointed (and stopped) before the deadline and the command says what is left (exit 1). The
+  ps path is :func:`ps_move` alone, to be swapped for a move of the variables later.
+
+The drained hosts are recorded in the cluster's state (``RunState.drained``); ``undrain`` or a
+``scale`` that gives the host tasks again clears them.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from ..contracts import Mode
+from ..errors import UsageError
+from ..plan import ClusterPlan
+
+IN_PLACE = "in place"
+RESIZE = "resize"
+CHECKPOINT = "checkpoint"
+
+DRAINING = "draining"
+DRAINED = "drained"
+
+MAX_DEADLINE = 24 * 3600.0
+_DEADLINE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|m|min|h)?\s*$")
+_UNIT = {None: 1.0, "s": 1.0, "ms": 0.001, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_deadline(text: str) -> float:
+    """Seconds from ``30``, ``30s``, ``1.5m``, ``500ms``, ``1h``.
+
+    Raises:
+        UsageError: not a number with a unit, 0, negative, NaN, infinite, or over a day.
+    """
+    hint = "give a positive number of seconds, e.g. --deadline 30s (units: ms, s, m, h)"
+    found = _DEADLINE.match(str(text))
+    if found is None:
+        raise UsageError(f"--deadline {text!r}: not a duration", hint=hint)
+    seconds = float(found.group(1)) * _UNIT[found.group(2)]
+    if not math.isfinite(seconds):
+        raise UsageError(f"--deadline {text!r}: not a finite duration", hint=hint)
+    if seconds <= 0:
+        raise UsageError(f"--deadline {text!r}: the deadline must be more than 0", hint=hint)
+    if seconds > MAX_DEADLINE:
+        raise UsageError(f"--deadline {text!r}: more than a day", hint=hint)
+    return seconds
+
+
+@dataclass(frozen=True)
+class TaskMove:
+    """What a drain does with one task of the host."""
+
+    task: str           # "worker:1"
+    role: str
+    action: str         # IN_PLACE | RESIZE | CHECKPOINT
+    why: str
+
+
+@dataclass(frozen=True)
+class DrainPlan:
+    """What ``drain HOST`` will do, decided before anything moves."""
+
+    host: str
+    moves: tuple[TaskMove, ...]
+
+    def of(self, action: str) -> tuple[TaskMove, ...]:
+        return tuple(move for move in self.moves if move.action == action)
+
+    @property
+    def action(self) -> str:
+        """The drain as a whole: CHECKPOINT if any task cannot move, else RESIZE if any task
+        needs it, else IN_PLACE (a host of async workers only). A host with no task: RESIZE
+        (nothing to move; the standing servers are already gone)."""
+        actions = {move.action for move in self.moves}
+        for action in (CHECKPOINT, RESIZE):
+            if action in actions:
+                return action
+        return IN_PLACE if actions else RESIZE
+
+    def describe(self) -> str:
+        return "; ".join(f"{move.task}: {move.action} ({move.why})" for move in self.moves) or "no task"
+
+
+def ps_move(plan: ClusterPlan, task: str, *, job_live: bool) -> TaskMove:
+    """A ps of the host: no spare host is supported yet, so the job checkpoints instead (the one
+    place to change when a ps can move; issue 44)."""
+    why = ("no spare host for a ps yet: the job is checkpointed instead" if job_live
+           else "no spare host for a ps yet: it stays")
+    return TaskMove(task, "ps", CHECKPOINT, why)
+
+
+def plan_drain(plan: ClusterPlan, host: str, *, job_live: bool, drained: tuple[str, ...] = ()) -> DrainPlan:
+    """What ``drain host`` does with each of its tasks (module docstring).
+
+    ``drained``: hosts drained already (their workers no longer count).
+
+    Raises:
+        UsageError: ``host`` is not a host of the cluster, or draining it would leave no worker.
+    """
+    names = [h.name for h in plan.hosts if any(t.host == h.name for t in plan.tasks)]
+    if host not in {h.name for h in plan.hosts}:
+        raise UsageError(f"{host!r} is not a host of cluster {plan.name!r}",
+                         hint=f"its hosts: {', '.join(names) or 'none'} ('pscluster status' lists its tasks)")
+    tasks = [t for t in plan.tasks if t.host == host]
+    workers_left = [t for t in plan.tasks_of("worker") if t.host != host and t.host not in drained]
+    if any(t.role == "worker" for t in tasks) and not workers_left:
+        raise UsageError(f"draining {host} would leave cluster {plan.name!r} with no worker",
+                         hint="add a worker host first ('pscluster scale' with it in the inventory), or "
+                              "'pscluster stop-job' to checkpoint the job")
+    moves = []
+    for task in tasks:
+        if task.role == "worker":
+            if job_live and plan.mode == Mode.ASYNC:
+                moves.append(TaskMove(task.name, task.role, IN_PLACE, "the chief trains on without it"))
+            else:
+                how = "the job saves at one step and restarts smaller" if job_live else "its server stops"
+                moves.append(TaskMove(task.name, task.role, RESIZE, how))
+        elif task.role == "ps":
+            moves.append(ps_move(plan, task.name, job_live=job_live))
+        else:       # chief, evaluator: they keep the job's checkpoints or follow the chief
+            moves.append(TaskMove(task.name, task.role, CHECKPOINT,
+                                  f"the {task.role}'s host cannot be drained: the job is checkpointed instead"
+                                  if job_live else f"the {task.role}'s host cannot be drained"))
+    return DrainPlan(host, tuple(moves))
+
+
+def worker_counts_without(counts: dict[str, int], host: str) -> dict[str, int]:
+    """The worker counts of a re-plan that leaves ``host`` out."""
+    return {**counts, host: 0}
+
+
+def mark_drained(drained: dict[str, str], host: str, value: str | None) -> None:
+    """Record ``host`` as ``value`` (DRAINING, DRAINED) in a state's ``drained``; None: clear it."""
+    if value is None:
+        drained.pop(host, None)
+    else:
+        drained[host] = value

@@ -1,0 +1,118 @@
+"""The pure part of `pscluster drain HOST` (cluster/lifecycle/drain.py): the deadline, what each
+task of the host does, and what is refused before anything moves; the CLI's exit 2 messages."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cluster.errors import UsageError
+from cluster.lifecycle.drain import (CHECKPOINT, DRAINED, IN_PLACE, RESIZE, mark_drained, parse_deadline,
+                                     plan_drain)
+from cluster.lifecycle.resize import ResizeRequest
+from cluster.state import RunState
+
+from .test_cli_plan import Captured
+from .test_resize_plan import lab
+
+
+@pytest.mark.parametrize("text, seconds", [("30", 30.0), ("30s", 30.0), ("1.5m", 90.0), ("500ms", 0.5),
+                                           ("1h", 3600.0), (" 2 min ", 120.0), ("1e1s", 10.0)])
+def test_deadlines_read_as_seconds(text, seconds):
+    assert parse_deadline(text) == seconds
+
+
+@pytest.mark.parametrize("text, said", [("0", "more than 0"), ("0s", "more than 0"), ("-5", "not a duration"),
+                                        ("nan", "not a duration"), ("inf", "not a duration"), ("abc", "not a duration"),
+                                        ("", "not a duration"), ("30x", "not a duration"), ("2d", "not a duration"),
+                                        ("25h", "more than a day"),
+                                        ("1e999", "not a finite duration"), ("-inf", "not a duration")])
+def test_bad_deadlines_are_refused_with_a_hint(text, said):
+    with pytest.raises(UsageError) as caught:
+        parse_deadline(text)
+    assert said in caught.value.message and f"--deadline {text!r}" in caught.value.message
+    assert "--deadline 30s" in caught.value.hint
+
+
+def test_an_async_worker_anywhere_in_the_list_leaves_in_place(write_inventory):
+    plan = lab(write_inventory, "h2", "h3", "h4")
+    drain = plan_drain(plan, "h2", job_live=True)       # worker:0, the first: no renumbering
+    assert [(m.task, m.action) for m in drain.moves] == [("worker:0", IN_PLACE)]
+    assert drain.action == IN_PLACE
+
+
+def test_a_sync_worker_or_no_job_leaves_through_the_resize(write_inventory):
+    sync = lab(write_inventory, "h2", "h3", mode="sync")
+    assert plan_drain(sync, "h2", job_live=True).action == RESIZE
+    idle = lab(write_inventory, "h2", "h3")
+    assert plan_drain(idle, "h3", job_live=False).action == RESIZE
+
+
+def test_the_chief_and_ps_host_checkpoints_instead(write_inventory):
+    plan = lab(write_inventory, "h2", "h3")
+    drain = plan_drain(plan, "h1", job_live=True)
+    assert {m.role: m.action for m in drain.moves} == {"chief": CHECKPOINT, "ps": CHECKPOINT}
+    assert drain.action == CHECKPOINT
+    assert "cannot be drained" in drain.describe() and "no spare host for a ps" in drain.describe()
+
+
+def test_unknown_host_and_the_last_worker_are_refused_before_anything_moves(write_inventory):
+    plan = lab(write_inventory, "h2", "h3")
+    with pytest.raises(UsageError) as caught:
+        plan_drain(plan, "h9", job_live=True)
+    assert "'h9' is not a host of cluster 'lab'" in caught.value.message and "h2" in caught.value.hint
+    with pytest.raises(UsageError) as caught:
+        plan_drain(plan, "h3", job_live=True, drained=("h2",))      # h2 drained already: h3 holds the last
+    assert "no worker" in caught.value.message
+    assert plan_drain(plan, "h3", job_live=True).action == IN_PLACE
+
+
+def test_the_drained_state_and_the_request_round_trip(write_inventory):
+    plan = lab(write_inventory, "h2", "h3")
+    state = RunState(name="lab", plan=plan)
+    mark_drained(state.drained, "h2", DRAINED)
+    assert RunState.from_json(json.loads(json.dumps(state.to_json()))).drained == {"h2": DRAINED}
+    mark_drained(state.drained, "h2", None)
+    assert state.drained == {}
+    request = ResizeRequest(plan, reason="drain h2", drain="h2")
+    again = ResizeRequest.from_json(json.loads(json.dumps(request.to_json())))
+    assert (again.drain, again.undrain, again.reason) == ("h2", None, "drain h2")
+    assert ResizeRequest.from_json({"plan": request.to_json()["plan"]}).drain is None     # an older request
+
+
+@pytest.mark.parametrize("args, said", [(["drain", "h1", "--deadline", "abc"], "--deadline 'abc': not a duration"),
+                                        (["drain", "h1", "--deadline", "-1"], "not a duration"),
+                                        (["drain", "h1", "--name", "nope"], "nope"),
+                                        (["undrain", "h1", "--name", "nope"], "nope")])
+def test_the_cli_exits_2_on_bad_input(tmp_path, args, said):
+    captured = Captured(tmp_path / "state")
+    assert captured.run(*args) == 2, captured.stderr.getvalue()
+    said_there = captured.stderr.getvalue()
+    assert said in said_there and "Traceback" not in said_there
+
+
+def test_undrain_of_a_host_that_is_not_drained_and_a_drain_during_a_scale_are_refused(tmp_path, write_inventory):
+    from cluster.contracts import Phase
+    from cluster.events import RecordingReporter
+    from cluster.lifecycle.resize import resize_lock
+    from cluster.state import StateStore
+    from cluster.supervision.drain_job import drain_host, undrain_host
+    store = StateStore(tmp_path / "state")
+    plan = lab(write_inventory, "h2", "h3")
+    store.save(RunState(name="lab", plan=plan, phase=Phase.UP))
+    with pytest.raises(UsageError) as caught:
+        undrain_host(store, "lab", "h2", pool=None, reporter=RecordingReporter(), secrets=lambda plan: None)  # type: ignore[arg-type]
+    assert "'h2' is not drained in cluster 'lab'" in caught.value.message and "none" in caught.value.hint
+    with pytest.raises(UsageError) as caught:
+        drain_host(store, "lab", "h9", deadline=30, pool=None, reporter=RecordingReporter(),  # type: ignore[arg-type]
+                   secrets=lambda plan: None)
+    assert "'h9' is not a host of cluster 'lab'" in caught.value.message
+    state = store.load("lab")
+    assert state is not None and state.drained == {}
+    with resize_lock(store, "lab"):       # a scale runs: the idle cluster's drain (through scale) is refused
+        with pytest.raises(UsageError) as caught:
+            drain_host(store, "lab", "h2", deadline=30, pool=None, reporter=RecordingReporter(),  # type: ignore[arg-type]
+                       secrets=lambda plan: None)
+    assert "another 'pscluster scale'" in caught.value.message
+    state = store.load("lab")
+    assert state is not None and state.drained == {}      # a refused drain leaves no mark
