@@ -351,7 +351,9 @@ class TrainJob(JobKind):
         for event in tail.feed(chunk):
             self.on_event(ex, watched, event, now)
 
-    def on_event(self, ex: JobExecutor[Any], watched: Watched, event: dict[str, Any], now: float) -> None:
+    # complexity 22 (C901 allows 15): one dispatch over the trainer's event kinds, each branch a few
+    # lines; a table of handlers is the next step (issue 43), not done yet.
+    def on_event(self, ex: JobExecutor[Any], watched: Watched, event: dict[str, Any], now: float) -> None:  # noqa: C901
         kind = event.get("event")
         is_leader = watched.task.name == self.leader.name
         if kind == "waiting":       # the async chief waits on a closure (roles/closures.py): not progress
