@@ -26,6 +26,19 @@ def machine() -> dict:
     }
 
 
+def dockers(rules: list[str]) -> list[str]:
+    """The rules dockerd makes (its chains, its bridges) and the policies it changes: the local
+    lane runs beside these tests and adds rules of its own meanwhile (tests/local/test_roles.py
+    blackholes a worker's port in INPUT/OUTPUT), which are not the engine's to undo."""
+    return sorted(r for r in rules if r.startswith("-P ") or any(m in r for m in ("DOCKER", "docker0", "br-")))
+
+
+def test_dockers_rules_are_told_from_the_others():
+    rules = ["-P FORWARD DROP", "-N DOCKER", "-A FORWARD -o docker0 -j DOCKER", "-A FORWARD -i br-1a2b -j ACCEPT",
+             "-A INPUT -p tcp -m tcp --dport 23191 -j DROP"]
+    assert dockers(rules) == sorted(rules[:4])
+
+
 def test_stopping_the_engine_undoes_what_dockerd_did(engine):
     before = engine._saved      # what start() found
     docker(engine, "network", "create", "psc-engine-test")
@@ -39,8 +52,8 @@ def test_stopping_the_engine_undoes_what_dockerd_did(engine):
     engine.stop()
     after = machine()
     try:
-        assert after["rules"]["filter"] == sorted(before["rules"]["filter"])
-        assert after["rules"]["nat"] == sorted(before["rules"]["nat"])
+        assert dockers(after["rules"]["filter"]) == dockers(before["rules"]["filter"])
+        assert dockers(after["rules"]["nat"]) == dockers(before["rules"]["nat"])
         assert set(after["links"]) == set(before["links"])
         assert after["ip_forward"] == before["ip_forward"]
         assert engine.pid is None
@@ -66,7 +79,8 @@ def test_a_start_removes_what_a_killed_run_left(engine):
         engine.start()
         engine.stop()
         after = machine()
-        assert after["rules"] == clean["rules"] and set(after["links"]) == set(clean["links"]), after
+        assert all(dockers(after["rules"][t]) == dockers(clean["rules"][t]) for t in ("filter", "nat")), after
+        assert set(after["links"]) == set(clean["links"]), after
     finally:
         if engine.pid is None:
             engine.start()
