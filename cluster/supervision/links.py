@@ -49,7 +49,7 @@ class HostLink:
         self.error: str | None = None
         self.reported = False           # its loss was reported (once per loss)
         self.notice: dict[str, str] | None = None     # the first notice heard (the supervisor takes it)
-        self.watch_pid: int | None = None              # the current watch process's pid, on its host
+        self.watch_pid: int | None = None              # the current stream's watch process, on its host
         self._noticed_on: object | None = None         # the stream that said it (it may end next)
         self._opening = False
         self._closed = False
@@ -61,6 +61,7 @@ class HostLink:
         with self._lock:
             self.targets = (records, files)
             old, self.stream = self.stream, None
+            self.watch_pid = None             # the next stream's, once it speaks
             self.last_seen = self.clock()     # a new stream gets a full grace period
         if old is not None:
             old.close()
