@@ -4,7 +4,9 @@ the drain child (a real process), and train's exit 2 on bad options."""
 from __future__ import annotations
 
 import datetime
-import os
+import http.server
+import json
+import threading
 import subprocess
 import sys
 import time
@@ -188,8 +190,54 @@ def test_the_notice_options_reach_the_supervisor_unchanged():
     assert (again.notices_from, again.notices_every, again.notice_deadline) == ("./n.sh", 2.0, 90.0)
 
 
-def test_the_examples_script_runs(tmp_path):
-    """examples/notices/spot_notices.py against a stand-in endpoint: see tests/local/test_notices.py."""
-    done = subprocess.run([sys.executable, str(REPO / "examples" / "notices" / "spot_notices.py"), "--help"],
-                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert done.returncode == 0 and "--endpoint" in done.stdout, done.stderr
+class MetadataStandIn(http.server.BaseHTTPRequestHandler):
+    """Each host's metadata under /HOST/: AWS (404 = no notice, IMDSv2 token) and GCE (TRUE/FALSE,
+    only with Metadata-Flavor: Google)."""
+
+    answers = {"/a1/latest/meta-data/spot/instance-action": json.dumps({"action": "terminate",
+                                                                        "time": "2026-12-02T19:00:00Z"}),
+               "/a3/latest/meta-data/spot/instance-action": "<html>not json</html>",
+               "/g1/computeMetadata/v1/instance/preempted": "TRUE",
+               "/g2/computeMetadata/v1/instance/preempted": "FALSE"}
+
+    def do_PUT(self):       # noqa: N802
+        self._answer(200, "tok") if self.path.endswith("/latest/api/token") else self._answer(404, "")
+
+    def do_GET(self):       # noqa: N802
+        if "computeMetadata" in self.path and self.headers.get("Metadata-Flavor") != "Google":
+            return self._answer(403, "")
+        if "meta-data" in self.path and self.headers.get("X-aws-ec2-metadata-token") != "tok":
+            return self._answer(401, "")
+        body = self.answers.get(self.path)
+        self._answer(200, body) if body is not None else self._answer(404, "")
+
+    def _answer(self, code, body):
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body.encode())))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_example_reads_aws_and_gce_answers_into_notice_lines():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), MetadataStandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}/{{host}}"
+    script_path = REPO / "examples" / "notices" / "spot_notices.py"
+    try:
+        def run(*args):
+            return subprocess.run([sys.executable, str(script_path), *args], capture_output=True, text=True,
+                                  timeout=60)
+        aws = run("--aws", "--endpoint", endpoint, "a1", "a2", "a3")
+        gce = run("--gce", "--endpoint", endpoint, "g1", "g2", "g3")
+        bad = run("--aws", "--timeout", "0", "a1")
+    finally:
+        server.shutdown()
+    assert aws.returncode == 0 and aws.stdout == "a1 2026-12-02T19:00:00Z\n", aws.stderr      # a2: 404, none
+    assert "a3: instance-action is not the JSON AWS documents" in aws.stderr
+    assert gce.returncode == 0 and gce.stdout == "g1 30s\n" and "g3: preempted answered HTTP 404" in gce.stderr
+    assert parse_notices(aws.stdout + gce.stdout) == (Notice("a1", at=_utc("2026-12-02T19:00:00")),
+                                                     Notice("g1", seconds=30.0))
+    assert bad.returncode == 2 and "--timeout" in bad.stderr
