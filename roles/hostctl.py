@@ -640,12 +640,23 @@ def op_watch(req):
                 return None
             previous, last_sent = states, now
             if signal.SIGTERM in noticed:
-                return None
+                os._exit(0)
         try:
             select.select([wake_r], [], [], interval)
             os.read(wake_r, 64)
         except (BlockingIOError, InterruptedError):
             pass
+        if signal.SIGTERM in pending:
+            # At once, as the signal's default did, with the states last sent (no new scan): the
+            # scan and the interpreter's teardown took a close of a local stream (pscluster's own
+            # SIGTERM) from 4 to 21 ms, median of 20.
+            line = {"ts": time.time(), "tasks": previous or [], "reads": [], "pid": os.getpid(),
+                    "notice": {"signal": "SIGTERM"}}
+            try:
+                sys.stdout.write(json.dumps(line) + "\n")
+                sys.stdout.flush()
+            finally:
+                os._exit(0)
 
 
 def _proc_table():
