@@ -27,7 +27,8 @@ import time
 
 import pytest
 
-from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, port_base
+from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env
+from tests.local.test_drain import async_inventory, notify_command
 from tests.local.test_resize import cli, state_of, wait_for_steps
 from testbed.procs import cluster_pids
 
@@ -75,22 +76,7 @@ def wait_state(state_dir, name, train, what: str, ok) -> dict:
 def test_a_spot_notice_and_a_hosts_own_sigterm_each_drain_that_host_in_place(tmp_path):
     name = f"notices-{os.getpid()}"
     state_dir = tmp_path / "state"
-    inventory = tmp_path / "four-hosts.yaml"
-    inventory.write_text(f"""
-all:
-  vars:
-    ansible_connection: local
-    pscluster_mode: async
-    pscluster_env: {{OMP_NUM_THREADS: 1, MNIST_MODEL: mlp}}
-  children:
-    chief: {{hosts: {{main: {{ansible_host: 127.0.0.5, pscluster_port_base: {port_base()}}}}}}}
-    ps: {{hosts: {{main: {{}}}}}}
-    worker:
-      hosts:
-        w1: {{ansible_host: 127.0.0.2, pscluster_port_base: {port_base()}}}
-        w2: {{ansible_host: 127.0.0.3, pscluster_port_base: {port_base()}}}
-        w3: {{ansible_host: 127.0.0.4, pscluster_port_base: {port_base()}}}
-""")
+    inventory = async_inventory(tmp_path / "four-hosts.yaml", ("w1", "w2", "w3"))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
     server.notice_for, server.tokens = set(), set()     # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -98,8 +84,7 @@ all:
     notices = shlex.join([sys.executable, str(REPO / "examples" / "notices" / "spot_notices.py"), "--aws",
                           "--endpoint", endpoint, "w1", "w2", "w3"])
     notified = tmp_path / "notified.jsonl"
-    command = shlex.join([sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write(sys.stdin.read() + '\\n')",
-                          str(notified)])
+    command = notify_command(notified)
     up = cli(state_dir, "up", inventory, "--name", name)
     try:
         assert up.returncode == 0, up.stderr
