@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..program.runspec import Workspace
     from ..supervision.training import TrainRequest
 from .base import Env, _existing, _limited, _loaded, _notifier, _planned, _with_notifier, cli
-from .options import (restart_opts, check_hosts_from, DurationParam, FiniteFloat, SECONDS, StallTimeout, allow_busy_opt,
+from .options import (restart_opts, check_hosts_from, check_notices_from, DeadlineParam, DurationParam, FiniteFloat, SECONDS, StallTimeout, allow_busy_opt,
                       detach_opt, keep_opt, limit_opt, mode_opt, name_opt, notify_opts, port_opt, replace_opt)
 
 
@@ -76,6 +76,15 @@ from .options import (restart_opts, check_hosts_from, DurationParam, FiniteFloat
                    "grows or shrinks to match (hosts of the inventory's worker group).")
 @click.option("--hosts-every", type=FiniteFloat(1, 3600), default=10.0, show_default=True, metavar="SECONDS",
               help="How often --hosts-from runs.")
+@click.option("--notices-from", metavar="COMMAND", callback=check_notices_from,
+              help="A notice command (run here like --hosts-from) printing 'HOST [DEADLINE]' lines (DEADLINE: 30s, "
+                   "2m, or an ISO-8601 time): each host it names is drained once, as 'pscluster drain HOST' "
+                   "does (examples/notices/: AWS spot, GCE, Slurm).")
+@click.option("--notices-every", type=FiniteFloat(1, 3600), default=5.0, show_default=True, metavar="SECONDS",
+              help="How often --notices-from runs.")
+@click.option("--notice-deadline", type=DeadlineParam(), default="30s", show_default=True, metavar="DURATION",
+              help="The deadline of a notice that names none, and of a host whose watch gets SIGTERM or SIGUSR1 "
+                   "(its shutdown, Slurm's --signal).")
 @notify_opts
 @click.option("--json", "as_json", is_flag=True, help="Print only the final report, as JSON.")
 @detach_opt
@@ -85,7 +94,8 @@ from .options import (restart_opts, check_hosts_from, DurationParam, FiniteFloat
 def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learning_rate, scale_lr, checkpoint_dir,
           checkpoint_every, resume, snapshot_every, data, steps_per_execution, eval_every, warmup_steps, summary_every, restart_policy,
           max_restarts, start_timeout, collective_timeout, host_timeout, stop_grace, stall_timeout, deadline, min_workers,
-          hosts_from, hosts_every, notify_urls, notify_cmds, as_json: bool, detach: bool, replace: bool, keep: int) -> None:
+          hosts_from, hosts_every, notices_from, notices_every, notice_deadline, notify_urls, notify_cmds, as_json: bool,
+          detach: bool, replace: bool, keep: int) -> None:
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
     from ..supervision.training import JobOptions, TrainRequest, check_job_options
     options = JobOptions(epochs=epochs, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
@@ -99,14 +109,15 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
                          stop_grace=stop_grace, stall_timeout=stall_timeout, deadline=deadline)
     check_job_options(options)          # before the cluster is looked up, as a usage error
     request = TrainRequest(job=job, name=env.store.resolve_name(name), options=options, min_workers=min_workers,
-                           hosts_from=hosts_from, hosts_every=hosts_every, notify_urls=notify_urls,
+                           hosts_from=hosts_from, hosts_every=hosts_every, notices_from=notices_from,
+                           notices_every=notices_every, notice_deadline=notice_deadline, notify_urls=notify_urls,
                            notify_cmds=notify_cmds, replace=replace, keep=keep, as_json=as_json)
     _train(env, request, detach=detach)
 
 
 def _train(env: Env, request: TrainRequest, *, detach: bool) -> None:
     """``train``'s body, of its request (also what a --detach supervisor runs)."""
-    from ..lifecycle.resize import Elastic
+    from ..supervision.elastic import Elastic
     from ..supervision.train_job import train_executor
     from ..supervision.training import check_job_options, resolve_job, with_defaults
     resolved = request.name
@@ -114,8 +125,8 @@ def _train(env: Env, request: TrainRequest, *, detach: bool) -> None:
     state = _existing(env, resolved)
     check_job_options(request.options, state.plan, min_workers=request.min_workers)
     options = with_defaults(request.options, state.plan)
-    elastic = (Elastic(request.min_workers, request.hosts_from, request.hosts_every)
-               if request.min_workers is not None or request.hosts_from else None)
+    elastic = Elastic(request.min_workers, request.hosts_from, request.hosts_every, request.notices_from,
+                      request.notices_every, request.notice_deadline)
     if detach:
         _detach(env, "train", request, state)
         return

@@ -105,16 +105,37 @@ def _check_notify_cmds(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
     return values
 
 
-def check_hosts_from(ctx, param, value: str | None) -> str | None:
-    """``train --hosts-from COMMAND``: a command that splits into words (it runs with no shell)."""
-    from ..notify.notifier import split_command
-    if value is not None:
+def _check_command(option: str, example: str):
+    """A click callback: ``option``'s command must split into words (it runs with no shell)."""
+    def check(ctx, param, value: str | None) -> str | None:
+        from ..notify.notifier import split_command
+        if value is not None:
+            try:
+                split_command(value, option, example)
+            except UsageError as exc:
+                shown = exc.message.split(": ", 1)[-1] + (f" ({exc.hint})" if exc.hint else "")
+                raise click.BadParameter(shown, ctx, param) from None
+        return value
+    return check
+
+
+check_hosts_from = _check_command("--hosts-from", "./discover_hosts.sh")       # train --hosts-from COMMAND
+check_notices_from = _check_command("--notices-from", "'examples/notices/spot_notices.py --aws w1 w2'")
+
+
+class DeadlineParam(click.ParamType):
+    """A drain's deadline (cluster/lifecycle/drain.py ``parse_deadline``): 30, 30s, 2m, 500ms, 1h."""
+
+    name = "deadline"
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        if isinstance(value, float):
+            return value
+        from ..lifecycle.drain import parse_deadline
         try:
-            split_command(value, "--hosts-from", "./discover_hosts.sh")
+            return parse_deadline(value)
         except UsageError as exc:
-            shown = exc.message.split(": ", 1)[-1] + (f" ({exc.hint})" if exc.hint else "")
-            raise click.BadParameter(shown, ctx, param) from None
-    return value
+            self.fail(exc.message.split(": ", 1)[-1], param, ctx)
 
 
 def notify_opts(command):

@@ -380,11 +380,14 @@ def remove_job_dirs(transport: Transport, paths: Sequence[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class WatchUpdate:
-    """One line of a host's ``watch`` stream."""
+    """One line of a host's ``watch`` stream. ``notice``: the host is told to go (its watch got
+    SIGTERM or SIGUSR1: ``{"signal": "SIGTERM"}``); ``pid``: the watch process's, on its host."""
 
     ts: float
     states: dict[str, TaskStatus]
     reads: tuple[FileChunk, ...]
+    notice: Mapping[str, str] | None = None
+    pid: int | None = None
 
 
 def watch(transport: Transport, records: Sequence[ProcessRecord], files: Sequence[tuple[str, int]], *,
@@ -411,7 +414,11 @@ def parse_watch_line(line: str) -> WatchUpdate | None:
               for item in data["tasks"]}
     reads = tuple(FileChunk(r["exists"], r["size"], r["offset"], r["end"], r["data"], r["path"])
                   for r in data["reads"])
-    return WatchUpdate(data["ts"], states, reads)
+    notice = data.get("notice")
+    notice = {str(k): str(v) for k, v in notice.items()} if isinstance(notice, dict) else None
+    pid = data.get("pid")
+    return WatchUpdate(data["ts"], states, reads, notice, pid if isinstance(pid, int) and not isinstance(pid, bool)
+                       else None)
 
 
 def interface_addresses(transport: Transport) -> tuple[str, ...]:

@@ -623,11 +623,12 @@ class JobExecutor(Generic[K]):
 def heard(links: dict[str, HostLink], watched: dict[str, Watched], *, now: float, wall: float) -> dict[str, Any]:
     """The job record's ``hosts_heard`` (wall time each answering host's stream was last heard;
     ``now`` is the executor's clock, ``wall`` the wall clock at that moment) and ``proc_states``
-    (each watched process's last state)."""
+    (each watched process's last state), ``watch_pids`` (each host's watch process)."""
     return {"hosts_heard": {host: round(wall - (now - link.last_seen), 2)
                             for host, link in links.items()
                             if link.lost_since is None and link.stream is not None and link.last_seen >= link.opened_at},
-            "proc_states": {key: item.state.value for key, item in watched.items()}}
+            "proc_states": {key: item.state.value for key, item in watched.items()},
+            "watch_pids": {host: link.watch_pid for host, link in links.items() if link.watch_pid is not None}}
 
 
 def exhausted(error: PsclusterError, task: TaskSpec, budget: int) -> PsclusterError:

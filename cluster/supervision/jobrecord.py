@@ -63,6 +63,8 @@ class JobProgress:
     # from these for the hosts heard lately instead of asking every host (issue 46).
     hosts_heard: Mapping[str, float] | None = None    # host -> wall time its watch stream was last heard
     proc_states: Mapping[str, str] | None = None      # process record key -> its state then ("running", ...)
+    # host -> the pid of its watch process there (SIGTERM or SIGUSR1 to it drains the host: links.py)
+    watch_pids: Mapping[str, int] | None = None
     checkpoint_dir: str | None = None
     stop_grace: float | None = None           # train: the leader's time to checkpoint on stop (down reads it)
     workers: int | None = None

@@ -4,6 +4,13 @@ Each host runs ``roles/hostctl.py watch`` over one SSH channel (a subprocess for
 it sends a JSON line when a state changes or a watched file grows, and a heartbeat every
 second. A stream silent for :data:`LOST_AFTER` seconds marks the host lost; the stream is
 reopened in the background until the host answers again.
+
+A watch told to go (SIGTERM, SIGUSR1: the host's own shutdown, Slurm's ``--signal``) says so in a
+line with a ``notice``: the link keeps the first (:attr:`HostLink.notice`) for the supervisor,
+which drains the host (cluster/supervision/notices.py), but never one from a stream it closed
+itself (the local transport and Slurm close a stream with SIGTERM). A stream that ends just
+after its notice is reopened without counting the host lost: the host is lost only if the new
+one stays silent.
 """
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ from ..errors import PsclusterError
 from ..plan import HostSpec
 from ..state import ProcessRecord
 from ..transport import TransportPool
+from ..transport.base import Stream
 
 LOST_AFTER = 4.0            # a watch stream silent this long: the host is lost
 REOPEN_DELAY = 2.0
@@ -40,6 +48,9 @@ class HostLink:
         self.lost_since: float | None = None
         self.error: str | None = None
         self.reported = False           # its loss was reported (once per loss)
+        self.notice: dict[str, str] | None = None     # the first notice heard (the supervisor takes it)
+        self.watch_pid: int | None = None              # the current stream's watch process, on its host
+        self._noticed_on: object | None = None         # the stream that said it (it may end next)
         self._opening = False
         self._closed = False
         self._reset = False             # the next open starts on a new connection (after a loss)
@@ -50,6 +61,7 @@ class HostLink:
         with self._lock:
             self.targets = (records, files)
             old, self.stream = self.stream, None
+            self.watch_pid = None             # the next stream's, once it speaks
             self.last_seen = self.clock()     # a new stream gets a full grace period
         if old is not None:
             old.close()
@@ -99,6 +111,17 @@ class HostLink:
                 update = hostops.parse_watch_line(line)
                 if update is not None:
                     updates.append(update)
+                    self._heard(stream, update)
+        if stream is not None and stream.closed and stream is self._noticed_on and \
+                now - self.last_seen <= LOST_AFTER:
+            # It ended after its notice (SIGTERM): a new stream, and the host is not lost for that.
+            self._noticed_on = None
+            stream.close()
+            with self._lock:
+                if self.stream is stream:
+                    self.stream = None
+            self._open_soon()
+            stream = None
         if updates:
             self.last_seen = now
             self.lost_since = None
@@ -120,6 +143,19 @@ class HostLink:
                         self.stream = None
             self._open_soon()
         return updates
+
+    def _heard(self, stream: Stream, update: hostops.WatchUpdate) -> None:
+        if update.pid is not None:
+            self.watch_pid = update.pid
+        if update.notice is not None and not stream.closed_here:
+            self._noticed_on = stream
+            if self.notice is None:
+                self.notice = dict(update.notice)
+
+    def take_notice(self) -> dict[str, str] | None:
+        """The notice heard since the last call, if any."""
+        notice, self.notice = self.notice, None
+        return notice
 
     def close(self) -> None:
         with self._lock:

@@ -39,7 +39,7 @@ from ..errors import Failure, PsclusterError, UsageError
 from ..events import Reporter
 from .jobstop import first_to_stop
 from ..lifecycle.tasks import check_ports_free, report_standbys, start_standbys, task_env
-from ..lifecycle.resize import Elastic
+from .elastic import Elastic
 from ..secrets import Secrets
 from .jobrecord import JobProgress
 from ..plan import ClusterPlan, TaskSpec

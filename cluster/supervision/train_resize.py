@@ -22,7 +22,8 @@ from ..hosts.codesync import sync_code
 from ..hosts.probe import Prober
 from ..layout import gate_file, ready_file
 from ..lifecycle import resize
-from ..lifecycle.resize import Elastic, PlanDiff, ResizeRequest
+from ..lifecycle.resize import PlanDiff, ResizeRequest
+from .elastic import DEFAULT_NOTICE_DEADLINE, Discovery, Elastic
 from ..lifecycle.tasks import report_standbys, start_standbys, start_task, stop_records
 from ..plan import ClusterPlan, TaskSpec
 from ..state import ProcessRecord
@@ -31,6 +32,7 @@ from .executor import LOOP_SECONDS, JobExecutor
 from .jobkind import Watched
 from .jobstop import first_to_stop
 from .links import HostLink
+from .notices import NoticeDrains, NoticeSource
 
 REJOIN_RETRY = 5.0      # seconds between two tries to take a host back (each runs preflight there)
 LOST_HOST_GRACE = 3.0   # the leader's time to save when a resize leaves a lost host out (it usually cannot: see resize())
@@ -90,13 +92,16 @@ class Resizer:
 
     def __init__(self, train: TrainSide, elastic: Elastic | None):
         self.train = train
-        self.elastic = elastic                    # --min-workers / --hosts-from
+        # --min-workers / --hosts-from (None: the membership is not elastic; notices still drain)
+        self.elastic = elastic if elastic is not None and elastic.follows_membership else None
+        self.options = elastic or Elastic()       # --notices-from and the deadline of a notice
+        self.notices: NoticeDrains | None = None  # built at the first turn (it needs the state dir)
         self.asked = False                        # SIGUSR2: `pscluster scale` posted a request
         self.dropped: dict[str, HostLink] = {}    # worker hosts left out while lost: watched until they answer
         # Async worker hosts lost but kept in the plan: the chief trains on without their workers
         # (roles/workerloss.py) and takes them back once their servers answer again.
         self.away: dict[str, HostLink] = {}
-        self.discovery = (resize.Discovery(elastic.hosts_from, elastic.hosts_every)
+        self.discovery = (Discovery(elastic.hosts_from, elastic.hosts_every)
                           if elastic is not None and elastic.hosts_from else None)
         self.next_rejoin = 0.0
         # Requests to the chief to change in place, numbered from the clock when the job starts
@@ -124,6 +129,7 @@ class Resizer:
         self.membership_answers[event["seq"]] = event
 
     def between_turns(self, ex: JobExecutor[Any]) -> None:
+        self.notice_turn(ex)
         if self.elastic is None and self.away:      # an async worker host out in place: back when it answers
             self.take_back_away(ex)
         if self.elastic is not None:
@@ -597,9 +603,24 @@ class Resizer:
         return False
 
     def close(self) -> None:
-        """When the job ends, however it ends: a discovery command still running is stopped."""
+        """When the job ends, however it ends: a discovery or notice command still running is
+        stopped, and so is a drain started for a notice."""
         if self.discovery is not None:
             self.discovery.close()
+        if self.notices is not None:
+            self.notices.close()
+
+    def notice_turn(self, ex: JobExecutor[Any]) -> None:
+        """Notices (--notices-from, a host's watch told to go) become drains, one host once
+        (cluster/supervision/notices.py)."""
+        if self.notices is None:
+            options = self.options
+            source = NoticeSource(options.notices_from, options.notices_every) if options.notices_from else None
+            self.notices = NoticeDrains(state_dir=ex.store.root, name=ex.name, source=source,
+                                        default_deadline=options.notice_deadline or DEFAULT_NOTICE_DEADLINE)
+        said = {host: notice for host, link in ex.links.items() if (notice := link.take_notice()) is not None}
+        self.notices.turn(now=ex.clock(), wall=ex.wall(), reporter=ex.reporter, watch_notices=said,
+                          hosts={task.host for task in ex.plan.tasks}, drained=set(ex.state.drained))
 
     def stop_leftovers(self, ex: JobExecutor[Any], host: str) -> None:
         """What a lost host still runs of this cluster (its processes lived on behind the cut: a

@@ -120,6 +120,9 @@ class TrainRequest(JsonRequest):
     min_workers: int | None = None
     hosts_from: str | None = None
     hosts_every: float = 10.0
+    notices_from: str | None = None
+    notices_every: float = 5.0
+    notice_deadline: float = 30.0
     notify_urls: tuple[str, ...] = ()
     notify_cmds: tuple[str, ...] = ()
     replace: bool = False

@@ -54,6 +54,7 @@ class Stream:
         self._close = close
         self._queue: queue.Queue[str] = queue.Queue()
         self.closed = False
+        self.closed_here = False        # closed by :meth:`close` (not by its command's end)
         self.error: str | None = None
         self._thread = threading.Thread(target=self._pump, daemon=True)
         self._thread.start()
@@ -83,6 +84,7 @@ class Stream:
                 return found
 
     def close(self) -> None:
+        self.closed_here = True     # first: what the command says as it ends (a watch's notice) is ours
         try:
             self._close()
         except Exception:   # closing a broken stream may raise anything; it is closed either way

@@ -25,27 +25,32 @@ pytestmark = pytest.mark.tf
 STEPS = 2400     # ~15 s at the MLP's pace here: the drain (at step 100) lands well before the end
 
 
+def async_inventory(path, workers):
+    """Local "hosts" for an async MLP job: the chief and the ps on ``main``, a worker on each of
+    ``workers`` (127.0.0.2 and up, ``main`` after them), a port base each."""
+    def host(name: str, number: int) -> str:
+        return "%s: {ansible_host: 127.0.0.%d, pscluster_port_base: %d}" % (name, number, port_base())
+    lines = ["all:", "  vars:", "    ansible_connection: local", "    pscluster_mode: async",
+             "    pscluster_env: {OMP_NUM_THREADS: 1, MNIST_MODEL: mlp}", "  children:",
+             "    chief: {hosts: {%s}}" % host("main", 2 + len(workers)), "    ps: {hosts: {main: {}}}",
+             "    worker:", "      hosts:"]
+    lines += [f"        {host(name, 2 + i)}" for i, name in enumerate(workers)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def notify_command(notified) -> str:
+    """A --notify-cmd that appends each event document to ``notified``."""
+    return shlex.join([sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write(sys.stdin.read() + '\\n')",
+                       str(notified)])
+
+
 def test_drain_an_async_worker_host_while_training_loses_no_step(tmp_path):
     name = f"drain-{os.getpid()}"
     state_dir = tmp_path / "state"
-    inventory = tmp_path / "three-hosts.yaml"
-    inventory.write_text(f"""
-all:
-  vars:
-    ansible_connection: local
-    pscluster_mode: async
-    pscluster_env: {{OMP_NUM_THREADS: 1, MNIST_MODEL: mlp}}
-  children:
-    chief: {{hosts: {{main: {{ansible_host: 127.0.0.4, pscluster_port_base: {port_base()}}}}}}}
-    ps: {{hosts: {{main: {{}}}}}}
-    worker:
-      hosts:
-        w1: {{ansible_host: 127.0.0.2, pscluster_port_base: {port_base()}}}
-        w2: {{ansible_host: 127.0.0.3, pscluster_port_base: {port_base()}}}
-""")
+    inventory = async_inventory(tmp_path / "three-hosts.yaml", ("w1", "w2"))
     notified = tmp_path / "notified.jsonl"
-    command = shlex.join([sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write(sys.stdin.read() + '\\n')",
-                          str(notified)])
+    command = notify_command(notified)
     up = cli(state_dir, "up", inventory, "--name", name)
     try:
         assert up.returncode == 0, up.stderr

@@ -1,4 +1,4 @@
-"""``train --hosts-from``'s command runs in the background (cluster.lifecycle.resize.Discovery):
+"""``train --hosts-from``'s command runs in the background (cluster.supervision.elastic.Discovery):
 real processes, a clock the test moves. The supervisor's loop polls it once per turn and never
 waits on it; a command past its timeout, or still running when the job ends, is stopped with
 everything it started."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cluster.events import RecordingReporter
-from cluster.lifecycle.resize import Discovery
+from cluster.supervision.elastic import Discovery
 
 
 def warnings(reporter: RecordingReporter) -> list[str]:

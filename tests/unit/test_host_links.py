@@ -13,10 +13,20 @@ import pytest
 from cluster.supervision import links
 
 
+class Line(str):
+    """A watch line as the fake parser gives it: the text; a notice when it says ``notice SIGNAL``."""
+    pid = None
+
+    @property
+    def notice(self):
+        return {"signal": self.split()[1]} if self.startswith("notice ") else None
+
+
 class FakeStream:
     def __init__(self):
         self.pending: list[str] = []
         self.closed = False
+        self.closed_here = False
         self.error = None
 
     def lines(self):
@@ -24,6 +34,7 @@ class FakeStream:
         return out
 
     def close(self):
+        self.closed_here = True
         self.closed = True
 
 
@@ -46,7 +57,7 @@ def link(monkeypatch):
         opened.append(stream)
         return stream
     monkeypatch.setattr(links.hostops, "watch", watch)
-    monkeypatch.setattr(links.hostops, "parse_watch_line", lambda line: line)
+    monkeypatch.setattr(links.hostops, "parse_watch_line", Line)
     pool = SimpleNamespace(get=lambda host: transport)
     host_link = links.HostLink(SimpleNamespace(name="h3"), pool, clock=lambda: clock.now)
     host_link.set_targets([], [])
@@ -92,3 +103,21 @@ def test_a_reopened_stream_that_stays_silent_is_given_up_and_opened_again(link):
     assert opened[1].closed
     _wait(lambda: len(opened) == 3)
     assert transport.resets == 1               # one reset per loss
+
+
+def test_a_notice_counts_only_from_a_stream_the_link_did_not_close_and_its_end_is_no_loss(link):
+    host_link, clock, transport, opened = link
+    opened[0].closed_here = True                # closed by us (a close SIGTERMs the watch): not a notice
+    opened[0].pending.append("notice SIGTERM")
+    host_link.poll(clock.now)
+    assert host_link.take_notice() is None
+    opened[0].closed_here = False               # SIGTERM from elsewhere: the host's own shutdown
+    opened[0].pending.append("notice SIGTERM")
+    opened[0].closed = True                     # ... and the watch ended after its line
+    assert host_link.poll(clock.now) == ["notice SIGTERM"]
+    assert host_link.take_notice() == {"signal": "SIGTERM"} and host_link.take_notice() is None
+    assert host_link.lost_since is None and transport.resets == 0      # not lost: reopened as is
+    _wait(lambda: len(opened) == 2 and host_link.stream is opened[1])
+    clock.now += links.LOST_AFTER + 1           # the new stream stays silent: now the host is lost
+    host_link.poll(clock.now)
+    assert host_link.lost_since is not None

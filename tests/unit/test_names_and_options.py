@@ -95,6 +95,7 @@ FLOAT_OPTIONS = [
     (["train", "mnist"], "--start-timeout"),
     (["train", "mnist"], "--stall-timeout"),
     (["train", "mnist"], "--hosts-every"),
+    (["train", "mnist"], "--notices-every"),
     (["train", "mnist"], "--collective-timeout"),
     (["train", "mnist"], "--host-timeout"),
     (["train", "mnist"], "--stop-grace"),

@@ -171,13 +171,14 @@ def test_an_elastic_job_refills_its_standbys_only_once_the_relaunched_leader_tra
     from types import SimpleNamespace
 
     from cluster.contracts import Mode
-    from cluster.lifecycle.resize import Elastic
+    from cluster.supervision.elastic import Elastic
     from cluster.supervision.train_job import TrainJob
 
     train = TrainJob(SimpleNamespace(name="j"), SimpleNamespace(), Elastic(min_workers=1))
     refills: list[set[str]] = []
     train.refill_standbys = lambda ex: refills.append(set(train.standby_tasks))     # type: ignore[method-assign]
     train.resizer.elastic_turn = lambda ex: None                                   # type: ignore[method-assign]
+    train.resizer.notice_turn = lambda ex: None                                    # type: ignore[method-assign]
     leader = SimpleNamespace(name="worker:0", role="worker")
     train.leader = leader
     ex = SimpleNamespace(plan=SimpleNamespace(mode=Mode.SYNC), set_job=lambda **_: None, job_record=dict,

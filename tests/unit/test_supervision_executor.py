@@ -130,6 +130,7 @@ def test_a_failed_evaluator_is_given_up_and_the_job_goes_on(job, policy):
 class _Link:
     def __init__(self, last_seen: float, opened_at: float = 0.0, lost_since: float | None = None, stream=object()):
         self.last_seen, self.opened_at, self.lost_since, self.stream = last_seen, opened_at, lost_since, stream
+        self.watch_pid: int | None = None
 
 
 def test_the_record_says_which_hosts_were_heard_and_when_in_wall_time():
@@ -143,5 +144,6 @@ def test_the_record_says_which_hosts_were_heard_and_when_in_wall_time():
     task = plan.tasks[0]
     record = ProcessRecord.for_task(task.name, task.host, ProcessKind.SERVER, 1, "/w/x.log")
     watched = {record.key: Watched(task, record, ProcessKind.SERVER, 0.0, state=ProcState.FROZEN)}
+    links["h1"].watch_pid = 4321
     found = heard(links, watched, now=100.0, wall=5000.0)       # type: ignore[arg-type]
-    assert found == {"hosts_heard": {"h1": 4998.0}, "proc_states": {record.key: "frozen"}}
+    assert found == {"hosts_heard": {"h1": 4998.0}, "proc_states": {record.key: "frozen"}, "watch_pids": {"h1": 4321}}
