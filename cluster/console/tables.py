@@ -302,7 +302,7 @@ def render_runs(console: Console, records: Sequence[Any]) -> None:
 
 
 def render_supervisor(console: Console, health: Any, *, cluster: str) -> None:
-    """``status``: the supervisor of the cluster's last job (a cluster.supervision.daemon.SupervisorHealth)."""
+    """``status``: the supervisor of the cluster's last job (a cluster.liveness.SupervisorHealth)."""
     how = "detached supervisor" if health.detached else "supervisor (a train/run in a terminal)"
     where = f"{how} pid {health.pid} on {health.host}"
     beat = f", last heartbeat {health.heartbeat_age:.1f} s ago" if health.heartbeat_age is not None else ""

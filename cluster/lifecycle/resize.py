@@ -735,7 +735,7 @@ def ask_job(store: StateStore, name: str, request: ResizeRequest, *, reporter: R
         PsclusterError: the supervisor refused or failed it, the job ended, or ``timeout`` passed.
     """
     import time
-    from ..supervision.daemon import orchestrator_alive, signal_supervisor
+    from ..liveness import orchestrator_alive, signal_supervisor
     sleep = sleep or time.sleep
     state = store.load(name)
     job = state.job if state is not None else None

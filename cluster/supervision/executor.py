@@ -24,7 +24,8 @@ from typing import Any, Callable, Generic, Iterable, Sequence, TypeVar
 from ..hosts import hostops
 from ..contracts import CLEANUP_GRACE, DEFAULT_GRACE, JobState, Phase, ProcessKind, ProcState, RestartPolicy
 from ..errors import HostError, PsclusterError, TaskError, UsageError
-from .daemon import DaemonFiles, job_conflict, orchestrator_alive, process_starttime, run_gone, stop_supervisor
+from .daemon import DaemonFiles, job_conflict, run_gone
+from ..liveness import orchestrator_alive, process_starttime, stop_supervisor
 from ..events import Reporter
 from ..fanout import fan_out
 from ..history import DEFAULT_KEEP, LogFile, RunHistory, RunRecord, remove_runs

@@ -23,7 +23,7 @@ import time
 from typing import Any, Iterable
 
 from ..contracts import JobState, Mode, Phase, ProcessKind
-from .daemon import orchestrator_alive, stop_supervisor
+from ..liveness import orchestrator_alive, stop_supervisor
 from ..errors import Failure, MultiHostError, PsclusterError, StateError
 from ..events import Reporter
 from ..contracts import DEFAULT_GRACE, DEFAULT_STOP_GRACE

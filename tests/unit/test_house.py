@@ -80,14 +80,10 @@ def test_the_inventory_and_the_plan_import_no_threads():
 # it (the notification URLs, the job record), that module ("notify.urls"); its package's __init__.py
 # imports nothing, so importing the module brings in none of the package's rooms below.
 ROOMS = [["contracts", "errors", "layout", "names", "fanout", "notify.urls"], ["inventory"],
-         ["plan", "secrets", "slurm_layout", "export"], ["supervision.jobrecord", "events", "state"], ["transport", "hosts"],
+         ["plan", "secrets", "slurm_layout", "export"], ["supervision.jobrecord", "liveness", "events", "state"], ["transport", "hosts"],
          ["program"], ["history", "logs"], ["lifecycle"], ["supervision"],
          ["console", "notify", "tensorboard", "bench"], ["cli", "__main__"]]
-# `down` and `scale` must find and signal a job's supervisor, and `status` judges its health
-# (who leads the job `scale` asks the plan: ClusterPlan.leader).
-UPWARD = {("cluster.lifecycle.resize", "cluster.supervision.daemon"),
-          ("cluster.lifecycle.status", "cluster.supervision.daemon"),
-          ("cluster.lifecycle.updown", "cluster.supervision.daemon")}
+UPWARD: set[tuple[str, str]] = set()
 
 
 def _imported_modules(path: Path, module: str) -> set[str]:
