@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .layout import DaemonLayout
-from .supervision.jobrecord import JobProgress, Orchestrator
+from .jobrecord import JobProgress, Orchestrator
 
 
 def process_starttime(pid: int) -> str | None:

@@ -11,10 +11,10 @@ from rich.table import Table
 from rich.text import Text
 
 from . import liveview
-from ..notify.urls import mask_url
+from ..urls import mask_url
 from ..plan import ClusterPlan, HostSpec
 from ..hosts.preflight import CheckReport
-from ..supervision.jobrecord import JobProgress
+from ..jobrecord import JobProgress
 from ..program.runspec import program_name
 from .base import STATE_STYLES, _first_line, _mask, _plain, _texts, escape, print_json
 

@@ -43,7 +43,7 @@ from ..events import Reporter
 from ..history import RunRecord
 from ..layout import DaemonLayout
 from ..liveness import orchestrator_alive, process_starttime
-from .jobrecord import JobProgress, Orchestrator, job_exit_status
+from ..jobrecord import JobProgress, Orchestrator, job_exit_status
 from ..state import StateStore, open_private, private_dir
 
 POLL_SECONDS = 0.25

@@ -29,7 +29,7 @@ from ..events import Reporter
 from ..contracts import DEFAULT_GRACE, DEFAULT_STOP_GRACE
 from ..lifecycle.tasks import stop_records
 from ..plan import ClusterPlan
-from .jobrecord import JobProgress
+from ..jobrecord import JobProgress
 from ..state import ProcessRecord, RunState, StateStore, StateWriter
 from .training import EventTail
 from ..transport import TransportPool

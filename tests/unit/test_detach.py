@@ -15,7 +15,7 @@ from cluster.contracts import JobState, RestartPolicy
 from cluster.errors import PsclusterError
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.supervision.jobrecord import JobProgress, Orchestrator
+from cluster.jobrecord import JobProgress, Orchestrator
 from cluster.state import RunState, StateStore
 
 from .conftest import INVENTORIES

@@ -170,7 +170,7 @@ def test_a_runs_processes_are_gone_when_its_cluster_is_down_or_none_runs(tmp_pat
     from cluster.state import ProcessRecord, StateStore
     from cluster.liveness import process_starttime
     from cluster.supervision.daemon import run_gone
-    from cluster.supervision.jobrecord import JobProgress, Orchestrator
+    from cluster.jobrecord import JobProgress, Orchestrator
 
     from .test_state import lab_state
     store = StateStore(tmp_path / "state")

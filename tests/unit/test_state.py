@@ -10,7 +10,7 @@ from cluster.contracts import JobState
 from cluster.errors import StateError, UsageError
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.supervision.jobrecord import JobProgress, Orchestrator
+from cluster.jobrecord import JobProgress, Orchestrator
 from cluster.state import ProcessRecord, RunState, StateStore, default_state_dir
 
 from .conftest import INVENTORIES
