@@ -128,7 +128,7 @@ def test_resolve_unknown_name(tmp_path):
 
 
 def test_resize_files_beside_a_state_are_not_clusters(tmp_path):
-    from cluster.lifecycle.resize import RESIZE_SUFFIX, post_result
+    from cluster.lifecycle.resize_request import RESIZE_SUFFIX, post_result
     store = StateStore(tmp_path)
     store.save(lab_state("bar23s"))
     post_result(store, "bar23s", ok=True, message="resized")
