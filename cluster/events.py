@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from .supervision.jobrecord import JobProgress
+from .jobrecord import JobProgress
 
 
 class UnknownEvent(ValueError):

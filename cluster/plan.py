@@ -29,7 +29,7 @@ from .contracts import MODE_NAMES, MODE_ROLES, MODES, resolve_mode
 from .inventory import ROLES, HostConfig, Inventory, RoleSlots
 from .layout import HostLayout
 from .names import check_cluster_name
-from .notify.urls import mask_url
+from .urls import mask_url
 
 UNUSED_REASONS = {
     ("sync", "chief"): "sync mode: worker 0 acts as chief",

@@ -27,7 +27,7 @@ from .errors import Aborted, StateError, UntrustedStateError, UsageError
 from .layout import exit_file
 from .names import check_cluster_name, is_cluster_name
 from .plan import ClusterPlan, HostSpec, TaskSpec
-from .supervision.jobrecord import JobProgress
+from .jobrecord import JobProgress
 
 @dataclass(frozen=True)
 class ProcessRecord:

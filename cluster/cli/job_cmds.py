@@ -361,10 +361,11 @@ def _detach(env: Env, command: str, request: RunRequest | TrainRequest, state: R
     """``--detach``: start ``command`` (train, run) of ``request`` in a supervisor daemon, which
     receives ``request.to_json()``, and return once the job's processes run (job state
     ``running``); the daemon's log lines are shown meanwhile."""
+    from ..liveness import orchestrator_alive
     from ..supervision import daemon as detach
     name, replace, as_json = request.name or state.name, request.replace, request.as_json
     job = state.job
-    alive = job is not None and job.live and detach.orchestrator_alive(job.orchestrator)
+    alive = job is not None and job.live and orchestrator_alive(job.orchestrator)
     conflict = detach.job_conflict(name, job, supervisor_alive=alive, running=0)
     if conflict is not None and not replace:
         raise UsageError(conflict.message, hint=conflict.hint)
@@ -490,7 +491,7 @@ def stop_job(env: Env, name: str | None, timeout: float, grace: float) -> None:
     """Stop the cluster's running job, as Ctrl-C in its train would: the job checkpoints
     first (the async chief, sync-ps worker 0, or every sync worker at one agreed step), its processes stop, the standing servers stay up."""
     import socket
-    from ..supervision import daemon as detach
+    from ..liveness import orchestrator_alive, stop_supervisor
     from ..supervision.jobstop import stop_orphaned_job
     resolved = env.store.resolve_name(name)
     job = _existing(env, resolved).job
@@ -502,10 +503,10 @@ def stop_job(env: Env, name: str | None, timeout: float, grace: float) -> None:
     if info is not None and info.host != socket.gethostname():
         raise UsageError(f"job {job.id} is supervised from {info.host}, not this machine",
                          hint=f"run 'pscluster stop-job' on {info.host}, or 'pscluster down' to stop everything")
-    if info is not None and detach.orchestrator_alive(info):
+    if info is not None and orchestrator_alive(info):
         env.err.print(f"asking job {job.id}'s supervisor (pid {info.pid}) to stop it; the leader checkpoints first "
                       "(up to the job's --stop-grace)", markup=False, highlight=False)
-        if not detach.stop_supervisor(info, timeout=timeout):
+        if not stop_supervisor(info, timeout=timeout):
             raise PsclusterError(f"job {job.id}'s supervisor (pid {info.pid}) is still stopping it after {timeout:.0f} s",
                                  hint=f"'pscluster down --name {resolved}' stops everything at once")
     else:

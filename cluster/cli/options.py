@@ -88,7 +88,7 @@ class StallTimeout(FiniteFloat):
 
 
 def _check_notify_urls(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
-    from ..notify.urls import url_problem
+    from ..urls import url_problem
     for value in values:
         problem = url_problem(value)
         if problem:

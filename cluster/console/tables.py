@@ -11,10 +11,10 @@ from rich.table import Table
 from rich.text import Text
 
 from . import liveview
-from ..notify.urls import mask_url
+from ..urls import mask_url
 from ..plan import ClusterPlan, HostSpec
 from ..hosts.preflight import CheckReport
-from ..supervision.jobrecord import JobProgress
+from ..jobrecord import JobProgress
 from ..program.runspec import program_name
 from .base import STATE_STYLES, _first_line, _mask, _plain, _texts, escape, print_json
 
@@ -302,7 +302,7 @@ def render_runs(console: Console, records: Sequence[Any]) -> None:
 
 
 def render_supervisor(console: Console, health: Any, *, cluster: str) -> None:
-    """``status``: the supervisor of the cluster's last job (a cluster.supervision.daemon.SupervisorHealth)."""
+    """``status``: the supervisor of the cluster's last job (a cluster.liveness.SupervisorHealth)."""
     how = "detached supervisor" if health.detached else "supervisor (a train/run in a terminal)"
     where = f"{how} pid {health.pid} on {health.host}"
     beat = f", last heartbeat {health.heartbeat_age:.1f} s ago" if health.heartbeat_age is not None else ""

@@ -115,7 +115,7 @@ def _role_list(raw: _Raw, path: KeyPath, value: Any) -> tuple[str, ...]:
 
 def _url_list(raw: _Raw, path: KeyPath, value: Any) -> tuple[str, ...]:
     """pscluster_notify: one http(s) URL or a list of them (shown masked in every message)."""
-    from ..notify.urls import url_problem
+    from ..urls import url_problem
     items = value if isinstance(value, list) else [value]
     if not items or not all(isinstance(item, str) for item in items):
         raise _err(raw, path, f"expected a URL or a list of URLs, got {_describe(value)}",

@@ -12,6 +12,7 @@ from ..hosts import hostops
 from ..contracts import ProcessKind
 from ..fanout import fan_out
 from ..layout import ready_file
+from ..liveness import orchestrator_alive, supervisor_health
 from ..hosts.probe import Prober
 from ..state import RunState
 from ..transport import TransportPool
@@ -211,7 +212,7 @@ class StatusView:
 
     state: RunState
     rows: list[TaskRow]
-    supervisor: Any = None          # supervision.daemon.SupervisorHealth
+    supervisor: Any = None          # liveness.SupervisorHealth
     source: Source | None = None    # where the rows came from (None: what `up` just established)
 
     def to_json(self) -> dict[str, Any]:
@@ -233,14 +234,12 @@ class StatusView:
 
 def supervisor_alive(state: RunState) -> bool:
     """Whether the recorded supervisor of the cluster's job runs (judged from here)."""
-    from ..supervision.daemon import orchestrator_alive
     return state.job is not None and orchestrator_alive(state.job.orchestrator)
 
 
 def status_view(state: RunState, rows: list[TaskRow], source: Source | None = None) -> StatusView:
     """``rows`` (:func:`cluster_status`'s, or :func:`rows_after_up`'s) with the health of the
     job's supervisor (the daemon of a --detach job, or the `train` that runs it), judged from here."""
-    from ..supervision.daemon import supervisor_health
     job = state.job
     health = supervisor_health(job, alive=supervisor_alive(state), here=socket.gethostname(), now=time.time())
     return StatusView(state, rows, health, source)

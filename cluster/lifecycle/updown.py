@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..hosts.codesync import sync_code
-from ..supervision.daemon import live_daemon, remove_event_files, signal_supervisor, wait_gone
+from ..liveness import live_daemon, remove_event_files, signal_supervisor, wait_gone
 from ..errors import Aborted, Failure, MultiHostError, PsclusterError, StateError, Terminated, UsageError
 from ..events import Reporter
 from ..hosts.firewall import install_rules, remove_rules

@@ -1,6 +1,3 @@
-"""Notifications of a job's state changes: the URL rules, pure (:mod:`.urls`: which URL may be a
-target, and the URL as shown anywhere), and the notifier that delivers from background threads
-(:mod:`.notifier`).
-
-This file imports nothing, so that the inventory, the plan and the console, which import
-:mod:`.urls`, never import the notifier's threads (tests/unit/test_house.py holds that)."""
+"""Notifications of a job's state changes: the notifier that delivers them from background threads
+(:mod:`.notifier`). The URL rules it shares with the inventory, the plan and the console are
+cluster/urls.py, which imports no thread."""

@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import UsageError
 from ..events import Reporter
-from .urls import mask_url, url_problem
+from ..urls import mask_url, url_problem
 
 EVENTS = ("started", "restarted", "resized", "failed", "finished", "deadline", "stopped")
 DELIVERY_TIMEOUT = 5.0             # seconds for one POST or one command run

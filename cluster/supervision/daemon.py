@@ -20,18 +20,16 @@ says so, and ``stop-job`` / ``down`` still stop them from the records).
 
 The daemon is recorded in the job record (``orchestrator``: pid, host, kernel start time,
 ``detached``, log and events paths) and writes a ``heartbeat`` there about once a second.
-Liveness = that PID exists on this host with the recorded start time (a reused PID is not it).
+Whether it is alive, signalling it and what ``status`` says of it are cluster/liveness.py's
+(beside the job record, where ``down``, ``scale`` and ``status`` find them).
 
 Pure parts (tested in tests/unit/test_detach.py): :func:`job_conflict` (may a new job start?),
-:func:`supervisor_health` (what ``status`` says), :func:`exit_status` (``attach``'s exit code),
-:func:`parse_events`.
+:func:`exit_status` (``attach``'s exit code), :func:`parse_events`.
 """
 from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -44,42 +42,14 @@ from ..errors import PsclusterError
 from ..events import Reporter
 from ..history import RunRecord
 from ..layout import DaemonLayout
-from .jobrecord import JobProgress, Orchestrator, job_exit_status
+from ..liveness import orchestrator_alive, process_starttime
+from ..jobrecord import JobProgress, Orchestrator, job_exit_status
 from ..state import StateStore, open_private, private_dir
 
 POLL_SECONDS = 0.25
 
 
 # ----------------------------------------------------------------------------- liveness
-
-def process_starttime(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (clock ticks since boot, ``/proc/PID/stat`` field 22);
-    None where there is no /proc or no such process."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    if fields and fields[0] in ("Z", "X"):
-        return None          # a zombie has finished: not alive
-    return fields[19] if len(fields) > 19 else None
-
-
-def orchestrator_alive(info: Orchestrator | None, *, here: str | None = None) -> bool:
-    """Whether the pscluster process supervising a job still runs. Only a process on this host
-    can be checked (a job supervised from another machine counts as not alive here)."""
-    if info is None or not info.pid or info.host != (here or socket.gethostname()):
-        return False
-    try:
-        os.kill(info.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    if info.starttime is None:
-        return True
-    return process_starttime(info.pid) == info.starttime
-
 
 def run_gone(store: StateStore, *, here: str | None = None) -> Callable[[RunRecord], bool]:
     """Whether the processes of a run are gone, for pruning a run with no recorded end
@@ -146,38 +116,6 @@ def job_conflict(cluster: str, job: JobProgress | None, *, supervisor_alive: boo
     return None
 
 
-@dataclass(frozen=True)
-class SupervisorHealth:
-    """The supervisor of a cluster's last job, as ``status`` reports it."""
-
-    job_id: int
-    pid: int
-    host: str
-    detached: bool
-    state: str                       # alive | dead | elsewhere (another host: cannot tell) | ended
-    heartbeat_age: float | None      # seconds since its last heartbeat
-    log: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"job": self.job_id, "pid": self.pid, "host": self.host, "detached": self.detached,
-                "state": self.state, "heartbeat_age": self.heartbeat_age, "log": self.log}
-
-
-def supervisor_health(job: JobProgress | None, *, alive: bool, here: str, now: float) -> SupervisorHealth | None:
-    """What to say about the supervisor of ``job`` (None: no job, or no supervisor recorded)."""
-    info = job.orchestrator if job is not None else None
-    if job is None or info is None:
-        return None
-    if not job.live:
-        state = "ended"
-    elif info.host != here:
-        state = "elsewhere"
-    else:
-        state = "alive" if alive else "dead"
-    age = round(max(0.0, now - job.heartbeat), 1) if job.heartbeat is not None else None
-    return SupervisorHealth(job.id, info.pid, info.host, info.detached, state, age, info.log)
-
-
 def exit_status(job: JobProgress) -> int:
     """The exit code of an ended job, as ``train``/``run`` would have exited (:func:`job_exit_status`)."""
     return job_exit_status(job.state, job.result)
@@ -200,13 +138,6 @@ class DaemonFiles:
     def orchestrator(self, pid: int, host: str) -> Orchestrator:
         return Orchestrator(pid, host, starttime=process_starttime(pid), detached=True, log=self.log,
                             events=self.events)
-
-
-def remove_event_files(root: Path, name: str) -> None:
-    """Once the cluster is down (its state gone), nobody can attach: its events files go. The
-    text log stays, for the post-mortem."""
-    for path in root.glob(DaemonLayout(root, name).events_glob):
-        path.unlink(missing_ok=True)
 
 
 class EventLog(Reporter):
@@ -397,37 +328,3 @@ def follow(store: StateStore, name: str, job_id: int, handle: Callable[[str, dic
         sleep(POLL_SECONDS)
 
 
-def signal_supervisor(info: Orchestrator, signum: int) -> bool:
-    """Send ``signum`` to the supervisor if it is still the recorded process (PID and start
-    time: a reused PID is never hit). True if it was signalled."""
-    if not orchestrator_alive(info):
-        return False
-    try:
-        os.kill(info.pid, signum)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def wait_gone(info: Orchestrator, *, timeout: float, sleep: Callable[[float], None] = time.sleep,
-              alive: Callable[[Orchestrator | None], bool] = orchestrator_alive) -> bool:
-    """Wait up to ``timeout`` s for the supervisor to end. True if it did."""
-    deadline = time.monotonic() + timeout
-    while alive(info):
-        if time.monotonic() > deadline:
-            return False
-        sleep(0.2)
-    return True
-
-
-def stop_supervisor(info: Orchestrator, *, timeout: float, sleep: Callable[[float], None] = time.sleep) -> bool:
-    """SIGTERM the supervisor (its Ctrl-C path: the leader checkpoints, the job's processes stop,
-    the job is recorded ``stopped``) and wait up to ``timeout`` s for it to end. True if it did."""
-    signal_supervisor(info, signal.SIGTERM)
-    return wait_gone(info, timeout=timeout, sleep=sleep)
-
-
-def live_daemon(job: JobProgress | None) -> Orchestrator | None:
-    """The detached supervisor of a live job, if it runs (what ``down`` must end too)."""
-    info = job.orchestrator if job is not None and job.live else None
-    return info if info is not None and info.detached and orchestrator_alive(info) else None

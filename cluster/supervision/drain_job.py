@@ -16,6 +16,7 @@ from typing import Callable
 from ..errors import PsclusterError, UsageError
 from ..events import Reporter
 from ..lifecycle import resize
+from ..lifecycle.resize_request import ResizeRequest, ask_job, resize_lock
 from ..lifecycle.drain import CHECKPOINT, DRAINED, DRAINING, IN_PLACE, DrainPlan, mark_drained, plan_drain
 from ..plan import ClusterPlan
 from ..secrets import Secrets
@@ -71,8 +72,8 @@ def drain_host(store: StateStore, name: str, host: str, *, deadline: float, pool
         _mark(store, name, host, DRAINING)
     try:
         if drain.action == IN_PLACE:
-            with resize.resize_lock(store, name):       # not during a scale, nor two drains at once
-                text = resize.ask_job(store, name, resize.ResizeRequest(state.plan, reason=reason, drain=host),
+            with resize_lock(store, name):       # not during a scale, nor two drains at once
+                text = ask_job(store, name, ResizeRequest(state.plan, reason=reason, drain=host),
                                       reporter=reporter, timeout=deadline, what=f"{host}'s workers leave in place")
         else:
             new = resize.replan(state.plan, port_base=state.port_base, limit=state.limit,
@@ -129,8 +130,8 @@ def undrain_host(store: StateStore, name: str, host: str, *, pool: TransportPool
     job_live = state.job is not None and state.job.live
     in_plan = any(t.host == host for t in state.plan.tasks)
     if job_live and in_plan:        # an async worker host that left in place: its workers come back
-        with resize.resize_lock(store, name):
-            text = resize.ask_job(store, name, resize.ResizeRequest(state.plan, reason=f"undrain {host}",
+        with resize_lock(store, name):
+            text = ask_job(store, name, ResizeRequest(state.plan, reason=f"undrain {host}",
                                                                     undrain=host),
                                   reporter=reporter, timeout=timeout, what=f"{host}'s workers come back")
     else:

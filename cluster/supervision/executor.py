@@ -2,7 +2,7 @@
 :mod:`cluster.supervision.core`.
 
 :class:`JobExecutor` runs one job on a cluster that is up, to its end: done, failed for good,
-or interrupted. It records the job (:class:`~cluster.supervision.jobrecord.JobProgress`) and every process
+or interrupted. It records the job (:class:`~cluster.jobrecord.JobProgress`) and every process
 in the cluster state before waiting on it, watches every process of the job through one
 :class:`~cluster.supervision.links.HostLink` per host, and on each turn of its loop asks the
 core for an incident, a verdict and a recovery plan, then carries it out. It holds one job kind
@@ -24,7 +24,8 @@ from typing import Any, Callable, Generic, Iterable, Sequence, TypeVar
 from ..hosts import hostops
 from ..contracts import CLEANUP_GRACE, DEFAULT_GRACE, JobState, Phase, ProcessKind, ProcState, RestartPolicy
 from ..errors import HostError, PsclusterError, TaskError, UsageError
-from .daemon import DaemonFiles, job_conflict, orchestrator_alive, process_starttime, run_gone, stop_supervisor
+from .daemon import DaemonFiles, job_conflict, run_gone
+from ..liveness import orchestrator_alive, process_starttime, stop_supervisor
 from ..events import Reporter
 from ..fanout import fan_out
 from ..history import DEFAULT_KEEP, LogFile, RunHistory, RunRecord, remove_runs
@@ -32,7 +33,7 @@ from ..lifecycle.tasks import start_task, stop_records, task_env, wait_ready
 from ..plan import ClusterPlan, TaskSpec
 from ..hosts.probe import Prober
 from ..secrets import Secrets
-from .jobrecord import JobProgress, Orchestrator, job_exit_status
+from ..jobrecord import JobProgress, Orchestrator, job_exit_status
 from ..state import ProcessRecord, RunState, StateStore, StateWriter
 from ..transport import TransportPool
 from ..transport.limits import ensure_open_files

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..contracts import ExitStatus, ProcessKind, ProcState, Role
 from ..errors import PsclusterError
 from ..hosts import hostops
-from .jobrecord import JobProgress
+from ..jobrecord import JobProgress
 from ..plan import TaskSpec
 from ..state import ProcessRecord
 from . import core

@@ -23,13 +23,13 @@ import time
 from typing import Any, Iterable
 
 from ..contracts import JobState, Mode, Phase, ProcessKind
-from .daemon import orchestrator_alive, stop_supervisor
+from ..liveness import orchestrator_alive, stop_supervisor
 from ..errors import Failure, MultiHostError, PsclusterError, StateError
 from ..events import Reporter
 from ..contracts import DEFAULT_GRACE, DEFAULT_STOP_GRACE
 from ..lifecycle.tasks import stop_records
 from ..plan import ClusterPlan
-from .jobrecord import JobProgress
+from ..jobrecord import JobProgress
 from ..state import ProcessRecord, RunState, StateStore, StateWriter
 from .training import EventTail
 from ..transport import TransportPool

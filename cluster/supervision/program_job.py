@@ -36,7 +36,7 @@ from ..lifecycle.tasks import check_ports_free
 from ..lifecycle.updown import bring_down, bring_up
 from ..secrets import Secrets, take_from_environment as take_secrets
 from ..lifecycle.resize import pin_inventory
-from .jobrecord import JobProgress
+from ..jobrecord import JobProgress
 from ..plan import ClusterPlan, HostSpec, TaskSpec
 from ..hosts.preflight import keras_check
 from ..program.request import RunRequest

@@ -41,7 +41,7 @@ from .jobstop import first_to_stop
 from ..lifecycle.tasks import check_ports_free, report_standbys, start_standbys, task_env
 from .elastic import Elastic
 from ..secrets import Secrets
-from .jobrecord import JobProgress
+from ..jobrecord import JobProgress
 from ..plan import ClusterPlan, TaskSpec
 from ..state import ProcessRecord, StateStore
 from . import core

@@ -22,7 +22,8 @@ from ..hosts.codesync import sync_code
 from ..hosts.probe import Prober
 from ..layout import gate_file, ready_file
 from ..lifecycle import resize
-from ..lifecycle.resize import PlanDiff, ResizeRequest
+from ..lifecycle.resize import PlanDiff
+from ..lifecycle.resize_request import ResizeRequest, post_result, take_request
 from .elastic import DEFAULT_NOTICE_DEADLINE, Discovery, Elastic
 from ..lifecycle.tasks import report_standbys, start_standbys, start_task, stop_records
 from ..plan import ClusterPlan, TaskSpec
@@ -139,20 +140,20 @@ class Resizer:
         if not self.asked:
             return
         self.asked = False
-        request = resize.take_request(ex.store, ex.name)
+        request = take_request(ex.store, ex.name)
         if request is None:
             return
         try:
             request.secrets_for(ex.secrets)     # a scope the job cannot serve: refused, the job goes on
         except PsclusterError as exc:
-            resize.post_result(ex.store, ex.name, ok=False, message=exc.message)
+            post_result(ex.store, ex.name, ok=False, message=exc.message)
             return
         try:
             text = self.drain(ex, request) if request.drain or request.undrain else self.resize(ex, request)
         except PsclusterError as exc:
-            resize.post_result(ex.store, ex.name, ok=False, message=exc.message)
+            post_result(ex.store, ex.name, ok=False, message=exc.message)
             raise ex.fail(exc, "the resize failed") from None
-        resize.post_result(ex.store, ex.name, ok=True, message=text)
+        post_result(ex.store, ex.name, ok=True, message=text)
 
     def resize(self, ex: JobExecutor[Any], request: ResizeRequest, unreachable: frozenset[str] | set[str] = frozenset()) -> str:
         # With a host lost, the leader usually cannot save: TensorFlow holds the async chief's
@@ -499,7 +500,7 @@ class Resizer:
         if task is None:
             self.dropped[host] = HostLink(ex.plan.host(host), ex.pool, clock=ex.clock)
             self.dropped[host].set_targets([], [])
-        self.resize(ex, resize.ResizeRequest(new, reason=f"{task or host} {why}"),
+        self.resize(ex, ResizeRequest(new, reason=f"{task or host} {why}"),
                         unreachable={host} if task is None else set())
         return True
 
@@ -688,4 +689,4 @@ class Resizer:
             link = self.dropped.pop(host, None)
             if link is not None:
                 link.close()
-        self.resize(ex, resize.ResizeRequest(new, reason=reason))
+        self.resize(ex, ResizeRequest(new, reason=reason))

@@ -24,7 +24,7 @@ from ..layout import job_code_dir
 from ..names import is_cluster_name
 from ..plan import ClusterPlan, HostSpec, TaskSpec
 from ..program.request import JsonRequest
-from .jobrecord import JobProgress
+from ..jobrecord import JobProgress
 from ..transport import Transport
 
 RESTART_POLICIES = ("never", "on-failure", "always")

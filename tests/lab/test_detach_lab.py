@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from cluster.supervision.daemon import orchestrator_alive
-from cluster.supervision.jobrecord import Orchestrator
+from cluster.liveness import orchestrator_alive
+from cluster.jobrecord import Orchestrator
 from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, port_base, run_cli, run_json
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]

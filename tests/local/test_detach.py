@@ -14,8 +14,8 @@ import time
 import pytest
 import yaml
 
-from cluster.supervision.daemon import orchestrator_alive
-from cluster.supervision.jobrecord import Orchestrator
+from cluster.liveness import orchestrator_alive
+from cluster.jobrecord import Orchestrator
 from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, port_base, run_cli, run_json
 from testbed.procs import cluster_pids
 

@@ -152,7 +152,7 @@ def test_status_of_an_unknown_cluster(tmp_path):
 
 def test_down_of_an_unknown_cluster_lists_clusters_not_resize_files(tmp_path):
     """Issue 45 item 3: `down --name X` said `known: bar23s.resize-result, barlab23.resize-result`."""
-    from cluster.lifecycle.resize import post_result
+    from cluster.lifecycle.resize_request import post_result
     for name in ("bar23s", "barlab23"):             # answers of resizes that outlived their clusters
         post_result(StateStore(tmp_path), name, ok=True, message="resized")
     cli = Captured(tmp_path)

@@ -22,7 +22,7 @@ from cluster.inventory import load_inventory
 from cluster.lifecycle.status import TaskRow
 from cluster.plan import PlanOptions, plan_cluster
 from cluster.hosts.preflight import CheckReport
-from cluster.supervision.jobrecord import JobProgress
+from cluster.jobrecord import JobProgress
 
 from .conftest import INVENTORIES
 

@@ -9,12 +9,13 @@ import socket
 
 import pytest
 
+from cluster import liveness
 from cluster.supervision import daemon as detach
 from cluster.contracts import JobState, RestartPolicy
 from cluster.errors import PsclusterError
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.supervision.jobrecord import JobProgress, Orchestrator
+from cluster.jobrecord import JobProgress, Orchestrator
 from cluster.state import RunState, StateStore
 
 from .conftest import INVENTORIES
@@ -70,16 +71,16 @@ def test_refusal_names_the_job_its_supervisor_and_the_ways_out():
     (job(JobState.DONE), False, "ended"),
 ])
 def test_supervisor_health(record, alive, expected):
-    health = detach.supervisor_health(record.updated(heartbeat=100.0), alive=alive, here=HERE, now=102.5)
+    health = liveness.supervisor_health(record.updated(heartbeat=100.0), alive=alive, here=HERE, now=102.5)
     assert health is not None and health.state == expected
     assert health.heartbeat_age == 2.5 and health.pid == 4242 and health.detached
     assert health.to_json()["state"] == expected
 
 
 def test_no_supervisor_health_without_a_job_or_a_recorded_supervisor():
-    assert detach.supervisor_health(None, alive=False, here=HERE, now=0) is None
+    assert liveness.supervisor_health(None, alive=False, here=HERE, now=0) is None
     bare = JobProgress(id=1, job="x", mode="async")
-    assert detach.supervisor_health(bare, alive=False, here=HERE, now=0) is None
+    assert liveness.supervisor_health(bare, alive=False, here=HERE, now=0) is None
 
 
 @pytest.mark.parametrize("record, code", [
@@ -96,13 +97,13 @@ def test_exit_status_is_what_train_would_have_exited_with(record, code):
 
 def test_orchestrator_alive_checks_pid_host_and_start_time():
     me = os.getpid()
-    started = detach.process_starttime(me)
+    started = liveness.process_starttime(me)
     assert started is not None
-    assert detach.orchestrator_alive(Orchestrator(me, HERE, starttime=started))
-    assert detach.orchestrator_alive(Orchestrator(me, HERE))                    # older records: pid only
-    assert not detach.orchestrator_alive(Orchestrator(me, HERE, starttime="1"))   # a reused PID
-    assert not detach.orchestrator_alive(Orchestrator(me, "another-host", starttime=started))
-    assert not detach.orchestrator_alive(None)
+    assert liveness.orchestrator_alive(Orchestrator(me, HERE, starttime=started))
+    assert liveness.orchestrator_alive(Orchestrator(me, HERE))                    # older records: pid only
+    assert not liveness.orchestrator_alive(Orchestrator(me, HERE, starttime="1"))   # a reused PID
+    assert not liveness.orchestrator_alive(Orchestrator(me, "another-host", starttime=started))
+    assert not liveness.orchestrator_alive(None)
 
 
 def test_the_job_record_round_trips_the_supervisor_and_reads_old_records():
@@ -205,7 +206,7 @@ def test_follow_says_when_the_supervisor_is_gone(cluster_state):
 def test_train_detach_refuses_a_live_job_with_exit_2(cluster_state):
     store, state = cluster_state
     me = os.getpid()      # this test process plays the live supervisor
-    state.job = job().updated(orchestrator=Orchestrator(me, HERE, starttime=detach.process_starttime(me)))
+    state.job = job().updated(orchestrator=Orchestrator(me, HERE, starttime=liveness.process_starttime(me)))
     store.save(state)
     for argv in (["train", "distributed_mnist", "--name", "c", "--detach"],
                  ["train", "distributed_mnist", "--name", "c"],

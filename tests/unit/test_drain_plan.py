@@ -9,7 +9,7 @@ import pytest
 from cluster.errors import UsageError
 from cluster.lifecycle.drain import (CHECKPOINT, DRAINED, IN_PLACE, RESIZE, mark_drained, parse_deadline,
                                      plan_drain)
-from cluster.lifecycle.resize import ResizeRequest
+from cluster.lifecycle.resize_request import ResizeRequest
 from cluster.state import RunState
 
 from .test_cli_plan import Captured
@@ -94,7 +94,7 @@ def test_the_cli_exits_2_on_bad_input(tmp_path, args, said):
 def test_undrain_of_a_host_that_is_not_drained_and_a_drain_during_a_scale_are_refused(tmp_path, write_inventory):
     from cluster.contracts import Phase
     from cluster.events import RecordingReporter
-    from cluster.lifecycle.resize import resize_lock
+    from cluster.lifecycle.resize_request import resize_lock
     from cluster.state import StateStore
     from cluster.supervision.drain_job import drain_host, undrain_host
     store = StateStore(tmp_path / "state")

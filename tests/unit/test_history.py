@@ -168,8 +168,9 @@ def test_a_runs_processes_are_gone_when_its_cluster_is_down_or_none_runs(tmp_pat
     import socket
 
     from cluster.state import ProcessRecord, StateStore
-    from cluster.supervision.daemon import process_starttime, run_gone
-    from cluster.supervision.jobrecord import JobProgress, Orchestrator
+    from cluster.liveness import process_starttime
+    from cluster.supervision.daemon import run_gone
+    from cluster.jobrecord import JobProgress, Orchestrator
 
     from .test_state import lab_state
     store = StateStore(tmp_path / "state")

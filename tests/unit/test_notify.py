@@ -12,7 +12,7 @@ import pytest
 from cluster.errors import InventoryError, UsageError
 from cluster.inventory import load_inventory
 from cluster.notify.notifier import DeliveryError, Notifier, Target, deliver, event_document, iso_time, parse_targets, run_command
-from cluster.notify.urls import mask_url, url_problem
+from cluster.urls import mask_url, url_problem
 from cluster.plan import PlanOptions, plan_cluster
 from tests.helpers import RecordingServer
 

@@ -13,7 +13,7 @@ import pytest
 from cluster.contracts import Phase, ProcessKind, StrEnum
 from cluster.errors import UsageError
 from cluster.history import RunHistory, RunRecord
-from cluster.lifecycle.resize import RESIZE_SUFFIX, RESULT_SUFFIX, ResizeRequest, post_request, post_result, take_request
+from cluster.lifecycle.resize_request import RESIZE_SUFFIX, RESULT_SUFFIX, ResizeRequest, post_request, post_result, take_request
 from cluster.state import ProcessRecord, RunState, StateStore, file_lock, write_private_json
 
 from .conftest import REPO

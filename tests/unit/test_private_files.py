@@ -10,7 +10,7 @@ import pytest
 from cluster.errors import UntrustedStateError
 from tests.unit.test_cli_plan import Captured
 from cluster.history import RunHistory
-from cluster.lifecycle.resize import RESIZE_SUFFIX, take_request
+from cluster.lifecycle.resize_request import RESIZE_SUFFIX, take_request
 from cluster.supervision.daemon import EventLog
 from cluster.state import StateStore, open_private, private_dir
 

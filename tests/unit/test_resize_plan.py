@@ -9,8 +9,9 @@ import pytest
 
 from cluster.errors import PlanError, UsageError
 from cluster.plan import plan_cluster
-from cluster.lifecycle.resize import (ResizeRequest, can_overlap, check_resize, diff_plans, early_servers, in_place, membership,
-                            pin_inventory, plan_changes_for, replan, resize_lock, with_workers)
+from cluster.lifecycle.resize import (can_overlap, check_resize, diff_plans, early_servers, in_place, membership,
+                            pin_inventory, plan_changes_for, replan, with_workers)
+from cluster.lifecycle.resize_request import ResizeRequest, resize_lock
 from cluster.supervision.elastic import parse_host_list
 from cluster.supervision.core import drop_out
 from cluster.state import StateStore

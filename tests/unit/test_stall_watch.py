@@ -13,7 +13,7 @@ from cluster.console.tables import render_job_line
 from cluster.contracts import JobState, ProcessKind, Role
 from cluster.supervision.core import (IncidentKind, Proc, Watchdog, find_incident, stall_limit,
                                       stall_shown_after)
-from cluster.supervision.jobrecord import JobProgress
+from cluster.jobrecord import JobProgress
 from cluster.supervision.training import JobOptions
 from roles import closures
 from tests.helpers import run_cli

@@ -10,7 +10,7 @@ from cluster.contracts import JobState
 from cluster.errors import StateError, UsageError
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.supervision.jobrecord import JobProgress, Orchestrator
+from cluster.jobrecord import JobProgress, Orchestrator
 from cluster.state import ProcessRecord, RunState, StateStore, default_state_dir
 
 from .conftest import INVENTORIES
@@ -128,7 +128,7 @@ def test_resolve_unknown_name(tmp_path):
 
 
 def test_resize_files_beside_a_state_are_not_clusters(tmp_path):
-    from cluster.lifecycle.resize import RESIZE_SUFFIX, post_result
+    from cluster.lifecycle.resize_request import RESIZE_SUFFIX, post_result
     store = StateStore(tmp_path)
     store.save(lab_state("bar23s"))
     post_result(store, "bar23s", ok=True, message="resized")

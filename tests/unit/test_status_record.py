@@ -12,7 +12,7 @@ from cluster.lifecycle import status as status_mod
 from cluster.lifecycle.status import Source, cluster_status, fresh_hosts, status_view
 from cluster.plan import PlanOptions, plan_cluster
 from cluster.state import ProcessRecord, RunState
-from cluster.supervision.jobrecord import JobProgress
+from cluster.jobrecord import JobProgress
 
 NOW = 1_000_000.0
 

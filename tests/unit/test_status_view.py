@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from cluster.inventory import load_inventory
-from cluster.supervision.jobrecord import JobProgress
+from cluster.jobrecord import JobProgress
 from cluster.lifecycle.status import rows_after_up, status_view
 from cluster.plan import PlanOptions, plan_cluster
 from cluster.state import RunState

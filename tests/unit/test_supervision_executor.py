@@ -11,7 +11,7 @@ from cluster.contracts import JobState, ProcessKind, ProcState, RestartPolicy
 from cluster.events import RecordingReporter
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.supervision.jobrecord import JobProgress
+from cluster.jobrecord import JobProgress
 from cluster.state import ProcessRecord, RunState, StateStore
 from cluster.supervision import core
 from cluster.supervision.executor import JobExecutor

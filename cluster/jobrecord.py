@@ -4,9 +4,8 @@
 typed value instead of a dict with implied keys. Its JSON form (``to_json``) is the
 ``"job"`` object of the state file and of ``status --json``: only fields that are set appear.
 
-It lives with the supervision that writes it, but in the house it is a record (docs/architecture.md,
-"Records"): it imports only the contracts, so cluster/state.py and cluster/events.py read it without
-importing any supervisor.
+A record of the house (docs/architecture.md, "Records"), written by the supervision: it imports only
+the contracts, so cluster/state.py and cluster/events.py read it without importing any supervisor.
 """
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..contracts import ExitStatus, JobState
+from .contracts import ExitStatus, JobState
 
 
 def job_exit_status(state: JobState, result: Mapping[str, Any] | None = None) -> ExitStatus:

@@ -1,6 +1,7 @@
 """Notification URLs, pure (no threads, no network): which URL may be a target, and the URL as
 shown anywhere (``mask_url``: a webhook's path and query carry its secret). The inventory, the
-plan and the notifier all use these; the notifier (cluster/notify/notifier.py) delivers."""
+plan, the console and the notifier all use these, so that none of the first three imports the
+notifier's threads; the notifier (cluster/notify/notifier.py) delivers."""
 from __future__ import annotations
 
 from urllib.parse import urlsplit, urlunsplit
