@@ -153,7 +153,7 @@ class Resizer:
         resize.post_result(ex.store, ex.name, ok=True, message=text)
 
     def resize(self, ex: JobExecutor[Any], request: ResizeRequest, unreachable: frozenset[str] | set[str] = frozenset(),
-               event: dict[str, Any] | None = None) -> str:
+               event: dict[str, Any] | None = None, save: bool = True) -> str:
         # With a host lost, the leader usually cannot save: TensorFlow holds the async chief's
         # writes behind its closure on the lost worker, so after 2 s without a closure returning
         # it ends without saving (roles/async_driver.py). The grace is short for any mode, and
@@ -192,7 +192,9 @@ class Resizer:
         first = [r for r in first_to_stop(old, ex.state.live_records())
                  if r.host not in unreachable and r.key not in early_keys]
         grace = min(self.train.stop_grace, LOST_HOST_GRACE) if unreachable else self.train.stop_grace
-        if first and grace > 0:
+        if first and not save:      # a ps is lost: the leader cannot save (half its variables are gone)
+            ex.stop(first, grace=0.5, first_signal="KILL")
+        elif first and grace > 0:
             ex.stop(first, grace=grace)
             self.train.read_final_events(ex, first)
         stopped_at = ex.clock()
@@ -542,7 +544,7 @@ class Resizer:
         ex.reporter.emit("message", level="warning", text=f"{host} {why}: {where} ({move.why}); its workers leave "
                                                           "the job; restarting from the newest snapshot")
         text = self.resize(ex, resize.ResizeRequest(new, reason=f"{where} ({host} {why})"), unreachable={host},
-                           event={"moved": {name: {"from": host, "to": move.to, "target": new.task(name).target}
+                           save=False, event={"moved": {name: {"from": host, "to": move.to, "target": new.task(name).target}
                                             for name in move.tasks}, "lost": host, "why": move.why})
         ex.set_job(message=text)
         return True

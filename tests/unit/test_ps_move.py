@@ -127,3 +127,12 @@ def test_a_move_to_a_host_the_inventory_no_longer_names_is_refused(write_invento
     old = fault_lab(write_inventory)
     with pytest.raises(UsageError, match="ps:1 was moved to gone"):
         replan(old, port_base=None, limit=None, counts={}, pool=None, moved={"ps:1": ("gone", 3003)})
+
+
+@pytest.mark.parametrize("pause, met", [(68.0, True), (75.0, False)])
+def test_the_fault_benchmark_holds_a_ps_host_loss_to_the_host_timeout_plus_10_s(pause, met):
+    from benchmarks.faults import goals
+    row = {"mode": "async", "fault": "ps-cut-for-good", "outcome": "ps moved, restored", "pause": pause,
+           "host_timeout": 60.0, "steps_lost": 100, "snapshot_steps": 900, "first_save_step": 300, "left": 0}
+    [line] = [line for line in goals([row]) if "ps host lost for good" in line]
+    assert line.startswith("MET " if met else "MISS") and "(70 s)" in line, line
