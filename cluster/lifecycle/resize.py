@@ -77,6 +77,16 @@ def diff_plans(old: ClusterPlan, new: ClusterPlan) -> PlanDiff:
     return PlanDiff(start=start, stop=stop, keep=keep)
 
 
+def restarting(diff: PlanDiff, names: Collection[str]) -> PlanDiff:
+    """``diff`` with the tasks of ``names`` that it keeps stopped and started again. A ps moved to
+    another address needs it of every server that stays: a TensorFlow server routes a task name
+    to the address it first knew, also for a new chief (docs/platform-notes.md TF13; seen: a
+    chief restored after a ps moved made no step, its closures waiting on the old address)."""
+    again = tuple(name for name in diff.keep if name in names)
+    return PlanDiff(start=diff.start + again, stop=diff.stop + again,
+                    keep=tuple(name for name in diff.keep if name not in again))
+
+
 def membership(plan: ClusterPlan) -> dict[str, list[str]]:
     """``{"worker": ["worker:0@h1", ...], ...}``: who is in the cluster, for the ``resized`` event."""
     found: dict[str, list[str]] = {}

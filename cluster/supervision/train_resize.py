@@ -153,7 +153,7 @@ class Resizer:
         resize.post_result(ex.store, ex.name, ok=True, message=text)
 
     def resize(self, ex: JobExecutor[Any], request: ResizeRequest, unreachable: frozenset[str] | set[str] = frozenset(),
-               event: dict[str, Any] | None = None, save: bool = True) -> str:
+               event: dict[str, Any] | None = None, save: bool = True, restart: tuple[str, ...] = ()) -> str:
         # With a host lost, the leader usually cannot save: TensorFlow holds the async chief's
         # writes behind its closure on the lost worker, so after 2 s without a closure returning
         # it ends without saving (roles/async_driver.py). The grace is short for any mode, and
@@ -161,7 +161,7 @@ class Resizer:
         """Checkpoint, stop the job's processes, bring the servers in line with the new plan, and
         start the training processes again from the checkpoint at the new size."""
         old, new = ex.plan, request.plan
-        diff = resize.diff_plans(old, new)
+        diff = resize.restarting(resize.diff_plans(old, new), restart)
         resize.check_resize(old, new, diff, job_live=True)
         ex.use_secrets(request.secrets_for(ex.secrets))     # the new plan's scope, keyed by its host names
         early = resize.early_servers(old, new, diff, unreachable)
@@ -512,7 +512,8 @@ class Resizer:
         ps tasks move to the host :func:`core.place_lost_ps` picks, its workers leave the plan (the
         host is watched until it answers: its leftovers are stopped then, and it rejoins as a worker
         host), and the job restarts from its newest save (a snapshot, every ``--snapshot-every``
-        s), as after a killed ps. False (the job fails as before, the reason said) when no host can
+        s), as after a killed ps; the servers that stay start again too (they would route the ps's
+        name to its old address: resize.restarting). False (the job fails as before, the reason said) when no host can
         take the ps, too few workers would be left, or the inventory cannot be re-planned."""
         def refuse(reason: str) -> bool:
             ex.reporter.emit("message", level="warning", text=f"cannot go on without {host}: {reason}")
@@ -544,7 +545,8 @@ class Resizer:
         ex.reporter.emit("message", level="warning", text=f"{host} {why}: {where} ({move.why}); its workers leave "
                                                           "the job; restarting from the newest snapshot")
         text = self.resize(ex, resize.ResizeRequest(new, reason=f"{where} ({host} {why})"), unreachable={host},
-                           save=False, event={"moved": {name: {"from": host, "to": move.to, "target": new.task(name).target}
+                           save=False, restart=tuple(t.name for t in new.standing_tasks if t.name not in move.tasks),
+                           event={"moved": {name: {"from": host, "to": move.to, "target": new.task(name).target}
                                             for name in move.tasks}, "lost": host, "why": move.why})
         ex.set_job(message=text)
         return True

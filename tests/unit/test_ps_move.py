@@ -8,7 +8,7 @@ import pytest
 
 from cluster.contracts import Mode, RestartPolicy
 from cluster.errors import UsageError
-from cluster.lifecycle.resize import diff_plans, pin_inventory, ps_spares, replan
+from cluster.lifecycle.resize import diff_plans, pin_inventory, ps_spares, replan, restarting
 from cluster.supervision.core import place_lost_ps
 
 from .test_plan import plan_text
@@ -92,6 +92,10 @@ def test_the_moved_ps_takes_a_free_port_on_its_new_host_and_nothing_else_moves(w
     diff = diff_plans(old, new)
     assert set(diff.start) == {"ps:1", "worker:1"} and set(diff.stop) == {"ps:1", "worker:1", "worker:2"}
     assert {"chief:0", "ps:0", "worker:0"} <= set(diff.keep)
+    # The servers that stay start again: they would route ps:1 to n2 (docs/platform-notes.md TF13).
+    again = restarting(diff, [t.name for t in new.standing_tasks if t.name != "ps:1"])
+    assert set(again.start) == {"ps:1", "worker:1", "ps:0", "worker:0"} and again.keep == ("chief:0",)
+    assert set(again.stop) == {"ps:1", "worker:1", "worker:2", "ps:0", "worker:0"}
 
 
 def test_a_later_re_plan_keeps_the_ps_where_it_moved(write_inventory):
