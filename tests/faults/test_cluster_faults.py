@@ -145,6 +145,38 @@ def test_a_ps_host_lost_for_good_moves_its_ps_and_the_job_finishes(fault_cluster
     assert "ps:1 moved from node-3 to node-1 (node-3 lost for over 10 s" in said, training.stderr
 
 
+def _placed(cluster) -> dict[str, str]:
+    return {f"{t['role']}:{t['index']}": t["host"] for t in cluster.state()["plan"]["tasks"]}
+
+
+@pytest.mark.extended
+def test_a_ps_host_back_after_its_ps_moved_has_its_leftovers_stopped_and_rejoins_as_a_worker_host(fault_cluster):
+    """Extended (the test above proves the move): node-3 answers again after ps:1 moved off it. What
+    it still ran (ps:1 and worker:1 behind the cut) is stopped, it rejoins with its worker, and
+    ps:1 stays on node-1 (its variables live there now)."""
+    cluster = fault_cluster()
+    cluster.up(PS_ON_NODE_3, "async")
+    training = cluster.train(*UNFINISHABLE, "--snapshot-every", 2, "--host-timeout", 10)
+    training.wait_step(200)
+    stale = {r["key"] for r in cluster.state()["processes"] if r["host"] == "node-3" and not r["stopped"]}
+    assert stale
+    cluster.lab.cut("node-3")
+    training.wait_for(lambda job: _placed(cluster).get("ps:1") == "node-1" and job.get("state") == "running",
+                      what="ps:1 moved to node-1")
+    cluster.lab.heal("node-3")
+
+    def back(job: dict) -> bool:
+        state, placed = cluster.state(), _placed(cluster)
+        return (all(r["stopped"] for r in state["processes"] if r["key"] in stale) and placed.get("ps:1") == "node-1"
+                and "node-3" in {host for name, host in placed.items() if name.startswith("worker:")})
+    job = training.wait_for(back, timeout=300, what="node-3 back as a worker host, its leftovers stopped")
+    training.wait_for(lambda now: (now.get("step") or 0) >= (job.get("step") or 0) + 200 and now.get("state") == "running",
+                      what="training on after the rejoin")
+    assert cluster.cli("stop-job", "--name", cluster.name).returncode == 0
+    code, _ = training.finish()
+    assert code == 143, training.stderr
+
+
 @pytest.mark.extended
 def test_policy_never_fails_at_once_with_the_root_cause(fault_cluster):
     """Scenario 10."""
