@@ -30,6 +30,9 @@ MODE_ROLES: dict[str, tuple[tuple[str, bool], ...]] = {
     Mode.SYNC.value: (("worker", False),),
     Mode.SYNC_PS.value: (("ps", True), ("worker", False)),
 }
+# The inventory's optional group of hosts that may take a ps moved off a host lost for good
+# (cluster/supervision/core.py place_lost_ps): they run nothing until then.
+PS_SPARE_GROUP = "ps_spare"
 DEFAULT_MODE = Mode.ASYNC       # without --mode and pscluster_mode, where the inventory has a chief
 # Other names of a mode, accepted wherever a mode is (--mode, pscluster_mode) and stored as the
 # mode itself. sync-ps is the shape of TF1's between-graph replication (ps + workers, worker 0 the

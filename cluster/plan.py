@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from .errors import PlanError
@@ -312,7 +312,7 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
         port = ports[(slot.role, slot.index)]
         standing = used_roles[slot.role]
         layout = HostLayout(host.workdir, name)
-        env = _task_env(slot, name)
+        env = _task_env(slot.role, slot.index, slot.gpus, slot.host, name)
         if options.roles is not None:
             argv: tuple[str, ...] = ()        # the user's program, given to `run`
         elif standing:
@@ -498,18 +498,57 @@ def _compact_json(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-def _task_env(slot: _Slot, name: str) -> tuple[tuple[str, str], ...]:
+def _task_env(role: str, index: int, gpus: str | None, host: HostConfig, name: str) -> tuple[tuple[str, str], ...]:
     env = dict(BASE_ENV)
     env["PSCLUSTER_CLUSTER"] = name
-    env["PSCLUSTER_TASK"] = f"{slot.role}:{slot.index}"
-    if slot.gpus is not None and slot.gpus != AUTO_GPUS:
-        env["CUDA_VISIBLE_DEVICES"] = slot.gpus
-    if slot.host.intra_op_threads is not None:
-        env["PSCLUSTER_INTRA_OP_THREADS"] = str(slot.host.intra_op_threads)
-    if slot.host.inter_op_threads is not None:
-        env["PSCLUSTER_INTER_OP_THREADS"] = str(slot.host.inter_op_threads)
-    env.update(dict(slot.host.env))
+    env["PSCLUSTER_TASK"] = f"{role}:{index}"
+    if gpus is not None and gpus != AUTO_GPUS:
+        env["CUDA_VISIBLE_DEVICES"] = gpus
+    if host.intra_op_threads is not None:
+        env["PSCLUSTER_INTRA_OP_THREADS"] = str(host.intra_op_threads)
+    if host.inter_op_threads is not None:
+        env["PSCLUSTER_INTER_OP_THREADS"] = str(host.inter_op_threads)
+    env.update(dict(host.env))
     return tuple(env.items())
+
+
+def move_task(plan: ClusterPlan, name: str, host: HostConfig, options: PlanOptions,
+              port: int | None = None) -> ClusterPlan:
+    """``plan`` with its standing task ``name`` (a ps) on inventory host ``host`` instead: on
+    ``port`` if no other task holds it at that address, else on the lowest port from the port
+    base (``options.port_base`` or the host's) that none holds and SSH does not use there.
+    Every other task keeps its host, port and name; the cluster spec names the new address.
+    Pure, as :func:`plan_cluster`: a lost ps host's tasks moved by the supervisor
+    (cluster/supervision/train_resize.py) keep their place across later re-plans.
+
+    Raises:
+        PlanError: no free port at ``host``'s address.
+    """
+    old = plan.task(name)
+    spec = next((h for h in plan.hosts if h.name == host.name), None) or _host_spec(host, options)
+    taken = {t.port for t in plan.tasks if t.address == host.address and t.name != name}
+    if host.connection == "ssh":
+        taken.add(host.ssh_port or 22)
+    if port is None or port in taken:
+        port = options.port_base or host.port_base
+        while port in taken:
+            port += 1
+    if port > 65535:
+        raise PlanError(f"ran out of ports on {host.address} for {name}", hint="lower pscluster_port_base")
+    layout = HostLayout(spec.workdir, plan.name)
+    gpus = "" if old.role == "ps" else None          # a ps must not grab GPU memory
+    moved = replace(old, host=host.name, address=host.address, port=port, cuda_visible_devices=gpus,
+                    env=_task_env(old.role, old.index, gpus, host, plan.name), argv=(spec.python, *old.argv[1:]),
+                    workdir=spec.workdir, log_path=layout.server_log(old.role, old.index),
+                    events_path=layout.task_events(old.role, old.index))
+    tasks = tuple(moved if t.name == name else t for t in plan.tasks)
+    cluster = tuple((role, tuple(moved.target if role == old.role and i == old.index else address
+                                 for i, address in enumerate(addresses)))
+                    for role, addresses in plan.cluster)
+    hosts = {h.name: h for h in (*plan.hosts, spec)}
+    used = dict.fromkeys(t.host for t in tasks)
+    ordered = tuple(h for h in hosts.values() if h.name in used)
+    return replace(plan, tasks=tasks, cluster=cluster, hosts=ordered)
 
 
 def loopback_addresses(plan: ClusterPlan) -> list[TaskSpec]:

@@ -141,6 +141,8 @@ def render_status(console: Console, name: str, mode: str, phase: str, rows: Sequ
         console.print(Text(_plain(message), "yellow"))
     if job:
         console.print(Text(_plain(render_job_line(job))))
+    if job and job.live and job.message:        # what the supervisor says now (a host lost, a ps moved)
+        console.print(Text(_plain(job.message), "yellow"))
 
 
 def render_job_line(job: JobProgress) -> str:

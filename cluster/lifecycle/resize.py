@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Collection, Mapping, Sequence
 
 from ..hosts.codesync import sync_code
-from ..contracts import DEFAULT_GRACE, Mode, Phase, ProcessKind
+from ..contracts import DEFAULT_GRACE, PS_SPARE_GROUP, Mode, Phase, ProcessKind
 from ..errors import PsclusterError, UsageError
 from ..events import Reporter
 from .resize_request import ResizeRequest, ask_job, resize_lock
@@ -66,6 +66,16 @@ def diff_plans(old: ClusterPlan, new: ClusterPlan) -> PlanDiff:
     start = tuple(name for name in after if name not in keep)
     stop = tuple(name for name in before if name not in keep)
     return PlanDiff(start=start, stop=stop, keep=keep)
+
+
+def restarting(diff: PlanDiff, names: Collection[str]) -> PlanDiff:
+    """``diff`` with the tasks of ``names`` that it keeps stopped and started again. A ps moved to
+    another address needs it of every server that stays: a TensorFlow server routes a task name
+    to the address it first knew, also for a new chief (docs/platform-notes.md TF13; seen: a
+    chief restored after a ps moved made no step, its closures waiting on the old address)."""
+    again = tuple(name for name in diff.keep if name in names)
+    return PlanDiff(start=diff.start + again, stop=diff.stop + again,
+                    keep=tuple(name for name in diff.keep if name not in again))
 
 
 def membership(plan: ClusterPlan) -> dict[str, list[str]]:
@@ -312,23 +322,50 @@ def with_workers(inventory: Inventory, counts: Mapping[str, int]) -> Inventory:
 
 
 def replan(plan: ClusterPlan, *, port_base: int | None, limit: str | None, counts: Mapping[str, int],
-           pool: TransportPool | None) -> ClusterPlan:
+           pool: TransportPool | None, moved: Mapping[str, tuple[str, int | None]] | None = None) -> ClusterPlan:
     """The cluster's plan again from its inventory file, with the worker counts of
-    :func:`with_workers` (a lost host left out, a host back taken in, a discovery command's list)."""
+    :func:`with_workers` (a lost host left out, a host back taken in, a discovery command's list).
+    ``moved``: ps tasks that live elsewhere than the inventory says (task -> (host, port): a ps
+    moved off a host lost for good, :func:`cluster.plan.move_task`), kept there.
+
+    Raises:
+        UsageError: the inventory cannot be re-read (:func:`pinned_inventory`), or a moved ps's
+            host is no longer in it.
+    """
     import sys
     from ..hosts.codesync import local_workdir
     from ..inventory import load_inventory
     from ..inventory.patterns import apply_limit, required_roles
-    from ..plan import PlanOptions, plan_cluster
-    inventory = load_inventory(pinned_inventory(plan))
-    inventory = with_workers(apply_limit(inventory, limit, required_roles(plan.mode, inventory, None)), counts)
+    from ..plan import PlanOptions, move_task, plan_cluster
+    whole = load_inventory(pinned_inventory(plan))
+    limited = apply_limit(whole, limit, required_roles(plan.mode, whole, None))
+    # A host left out that runs no worker (a ps host lost for good) has no workers to take away.
+    counts = {host: count for host, count in counts.items() if count or host in limited.hosts_of("worker")}
+    inventory = with_workers(limited, counts)
     options = PlanOptions(local_python=sys.executable, local_workdir=local_workdir(), name=plan.name,
                           mode=plan.mode, port_base=port_base)
     new = plan_cluster(inventory, options)
     if pool is not None and new.auto_gpu_hosts:
         from ..hosts.preflight import resolve_auto_gpus
         new = plan_cluster(resolve_auto_gpus(inventory, new, pool), options)
+    for task, (host, port) in (moved or {}).items():
+        if host not in {h.name for h in whole.hosts}:
+            raise UsageError(f"{task} was moved to {host}, which {whole.path} no longer names",
+                             hint="put the host back in the inventory")
+        new = move_task(new, task, whole.host(host), options, port)
     return replace(new, firewall=plan.firewall, inventory_sha256=plan.inventory_sha256)
+
+
+def ps_spares(plan: ClusterPlan) -> tuple[str, ...]:
+    """The hosts of the inventory's ``ps_spare`` group (none without one): hosts a ps moves to
+    when its host is lost for good, in the group's order. They run nothing until then and need
+    no role group; ``up`` neither checks nor starts anything on them.
+
+    Raises:
+        UsageError: the inventory cannot be re-read (:func:`pinned_inventory`).
+    """
+    from ..inventory import load_inventory
+    return dict(load_inventory(pinned_inventory(plan)).groups).get(PS_SPARE_GROUP, ())
 
 
 def pin_inventory(plan: ClusterPlan) -> ClusterPlan:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, Mapping, Sequence
+from typing import Collection, Iterable, Mapping, Sequence
 
-from ..contracts import Mode, ProcessKind, ProcState, RestartPolicy, Role, Until
+from ..contracts import PS_SPARE_GROUP, Mode, ProcessKind, ProcState, RestartPolicy, Role, Until
 
 FROZEN_AFTER = 5.0          # a process stopped (SIGSTOP) this long counts as failed
 LEADER_LINGER = 30.0        # after the leader finished, others get this long to end by themselves
@@ -370,6 +370,54 @@ def drop_out(workers: Mapping[str, int], *, host: str, other_roles: Sequence[str
     if left < min_workers:
         return DropOut(False, left, f"{left} worker(s) would be left, fewer than --min-workers {min_workers}")
     return DropOut(True, left, f"{left} worker(s) go on")
+
+
+@dataclass(frozen=True)
+class PsMove:
+    """Where the ps tasks of a host lost for good go (``to`` None: nowhere, and ``why`` says why)."""
+
+    to: str | None
+    tasks: tuple[str, ...]
+    why: str
+
+
+def place_lost_ps(tasks: Sequence[tuple[str, str]], *, lost: str, mode: Mode | str, policy: RestartPolicy,
+                  spares: Sequence[str] = (), unreachable: Collection[str] = ()) -> PsMove:
+    """Where an async job moves the ps tasks of ``lost``, a host lost beyond ``--host-timeout``.
+
+    ``tasks``: (task name, host) of the plan, in plan order. The first host of the inventory's
+    ``ps_spare`` group (``spares``) that is not lost, else the surviving ps host with the fewest
+    tasks (ties: the first in plan order), else the chief's host. ``unreachable``: other hosts
+    that do not answer now. Refused: under ``--restart-policy never``; outside async mode (sync
+    has no ps; sync-ps restarts its ps with the whole group and is not moved); a host that runs
+    the chief (its checkpoints are the job's) or the evaluator; a host that runs no ps."""
+    names = tuple(name for name, host in tasks if host == lost)
+    moved = tuple(name for name in names if name.startswith("ps:"))
+    if policy is RestartPolicy.NEVER:
+        return PsMove(None, moved, "restart policy 'never'")
+    if Mode(mode) is not Mode.ASYNC:
+        return PsMove(None, moved, f"{Mode(mode)} mode: a lost ps is not moved (async only)")
+    if not moved:
+        return PsMove(None, (), f"{lost} runs no ps")
+    others = sorted({name.split(":")[0] for name in names} - {"ps", "worker"})
+    if others:
+        return PsMove(None, moved, f"{lost} also runs {', '.join(others)}")
+    gone = set(unreachable) | {lost}
+    spare = next((host for host in spares if host not in gone), None)
+    if spare is not None:
+        return PsMove(spare, moved, f"{spare} is the first host of the inventory's {PS_SPARE_GROUP} group")
+    load: dict[str, int] = {}
+    for _, host in tasks:
+        load[host] = load.get(host, 0) + 1
+    ps_hosts = [host for host in dict.fromkeys(host for name, host in tasks if name.startswith("ps:"))
+                if host not in gone]
+    if ps_hosts:
+        fewest = min(ps_hosts, key=lambda host: load[host])       # min keeps the first of equals
+        return PsMove(fewest, moved, f"{fewest} is the surviving ps host with the fewest tasks ({load[fewest]})")
+    chief = next((host for name, host in tasks if name == "chief:0"), None)
+    if chief is not None and chief not in gone:
+        return PsMove(chief, moved, f"{chief} runs the chief (no other ps host survives)")
+    return PsMove(None, moved, "no host of the cluster answers to take it")
 
 
 # ----------------------------------------------------------------------------- completion

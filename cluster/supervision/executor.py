@@ -417,7 +417,8 @@ class JobExecutor(Generic[K]):
                                attempt=used + 1, delay=verdict.delay)
             self.sleep(verdict.delay)
             try:
-                self.carry_out(self.kind.recovery(self, incident))
+                if not self.carry_out(self.kind.recovery(self, incident)):
+                    return      # a host it waited for was lost for good: the job went on without it
             except (TaskError, HostError) as exc:      # the restart itself failed: try again, on budget
                 if isinstance(exc, HostError) and exc.host in self.links and self.links[exc.host].lost_since is not None:
                     if self.kind.drop_out(self, exc.host, f"lost while restarting {proc.task} ({exc.message.splitlines()[0]})"):
@@ -446,8 +447,11 @@ class JobExecutor(Generic[K]):
                      **({"message": message} if message else {}))
         self.writer.change(lambda s: s.restarts.__setitem__(task, s.restarts.get(task, 0) + 1))
 
-    def carry_out(self, recovery: core.Recovery) -> None:
-        self.wait_hosts(recovery.wait_hosts)
+    def carry_out(self, recovery: core.Recovery) -> bool:
+        """Carry ``recovery`` out; False when a host it waits for was lost beyond --host-timeout and
+        the job went on without it instead (:meth:`wait_hosts`): the recovery is moot then."""
+        if not self.wait_hosts(recovery.wait_hosts):
+            return False
         self.forget_and_stop([self.watched[key] for key in recovery.stop if key in self.watched])
         for name in recovery.restart_servers:
             self.launch_server(self.plan.task(name))
@@ -457,6 +461,7 @@ class JobExecutor(Generic[K]):
             self.kind.relaunch(self, self.plan.task(name))
         self.retarget()
         self.set_job(state=JobState.RUNNING, message=None)
+        return True
 
     def fail(self, cause: PsclusterError, why: str | None = None) -> JobFailed:
         self.stop_job_processes(grace=CLEANUP_GRACE)
@@ -608,17 +613,25 @@ class JobExecutor(Generic[K]):
         records = [r for r in self.state.live_records() if r.kind in (ProcessKind.TRAIN, ProcessKind.PROGRAM)]
         self.stop(records, grace=grace, first_signal=first_signal)
 
-    def wait_hosts(self, hosts: Sequence[str]) -> None:
-        """Block until every host in ``hosts`` answers, or fail after ``host_timeout``."""
-        deadline = self.clock() + self.host_timeout
+    def wait_hosts(self, hosts: Sequence[str]) -> bool:
+        """Block until every host in ``hosts`` answers (True). A host lost for longer than
+        ``host_timeout`` (counted from its loss, as :meth:`decide` counts it: a task that failed
+        with its host, e.g. the async chief with a lost ps, restarts within the same bound) is
+        the job kind's to go on without (False: :meth:`JobKind.drop_out`, e.g. a ps moved
+        elsewhere), else the job fails naming it."""
+        started = self.clock()
         for host in dict.fromkeys(hosts):
             link = self.links.get(host)
             while link is not None and link.lost_since is not None:
-                if self.clock() > deadline:
-                    raise self.fail(HostError(host, f"unreachable for {self.host_timeout:.0f} s ({link.error})",
+                lost_for = self.clock() - min(link.lost_since, started)
+                if lost_for > self.host_timeout:
+                    if self.kind.drop_out(self, host, f"lost for over {self.host_timeout:.0f} s ({link.error})"):
+                        return False
+                    raise self.fail(HostError(host, f"unreachable for {lost_for:.0f} s ({link.error})",
                                               hint="check the host and its network"))
                 self.sleep(0.5)
                 link.poll(self.clock())
+        return True
 
 
 def heard(links: dict[str, HostLink], watched: dict[str, Watched], *, now: float, wall: float) -> dict[str, Any]:

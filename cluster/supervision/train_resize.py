@@ -12,7 +12,7 @@ of :class:`~cluster.supervision.train_job.TrainJob` that does it.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 from ..contracts import CLEANUP_GRACE, DEFAULT_GRACE, JobState, Mode, ProcessKind, RestartPolicy
 from ..errors import Failure, PsclusterError
@@ -102,6 +102,9 @@ class Resizer:
         # Async worker hosts lost but kept in the plan: the chief trains on without their workers
         # (roles/workerloss.py) and takes them back once their servers answer again.
         self.away: dict[str, HostLink] = {}
+        # Async ps tasks moved off a host lost for good (task -> (host, port)): every later re-plan
+        # keeps them there, although the inventory still places them on the lost host.
+        self.moved: dict[str, tuple[str, int | None]] = {}
         self.discovery = (Discovery(elastic.hosts_from, elastic.hosts_every)
                           if elastic is not None and elastic.hosts_from else None)
         self.next_rejoin = 0.0
@@ -131,8 +134,9 @@ class Resizer:
 
     def between_turns(self, ex: JobExecutor[Any]) -> None:
         self.notice_turn(ex)
-        if self.elastic is None and self.away:      # an async worker host out in place: back when it answers
-            self.take_back_away(ex)
+        if self.elastic is None and (self.away or self.dropped):    # an async worker host out in place, or
+            if not self.take_back_away(ex):                          # one a ps moved off: back when it answers
+                self.take_back_dropped(ex)
         if self.elastic is not None:
             # A standby for the next relaunch (the resize after a host's loss restarts the chief).
             self.train.refill_once_trained(ex)
@@ -155,7 +159,8 @@ class Resizer:
             raise ex.fail(exc, "the resize failed") from None
         post_result(ex.store, ex.name, ok=True, message=text)
 
-    def resize(self, ex: JobExecutor[Any], request: ResizeRequest, unreachable: frozenset[str] | set[str] = frozenset()) -> str:
+    def resize(self, ex: JobExecutor[Any], request: ResizeRequest, unreachable: frozenset[str] | set[str] = frozenset(),
+               event: dict[str, Any] | None = None, save: bool = True, restart: tuple[str, ...] = ()) -> str:
         # With a host lost, the leader usually cannot save: TensorFlow holds the async chief's
         # writes behind its closure on the lost worker, so after 2 s without a closure returning
         # it ends without saving (roles/async_driver.py). The grace is short for any mode, and
@@ -163,10 +168,12 @@ class Resizer:
         """Checkpoint, stop the job's processes, bring the servers in line with the new plan, and
         start the training processes again from the checkpoint at the new size."""
         old, new = ex.plan, request.plan
-        diff = resize.diff_plans(old, new)
+        diff = resize.restarting(resize.diff_plans(old, new), restart)
         resize.check_resize(old, new, diff, job_live=True)
         ex.use_secrets(request.secrets_for(ex.secrets))     # the new plan's scope, keyed by its host names
-        early = resize.early_servers(old, new, diff, unreachable)
+        # Servers started again (a ps moved) start with the new ones, in one wait: the job is stuck
+        # meanwhile, and one after the other took 2.3 s + 2.4 s on the lab (benchmarks.faults).
+        early = resize.early_servers(old, new, diff, unreachable) if not restart else []
         if early:      # while the job still trains: their import stays out of the pause
             resize.start_early(ex.writer, ex.pool, ex.reporter, new, early, ex.secrets, root=ex.root,
                                idle=lambda: self.pump(ex))
@@ -194,7 +201,9 @@ class Resizer:
         first = [r for r in first_to_stop(old, ex.state.live_records())
                  if r.host not in unreachable and r.key not in early_keys]
         grace = min(self.train.stop_grace, LOST_HOST_GRACE) if unreachable else self.train.stop_grace
-        if first and grace > 0:
+        if first and not save:      # a ps is lost: the leader cannot save (half its variables are gone)
+            ex.stop(first, grace=0.5, first_signal="KILL")
+        elif first and grace > 0:
             ex.stop(first, grace=grace)
             self.train.read_final_events(ex, first)
         stopped_at = ex.clock()
@@ -233,7 +242,7 @@ class Resizer:
         ex.reporter.emit("message", text=text)
         ex.announce("resized", {"old": resize.membership(old), "new": resize.membership(new),
                                 "reason": request.reason, "workers": workers_after,
-                                "checkpoint_step": ex.progress.checkpoint_step})
+                                "checkpoint_step": ex.progress.checkpoint_step, **(event or {})})
         return text
 
     def drain(self, ex: JobExecutor[Any], request: ResizeRequest) -> str:
@@ -483,6 +492,8 @@ class Resizer:
             return False
         counts = resize.worker_counts(ex.plan)
         others = sorted({t.role for t in ex.plan.tasks if t.host == host} - {"worker"})
+        if task is None and "ps" in others and ex.plan.mode == Mode.ASYNC:
+            return self.move_ps(ex, host, why, min_workers)
         verdict = core.drop_out(counts, host=host, other_roles=others, task=task, min_workers=min_workers)
         if not verdict.drop:
             ex.reporter.emit("message", level="warning", text=f"cannot go on without {task or host}: {verdict.why}")
@@ -493,7 +504,8 @@ class Resizer:
         dropped_left = {h: 0 for h in self.dropped}
         try:
             new = resize.replan(ex.plan, port_base=ex.state.port_base, limit=ex.state.limit,
-                                counts={**counts, **dropped_left, host: counts.get(host, 0) - fewer}, pool=None)
+                                counts={**counts, **dropped_left, host: counts.get(host, 0) - fewer}, pool=None,
+                                moved=self.moved)
         except PsclusterError as exc:          # the inventory is gone or changed: no re-plan from it
             ex.reporter.emit("message", level="warning", text=f"cannot go on without {task or host}: {exc.message}")
             return False
@@ -502,6 +514,50 @@ class Resizer:
             self.dropped[host].set_targets([], [])
         self.resize(ex, ResizeRequest(new, reason=f"{task or host} {why}"),
                         unreachable={host} if task is None else set())
+        return True
+
+    def move_ps(self, ex: JobExecutor[Any], host: str, why: str, min_workers: int) -> bool:
+        """Async: ``host``, which runs a ps (and maybe workers, not the chief), is lost for good. Its
+        ps tasks move to the host :func:`core.place_lost_ps` picks, its workers leave the plan (the
+        host is watched until it answers: its leftovers are stopped then, and it rejoins as a worker
+        host), and the job restarts from its newest save (a snapshot, every ``--snapshot-every``
+        s), as after a killed ps; the servers that stay start again too (they would route the ps's
+        name to its old address: resize.restarting). False (the job fails as before, the reason said) when no host can
+        take the ps, too few workers would be left, or the inventory cannot be re-planned."""
+        def refuse(reason: str) -> bool:
+            ex.reporter.emit("message", level="warning", text=f"cannot go on without {host}: {reason}")
+            return False
+        lost = {h for h, link in ex.links.items() if link.lost_since is not None} | set(self.dropped) | set(self.away)
+        try:
+            spares = resize.ps_spares(ex.plan)
+        except PsclusterError as exc:
+            return refuse(exc.message)
+        move = core.place_lost_ps([(t.name, t.host) for t in ex.plan.tasks], lost=host, mode=ex.plan.mode,
+                                  policy=ex.rules.policy, spares=spares, unreachable=lost - {host})
+        if move.to is None:
+            return refuse(f"its {', '.join(move.tasks)} cannot move: {move.why}")
+        counts = resize.worker_counts(ex.plan)
+        verdict = core.drop_out(counts, host=host, other_roles=(), task=None, min_workers=min_workers)
+        if not verdict.drop:
+            return refuse(verdict.why)
+        moved = {**self.moved, **{name: (move.to, None) for name in move.tasks}}
+        try:
+            new = resize.replan(ex.plan, port_base=ex.state.port_base, limit=ex.state.limit, pool=None, moved=moved,
+                                counts={**counts, **{h: 0 for h in self.dropped}, host: 0})
+            resize.check_resize(ex.plan, new, resize.diff_plans(ex.plan, new), job_live=True)
+        except PsclusterError as exc:          # the inventory is gone or changed, --firewall, no port
+            return refuse(exc.message.splitlines()[0])
+        self.moved = {name: (new.task(name).host, new.task(name).port) for name in moved}
+        self.dropped[host] = HostLink(ex.plan.host(host), ex.pool, clock=ex.clock)
+        self.dropped[host].set_targets([], [])
+        where = ", ".join(f"{name} moved from {host} to {move.to}" for name in move.tasks)
+        ex.reporter.emit("message", level="warning", text=f"{host} {why}: {where} ({move.why}); its workers leave "
+                                                          "the job; restarting from the newest snapshot")
+        text = self.resize(ex, ResizeRequest(new, reason=f"{where} ({host} {why})"), unreachable={host},
+                           save=False, restart=tuple(t.name for t in new.standing_tasks if t.name not in move.tasks),
+                           event={"moved": {name: {"from": host, "to": move.to, "target": new.task(name).target}
+                                            for name in move.tasks}, "lost": host, "why": move.why})
+        ex.set_job(message=text)
         return True
 
     def go_on_in_place(self, ex: JobExecutor[Any], host: str, why: str, left: int) -> bool:
@@ -581,17 +637,24 @@ class Resizer:
         assert self.elastic is not None
         if self.take_back_away(ex):
             return
+        if self.take_back_dropped(ex):
+            return
+        if self.discovery is not None:
+            wanted = self.discovery.poll(ex.clock(), ex.reporter)
+            if wanted is not None:
+                self.follow_discovery(ex, wanted)
+
+    def take_back_dropped(self, ex: JobExecutor[Any]) -> bool:
+        """A host left out of the plan while lost that answers again: what it still runs is
+        stopped, and it rejoins with its workers (one per turn)."""
         now = ex.clock()
         for host, link in list(self.dropped.items()):
             if link.poll(now) and now >= self.next_rejoin:        # its watch stream answers: the host is back
                 self.next_rejoin = now + REJOIN_RETRY
                 self.stop_leftovers(ex, host)
                 self.rejoin(ex, {host: None}, f"{host} is back")
-                return
-        if self.discovery is not None:
-            wanted = self.discovery.poll(now, ex.reporter)
-            if wanted is not None:
-                self.follow_discovery(ex, wanted)
+                return True
+        return False
 
     def take_back_away(self, ex: JobExecutor[Any]) -> bool:
         """An async worker host out in place that answers again is brought back (one per turn)."""
@@ -668,9 +731,10 @@ class Resizer:
         dropped_left = {h: 0 for h in self.dropped if h not in changes}
         try:
             new = resize.replan(ex.plan, port_base=ex.state.port_base, limit=ex.state.limit,
-                                counts={**counts, **dropped_left, **fixed}, pool=ex.pool)
+                                counts={**counts, **dropped_left, **fixed}, pool=ex.pool, moved=self.moved)
             diff = resize.diff_plans(ex.plan, new)
-            if diff.empty:
+            if diff.empty:      # (a ps host back that runs no worker: nothing to take back)
+                self.forget_dropped(changes)
                 return
             resize.check_resize(ex.plan, new, diff, job_live=True)
             to_check = resize.plan_changes_for(new, diff, ex.plan)
@@ -685,8 +749,11 @@ class Resizer:
         except PsclusterError as exc:
             ex.reporter.emit("message", level="warning", text=f"{reason}: {exc.message.splitlines()[0]}")
             return
-        for host in changes:
+        self.forget_dropped(changes)
+        self.resize(ex, ResizeRequest(new, reason=reason))
+
+    def forget_dropped(self, hosts: Iterable[str]) -> None:
+        for host in hosts:
             link = self.dropped.pop(host, None)
             if link is not None:
                 link.close()
-        self.resize(ex, ResizeRequest(new, reason=reason))

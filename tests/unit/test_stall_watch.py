@@ -264,3 +264,19 @@ def test_an_async_job_goes_on_in_place_without_a_lost_worker_host_without_min_wo
     finally:
         for link in sup.kind.resizer.away.values():
             link.close()
+
+
+def test_status_says_what_the_supervisor_says_now_while_the_job_runs():
+    """A ps moved off a lost host (issue 41 item 3): `status` shows the job record's message."""
+    import io
+
+    from rich.console import Console
+
+    from cluster.console.tables import render_status
+    from cluster.contracts import JobState
+    said = "resized (ps:1 moved from node-3 to node-1 (node-3 lost for over 10 s)): start ps:1@node-1"
+    for state, shown in ((JobState.RUNNING, True), (JobState.DONE, False)):
+        out = io.StringIO()
+        job = JobProgress(id=1, job="mnist", mode="async", state=state, message=said)
+        render_status(Console(file=out, width=300), "c", "async", "up", [], job=job)
+        assert (said in out.getvalue()) is shown, out.getvalue()

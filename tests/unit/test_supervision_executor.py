@@ -147,3 +147,51 @@ def test_the_record_says_which_hosts_were_heard_and_when_in_wall_time():
     links["h1"].watch_pid = 4321
     found = heard(links, watched, now=100.0, wall=5000.0)       # type: ignore[arg-type]
     assert found == {"hosts_heard": {"h1": 4998.0}, "proc_states": {record.key: "frozen"}, "watch_pids": {"h1": 4321}}
+
+
+class _LostLink:
+    def __init__(self, lost_since: float):
+        self.lost_since, self.error = lost_since, "no heartbeat for 4 s"
+
+    def poll(self, now):
+        return []
+
+    def close(self):
+        pass
+
+
+class _WaitingKind(ScriptedKind):
+    """Its recovery waits for the host; ``goes_on``: whether it goes on without a lost host (a ps moved)."""
+
+    def __init__(self, goes_on: bool):
+        super().__init__()
+        self.goes_on, self.dropped = goes_on, []
+
+    def recovery(self, ex, incident):
+        return core.Recovery(wait_hosts=("localhost",), stop=(), relaunch=("worker:0",))
+
+    def drop_out(self, ex, host, why, task=None):
+        self.dropped.append((host, why))
+        return self.goes_on
+
+    def relaunch(self, ex, task):
+        raise AssertionError("a moot recovery relaunched a task")
+
+
+@pytest.mark.parametrize("goes_on", [True, False])
+def test_a_restart_that_waits_for_a_host_lost_past_the_timeout_asks_the_kind_to_go_on_without_it(job, goes_on):
+    """Issue 41 item 3: the async chief fails with its lost ps and waits for the ps host; once that
+    host is lost for longer than --host-timeout, counted from its loss as decide() counts it, the
+    job kind may go on without it (the ps moved); else the job fails naming the host."""
+    executor, _, sleeps = job
+    executor.kind = _WaitingKind(goes_on)
+    executor.links = {"localhost": _LostLink(lost_since=30.0)}     # at 100: lost for 70 s, timeout 60
+    if goes_on:
+        executor.handle(incident_of(executor))
+    else:
+        with pytest.raises(JobFailed) as caught:
+            executor.handle(incident_of(executor))
+        assert "localhost: unreachable for 70 s (no heartbeat for 4 s)" in str(caught.value)
+    assert executor.kind.dropped == [("localhost", "lost for over 60 s (no heartbeat for 4 s)")]
+    assert sleeps == [1.0]                    # the backoff, then no wait: the host was lost long enough
+    assert not executor.reporter.of("job-state") or executor.reporter.of("job-state")[-1].data["event"] != "restarted"
