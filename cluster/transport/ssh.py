@@ -21,9 +21,19 @@ its defaults are replaced on purpose:
   was closed; once the connection is open it wakes every ``IDLE_WAKEUP_SECONDS`` instead. With
   one connection per host that is 10 wake-ups a second per host for nothing: at 1,000 hosts
   10,000 a second on the supervisor's one interpreter (docs/benchmarks.md, "Scale").
+* sshd's ``MaxSessions`` (default 10) caps the session channels of one connection: a command,
+  SFTP and a ``hostctl watch`` stream each take one while open. When sshd refuses one, the
+  connection is healthy (it was dropped as "lost" before, taking the job's watch with it): the
+  session is opened on a further connection to the host instead, up to
+  ``MAX_CONNECTIONS_PER_HOST``, and only then refused with the host and the setting to raise.
+  A further connection rather than waiting for a channel to close, because the channel holding
+  the slot may be a watch stream that closes only when the job ends (MaxSessions 1 on the SSH
+  lab: every command of a job waited for nothing). SFTP is closed after each copy, so a code
+  sync holds no session after it ends.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shlex
@@ -33,7 +43,7 @@ import stat as stat_module
 import tempfile
 import threading
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import fabric
 import paramiko
@@ -41,6 +51,18 @@ import paramiko
 from ..errors import HostError, UnreachableHostError, UsageError
 from .base import CommandResult, Stream, Transport, file_mode, temp_name
 from .keepalive import KEEPALIVES
+
+# paramiko logs a refused channel ("Secsh channel 7 open FAILED: open failed: Connect failed") at
+# ERROR with no handler of ours, so Python's last-resort handler printed it amid the CLI's output;
+# what went wrong reaches the user as pscluster's own error instead.
+logging.getLogger("paramiko.transport").addHandler(logging.NullHandler())
+
+# Connections to one host when its sshd refuses sessions (MaxSessions): one session each at
+# MaxSessions 1 is a watch stream, a command and a copy at once, with one to spare.
+MAX_CONNECTIONS_PER_HOST = 4
+# sshd answers a session it will not open with SSH2_OPEN_CONNECT_FAILED ("open failed"): a session
+# connects to nothing, so on a session open that reason can only be a refusal.
+_SESSION_REFUSED = paramiko.common.OPEN_FAILED_CONNECT_FAILED
 
 # How often an open connection's reader thread wakes when nothing arrives. It only delays the end
 # of a thread whose connection is closed (data wakes it at once; keepalives are the watchdog's).
@@ -242,6 +264,16 @@ def parse_hop(hop: str, default_user: str | None) -> tuple[str, int | None, str 
     return address, int(port) if port.isdigit() else None, user or default_user
 
 
+def _open_channels(conn: fabric.Connection) -> int:
+    """Channels open on a connection (sessions and forwards alike), for the MaxSessions guess in a
+    refusal. paramiko keeps them in ``Transport._channels`` and offers no public count."""
+    channels: Any = getattr(conn.transport, "_channels", None)
+    try:
+        return sum(1 for channel in channels.values() if not channel.closed)
+    except (AttributeError, TypeError):
+        return 0
+
+
 class SSHTransport(Transport):
     """Runs commands on a host over one persistent SSH connection."""
 
@@ -249,6 +281,7 @@ class SSHTransport(Transport):
         super().__init__(host)
         self.ssh_config = ssh_config      # an ssh config file instead of the one Fabric loads (tests)
         self._conn: fabric.Connection | None = None
+        self._more: list[fabric.Connection] = []     # opened when sshd refused a session on the others
         self._tunnels: dict[tuple[str, int, bool], _Tunnel] = {}
         self._lock = threading.Lock()
         self._sftp_lock = threading.Lock()
@@ -271,6 +304,44 @@ class SSHTransport(Transport):
             if self._conn is None or not self._conn.is_connected:
                 self._conn = self._open()
             return self._conn
+
+    def _session(self, timeout: float) -> paramiko.Channel:
+        """A new session channel on the first of this host's connections whose sshd accepts one,
+        on a connection opened for it if none does (see the module's docstring, MaxSessions).
+
+        Raises:
+            HostError: sshd refused it on ``MAX_CONNECTIONS_PER_HOST`` connections, or on a new one.
+        """
+        first = self._connected()
+        with self._lock:
+            self._more = [conn for conn in self._more if conn.is_connected]
+            connections = [first, *self._more]
+        held = 0
+        for conn in connections:
+            try:
+                return conn.transport.open_session(timeout=timeout)
+            except paramiko.ChannelException as exc:
+                if exc.code != _SESSION_REFUSED:
+                    raise
+                held = max(held, _open_channels(conn))
+        if len(connections) >= MAX_CONNECTIONS_PER_HOST:
+            raise self._refused(held, len(connections))
+        conn = self._open()
+        with self._lock:
+            self._more.append(conn)
+        try:
+            return conn.transport.open_session(timeout=timeout)
+        except paramiko.ChannelException as exc:
+            if exc.code != _SESSION_REFUSED:
+                raise
+            raise self._refused(0, 1) from None
+
+    def _refused(self, held: int, connections: int) -> HostError:
+        where = "a new connection" if held == 0 else f"each of {connections} connection(s) holding {held}"
+        return HostError(self.host.name, f"sshd refused a session (MaxSessions {held}?) on {where} to {self.where}",
+                         hint=f"raise MaxSessions in {self.host.name}'s sshd_config (pscluster holds up to 3 "
+                              "sessions at once per host: a watch, a command and a copy; sshd's default is 10), "
+                              "or check the sshd log there for why it refused")
 
     def _config_entry(self, address: str) -> dict:
         """What the ssh config (this transport's, else the one Fabric loaded) says for ``address``."""
@@ -378,7 +449,7 @@ class SSHTransport(Transport):
         command = shlex.join(argv)
         deadline = time.monotonic() + timeout
         try:
-            channel = self._connected().client.get_transport().open_session(timeout=timeout)
+            channel = self._session(timeout)
             channel.settimeout(timeout)
             channel.exec_command(command)
             if stdin:
@@ -420,7 +491,7 @@ class SSHTransport(Transport):
     def stream(self, argv: Sequence[str], *, stdin: bytes | None = None) -> Stream:
         self.connect()
         try:
-            channel = self._connected().client.get_transport().open_session(timeout=self.host.connect_timeout)
+            channel = self._session(self.host.connect_timeout)
             channel.exec_command(shlex.join(argv))
             if stdin:
                 channel.sendall(stdin)
@@ -465,16 +536,20 @@ class SSHTransport(Transport):
         limit = max(30.0, self.host.connect_timeout * 3)
         with self._sftp_lock:
             try:
-                sftp = self._connected().sftp()
-                sftp.get_channel().settimeout(limit)
-                made: set[str] = set()
-                for local, remote in files:
-                    path = remote[2:] if remote.startswith("~/") else remote   # SFTP starts in $HOME
-                    self._makedirs(sftp, os.path.dirname(path), made)
-                    tmp = temp_name(path)
-                    sftp.put(local, tmp)
-                    sftp.chmod(tmp, mode if mode is not None else file_mode(local))
-                    sftp.posix_rename(tmp, path)
+                # A client of its own, closed after: Fabric's cached one kept a session open for
+                # the connection's life (with MaxSessions 1, no command ran after a code sync).
+                channel = self._session(limit)
+                channel.invoke_subsystem("sftp")
+                with paramiko.SFTPClient(channel) as sftp:
+                    sftp.get_channel().settimeout(limit)
+                    made: set[str] = set()
+                    for local, remote in files:
+                        path = remote[2:] if remote.startswith("~/") else remote   # SFTP starts in $HOME
+                        self._makedirs(sftp, os.path.dirname(path), made)
+                        tmp = temp_name(path)
+                        sftp.put(local, tmp)
+                        sftp.chmod(tmp, mode if mode is not None else file_mode(local))
+                        sftp.posix_rename(tmp, path)
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 self._drop()
                 raise HostError(self.host.name,
@@ -500,12 +575,14 @@ class SSHTransport(Transport):
 
     def _drop(self) -> None:
         with self._lock:
-            if self._conn is not None:
+            connections, self._more = [self._conn, *self._more], []
+            self._conn = None
+        for conn in connections:
+            if conn is not None:
                 try:
-                    self._conn.close()
+                    conn.close()
                 except Exception:   # closing a broken connection may raise anything
                     pass
-                self._conn = None
 
     def reset(self) -> None:
         self._drop()
