@@ -56,6 +56,19 @@ INLINE_TF_CONFIG_TASKS = 100
 MAX_TASKS = 20_000      # a cluster's tasks, all roles (caps what one inventory can ask for)
 
 
+def machine_address(address: str) -> str:
+    """One spelling per machine for ``address``, for ports that must not collide on one machine:
+    a DNS name is case-blind, an IPv6 address has many spellings. Two
+    inventory hosts ``Node1.example`` and ``node1.example`` were planned the same port (issue 46,
+    "a 1,000-host inventory with duplicate addresses"). A name and the IP it resolves to stay
+    two keys: planning resolves no names."""
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).compressed + \
+            ("%" + address.split("%", 1)[1] if "%" in address else "")
+    except ValueError:
+        return address.lower()
+
+
 def host_port(address: str, port: int) -> str:
     """``host:port``, with IPv6 addresses in brackets as gRPC and TF_CONFIG expect."""
     if ":" in address and not address.startswith("["):
@@ -397,10 +410,10 @@ def _assign_ports(slots: list[_Slot], port_base: int | None,
     """
     by_address: dict[str, list[_Slot]] = {}
     for slot in slots:
-        by_address.setdefault(slot.host.address, []).append(slot)
+        by_address.setdefault(machine_address(slot.host.address), []).append(slot)
     ssh_by_address: dict[str, list[HostConfig]] = {}      # (each task scanned every host: O(N^2), N4)
     for host in ssh_hosts:
-        ssh_by_address.setdefault(host.address, []).append(host)
+        ssh_by_address.setdefault(machine_address(host.address), []).append(host)
     ports: dict[tuple[str, int], int] = {}
     for address, address_slots in by_address.items():
         ssh_hosts = ssh_by_address.get(address, [])
@@ -435,7 +448,7 @@ def _check_ssh_port(slot: _Slot, port: int, ssh_hosts: list[HostConfig]) -> None
     """A task must not be planned on the port SSH answers on at its address (pi-cluster's tunnel:
     ansible_port=2222 on a shared VPS address, and pscluster_port_base 2222)."""
     for host in ssh_hosts:
-        if host.address == slot.host.address and (host.ssh_port or 22) == port:
+        if (host.ssh_port or 22) == port and machine_address(host.address) == machine_address(slot.host.address):
             origin = host.origin_of("ansible_port") or host.origin_of("ansible_ssh_port") or slot.slots.origin
             fixed = slot.explicit_port is not None
             raise origin.error(
