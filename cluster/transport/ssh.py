@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
 import shlex
 import shutil
@@ -63,6 +64,12 @@ MAX_CONNECTIONS_PER_HOST = 4
 # sshd answers a session it will not open with SSH2_OPEN_CONNECT_FAILED ("open failed"): a session
 # connects to nothing, so on a session open that reason can only be a refusal.
 _SESSION_REFUSED = paramiko.common.OPEN_FAILED_CONNECT_FAILED
+SESSION_RETRY_PAUSES = (0.0, 0.02, 0.05, 0.1, 0.2)
+
+# Backoff while sshd closes new connections before its banner (MaxStartups): 0.1 s doubling, for
+# the host's connect timeout and at least STARTUP_MIN_PATIENCE seconds.
+STARTUP_FIRST_DELAY = 0.1
+STARTUP_MIN_PATIENCE = 10.0
 
 # How often an open connection's reader thread wakes when nothing arrives. It only delays the end
 # of a thread whose connection is closed (data wakes it at once; keepalives are the watchdog's).
@@ -264,6 +271,20 @@ def parse_hop(hop: str, default_user: str | None) -> tuple[str, int | None, str 
     return address, int(port) if port.isdigit() else None, user or default_user
 
 
+def _try_session(conn: fabric.Connection, timeout: float) -> paramiko.Channel | None:
+    """A session channel on ``conn``, or None where sshd refused it (MaxSessions)."""
+    try:
+        return conn.transport.open_session(timeout=timeout)
+    except paramiko.ChannelException as exc:
+        if exc.code != _SESSION_REFUSED:
+            raise
+        return None
+
+
+class _NoBanner(Exception):
+    """sshd closed a new connection before its banner (past MaxStartups, or overloaded)."""
+
+
 def _open_channels(conn: fabric.Connection) -> int:
     """Channels open on a connection (sessions and forwards alike), for the MaxSessions guess in a
     refusal. paramiko keeps them in ``Transport._channels`` and offers no public count."""
@@ -317,27 +338,30 @@ class SSHTransport(Transport):
             self._more = [conn for conn in self._more if conn.is_connected]
             connections = [first, *self._more]
         held = 0
-        for conn in connections:
-            try:
-                return conn.transport.open_session(timeout=timeout)
-            except paramiko.ChannelException as exc:
-                if exc.code != _SESSION_REFUSED:
-                    raise
+        # sshd frees a session's slot only once it has handled the close of the last one: a
+        # command right after another was refused with no other channel open (MaxSessions 1 on
+        # the SSH lab, the code sync after preflight's last command). So a few short tries first.
+        for pause in SESSION_RETRY_PAUSES:
+            time.sleep(pause)
+            for conn in connections:
+                channel = _try_session(conn, timeout)
+                if channel is not None:
+                    return channel
                 held = max(held, _open_channels(conn))
-        if len(connections) >= MAX_CONNECTIONS_PER_HOST:
+            if held:         # a slot is taken for real (a stream): another connection, not waiting
+                break
+        if held == 0 or len(connections) >= MAX_CONNECTIONS_PER_HOST:     # 0: no connection would do
             raise self._refused(held, len(connections))
         conn = self._open()
         with self._lock:
             self._more.append(conn)
-        try:
-            return conn.transport.open_session(timeout=timeout)
-        except paramiko.ChannelException as exc:
-            if exc.code != _SESSION_REFUSED:
-                raise
-            raise self._refused(0, 1) from None
+        channel = _try_session(conn, timeout)
+        if channel is None:
+            raise self._refused(0, 1)
+        return channel
 
     def _refused(self, held: int, connections: int) -> HostError:
-        where = "a new connection" if held == 0 else f"each of {connections} connection(s) holding {held}"
+        where = "a connection with no other session" if held == 0 else f"each of {connections} connection(s) holding {held}"
         return HostError(self.host.name, f"sshd refused a session (MaxSessions {held}?) on {where} to {self.where}",
                          hint=f"raise MaxSessions in {self.host.name}'s sshd_config (pscluster holds up to 3 "
                               "sessions at once per host: a watch, a command and a copy; sshd's default is 10), "
@@ -397,13 +421,35 @@ class SSHTransport(Transport):
         return hops
 
     def _open(self) -> fabric.Connection:
-        timeout = self.host.connect_timeout
+        """A new connection to the host (through its jump hosts), again with backoff while sshd
+        closes it before its banner: what sshd does past ``MaxStartups`` (default 10:30:100, and
+        every name of one machine, every host behind one bastion and every ``scale`` beside a
+        supervisor connects to it at once)."""
         known_hosts = self.known_hosts_path()
         problem = known_hosts_problem(known_hosts)
         if problem:
             raise UnreachableHostError(self.host.name, f"{known_hosts} is not a known-hosts file: {problem}",
                                        hint="pscluster_known_hosts names a file of 'host keytype key' lines "
                                             "(default ~/.ssh/known_hosts)")
+        began, delay, tries = time.monotonic(), STARTUP_FIRST_DELAY, 0
+        while True:
+            tries += 1
+            try:
+                return self._open_once(known_hosts)
+            except _NoBanner:
+                waited = time.monotonic() - began
+                if waited + delay > max(self.host.connect_timeout, STARTUP_MIN_PATIENCE):
+                    raise UnreachableHostError(
+                        self.host.name, f"sshd at {self.where} closed {tries} connection(s) over {waited:.1f} s "
+                        "before its banner (MaxStartups?)",
+                        hint=f"sshd drops new connections past MaxStartups (default 10:30:100): raise it in "
+                             f"{self.host.name}'s sshd_config (or its bastion's), or see the sshd log there") from None
+            # Jitter: the hosts of a fan-out refused together must not come back together.
+            time.sleep(delay * random.uniform(0.5, 1.5))
+            delay *= 2
+
+    def _open_once(self, known_hosts: str) -> fabric.Connection:
+        timeout = self.host.connect_timeout
         gateway: fabric.Connection | bool | None = None
         for hop in self.jumps():
             address, port, user = parse_hop(hop, self.host.user)
@@ -425,6 +471,8 @@ class SSHTransport(Transport):
                 hint="check ansible_user and ansible_ssh_private_key_file (key authentication only)") from None
         except paramiko.SSHException as exc:
             text = str(exc)
+            if text.startswith("Error reading SSH protocol banner"):
+                raise _NoBanner() from None
             if "not found in known_hosts" in text:
                 raise UnreachableHostError(
                     self.host.name, f"unknown host key for {self.where} (not in {known_hosts})",
