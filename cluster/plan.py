@@ -303,6 +303,7 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
     name = check_cluster_name(options.name) if options.name else \
         check_cluster_name(inventory.name, source=inventory.path)
     slots = _slots(inventory)
+    _check_auto_gpus_per_machine(slots)
     ports = _assign_ports(slots, options.port_base,
                           [host for host in inventory.hosts if host.connection == "ssh"])
     host_specs = {host.name: _host_spec(host, options) for host in inventory.hosts}
@@ -442,6 +443,23 @@ def _assign_ports(slots: list[_Slot], port_base: int | None,
             taken[next_port] = slot
             ports[(slot.role, slot.index)] = next_port
     return ports
+
+
+def _check_auto_gpus_per_machine(slots: list[_Slot]) -> None:
+    """``<role>_gpus: auto`` on two inventory names of one machine would give both names' tasks
+    the same GPUs (each name resolves its GPUs alone, from the first): refused, naming both."""
+    first: dict[str, _Slot] = {}
+    for slot in slots:
+        if not slot.slots.auto_gpus or slot.host.connection not in ("ssh", "local"):
+            continue          # (a Slurm or docker host's GPUs are its allocation's or container's)
+        machine = "this machine" if slot.host.connection == "local" else machine_address(slot.host.address)
+        other = first.setdefault(machine, slot)
+        if other.host.name != slot.host.name:
+            raise slot.slots.origin.error(
+                f"{slot.role}_gpus: auto on host {slot.host.name} and {other.role}_gpus: auto on host "
+                f"{other.host.name}, one machine ({machine}): both would take its GPUs from 0",
+                hint=f"list each name's GPUs ({slot.role}_gpus: [[0]] on one, [[1]] on the other), or "
+                     f"give the machine one inventory name (see also {other.slots.origin.file}:{other.slots.origin.line})")
 
 
 def _check_ssh_port(slot: _Slot, port: int, ssh_hosts: list[HostConfig]) -> None:

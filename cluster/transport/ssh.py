@@ -274,7 +274,7 @@ def parse_hop(hop: str, default_user: str | None) -> tuple[str, int | None, str 
 def _try_session(conn: fabric.Connection, timeout: float) -> paramiko.Channel | None:
     """A session channel on ``conn``, or None where sshd refused it (MaxSessions)."""
     try:
-        return conn.transport.open_session(timeout=timeout)
+        return conn.client.get_transport().open_session(timeout=timeout)
     except paramiko.ChannelException as exc:
         if exc.code != _SESSION_REFUSED:
             raise
@@ -443,7 +443,8 @@ class SSHTransport(Transport):
                         self.host.name, f"sshd at {self.where} closed {tries} connection(s) over {waited:.1f} s "
                         "before its banner (MaxStartups?)",
                         hint=f"sshd drops new connections past MaxStartups (default 10:30:100): raise it in "
-                             f"{self.host.name}'s sshd_config (or its bastion's), or see the sshd log there") from None
+                             f"{self.host.name}'s sshd_config (or its bastion's), or see the sshd log there; "
+                             "or ansible_port is not an SSH server's") from None
             # Jitter: the hosts of a fan-out refused together must not come back together.
             time.sleep(delay * random.uniform(0.5, 1.5))
             delay *= 2

@@ -254,18 +254,19 @@ def test_one_machine_spelled_two_ways_shares_port_numbering(write_inventory):
     assert [(task.host, task.port) for task in plan.tasks] == [("a", 2222), ("b", 2223), ("c", 2222), ("d", 2223)]
 
 
-def test_a_task_on_the_ssh_port_of_the_machine_under_another_spelling_is_refused(write_inventory):
+def workers_refused(write_inventory, *hosts: str) -> InventoryError:
+    """The error of a sync plan of workers ``hosts`` (``name: {vars}`` lines, the first on line 5)."""
+    lines = "".join(f"        {host}\n" for host in hosts)
     with pytest.raises(InventoryError) as caught:
-        plan_text(write_inventory, """\
-            all:
-              children:
-                worker:
-                  hosts:
-                    a: {ansible_host: Gate.Example, ansible_port: 2222}
-                    b: {ansible_host: gate.example, worker_ports: [2222]}
-            """, mode="sync")
-    assert "the SSH port of host a" in caught.value.message
-    assert caught.value.key_path == "worker.hosts.a.ansible_port"
+        plan_text(write_inventory, f"all:\n  children:\n    worker:\n      hosts:\n{lines}", mode="sync")
+    return caught.value
+
+
+def test_a_task_on_the_ssh_port_of_the_machine_under_another_spelling_is_refused(write_inventory):
+    error = workers_refused(write_inventory, "a: {ansible_host: Gate.Example, ansible_port: 2222}",
+                            "b: {ansible_host: gate.example, worker_ports: [2222]}")
+    assert "the SSH port of host a" in error.message
+    assert error.key_path == "worker.hosts.a.ansible_port"
 
 
 def test_a_thousand_hosts_on_250_machines_plan_fast_without_a_port_twice(write_inventory):
@@ -285,6 +286,16 @@ def test_a_thousand_hosts_on_250_machines_plan_fast_without_a_port_twice(write_i
     assert len(set(targets)) == len(targets)
     on_node7 = [(task.name, task.port) for task in plan.tasks if machine_address(task.address) == "node7.lab"]
     assert on_node7 == [("worker:7", 2222), ("worker:257", 2223), ("worker:507", 2224), ("worker:757", 2225)]
+
+
+def test_auto_gpus_on_two_names_of_one_machine_are_refused_naming_both(write_inventory):
+    # Each name resolves `auto` alone, from GPU 0: both names' workers would share GPU 0.
+    error = workers_refused(write_inventory, "a: {ansible_host: gpu1.lab, worker_gpus: auto}",
+                            "b: {ansible_host: GPU1.lab, worker_gpus: auto}", "c: {ansible_host: gpu2.lab, worker_gpus: auto}")
+    assert error.message.endswith("worker_gpus: auto on host b and worker_gpus: auto on host a, one machine "
+                                  "(gpu1.lab): both would take its GPUs from 0")
+    assert error.key_path == "worker.hosts.b.worker_gpus"
+    assert "lab.yaml:5" in error.hint
 
 
 def test_ipv6_addresses_are_bracketed_in_targets(write_inventory):
