@@ -56,6 +56,19 @@ INLINE_TF_CONFIG_TASKS = 100
 MAX_TASKS = 20_000      # a cluster's tasks, all roles (caps what one inventory can ask for)
 
 
+def machine_address(address: str) -> str:
+    """One spelling per machine for ``address``, for ports that must not collide on one machine:
+    a DNS name is case-blind, an IPv6 address has many spellings. Two
+    inventory hosts ``Node1.example`` and ``node1.example`` were planned the same port (issue 46,
+    "a 1,000-host inventory with duplicate addresses"). A name and the IP it resolves to stay
+    two keys: planning resolves no names."""
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).compressed + \
+            ("%" + address.split("%", 1)[1] if "%" in address else "")
+    except ValueError:
+        return address.lower()
+
+
 def host_port(address: str, port: int) -> str:
     """``host:port``, with IPv6 addresses in brackets as gRPC and TF_CONFIG expect."""
     if ":" in address and not address.startswith("["):
@@ -290,6 +303,7 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
     name = check_cluster_name(options.name) if options.name else \
         check_cluster_name(inventory.name, source=inventory.path)
     slots = _slots(inventory)
+    _check_auto_gpus_per_machine(slots)
     ports = _assign_ports(slots, options.port_base,
                           [host for host in inventory.hosts if host.connection == "ssh"])
     host_specs = {host.name: _host_spec(host, options) for host in inventory.hosts}
@@ -397,10 +411,10 @@ def _assign_ports(slots: list[_Slot], port_base: int | None,
     """
     by_address: dict[str, list[_Slot]] = {}
     for slot in slots:
-        by_address.setdefault(slot.host.address, []).append(slot)
+        by_address.setdefault(machine_address(slot.host.address), []).append(slot)
     ssh_by_address: dict[str, list[HostConfig]] = {}      # (each task scanned every host: O(N^2), N4)
     for host in ssh_hosts:
-        ssh_by_address.setdefault(host.address, []).append(host)
+        ssh_by_address.setdefault(machine_address(host.address), []).append(host)
     ports: dict[tuple[str, int], int] = {}
     for address, address_slots in by_address.items():
         ssh_hosts = ssh_by_address.get(address, [])
@@ -431,11 +445,28 @@ def _assign_ports(slots: list[_Slot], port_base: int | None,
     return ports
 
 
+def _check_auto_gpus_per_machine(slots: list[_Slot]) -> None:
+    """``<role>_gpus: auto`` on two inventory names of one machine would give both names' tasks
+    the same GPUs (each name resolves its GPUs alone, from the first): refused, naming both."""
+    first: dict[str, _Slot] = {}
+    for slot in slots:
+        if not slot.slots.auto_gpus or slot.host.connection not in ("ssh", "local"):
+            continue          # (a Slurm or docker host's GPUs are its allocation's or container's)
+        machine = "this machine" if slot.host.connection == "local" else machine_address(slot.host.address)
+        other = first.setdefault(machine, slot)
+        if other.host.name != slot.host.name:
+            raise slot.slots.origin.error(
+                f"{slot.role}_gpus: auto on host {slot.host.name} and {other.role}_gpus: auto on host "
+                f"{other.host.name}, one machine ({machine}): both would take its GPUs from 0",
+                hint=f"list each name's GPUs ({slot.role}_gpus: [[0]] on one, [[1]] on the other), or "
+                     f"give the machine one inventory name (see also {other.slots.origin.file}:{other.slots.origin.line})")
+
+
 def _check_ssh_port(slot: _Slot, port: int, ssh_hosts: list[HostConfig]) -> None:
     """A task must not be planned on the port SSH answers on at its address (pi-cluster's tunnel:
     ansible_port=2222 on a shared VPS address, and pscluster_port_base 2222)."""
     for host in ssh_hosts:
-        if host.address == slot.host.address and (host.ssh_port or 22) == port:
+        if (host.ssh_port or 22) == port and machine_address(host.address) == machine_address(slot.host.address):
             origin = host.origin_of("ansible_port") or host.origin_of("ansible_ssh_port") or slot.slots.origin
             fixed = slot.explicit_port is not None
             raise origin.error(

@@ -68,7 +68,8 @@ class ManyLab(netlab.Lab):
 
     def __init__(self, n_hosts: int, root_dir: pathlib.Path, *, tag: str | None = None,
                  subnet: str = DEFAULT_SUBNET, first_host: int = 2, host_prefix: str = "node-",
-                 start_timeout: float = 180.0, session_env: Mapping[str, str] | None = None):
+                 start_timeout: float = 180.0, session_env: Mapping[str, str] | None = None,
+                 sshd_options: Mapping[str, str] | None = None):
         match = _SUBNET16_RE.match(subnet)
         if not match or int(match.group(1)) > 255:
             raise ValueError("subnet must name a /16 by its first /24, e.g. '127.79.0'")
@@ -78,7 +79,8 @@ class ManyLab(netlab.Lab):
             raise ValueError("a many-hosts lab numbers its hosts from .2")
         # netlab checks a /24's room; the /16 has room for MAX_HOSTS, so check one host there.
         super().__init__(1, root_dir, tag=tag, subnet=subnet, host_prefix=host_prefix,
-                         start_timeout=start_timeout, session_env=session_env)
+                         start_timeout=start_timeout, session_env=session_env,
+                         sshd_options=sshd_options)
         self.n_hosts = n_hosts
         self.prefix = subnet.rsplit(".", 1)[0]
         self.python = self.root_dir / "bin" / "python"

@@ -393,7 +393,8 @@ class Lab:
     def __init__(self, n_hosts: int, root_dir: pathlib.Path, *, tag: str | None = None,
                  subnet: str = "127.77.0", first_host: int = 2,
                  host_prefix: str = "node-", start_timeout: float = 60.0,
-                 session_env: Mapping[str, str] | None = None):
+                 session_env: Mapping[str, str] | None = None,
+                 sshd_options: Mapping[str, str] | None = None):
         if n_hosts < 1:
             raise ValueError("n_hosts must be >= 1")
         if tag is not None and not _TAG_RE.match(tag):
@@ -418,6 +419,12 @@ class Lab:
         for key, value in self.session_env.items():
             if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key) or any(c in value for c in " \t\n\"'\\"):
                 raise ValueError(f"session_env {key}={value!r}: a plain name and a value without blanks or quotes")
+        # sshd_config keywords in place of the lab's own (e.g. {"MaxSessions": "1"}): a host
+        # configured as a site's may be (issue 46, "Bad input and edges").
+        self.sshd_options = dict(sshd_options or {})
+        for key, value in self.sshd_options.items():
+            if not re.fullmatch(r"[A-Za-z]+", key) or not value or "\n" in value:
+                raise ValueError(f"sshd_options {key}={value!r}: a keyword and a one-line value")
         self.hosts: list[LabHost] = []
         self.key_path = self.root_dir / "id_ed25519"
         self.known_hosts = self.root_dir / "known_hosts"
@@ -608,7 +615,14 @@ class Lab:
             (nsdir / "hosts").write_text(etc_hosts)
 
     def _sshd_config(self, h: dict, hdir: pathlib.Path) -> str:
-        return "\n".join([
+        lines = self._sshd_lines(h, hdir)
+        if self.sshd_options:     # sshd takes a keyword's first value: replace the lab's in place
+            lines = [line for line in lines if line.split(" ", 1)[0] not in self.sshd_options]
+            lines[1:1] = [f"{key} {value}" for key, value in self.sshd_options.items()]
+        return "\n".join(lines) + "\n"
+
+    def _sshd_lines(self, h: dict, hdir: pathlib.Path) -> list[str]:
+        return [
             f"# pscluster netlab {self.tag} host {h['name']}",
             f"ListenAddress {h['address']}:22",
             f"PidFile {hdir / 'sshd.pid'}",
@@ -634,7 +648,7 @@ class Lab:
             "X11Forwarding no",
             "LogLevel INFO",
             f"Subsystem sftp {SFTP_SERVER}",
-        ]) + "\n"
+        ]
 
     def _make_network(self, hosts: list[dict]) -> None:
         s, br = self.subnet, self.bridge

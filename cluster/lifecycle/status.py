@@ -16,6 +16,7 @@ from ..liveness import orchestrator_alive, supervisor_health
 from ..hosts.probe import Prober
 from ..state import RunState
 from ..transport import TransportPool
+from ..transport.limits import ensure_open_files
 from .tasks import records_by_host
 
 # A host whose watch stream the supervisor heard this recently (and wrote so in the job record,
@@ -129,6 +130,7 @@ def cluster_status(state: RunState, *, pool: TransportPool, prober: Prober | Non
         if host in fresh:
             statuses.update((r.key, hostops.TaskStatus(r.key, "running", uptime=max(0.0, now - (r.started or now))))
                             for r in grouped.pop(host))
+    ensure_open_files(len(grouped))      # the hosts asked, each a connection (issue 46)
     # A standby says it has imported TensorFlow in <log>.ready: read in the same round trip.
     ready_files = {ready_file(r.log) for r in standbys.values() if r is not None and not r.stopped}
 

@@ -20,6 +20,7 @@ from ..hosts.probe import Prober
 from ..secrets import Secrets
 from ..state import ProcessRecord, RunState, StateStore, StateWriter
 from ..transport import TransportPool
+from ..transport.limits import ensure_open_files
 from .tasks import (DEFAULT_READY_TIMEOUT, forget_pid_files, new_record, records_by_host,
                              report_standbys, start_standbys, start_tasks, stop_records, task_env, wait_ready)
 
@@ -194,6 +195,8 @@ def bring_down(name: str, *, store: StateStore, reporter: Reporter, grace: float
             state = store.load(name)
             if state is None:
                 raise StateError(f"no state for cluster {name!r}")
+            # a connection per host to stop on (issue 46), refused before the phase changes
+            ensure_open_files(len(records_by_host(state.live_records())))
             state.phase = Phase.STOPPING
             store.save(state)
         # A detached supervisor (train/run --detach) ends too: from now on it can record nothing

@@ -21,10 +21,21 @@ its defaults are replaced on purpose:
   was closed; once the connection is open it wakes every ``IDLE_WAKEUP_SECONDS`` instead. With
   one connection per host that is 10 wake-ups a second per host for nothing: at 1,000 hosts
   10,000 a second on the supervisor's one interpreter (docs/benchmarks.md, "Scale").
+* sshd's ``MaxSessions`` (default 10) caps the session channels of one connection: a command,
+  SFTP and a ``hostctl watch`` stream each take one while open. When sshd refuses one, the
+  connection is healthy (it was dropped as "lost" before, taking the job's watch with it): the
+  session is opened on a further connection to the host instead, up to
+  ``MAX_CONNECTIONS_PER_HOST``, and only then refused with the host and the setting to raise.
+  A further connection rather than waiting for a channel to close, because the channel holding
+  the slot may be a watch stream that closes only when the job ends (MaxSessions 1 on the SSH
+  lab: every command of a job waited for nothing). SFTP is closed after each copy, so a code
+  sync holds no session after it ends.
 """
 from __future__ import annotations
 
+import logging
 import os
+import random
 import re
 import shlex
 import shutil
@@ -33,7 +44,7 @@ import stat as stat_module
 import tempfile
 import threading
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import fabric
 import paramiko
@@ -41,6 +52,24 @@ import paramiko
 from ..errors import HostError, UnreachableHostError, UsageError
 from .base import CommandResult, Stream, Transport, file_mode, temp_name
 from .keepalive import KEEPALIVES
+
+# paramiko logs a refused channel ("Secsh channel 7 open FAILED: open failed: Connect failed") at
+# ERROR with no handler of ours, so Python's last-resort handler printed it amid the CLI's output;
+# what went wrong reaches the user as pscluster's own error instead.
+logging.getLogger("paramiko.transport").addHandler(logging.NullHandler())
+
+# Connections to one host when its sshd refuses sessions (MaxSessions): one session each at
+# MaxSessions 1 is a watch stream, a command and a copy at once, with one to spare.
+MAX_CONNECTIONS_PER_HOST = 4
+# sshd answers a session it will not open with SSH2_OPEN_CONNECT_FAILED ("open failed"): a session
+# connects to nothing, so on a session open that reason can only be a refusal.
+_SESSION_REFUSED = paramiko.common.OPEN_FAILED_CONNECT_FAILED
+SESSION_RETRY_PAUSES = (0.0, 0.02, 0.05, 0.1, 0.2)
+
+# Backoff while sshd closes new connections before its banner (MaxStartups): 0.1 s doubling, for
+# the host's connect timeout and at least STARTUP_MIN_PATIENCE seconds.
+STARTUP_FIRST_DELAY = 0.1
+STARTUP_MIN_PATIENCE = 10.0
 
 # How often an open connection's reader thread wakes when nothing arrives. It only delays the end
 # of a thread whose connection is closed (data wakes it at once; keepalives are the watchdog's).
@@ -242,6 +271,30 @@ def parse_hop(hop: str, default_user: str | None) -> tuple[str, int | None, str 
     return address, int(port) if port.isdigit() else None, user or default_user
 
 
+def _try_session(conn: fabric.Connection, timeout: float) -> paramiko.Channel | None:
+    """A session channel on ``conn``, or None where sshd refused it (MaxSessions)."""
+    try:
+        return conn.client.get_transport().open_session(timeout=timeout)
+    except paramiko.ChannelException as exc:
+        if exc.code != _SESSION_REFUSED:
+            raise
+        return None
+
+
+class _NoBanner(Exception):
+    """sshd closed a new connection before its banner (past MaxStartups, or overloaded)."""
+
+
+def _open_channels(conn: fabric.Connection) -> int:
+    """Channels open on a connection (sessions and forwards alike), for the MaxSessions guess in a
+    refusal. paramiko keeps them in ``Transport._channels`` and offers no public count."""
+    channels: Any = getattr(conn.transport, "_channels", None)
+    try:
+        return sum(1 for channel in channels.values() if not channel.closed)
+    except (AttributeError, TypeError):
+        return 0
+
+
 class SSHTransport(Transport):
     """Runs commands on a host over one persistent SSH connection."""
 
@@ -249,6 +302,7 @@ class SSHTransport(Transport):
         super().__init__(host)
         self.ssh_config = ssh_config      # an ssh config file instead of the one Fabric loads (tests)
         self._conn: fabric.Connection | None = None
+        self._more: list[fabric.Connection] = []     # opened when sshd refused a session on the others
         self._tunnels: dict[tuple[str, int, bool], _Tunnel] = {}
         self._lock = threading.Lock()
         self._sftp_lock = threading.Lock()
@@ -271,6 +325,47 @@ class SSHTransport(Transport):
             if self._conn is None or not self._conn.is_connected:
                 self._conn = self._open()
             return self._conn
+
+    def _session(self, timeout: float) -> paramiko.Channel:
+        """A new session channel on the first of this host's connections whose sshd accepts one,
+        on a connection opened for it if none does (see the module's docstring, MaxSessions).
+
+        Raises:
+            HostError: sshd refused it on ``MAX_CONNECTIONS_PER_HOST`` connections, or on a new one.
+        """
+        first = self._connected()
+        with self._lock:
+            self._more = [conn for conn in self._more if conn.is_connected]
+            connections = [first, *self._more]
+        held = 0
+        # sshd frees a session's slot only once it has handled the close of the last one: a
+        # command right after another was refused with no other channel open (MaxSessions 1 on
+        # the SSH lab, the code sync after preflight's last command). So a few short tries first.
+        for pause in SESSION_RETRY_PAUSES:
+            time.sleep(pause)
+            for conn in connections:
+                channel = _try_session(conn, timeout)
+                if channel is not None:
+                    return channel
+                held = max(held, _open_channels(conn))
+            if held:         # a slot is taken for real (a stream): another connection, not waiting
+                break
+        if held == 0 or len(connections) >= MAX_CONNECTIONS_PER_HOST:     # 0: no connection would do
+            raise self._refused(held, len(connections))
+        conn = self._open()
+        with self._lock:
+            self._more.append(conn)
+        channel = _try_session(conn, timeout)
+        if channel is None:
+            raise self._refused(0, 1)
+        return channel
+
+    def _refused(self, held: int, connections: int) -> HostError:
+        where = "a connection with no other session" if held == 0 else f"each of {connections} connection(s) holding {held}"
+        return HostError(self.host.name, f"sshd refused a session (MaxSessions {held}?) on {where} to {self.where}",
+                         hint=f"raise MaxSessions in {self.host.name}'s sshd_config (pscluster holds up to 3 "
+                              "sessions at once per host: a watch, a command and a copy; sshd's default is 10), "
+                              "or check the sshd log there for why it refused")
 
     def _config_entry(self, address: str) -> dict:
         """What the ssh config (this transport's, else the one Fabric loaded) says for ``address``."""
@@ -326,13 +421,36 @@ class SSHTransport(Transport):
         return hops
 
     def _open(self) -> fabric.Connection:
-        timeout = self.host.connect_timeout
+        """A new connection to the host (through its jump hosts), again with backoff while sshd
+        closes it before its banner: what sshd does past ``MaxStartups`` (default 10:30:100, and
+        every name of one machine, every host behind one bastion and every ``scale`` beside a
+        supervisor connects to it at once)."""
         known_hosts = self.known_hosts_path()
         problem = known_hosts_problem(known_hosts)
         if problem:
             raise UnreachableHostError(self.host.name, f"{known_hosts} is not a known-hosts file: {problem}",
                                        hint="pscluster_known_hosts names a file of 'host keytype key' lines "
                                             "(default ~/.ssh/known_hosts)")
+        began, delay, tries = time.monotonic(), STARTUP_FIRST_DELAY, 0
+        while True:
+            tries += 1
+            try:
+                return self._open_once(known_hosts)
+            except _NoBanner:
+                waited = time.monotonic() - began
+                if waited + delay > max(self.host.connect_timeout, STARTUP_MIN_PATIENCE):
+                    raise UnreachableHostError(
+                        self.host.name, f"sshd at {self.where} closed {tries} connection(s) over {waited:.1f} s "
+                        "before its banner (MaxStartups?)",
+                        hint=f"sshd drops new connections past MaxStartups (default 10:30:100): raise it in "
+                             f"{self.host.name}'s sshd_config (or its bastion's), or see the sshd log there; "
+                             "or ansible_port is not an SSH server's") from None
+            # Jitter: the hosts of a fan-out refused together must not come back together.
+            time.sleep(delay * random.uniform(0.5, 1.5))
+            delay *= 2
+
+    def _open_once(self, known_hosts: str) -> fabric.Connection:
+        timeout = self.host.connect_timeout
         gateway: fabric.Connection | bool | None = None
         for hop in self.jumps():
             address, port, user = parse_hop(hop, self.host.user)
@@ -354,6 +472,8 @@ class SSHTransport(Transport):
                 hint="check ansible_user and ansible_ssh_private_key_file (key authentication only)") from None
         except paramiko.SSHException as exc:
             text = str(exc)
+            if text.startswith("Error reading SSH protocol banner"):
+                raise _NoBanner() from None
             if "not found in known_hosts" in text:
                 raise UnreachableHostError(
                     self.host.name, f"unknown host key for {self.where} (not in {known_hosts})",
@@ -378,7 +498,7 @@ class SSHTransport(Transport):
         command = shlex.join(argv)
         deadline = time.monotonic() + timeout
         try:
-            channel = self._connected().client.get_transport().open_session(timeout=timeout)
+            channel = self._session(timeout)
             channel.settimeout(timeout)
             channel.exec_command(command)
             if stdin:
@@ -420,7 +540,7 @@ class SSHTransport(Transport):
     def stream(self, argv: Sequence[str], *, stdin: bytes | None = None) -> Stream:
         self.connect()
         try:
-            channel = self._connected().client.get_transport().open_session(timeout=self.host.connect_timeout)
+            channel = self._session(self.host.connect_timeout)
             channel.exec_command(shlex.join(argv))
             if stdin:
                 channel.sendall(stdin)
@@ -465,16 +585,20 @@ class SSHTransport(Transport):
         limit = max(30.0, self.host.connect_timeout * 3)
         with self._sftp_lock:
             try:
-                sftp = self._connected().sftp()
-                sftp.get_channel().settimeout(limit)
-                made: set[str] = set()
-                for local, remote in files:
-                    path = remote[2:] if remote.startswith("~/") else remote   # SFTP starts in $HOME
-                    self._makedirs(sftp, os.path.dirname(path), made)
-                    tmp = temp_name(path)
-                    sftp.put(local, tmp)
-                    sftp.chmod(tmp, mode if mode is not None else file_mode(local))
-                    sftp.posix_rename(tmp, path)
+                # A client of its own, closed after: Fabric's cached one kept a session open for
+                # the connection's life (with MaxSessions 1, no command ran after a code sync).
+                channel = self._session(limit)
+                channel.invoke_subsystem("sftp")
+                with paramiko.SFTPClient(channel) as sftp:
+                    sftp.get_channel().settimeout(limit)
+                    made: set[str] = set()
+                    for local, remote in files:
+                        path = remote[2:] if remote.startswith("~/") else remote   # SFTP starts in $HOME
+                        self._makedirs(sftp, os.path.dirname(path), made)
+                        tmp = temp_name(path)
+                        sftp.put(local, tmp)
+                        sftp.chmod(tmp, mode if mode is not None else file_mode(local))
+                        sftp.posix_rename(tmp, path)
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 self._drop()
                 raise HostError(self.host.name,
@@ -500,12 +624,14 @@ class SSHTransport(Transport):
 
     def _drop(self) -> None:
         with self._lock:
-            if self._conn is not None:
+            connections, self._more = [self._conn, *self._more], []
+            self._conn = None
+        for conn in connections:
+            if conn is not None:
                 try:
-                    self._conn.close()
+                    conn.close()
                 except Exception:   # closing a broken connection may raise anything
                     pass
-                self._conn = None
 
     def reset(self) -> None:
         self._drop()

@@ -7,6 +7,7 @@ workers and chief without a mask unless the inventory gives one.
 from __future__ import annotations
 
 import json
+import time
 
 import jsonschema
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from cluster.contracts import default_mode
 from cluster.errors import InventoryError, PlanError
 from cluster.inventory import load_inventory
-from cluster.plan import ClusterPlan, PlanOptions, loopback_addresses, plan_cluster
+from cluster.plan import ClusterPlan, PlanOptions, loopback_addresses, machine_address, plan_cluster
 
 from .conftest import INVENTORIES, PLAN_SCHEMA
 
@@ -235,6 +236,66 @@ def test_hosts_with_the_same_address_share_port_numbering(write_inventory):
         ("worker:2", "c", "10.0.0.5", 2225, None, True),
         ("worker:3", "c", "10.0.0.5", 2227, None, True),
     ]
+
+
+def test_one_machine_spelled_two_ways_shares_port_numbering(write_inventory):
+    # DNS names are case-blind; IPv6 has many spellings of one address.
+    # Before issue 46 each spelling counted from the port base: two tasks on 2222 of one machine.
+    plan = plan_text(write_inventory, """\
+        all:
+          children:
+            worker:
+              hosts:
+                a: {ansible_host: Node1.Example}
+                b: {ansible_host: node1.EXAMPLE}
+                c: {ansible_host: "2001:db8::5"}
+                d: {ansible_host: "2001:DB8:0:0::5"}
+        """, mode="sync")
+    assert [(task.host, task.port) for task in plan.tasks] == [("a", 2222), ("b", 2223), ("c", 2222), ("d", 2223)]
+
+
+def workers_refused(write_inventory, *hosts: str) -> InventoryError:
+    """The error of a sync plan of workers ``hosts`` (``name: {vars}`` lines, the first on line 5)."""
+    lines = "".join(f"        {host}\n" for host in hosts)
+    with pytest.raises(InventoryError) as caught:
+        plan_text(write_inventory, f"all:\n  children:\n    worker:\n      hosts:\n{lines}", mode="sync")
+    return caught.value
+
+
+def test_a_task_on_the_ssh_port_of_the_machine_under_another_spelling_is_refused(write_inventory):
+    error = workers_refused(write_inventory, "a: {ansible_host: Gate.Example, ansible_port: 2222}",
+                            "b: {ansible_host: gate.example, worker_ports: [2222]}")
+    assert "the SSH port of host a" in error.message
+    assert error.key_path == "worker.hosts.a.ansible_port"
+
+
+def test_a_thousand_hosts_on_250_machines_plan_fast_without_a_port_twice(write_inventory):
+    # Two to four inventory names per machine (aliases, one machine per GPU pool...), spelled
+    # in two cases: a plan, not a refusal, since two names for one machine is a real inventory;
+    # the tasks of one machine get distinct ports.
+    hosts = "\n".join(f"        h{i:04d}: {{ansible_host: {'NODE' if (i // 250) % 2 else 'node'}{i % 250}.lab}}"
+                      for i in range(1000))
+    ps = "\n".join(f"        h{i:04d}:" for i in range(0, 1000, 10))
+    path = write_inventory(f"all:\n  children:\n    ps:\n      hosts:\n{ps}\n"
+                           f"    worker:\n      hosts:\n{hosts}\n")
+    started = time.process_time()        # this process's CPU: other work on the machine is no failure
+    plan = plan_file(path)
+    assert time.process_time() - started < 5         # 0.25 s measured
+    assert len(plan.tasks) == 1100
+    targets = [(machine_address(task.address), task.port) for task in plan.tasks]
+    assert len(set(targets)) == len(targets)
+    on_node7 = [(task.name, task.port) for task in plan.tasks if machine_address(task.address) == "node7.lab"]
+    assert on_node7 == [("worker:7", 2222), ("worker:257", 2223), ("worker:507", 2224), ("worker:757", 2225)]
+
+
+def test_auto_gpus_on_two_names_of_one_machine_are_refused_naming_both(write_inventory):
+    # Each name resolves `auto` alone, from GPU 0: both names' workers would share GPU 0.
+    error = workers_refused(write_inventory, "a: {ansible_host: gpu1.lab, worker_gpus: auto}",
+                            "b: {ansible_host: GPU1.lab, worker_gpus: auto}", "c: {ansible_host: gpu2.lab, worker_gpus: auto}")
+    assert error.message.endswith("worker_gpus: auto on host b and worker_gpus: auto on host a, one machine "
+                                  "(gpu1.lab): both would take its GPUs from 0")
+    assert error.key_path == "worker.hosts.b.worker_gpus"
+    assert "lab.yaml:5" in error.hint
 
 
 def test_ipv6_addresses_are_bracketed_in_targets(write_inventory):
