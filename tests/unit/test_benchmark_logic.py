@@ -250,6 +250,11 @@ def test_drain_trial_summary_counts_steps_past_the_budget_and_the_pause_around_t
     assert "MISSED ps host: 0/1 before the deadline" in goals and ps["pause"] is None
     assert "MISSED ps host: chief pause <= 5 s (the job stopped)" in goals
     assert goals[-1] == "MET    nothing left after down: 0 process(es)"
+    # A sync resize whose save came at the budget's end: trained through, no pause measured.
+    end = drain.summarize(_drain_row("sync-worker"), {"global_step": 1000, "restored_step": 1000,
+                                                      "val_accuracy": 0.97}, progress, said)
+    assert end["outcome"] == "resized after the end" and end["pause"] is None and end["steps_lost"] == 0
+    assert any(g.startswith("MISSED sync worker host: pause") for g in drain.goals([end]))
 
 
 def test_drain_paper_inventories_plan_and_drain_in_place_or_by_resize():
