@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,30 @@ def cli(args, state_dir: Path, *, timeout: float = 1200, check: bool = True) -> 
     if check and proc.returncode != 0:
         raise RuntimeError(f"pscluster {' '.join(map(str, args))} failed:\n{proc.stderr}")
     return elapsed, proc
+
+
+def stop_train(train: subprocess.Popen) -> None:
+    """End a ``train`` process still running as Ctrl-C would (its cleanup runs), killed after 120 s."""
+    if train.poll() is None:
+        train.send_signal(signal.SIGINT)
+        try:
+            train.wait(120)
+        except subprocess.TimeoutExpired:
+            train.kill()
+            train.wait()
+
+
+def down_counting_left(name: str, state_dir: Path) -> tuple[subprocess.CompletedProcess, int]:
+    """``down --grace 3`` (``--now`` after it if it failed), then the processes of cluster
+    ``name`` still there after up to 20 s: (the first ``down``, how many are left)."""
+    from testbed.procs import cluster_pids
+    _, down = cli(["down", "--name", name, "--grace", "3"], state_dir, check=False)
+    if down.returncode != 0:
+        cli(["down", "--name", name, "--now"], state_dir, check=False)
+    end = time.monotonic() + 20
+    while cluster_pids(name) and time.monotonic() < end:
+        time.sleep(0.2)
+    return down, len(cluster_pids(name))
 
 
 def print_columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:

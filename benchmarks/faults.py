@@ -63,9 +63,8 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import cli  # noqa: E402
+from benchmarks.common import cli, down_counting_left, stop_train  # noqa: E402
 from testbed.netlab import Lab, LabUnavailable, check_available, write_inventory  # noqa: E402
-from testbed.procs import cluster_pids  # noqa: E402
 
 # distributed_mnist's models (MNIST_MODEL): the CNN a user gets, with budgets that reach 98.5 % with
 # a margin (tests/lab/test_elastic_lab.py), and the MLP of the fault tests for CI's short form.
@@ -302,13 +301,7 @@ def trial(lab: Lab, work: Path, number: int, mode: str, fault: Fault, rng: rando
             if undo is not None:
                 undo()
             lab.heal_all()
-            if train.poll() is None:
-                train.send_signal(signal.SIGINT)
-                try:
-                    train.wait(120)
-                except subprocess.TimeoutExpired:
-                    train.kill()
-                    train.wait()
+            stop_train(train)
     stdout, stderr = out_path.read_text(), err_path.read_text()
     if "outcome" not in row:
         report: dict[str, Any] = {}
@@ -343,14 +336,9 @@ def trial(lab: Lab, work: Path, number: int, mode: str, fault: Fault, rng: rando
             seconds = report.get("train_seconds") or report.get("wall_seconds") or 0
             row["snapshot_steps"] = round(SNAPSHOT_EVERY * budget / seconds) if seconds else None
             row["first_save_step"] = _first_save(work, name, mode)
-    _, down = cli(["down", "--name", name, "--grace", "3"], state_dir, check=False)
+    down, row["left"] = down_counting_left(name, state_dir)
     if down.returncode != 0:
         row["down"] = _reason(down.stderr)
-        cli(["down", "--name", name, "--now"], state_dir, check=False)
-    end = time.monotonic() + 20
-    while cluster_pids(name) and time.monotonic() < end:
-        time.sleep(0.2)
-    row["left"] = len(cluster_pids(name))
     return row
 
 

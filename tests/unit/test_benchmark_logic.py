@@ -217,3 +217,49 @@ def test_part_4_goals_are_at_most_ratios():
     sync_ps = rows["pscluster sync-ps (+4 s up)"]
     assert sync_ps["met"] is True and sync_ps["ratio"] == 1.9
     assert sync_ps["measured"] == "19.0 s (step 512) [19.0 s @512, 21.0 s @640]"
+
+
+def _drain_row(role: str, **extra) -> dict:
+    return {"role": role, "budget": 1000, "deadline_s": 30.0, "drain_ts": 100.0, "drain_end_ts": 101.0,
+            "drain_rc": 0, "drain_s": 4.0, "left": 0, **extra}
+
+
+def test_drain_trial_summary_counts_steps_past_the_budget_and_the_pause_around_the_drain():
+    from benchmarks import drain
+    progress = [(90.0, 100), (91.5, 200), (100.5, 300), (103.5, 400), (104.0, 500), (106.0, 1000)]
+    said = "w1 drained in 1.2 s: resized (drain w1) in place"
+    row = drain.summarize(_drain_row("async-worker"), {"global_step": 1032, "val_accuracy": 0.97}, progress, said)
+    # The pause: the drain's start (100) to 100.5, then 100.5 to 103.5 (the longest); 104 -> 106
+    # reaches the budget, which pauses() leaves out (the final report comes after the last save).
+    assert (row["outcome"], row["steps_lost"], row["pause"], row["drain_own_s"]) == ("drained", 32, 3.0, 1.2)
+    assert row["before_deadline"] and row["gap_before"] == 1.5
+    late = drain.summarize(_drain_row("sync-worker", drain_s=31.0), {"global_step": 1032, "val_accuracy": 0.5,
+                                                                     "steps_redone": 7}, progress, said)
+    assert not late["before_deadline"] and late["steps_lost"] == 7 and late["outcome"] == "finished at 0.5"
+    ps = drain.summarize(_drain_row("ps", drain_rc=1), {}, progress,
+                         "p1 still runs ps:0 (...): the job was checkpointed at\nstep 400 and stopped")
+    assert (ps["outcome"], ps["checkpoint_step"], ps["checkpoint_in_deadline"], ps["steps_lost"]) == \
+        ("checkpoint instead", 400, True, 600)
+    rows = [row, late, ps]
+    lines = drain.table(rows)
+    assert [line[0] for line in lines] == ["async-worker", "sync-worker", "ps"]
+    assert lines[2][4] == "1/1 checkpointed" and lines[0][5] == "32"
+    goals = drain.goals(rows)
+    assert "MET    async worker host: 1/1 before the deadline" in goals
+    assert "MISSED async worker host: 0 steps lost (lost: [32])" in goals
+    assert "MISSED ps host: 0/1 before the deadline" in goals and ps["pause"] is None
+    assert "MISSED ps host: chief pause <= 5 s (the job stopped)" in goals
+    assert goals[-1] == "MET    nothing left after down: 0 process(es)"
+    # A sync resize whose save came at the budget's end: trained through, no pause measured.
+    end = drain.summarize(_drain_row("sync-worker"), {"global_step": 1000, "restored_step": 1000,
+                                                      "val_accuracy": 0.97}, progress, said)
+    assert end["outcome"] == "resized after the end" and end["pause"] is None and end["steps_lost"] == 0
+    assert any(g.startswith("MISSED sync worker host: pause") for g in drain.goals([end]))
+
+
+def test_drain_paper_inventories_plan_and_drain_in_place_or_by_resize():
+    from benchmarks import drain
+    results = {r["mode"]: r for r in drain.paper([16], 1)}
+    assert results["async"]["action"] == "in place" and results["async"]["tasks"] == 18
+    assert results["sync"]["action"] == "resize" and results["sync"]["tasks"] == 16
+    assert results["async"]["tasks_moved"] == 1 and results["sync"]["tasks_moved"] >= 1
