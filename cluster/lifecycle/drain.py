@@ -11,7 +11,7 @@ deadline; :func:`plan_drain` says, before anything moves, what becomes of each t
 * a sync or sync-ps worker, or any worker with no job running, leaves through the **resize** of
   ``scale`` (:data:`RESIZE`): the cluster is re-planned with HOST's worker count at 0; a job
   checkpoints at one step and restarts at the smaller size;
-* a ps or the chief cannot move yet (:data:`CHECKPOINT`): no spare is supported, so the job is
+* a ps, the chief or a sync job's leader (worker:0) cannot move yet (:data:`CHECKPOINT`): no spare is supported, so the job is
   checkpointed (and stopped) before the deadline and the command says what is left (exit 1). The
   ps path is :func:`ps_move` alone, to be swapped for a move of the variables later.
 
@@ -123,7 +123,12 @@ def plan_drain(plan: ClusterPlan, host: str, *, job_live: bool, drained: tuple[s
                               "'pscluster stop-job' to checkpoint the job")
     moves = []
     for task in tasks:
-        if task.role == "worker":
+        if task.role == "worker" and job_live and plan.mode != Mode.ASYNC and task.name == plan.leader.name:
+            # The collective's leader keeps the job's checkpoints: the resize would refuse it
+            # (resize.check_resize), so say before anything moves that the job checkpoints instead.
+            moves.append(TaskMove(task.name, task.role, CHECKPOINT, f"{task.name} leads the {plan.mode} job and keeps "
+                                  "its checkpoints: the job is checkpointed instead"))
+        elif task.role == "worker":
             if job_live and plan.mode == Mode.ASYNC:
                 moves.append(TaskMove(task.name, task.role, IN_PLACE, "the chief trains on without it"))
             else:

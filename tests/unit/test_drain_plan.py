@@ -43,7 +43,13 @@ def test_an_async_worker_anywhere_in_the_list_leaves_in_place(write_inventory):
 
 def test_a_sync_worker_or_no_job_leaves_through_the_resize(write_inventory):
     sync = lab(write_inventory, "h2", "h3", mode="sync")
-    assert plan_drain(sync, "h2", job_live=True).action == RESIZE
+    assert plan_drain(sync, "h3", job_live=True).action == RESIZE
+    # worker:0 leads a sync job (its checkpoints): the resize would refuse it, so the drain says
+    # before anything moves that the job is checkpointed instead (issue 44's chief rule)
+    leader = plan_drain(sync, sync.leader.host, job_live=True)
+    assert [(m.task, m.action) for m in leader.moves] == [("worker:0", CHECKPOINT)]
+    assert "leads the sync job" in leader.describe()
+    assert plan_drain(sync, sync.leader.host, job_live=False).action == RESIZE     # no job: nothing to keep
     idle = lab(write_inventory, "h2", "h3")
     assert plan_drain(idle, "h3", job_live=False).action == RESIZE
 
