@@ -122,3 +122,40 @@ def test_undrain_of_a_host_that_is_not_drained_and_a_drain_during_a_scale_are_re
     assert "another 'pscluster scale'" in caught.value.message
     state = store.load("lab")
     assert state is not None and state.drained == {}      # a refused drain leaves no mark
+
+
+def test_a_move_that_does_not_come_in_time_leaves_time_to_checkpoint_instead(tmp_path, write_inventory, monkeypatch):
+    """benchmarks.drain: a sync drain's resize that had not come after the whole deadline made the
+    drain fail with nothing checkpointed; the move now gets the deadline less the reserve."""
+    from cluster.contracts import JobState, Phase
+    from cluster.errors import PsclusterError
+    from cluster.events import RecordingReporter
+    from cluster.jobrecord import JobProgress
+    from cluster.lifecycle import resize
+    from cluster.state import StateStore
+    from cluster.supervision import drain_job, jobstop
+    store = StateStore(tmp_path / "state")
+    plan = lab(write_inventory, "h2", "h3", mode="sync")
+    job = JobProgress(id=1, job="mnist", mode="sync", state=JobState.RUNNING)
+    store.save(RunState(name="lab", plan=plan, phase=Phase.UP, job=job))
+    now = [0.0]
+    asked: dict[str, float] = {}
+
+    def slow_resize(store, name, new, *, timeout, **kwargs):
+        asked["timeout"] = timeout
+        now[0] += timeout                       # the supervisor never answered within it
+        raise PsclusterError(f"job 1's supervisor has not resized it after {timeout:g} s")
+
+    def stop(name, *, grace, **kwargs):
+        asked["grace"] = grace
+        return JobProgress(id=1, job="mnist", mode="sync", state=JobState.STOPPED, checkpoint_step=640)
+
+    monkeypatch.setattr(resize, "replan", lambda plan, **kwargs: plan)
+    monkeypatch.setattr(resize, "scale_cluster", slow_resize)
+    monkeypatch.setattr(jobstop, "stop_running_job", stop)
+    result = drain_job.drain_host(store, "lab", "h3", deadline=30, pool=None, reporter=RecordingReporter(),  # type: ignore[arg-type]
+                                  secrets=lambda plan: None, clock=lambda: now[0])
+    assert asked["timeout"] == 30 - drain_job.CHECKPOINT_RESERVE
+    assert asked["grace"] == drain_job.CHECKPOINT_RESERVE        # what is left of the deadline
+    assert not result.ok and "checkpointed at step 640" in result.message and result.left == ("worker:1",)
+    assert drain_job.checkpoint_reserve(6) == 2                  # a short deadline keeps a third
