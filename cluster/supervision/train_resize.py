@@ -36,6 +36,7 @@ from .links import HostLink
 from .notices import NoticeDrains, NoticeSource
 
 REJOIN_RETRY = 5.0      # seconds between two tries to take a host back (each runs preflight there)
+REJOIN_PROBES = (2.0, 5.0)     # seconds of each gRPC probe of a rejoining host's still-running server
 LOST_HOST_GRACE = 3.0   # the leader's time to save when a resize leaves a lost host out (it usually cannot: see resize())
 IN_PLACE_TIMEOUT = 60.0  # for the async chief to take a change in place (it looks between closures)
 STANDBY_WAIT = 60.0      # for the standbys of a resize's relaunch to import TensorFlow (then: started afresh)
@@ -624,12 +625,17 @@ class Resizer:
                 if name not in wanted:
                     continue
                 task = ex.plan.task(name)
-                try:
-                    result = prober.probe(task.target, timeout=2.0, via=ex.pool.get(ex.plan.host(host)))
-                except PsclusterError:
-                    continue
-                if result.ok:
-                    answering[name] = record
+                # A second, longer try before a running server is given up for restarted: right
+                # after a heal the host's connection is new and a loaded machine answered the first
+                # 2 s probe too late (the clean-clone run's elastic lab test: worker:2 restarted).
+                for timeout in REJOIN_PROBES:
+                    try:
+                        result = prober.probe(task.target, timeout=timeout, via=ex.pool.get(ex.plan.host(host)))
+                    except PsclusterError:
+                        continue
+                    if result.ok:
+                        answering[name] = record
+                        break
         return answering
 
     def elastic_turn(self, ex: JobExecutor[Any]) -> None:
