@@ -26,7 +26,6 @@ import os
 import queue
 import select
 import shlex
-import signal
 import subprocess
 import threading
 import time
@@ -37,6 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import UsageError
 from ..events import Reporter
+from ..transport.local import kill_group
 from ..urls import mask_url, url_problem
 
 EVENTS = ("started", "restarted", "resized", "failed", "finished", "deadline", "stopped")
@@ -146,11 +146,7 @@ def run_command(argv: Sequence[str], body: bytes, timeout: float) -> None:
     try:
         tail = _stderr_tail(proc, body, time.monotonic() + timeout)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)     # its leader is not reaped yet: the group is its own
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait()
+        kill_group(proc)     # its leader is not reaped yet: the group is its own
         raise DeliveryError(f"did not finish within {timeout:g} s") from None
     finally:
         for stream in (proc.stdin, proc.stderr):

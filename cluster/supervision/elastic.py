@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import subprocess
 from dataclasses import dataclass
 from typing import Callable, Generic, TypeVar
 
 from ..errors import UsageError
 from ..events import Reporter
+from ..transport.local import kill_group
 from ..inventory.model import MAX_TASKS_PER_HOST
 
 T = TypeVar("T")
@@ -145,11 +145,7 @@ class BackgroundCommand(Generic[T]):
         if proc is None:
             return
         if proc.returncode is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
+            kill_group(proc)
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from typing import Any, Callable, Collection, Iterable, Sequence
 
 from ..errors import UsageError
 from ..events import Reporter
+from ..transport.local import kill_group
 from ..lifecycle.drain import parse_deadline
 from .elastic import BackgroundCommand
 
@@ -218,11 +218,7 @@ class DrainChild:
         while self.proc.poll() is None and time.monotonic() < end:
             sleep(0.1)
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            self.proc.wait()
+            kill_group(self.proc)
 
 
 class NoticeDrains:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import signal
 import subprocess
 from typing import IO, Sequence, cast
 
@@ -20,6 +21,16 @@ def end_process(proc: subprocess.Popen, grace: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group a child we started leads (``start_new_session``), then reap
+    the leader. Its leader is not reaped before, so the group's id cannot name another's."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
 class LocalTransport(Transport):
