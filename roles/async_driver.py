@@ -232,11 +232,11 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,  # noqa: 
         late = closures.waiting_after(slowest)
         return next((remote for remote, _, sent in in_flight if now - sent <= late), in_flight[0][0])
 
-    pending: list[dict] = []        # the orchestrator's requests, for the loop between two closures
+    pending: collections.deque[dict] = collections.deque()    # the orchestrator's requests, for the loop
 
     def take_requests() -> None:
-        """Read the orchestrator's requests; a lost host's workers are cut loose at once (even
-        while the chief waits for a closure), anything else waits for the loop."""
+        """Read the orchestrator's requests; a lost host's workers are cut loose at once (whatever
+        the loop waits on), anything else waits for the loop, between two closures."""
         request = requests.poll()
         if request is None:
             return
@@ -247,6 +247,16 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,  # noqa: 
             reporter.writer.emit("membership", seq=request["seq"], cut=shut)
         else:
             pending.append(request)
+
+    def look_out() -> None:
+        """Beside the loop (closures.Lookout), once the workers run and until a stop: the
+        orchestrator's requests, and the watch of the closures in flight."""
+        if not first.done or deadline.stop_requested:
+            return
+        take_requests()
+        if watch is not None:
+            now = time.monotonic()
+            watch.check(now, now - last_done, slowest, finished)
 
     def collect_one(until_late: float | None = None) -> bool:
         """Collect one closure in flight, the oldest that has its result: closures finish out of
@@ -261,12 +271,8 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,  # noqa: 
             if deadline.stop_requested:
                 stop_seen = now if stop_seen is None else stop_seen
                 abandoned = now - max(stop_seen, last_done) > drain_limit(slowest)
-            elif first.done:
-                take_requests()
-                if watch is not None:
-                    watch.check(now, now - last_done, slowest, finished)
-                if until_late is not None and any(now - sent > until_late for _, _, sent in in_flight):
-                    return False
+            elif first.done and until_late is not None and any(now - sent > until_late for _, _, sent in in_flight):
+                return False
             _finished_within(wait_target(now), WAIT_SLICE)
             position = ready()
         if abandoned or position is None:
@@ -331,6 +337,8 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,  # noqa: 
             log.warning("worker:%d %s%s", index, "is out" if what == "lost" else "is back",
                         f" ({why})" if why else "")
 
+    # Stopped after the last drain; a failure ends the process (roles.train), the thread with it.
+    lookout = closures.Lookout(look_out, WAIT_SLICE).start()
     while scheduled < plan.steps_total and not deadline.stop_requested:
         report_news()
         max_in_flight = IN_FLIGHT_PER_WORKER * loss.live(workers)
@@ -340,9 +348,7 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,  # noqa: 
             if loss.rejoin(back):
                 log.info("worker(s) %s taken back in %.2f s", back, time.perf_counter() - began)
             continue        # its news next turn
-        if first.done:
-            take_requests()
-        request = pending.pop(0) if pending else None
+        request = pending.popleft() if pending else None
         if request is not None:
             try:
                 added, removed = plan_change(cluster, request.get("cluster"))
@@ -438,7 +444,9 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,  # noqa: 
                     break
             meter.maybe_emit(int(step_var.numpy()), force=True)  # the evaluation's line comes with the loss up to it
             evaluate()
-    if drain():
+    drained = drain()
+    lookout.stop()
+    if drained:
         coordinator.join()
     else:
         # TensorFlow holds every later write of the chief (a variable's assign, a checkpoint's

@@ -26,6 +26,14 @@ Before that, a closure that takes a few times the slowest one seen makes the chi
 ``waiting`` event (``worker``, ``seconds``, ``step``) that the orchestrator shows as
 ``stalled for N s (waiting on worker:2@h3)``.
 
+Both the watch and the orchestrator's word that a host was lost (a ``cut`` request) are acted on
+by a :class:`Lookout` thread beside the chief's loop, not by the loop between two waits: the loop
+itself can block on a cut worker where no wait of ours is (a save, a ``join``, a variable's write:
+TensorFlow holds them behind the cut worker's pending ops, over 250 s with its packets dropped,
+docs/platform-notes.md TF10). In CI the chief blocked so right after a cut, the orchestrator's
+cut request unread; its stall watch restarted the chief after 60 s (the in-place drop-out lost
+its point). Shut from beside, the pending ops fail and the loop goes on.
+
 Imports no TensorFlow at module level: the orchestrator's unit tests use the /proc parsing.
 """
 
@@ -175,6 +183,34 @@ def running() -> dict[int, float]:
     """``{worker index: when its current closure began}`` for every busy worker thread."""
     with _RUNNING_LOCK:
         return dict(_RUNNING)
+
+
+class Lookout:
+    """Calls ``look()`` every ``every`` seconds on a daemon thread until :meth:`stop` (module
+    docstring). An exception is logged and the thread goes on: a look that fails once must not
+    leave the chief without its watch."""
+
+    def __init__(self, look: Callable[[], None], every: float) -> None:
+        self._look = look
+        self._every = every
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pscluster-lookout", daemon=True)
+
+    def start(self) -> "Lookout":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._every):
+            try:
+                self._look()
+            except Exception:   # noqa: BLE001 - logged, the watch goes on
+                log.exception("the chief's lookout failed once; it goes on")
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
 
 
 class ClosureWatch:

@@ -553,10 +553,13 @@ class JobExecutor(Generic[K]):
     def ensure_servers(self) -> None:
         """Before a new coordinator starts: every standing server must answer. A dead one is
         restarted here, charged to its own restart budget (its failure may not have been seen
-        yet when the coordinator's was)."""
+        yet when the coordinator's was). A host out in place (:meth:`JobKind.out_in_place`) is
+        left alone: its servers start again when it is taken back."""
+        out = self.kind.out_in_place(self)
         with Prober() as prober:
             for task in self.plan.standing_tasks:
-                if prober.probe(task.target, timeout=2.0, via=self.pool.get(self.plan.host(task.host))).ok:
+                if task.host in out or prober.probe(task.target, timeout=2.0,
+                                                    via=self.pool.get(self.plan.host(task.host))).ok:
                     continue
                 used = self.progress.restarts.get(task.name, 0)
                 if used >= self.rules.max_restarts:

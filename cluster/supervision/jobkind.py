@@ -153,6 +153,12 @@ class JobKind(Protocol):
         fails as before."""
         return False
 
+    def out_in_place(self, ex: JobExecutor[Any]) -> set[str]:
+        """Hosts of the plan whose standing servers are out of the job for now and must not be
+        started by a recovery (``train``: an async worker host lost or drained in place); none
+        by default."""
+        return set()
+
     def before_interrupt(self, ex: JobExecutor[Any]) -> None:
         """On Ctrl-C, before the executor stops the job's processes (``train``: the leader checkpoints)."""
         return None

@@ -262,8 +262,9 @@ class TrainJob(JobKind):
         return ex.adopt(task, record, ProcessKind.TRAIN, files=(events,))
 
     def recovery(self, ex: JobExecutor[Any], incident: core.Incident) -> core.Recovery:
+        out = self.out_in_place(ex)
         return core.train_recovery(Mode(ex.plan.mode), incident.proc, ex.views(),
-                                   hosts=[t.host for t in ex.plan.tasks],
+                                   hosts=[t.host for t in ex.plan.tasks if t.host not in out],
                                    servers=[t.name for t in ex.plan.standing_tasks],
                                    trainers=[t.name for t in ex.plan.training_tasks])
 
@@ -330,6 +331,11 @@ class TrainJob(JobKind):
 
     def drop_out(self, ex: JobExecutor[Any], host: str, why: str, task: str | None = None) -> bool:
         return self.resizer.drop_out(ex, host, why, task)
+
+    def out_in_place(self, ex: JobExecutor[Any]) -> set[str]:
+        # A host away in place, or drained in place (still in the plan): the chief trains without
+        # its workers, and bring_back / undrain starts them again, not a chief's recovery.
+        return set(self.resizer.away) | {t.host for t in ex.plan.tasks if t.host in ex.state.drained}
 
     def refill_standbys(self, ex: JobExecutor[Any]) -> None:
         """A standby (roles/standby.py) for each training task whose own this job took (a

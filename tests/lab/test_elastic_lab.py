@@ -57,14 +57,20 @@ def state_of(state_dir, name) -> dict:
     return json.loads((state_dir / f"{name}.json").read_text())
 
 
+def chief_log_tail(state_dir, lines: int = 40) -> str:
+    """The last lines of every chief log of the lab's node-1 (a failure's evidence: CI keeps no tmp)."""
+    logs = sorted(state_dir.parent.glob("work-node-1/.pscluster/*/job-*/chief-0.*.log"))
+    return "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-lines:]) for p in logs)
+
+
 def wait_until(state_dir, name, train, what: str, ok, timeout: float = 900) -> dict:
     end = time.monotonic() + timeout
     while True:
-        assert train.poll() is None, train.stderr.read()[-4000:]
+        assert train.poll() is None, train.stderr.read()[-4000:] + chief_log_tail(state_dir)
         state = state_of(state_dir, name)
         if ok(state):
             return state
-        assert time.monotonic() < end, f"never {what}: {state.get('job')}"
+        assert time.monotonic() < end, f"never {what}: {state.get('job')}\n{chief_log_tail(state_dir)}"
         time.sleep(0.3)
 
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from cluster.console.tables import render_job_line
-from cluster.contracts import JobState, ProcessKind, Role
+from cluster.contracts import JobState, ProcessKind, ProcState, Role
 from cluster.supervision.core import (IncidentKind, Proc, Watchdog, find_incident, stall_limit,
                                       stall_shown_after)
 from cluster.jobrecord import JobProgress
@@ -128,6 +128,29 @@ def test_no_busy_worker_or_an_unknown_index_is_never_cut():
     chief.busy = {7: 0.0}                          # a worker the watch does not know (yet)
     watch.check(100.0, waited=100.0, slowest=0.1, step=1)
     assert chief.cut == [] and chief.events[-1]["worker"] == "worker:7"
+
+
+def test_the_lookout_acts_while_the_loop_is_blocked_and_survives_a_failing_look():
+    """The chief's loop may block where no wait of ours is (a save behind a cut worker): the cut
+    requests and the watch run on a thread beside it (roles/closures.py Lookout)."""
+    import threading
+    looked, blocked = [], threading.Event()
+
+    def look():
+        looked.append(1)
+        if len(looked) == 2:
+            raise RuntimeError("one bad look")
+        if len(looked) >= 5:
+            blocked.set()
+
+    lookout = closures.Lookout(look, every=0.01).start()
+    try:
+        assert blocked.wait(10), "the lookout stopped after a failing look"    # the "loop" blocks here
+    finally:
+        lookout.stop()
+    count = len(looked)
+    threading.Event().wait(0.1)
+    assert len(looked) == count      # stopped: no look after stop()
 
 
 # ----------------------------------------------------------------------------- the supervisor's limit
@@ -261,6 +284,46 @@ def test_an_async_job_goes_on_in_place_without_a_lost_worker_host_without_min_wo
             assert "training goes on in place with 1 worker(s)" in sup.progress.message
         # h1 also runs the chief and ps:0: never dropped.
         assert sup.kind.drop_out(sup, "h1", "lost for over 60 s") is False
+    finally:
+        for link in sup.kind.resizer.away.values():
+            link.close()
+
+
+def test_a_chief_recovery_leaves_a_host_out_in_place_alone(tmp_path, monkeypatch):
+    """CI's failure: with h2 out in place, a restart of the chief waited for every server to
+    answer, restarted h2's worker (unreachable), blamed the chief for it and then resized onto
+    h2. The chief's recovery neither waits for nor probes nor starts anything on h2; h1's
+    servers are still ensured."""
+    from cluster.supervision import executor as executor_module
+    from cluster.supervision.core import Incident
+
+    inventory = tmp_path / "two.yaml"
+    inventory.write_text(TWO_HOSTS)
+    sup = idle_supervisor(tmp_path, name="inplace2", mode="async", inventory=inventory)
+    probed: list[str] = []
+
+    class Answering:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def probe(self, target, **_):
+            probed.append(target)
+            return SimpleNamespace(ok=True)
+
+    monkeypatch.setattr(executor_module, "Prober", Answering)
+    try:
+        assert sup.kind.drop_out(sup, "h2", "lost for over 60 s (no heartbeat for 4 s)")
+        assert sup.kind.out_in_place(sup) == {"h2"}
+        chief = Proc(key="c", task="chief:0", role=Role.CHIEF, host="h1", kind=ProcessKind.TRAIN,
+                     state=ProcState.EXITED, exit_code=1, started=True)
+        recovery = sup.kind.recovery(sup, Incident(IncidentKind.EXITED, chief, "exited with code 1"))
+        assert recovery.ensure_servers and "h2" not in recovery.wait_hosts and "h1" in recovery.wait_hosts
+        sup.ensure_servers()
+        targets = {t.target: t.host for t in sup.plan.standing_tasks}
+        assert probed and {targets[p] for p in probed} == {"h1"}, probed
     finally:
         for link in sup.kind.resizer.away.values():
             link.close()
