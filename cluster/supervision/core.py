@@ -360,11 +360,15 @@ def drop_out(workers: Mapping[str, int], *, host: str, other_roles: Sequence[str
     """``workers``: worker tasks per host now. A lost host (``task`` None) takes all its tasks
     with it, so it may run only workers; a worker that used up its restarts (``task``) takes
     only itself. The job goes on while at least ``min_workers`` remain; without
-    ``--min-workers`` it fails as before."""
+    ``--min-workers`` it fails as before. Only a worker can go: a chief or ps that used up its
+    restarts fails the job (CI once saw the chief's exhausted budget take a worker off its host
+    and resize the job onto the host that was lost)."""
     fewer = 1 if task is not None else workers.get(host, 0)
     left = sum(workers.values()) - fewer
     if min_workers is None:
         return DropOut(False, left, "no --min-workers")
+    if task is not None and task.partition(":")[0] != "worker":
+        return DropOut(False, sum(workers.values()), f"{task} is not a worker: the job cannot go on without it")
     if task is None and other_roles:
         return DropOut(False, left, f"{host} also runs {', '.join(sorted(other_roles))}")
     if left < min_workers:

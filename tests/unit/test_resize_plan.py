@@ -193,6 +193,8 @@ def test_a_re_plan_trusts_an_inventory_of_root_read_by_another_user(write_invent
     ({"h1": 1, "h2": 1}, "h1", ("chief", "ps"), None, 1, False, 1),     # the chief's host cannot go
     ({"localhost": 3}, "localhost", ("chief", "ps"), "worker:2", 2, True, 2),  # one worker used up its restarts
     ({"localhost": 2}, "localhost", ("chief", "ps"), "worker:1", 2, False, 1),
+    ({"h1": 1, "h2": 1, "h3": 1}, "h1", ("chief", "ps"), "chief:0", 1, False, 3),  # a chief used up its restarts
+    ({"h1": 1, "h2": 1, "h3": 1}, "h1", ("chief", "ps"), "ps:0", 1, False, 3),
 ])
 def test_drop_out_rows(workers, host, others, task, min_workers, drop, left):
     verdict = drop_out(workers, host=host, other_roles=others, task=task, min_workers=min_workers)
