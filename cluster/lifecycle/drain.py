@@ -11,9 +11,17 @@ deadline; :func:`plan_drain` says, before anything moves, what becomes of each t
 * a sync or sync-ps worker, or any worker with no job running, leaves through the **resize** of
   ``scale`` (:data:`RESIZE`): the cluster is re-planned with HOST's worker count at 0; a job
   checkpoints at one step and restarts at the smaller size;
-* a ps, the chief or a sync job's leader (worker:0) cannot move yet (:data:`CHECKPOINT`): no spare is supported, so the job is
-  checkpointed (and stopped) before the deadline and the command says what is left (exit 1). The
-  ps path is :func:`ps_move` alone, to be swapped for a move of the variables later.
+* an async job's ps **moves** (:data:`PS_MOVE`): the supervisor puts it where a lost ps goes
+  (``ps_spare``, else the surviving ps host with the fewest tasks, else the chief's host:
+  cluster/supervision/core.py ``place_lost_ps``), through the fault path's resize with a
+  checkpoint at one step first (the ps still answers), so the chief restarts from it and no step
+  is lost; the host's workers leave the plan with it (``Resizer.drain_ps``). TensorFlow moves a
+  ps's variables in place only to a ps the chief had from its start (docs/platform-notes.md
+  TF13): the move of the variables themselves, without the restart, is roles/psmove.py's, not
+  wired yet (:func:`ps_move`);
+* the chief, a sync job's leader (worker:0), or a ps with no job running cannot move
+  (:data:`CHECKPOINT`): the job is checkpointed (and stopped) before the deadline and the command
+  says what is left (exit 1).
 
 The drained hosts are recorded in the cluster's state (``RunState.drained``); ``undrain`` or a
 ``scale`` that gives the host tasks again clears them.
@@ -30,6 +38,7 @@ from ..plan import ClusterPlan
 
 IN_PLACE = "in place"
 RESIZE = "resize"
+PS_MOVE = "ps move"
 CHECKPOINT = "checkpoint"
 
 DRAINING = "draining"
@@ -66,7 +75,7 @@ class TaskMove:
 
     task: str           # "worker:1"
     role: str
-    action: str         # IN_PLACE | RESIZE | CHECKPOINT
+    action: str         # IN_PLACE | RESIZE | PS_MOVE | CHECKPOINT
     why: str
 
 
@@ -82,11 +91,12 @@ class DrainPlan:
 
     @property
     def action(self) -> str:
-        """The drain as a whole: CHECKPOINT if any task cannot move, else RESIZE if any task
-        needs it, else IN_PLACE (a host of async workers only). A host with no task: RESIZE
-        (nothing to move; the standing servers are already gone)."""
+        """The drain as a whole: CHECKPOINT if any task cannot move, else PS_MOVE if a ps moves
+        (the host's workers leave with it), else RESIZE if any task needs it, else IN_PLACE (a
+        host of async workers only). A host with no task: RESIZE (nothing to move; the standing
+        servers are already gone)."""
         actions = {move.action for move in self.moves}
-        for action in (CHECKPOINT, RESIZE):
+        for action in (CHECKPOINT, PS_MOVE, RESIZE):
             if action in actions:
                 return action
         return IN_PLACE if actions else RESIZE
@@ -96,10 +106,14 @@ class DrainPlan:
 
 
 def ps_move(plan: ClusterPlan, task: str, *, job_live: bool) -> TaskMove:
-    """A ps of the host: no spare host is supported yet, so the job checkpoints instead (the one
-    place to change when a ps can move; issue 44)."""
-    why = ("no spare host for a ps yet: the job is checkpointed instead" if job_live
-           else "no spare host for a ps yet: it stays")
+    """A ps of the host: an async job's moves through a checkpoint at one step (module
+    docstring); with no job, or in sync-ps (whose ps hold the graph's queues), it stays and the
+    job, if any, is checkpointed instead."""
+    if job_live and plan.mode == Mode.ASYNC:
+        return TaskMove(task, "ps", PS_MOVE, "moves off the host: the job checkpoints at one step and its chief "
+                                             "restarts from there with the ps elsewhere (no step lost)")
+    why = (f"a {plan.mode} job's ps cannot move: the job is checkpointed instead" if job_live
+           else "a ps moves only under a running async job: it stays")
     return TaskMove(task, "ps", CHECKPOINT, why)
 
 

@@ -481,6 +481,7 @@ def scale_cluster(store: StateStore, name: str, new: ClusterPlan, *, pool: Trans
         scoped = secrets.names if secrets is not None else {}
         roles = secrets.standing_roles if secrets is not None else {}
         text = ask_job(store, name, ResizeRequest(new, keep_global_batch, reason, secret_names=dict(scoped),
-                                                  secret_roles=dict(roles), drain=drain, undrain=undrain),
+                                                  secret_roles=dict(roles), drain=drain, undrain=undrain,
+                                                  within=timeout),
                        reporter=reporter, timeout=timeout, sleep=sleep, what=describe(diff, new))
         return ScaleResult(diff, text, True)

@@ -14,6 +14,7 @@ keeps hostctl's: the plan diff and how it is applied stay in cluster/lifecycle/r
 from __future__ import annotations
 
 import json
+import math
 import signal
 import time
 from contextlib import contextmanager
@@ -58,6 +59,10 @@ class ResizeRequest:
     # workers leave (or come back) in place (cluster/lifecycle/drain.py)
     drain: str | None = None
     undrain: str | None = None
+    # Seconds the asker waits for the answer (a drain's deadline less its checkpoint reserve): the
+    # supervisor waits for a relaunch's standbys a third of it at most (a loaded machine's import
+    # of TensorFlow took 40 s of a 50-s drain budget). None: no bound of the asker's.
+    within: float | None = None
 
     def to_json(self) -> dict:
         data: dict = {"plan": plan_to_json(self.plan), "keep_global_batch": self.keep_global_batch,
@@ -65,6 +70,8 @@ class ResizeRequest:
         for key, host in (("drain", self.drain), ("undrain", self.undrain)):
             if host is not None:        # only then: an older request is written again unchanged
                 data[key] = host
+        if self.within is not None:
+            data["within"] = self.within
         for key, scope in (("secret_names", self.secret_names), ("secret_roles", self.secret_roles)):
             if scope is not None:
                 data[key] = {host: list(each) for host, each in scope.items()}
@@ -80,8 +87,12 @@ class ResizeRequest:
                     if isinstance(each, list)}
         def host(key: str) -> str | None:
             return str(data[key]) if data.get(key) else None
+        within = data.get("within")
+        if isinstance(within, bool) or not isinstance(within, (int, float)) or not 0 < within < math.inf:
+            within = None
         return cls(plan_from_json(data["plan"]), bool(data.get("keep_global_batch")), str(data.get("reason", "scale")),
-                   scope("secret_names"), scope("secret_roles"), host("drain"), host("undrain"))
+                   scope("secret_names"), scope("secret_roles"), host("drain"), host("undrain"),
+                   float(within) if within is not None else None)
 
     def secret_scope(self) -> tuple[Mapping[str, tuple[str, ...]], Mapping[str, tuple[str, ...]]]:
         """The scope to apply: the one sent, else the plan's."""

@@ -2,10 +2,11 @@
 cluster/lifecycle/drain.py).
 
 An async job's worker host leaves in place through its supervisor (a drain request, SIGUSR2:
-``Resizer.drain_in_place``); a sync or sync-ps worker host, or any worker host with no job,
-leaves through ``scale``'s resize of a plan that gives it no worker; a host that runs a ps or
-the chief checkpoints the job (which stops) before the deadline instead, and the drain fails
-(exit 1) saying what is left.
+``Resizer.drain_in_place``), and so does an async job's ps host, whose ps moves
+(``Resizer.drain_ps``); a sync or sync-ps worker host, or any worker host with no job, leaves
+through ``scale``'s resize of a plan that gives it no worker; a host that runs the chief (or a
+ps that cannot move) checkpoints the job (which stops) before the deadline instead, and the
+drain fails (exit 1) saying what is left.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from ..errors import PsclusterError, UsageError
 from ..events import Reporter
 from ..lifecycle import resize
 from ..lifecycle.resize_request import ResizeRequest, ask_job, resize_lock
-from ..lifecycle.drain import CHECKPOINT, DRAINED, DRAINING, IN_PLACE, DrainPlan, mark_drained, plan_drain
+from ..lifecycle.drain import (CHECKPOINT, DRAINED, DRAINING, IN_PLACE, PS_MOVE, DrainPlan, mark_drained,
+                               plan_drain)
 from ..plan import ClusterPlan
 from ..secrets import Secrets
 from ..state import RunState, StateStore
@@ -83,10 +85,11 @@ def drain_host(store: StateStore, name: str, host: str, *, deadline: float, pool
     # that had not come after the whole deadline left no time to checkpoint (benchmarks.drain).
     budget = deadline - checkpoint_reserve(deadline) if job_live else deadline
     try:
-        if drain.action == IN_PLACE:
+        if drain.action in (IN_PLACE, PS_MOVE):     # the supervisor's: the plan it gets is today's
+            what = f"{host}'s workers leave in place" if drain.action == IN_PLACE else f"{host}'s ps move"
             with resize_lock(store, name):       # not during a scale, nor two drains at once
-                text = ask_job(store, name, ResizeRequest(state.plan, reason=reason, drain=host),
-                               reporter=reporter, timeout=budget, what=f"{host}'s workers leave in place")
+                text = ask_job(store, name, ResizeRequest(state.plan, reason=reason, drain=host, within=budget),
+                               reporter=reporter, timeout=budget, what=what)
         else:
             new = resize.replan(state.plan, port_base=state.port_base, limit=state.limit,
                                 counts={**resize.worker_counts(state.plan), host: 0}, pool=pool)

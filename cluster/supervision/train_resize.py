@@ -184,7 +184,8 @@ class Resizer:
                 return text
         # While the job still trains: standbys for the relaunch, so that it skips TensorFlow's import
         # (not for a lost host: the job is stuck until the restart, which a wait would only delay).
-        ready = self.standbys_for(ex, new) if not unreachable else []
+        ready = self.standbys_for(ex, new, wait=STANDBY_WAIT if request.within is None else
+                                  min(STANDBY_WAIT, request.within / 3)) if not unreachable else []
         workers_before, workers_after = len(old.tasks_of("worker")), len(new.tasks_of("worker"))
         if new.mode != Mode.ASYNC and not request.keep_global_batch and workers_after != workers_before:
             # Each worker keeps its batch (torchrun's model): the global batch follows the size.
@@ -254,6 +255,11 @@ class Resizer:
         from ..lifecycle.drain import DRAINED, mark_drained
         host = request.drain or request.undrain or ""
         same = {t.name: t.host for t in request.plan.tasks} == {t.name: t.host for t in ex.plan.tasks}
+        if same and request.drain and ex.plan.mode == Mode.ASYNC and \
+                any(t.host == host and t.role == "ps" for t in ex.plan.tasks):
+            text = self.drain_ps(ex, host, request)
+            ex.writer.change(lambda s: mark_drained(s.drained, host, DRAINED))
+            return text
         if same and any(t.host == host for t in ex.plan.tasks):
             return self.drain_in_place(ex, request)
         text = self.resize(ex, request)
@@ -382,11 +388,11 @@ class Resizer:
                          text=f"the new workers start after the old ones stop ({why})")
         return {}
 
-    def standbys_for(self, ex: JobExecutor[Any], new: ClusterPlan) -> list[str]:
+    def standbys_for(self, ex: JobExecutor[Any], new: ClusterPlan, wait: float = STANDBY_WAIT) -> list[str]:
         """Before a relaunch at ``new``: a standby for each of its training tasks that has none,
-        and wait (reading the job's streams) until they imported TensorFlow, up to
-        :data:`STANDBY_WAIT`. Best effort (a standby that is late or failed is passed over and its
-        task starts afresh); the keys of the standbys started, which the resize keeps."""
+        and wait (reading the job's streams) until they imported TensorFlow, up to ``wait`` s.
+        Best effort (a standby that is late or failed is passed over and its task starts
+        afresh); the keys of the standbys started, which the resize keeps."""
         names = [task.name for task in new.training_tasks if ex.state.standby(task.name) is None]
         if not names:
             return []
@@ -399,7 +405,7 @@ class Resizer:
         if not records:
             return []
         ex.reporter.emit("message", text=f"starting {len(records)} standby(s) for the relaunch while the job trains")
-        pending, deadline = dict(records), ex.clock() + STANDBY_WAIT
+        pending, deadline = dict(records), ex.clock() + wait
         while pending and ex.clock() < deadline:
             for name, record in list(pending.items()):
                 try:
@@ -518,48 +524,79 @@ class Resizer:
         return True
 
     def move_ps(self, ex: JobExecutor[Any], host: str, why: str, min_workers: int) -> bool:
+        """A lost ps host's ps moves (:meth:`_move_ps`); False: it could not, the reason said."""
+        return self._move_ps(ex, host, why, min_workers, planned=False) is not None
+
+    def drain_ps(self, ex: JobExecutor[Any], host: str, request: ResizeRequest) -> str:
+        """``pscluster drain HOST`` of an async job's ps host: the ps moves, no step lost
+        (:meth:`_move_ps`, ``planned``, within the drain's time); the resize's message."""
+        return self._move_ps(ex, host, f"drained ({request.reason})", 1, planned=True, within=request.within) or ""
+
+    def _move_ps(self, ex: JobExecutor[Any], host: str, why: str, min_workers: int, *,
+                 planned: bool, within: float | None = None) -> str | None:
         """Async: ``host``, which runs a ps (and maybe workers, not the chief), is lost for good. Its
         ps tasks move to the host :func:`core.place_lost_ps` picks, its workers leave the plan (the
         host is watched until it answers: its leftovers are stopped then, and it rejoins as a worker
         host), and the job restarts from its newest save (a snapshot, every ``--snapshot-every``
         s), as after a killed ps; the servers that stay start again too (they would route the ps's
-        name to its old address: resize.restarting). False (the job fails as before, the reason said) when no host can
-        take the ps, too few workers would be left, or the inventory cannot be re-planned."""
-        def refuse(reason: str) -> bool:
+        name to its old address: resize.restarting). The resize's message; None (the job fails as
+        before, the reason said) when no host can take the ps, too few workers would be left, or the
+        inventory cannot be re-planned.
+
+        ``planned``: ``pscluster drain HOST`` (its ps still answers). The same move, but the job
+        checkpoints at one step first, so the chief restarts from there and no step is lost, and
+        the host's processes are stopped as any resize stops them; the resize's message is
+        returned, and a move that cannot be made raises :class:`PsclusterError` (the drain then
+        checkpoints the job instead)."""
+        def refuse(reason: str) -> None:
+            if planned:
+                raise PsclusterError(f"{host}'s ps cannot move: {reason}")
             ex.reporter.emit("message", level="warning", text=f"cannot go on without {host}: {reason}")
-            return False
-        lost = {h for h, link in ex.links.items() if link.lost_since is not None} | set(self.dropped) | set(self.away)
+        # (a drained host takes no ps either: it is about to go)
+        lost = {h for h, link in ex.links.items() if link.lost_since is not None} | set(self.dropped) | \
+            set(self.away) | set(ex.state.drained)
         try:
             spares = resize.ps_spares(ex.plan)
         except PsclusterError as exc:
-            return refuse(exc.message)
+            refuse(exc.message)
+            return None
         move = core.place_lost_ps([(t.name, t.host) for t in ex.plan.tasks], lost=host, mode=ex.plan.mode,
-                                  policy=ex.rules.policy, spares=spares, unreachable=lost - {host})
+                                  # (a planned move is no failure's restart: --restart-policy never allows it)
+                                  policy=RestartPolicy.ON_FAILURE if planned else ex.rules.policy, spares=spares,
+                                  unreachable=lost - {host})
         if move.to is None:
-            return refuse(f"its {', '.join(move.tasks)} cannot move: {move.why}")
+            refuse(f"its {', '.join(move.tasks)} cannot move: {move.why}")
+            return None
         counts = resize.worker_counts(ex.plan)
         verdict = core.drop_out(counts, host=host, other_roles=(), task=None, min_workers=min_workers)
         if not verdict.drop:
-            return refuse(verdict.why)
+            refuse(verdict.why)
+            return None
         moved = {**self.moved, **{name: (move.to, None) for name in move.tasks}}
         try:
             new = resize.replan(ex.plan, port_base=ex.state.port_base, limit=ex.state.limit, pool=None, moved=moved,
                                 counts={**counts, **{h: 0 for h in self.dropped}, host: 0})
             resize.check_resize(ex.plan, new, resize.diff_plans(ex.plan, new), job_live=True)
         except PsclusterError as exc:          # the inventory is gone or changed, --firewall, no port
-            return refuse(exc.message.splitlines()[0])
+            refuse(exc.message.splitlines()[0])
+            return None
         self.moved = {name: (new.task(name).host, new.task(name).port) for name in moved}
-        self.dropped[host] = HostLink(ex.plan.host(host), ex.pool, clock=ex.clock)
-        self.dropped[host].set_targets([], [])
+        if not planned:
+            self.dropped[host] = HostLink(ex.plan.host(host), ex.pool, clock=ex.clock)
+            self.dropped[host].set_targets([], [])
         where = ", ".join(f"{name} moved from {host} to {move.to}" for name in move.tasks)
-        ex.reporter.emit("message", level="warning", text=f"{host} {why}: {where} ({move.why}); its workers leave "
-                                                          "the job; restarting from the newest snapshot")
-        text = self.resize(ex, ResizeRequest(new, reason=f"{where} ({host} {why})"), unreachable={host},
-                           save=False, restart=tuple(t.name for t in new.standing_tasks if t.name not in move.tasks),
+        ex.reporter.emit("message", level="info" if planned else "warning",
+                         text=f"{host} {why}: {where} ({move.why}); its workers leave the job; " +
+                              ("the job checkpoints at one step and restarts there" if planned
+                               else "restarting from the newest snapshot"))
+        text = self.resize(ex, ResizeRequest(new, reason=f"{where} ({host} {why})", within=within),
+                           unreachable=set() if planned else {host}, save=planned,
+                           restart=tuple(t.name for t in new.standing_tasks if t.name not in move.tasks),
                            event={"moved": {name: {"from": host, "to": move.to, "target": new.task(name).target}
-                                            for name in move.tasks}, "lost": host, "why": move.why})
-        ex.set_job(message=text)
-        return True
+                                            for name in move.tasks}, ("drained" if planned else "lost"): host,
+                                  "why": move.why})
+        ex.set_job(message=None if planned else text)
+        return text
 
     def go_on_in_place(self, ex: JobExecutor[Any], host: str, why: str, left: int) -> bool:
         """Async: a lost worker host stays in the plan. The chief already trains on without its

@@ -145,6 +145,35 @@ def test_a_ps_host_lost_for_good_moves_its_ps_and_the_job_finishes(fault_cluster
     assert "ps:1 moved from node-3 to node-1 (node-3 lost for over 10 s" in said, training.stderr
 
 
+def test_drain_of_a_ps_host_moves_its_ps_and_loses_no_step(fault_cluster):
+    """Issue 44: `pscluster drain node-3` (ps:1 and worker:1) under a running async job. ps:1
+    moves where a lost ps would (node-1, the other ps host), worker:1 leaves, the job checkpoints
+    at one step first and its chief restarts there: the restore is at or past every step reported
+    before the drain (none lost), exit 0 before the deadline, training goes on, nothing of the
+    cluster is left on node-3, which is marked drained. Stopped by state, not by a budget."""
+    cluster = fault_cluster()
+    cluster.up(PS_ON_NODE_3, "async")
+    training = cluster.train("--steps", 100000, "--checkpoint-every", 50)
+    before = training.wait_step(200)["step"]
+    drain = cluster.cli("drain", "node-3", "--deadline", "60s", "--name", cluster.name)
+    assert drain.returncode == 0, drain.stderr
+    said = " ".join((drain.stdout + drain.stderr).split())
+    print(said)
+    assert "node-3 drained in" in said and "ps:1 moved from node-3 to node-1" in said, said
+    job = training.wait_for(lambda job: (job.get("restored_step") or 0) >= before and job.get("state") == "running"
+                            and (job.get("step") or 0) >= job["restored_step"] + 200, what="training on after the move")
+    stop = cluster.cli("stop-job", "--name", cluster.name)
+    assert stop.returncode == 0, stop.stderr
+    code, _ = training.finish()
+    assert code == 143, training.stderr
+    assert not job.get("restarts"), job         # a planned move: the chief's restart is no failure
+    state = cluster.state()
+    placed = _placed(cluster)
+    assert placed["ps:1"] == "node-1" and "node-3" not in placed.values(), placed
+    assert state["drained"] == {"node-3": "drained"} and state["job"]["state"] == "stopped"
+    assert not [r for r in state["processes"] if r["host"] == "node-3" and not r["stopped"]]
+
+
 def _placed(cluster) -> dict[str, str]:
     return {f"{t['role']}:{t['index']}": t["host"] for t in cluster.state()["plan"]["tasks"]}
 

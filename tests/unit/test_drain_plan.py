@@ -7,8 +7,8 @@ import json
 import pytest
 
 from cluster.errors import UsageError
-from cluster.lifecycle.drain import (CHECKPOINT, DRAINED, IN_PLACE, RESIZE, mark_drained, parse_deadline,
-                                     plan_drain)
+from cluster.lifecycle.drain import (CHECKPOINT, DRAINED, IN_PLACE, PS_MOVE, RESIZE, mark_drained,
+                                     parse_deadline, plan_drain)
 from cluster.lifecycle.resize_request import ResizeRequest
 from cluster.state import RunState
 
@@ -57,9 +57,37 @@ def test_a_sync_worker_or_no_job_leaves_through_the_resize(write_inventory):
 def test_the_chief_and_ps_host_checkpoints_instead(write_inventory):
     plan = lab(write_inventory, "h2", "h3")
     drain = plan_drain(plan, "h1", job_live=True)
-    assert {m.role: m.action for m in drain.moves} == {"chief": CHECKPOINT, "ps": CHECKPOINT}
+    # its ps could move, but the chief cannot: the host as a whole checkpoints the job instead
+    assert {m.role: m.action for m in drain.moves} == {"chief": CHECKPOINT, "ps": PS_MOVE}
     assert drain.action == CHECKPOINT
-    assert "cannot be drained" in drain.describe() and "no spare host for a ps" in drain.describe()
+    assert "cannot be drained" in drain.describe()
+
+
+PS_HOSTS = """
+all:
+  vars: {ansible_user: u, pscluster_port_base: 2222, pscluster_mode: MODE}
+  children:
+    chief: {hosts: {h1: {ansible_host: 127.77.0.2}}}
+    ps: {hosts: {h1: {ansible_host: 127.77.0.2}, h2: {ansible_host: 127.77.0.3}, h4: {ansible_host: 127.77.0.5}}}
+    worker: {hosts: {h2: {ansible_host: 127.77.0.3}, h3: {ansible_host: 127.77.0.4}}}
+"""
+
+
+def test_an_async_ps_host_moves_its_ps_and_its_workers_leave_with_it(write_inventory):
+    """Issue 44: a ps of an async job moves (through a checkpoint at one step: no step lost); a
+    host with a ps and a worker drains as one move; sync-ps or no job: the ps stays."""
+    from .test_plan import plan_text
+    plan = plan_text(write_inventory, PS_HOSTS.replace("MODE", "async"), name="lab")
+    only_ps = plan_drain(plan, "h4", job_live=True)
+    assert [(m.task, m.action) for m in only_ps.moves] == [("ps:2", PS_MOVE)] and only_ps.action == PS_MOVE
+    assert "no step lost" in only_ps.describe()
+    both = plan_drain(plan, "h2", job_live=True)
+    assert {m.role: m.action for m in both.moves} == {"ps": PS_MOVE, "worker": IN_PLACE} and both.action == PS_MOVE
+    idle = plan_drain(plan, "h4", job_live=False)
+    assert idle.action == CHECKPOINT and "stays" in idle.describe()
+    syncps = plan_text(write_inventory, PS_HOSTS.replace("MODE", "sync-ps"), name="lab")
+    held = plan_drain(syncps, "h4", job_live=True)
+    assert held.action == CHECKPOINT and "sync-ps job's ps cannot move" in held.describe()
 
 
 def test_unknown_host_and_the_last_worker_are_refused_before_anything_moves(write_inventory):
@@ -84,6 +112,11 @@ def test_the_drained_state_and_the_request_round_trip(write_inventory):
     again = ResizeRequest.from_json(json.loads(json.dumps(request.to_json())))
     assert (again.drain, again.undrain, again.reason) == ("h2", None, "drain h2")
     assert ResizeRequest.from_json({"plan": request.to_json()["plan"]}).drain is None     # an older request
+    assert again.within is None and "within" not in request.to_json()
+    timed = ResizeRequest(plan, reason="drain h2", drain="h2", within=50.0)
+    assert ResizeRequest.from_json(json.loads(json.dumps(timed.to_json()))).within == 50.0
+    for bad in (-1, 0, "50", True, float("nan"), float("inf"), None):
+        assert ResizeRequest.from_json({**timed.to_json(), "within": bad}).within is None, bad
 
 
 @pytest.mark.parametrize("args, said", [(["drain", "h1", "--deadline", "abc"], "--deadline 'abc': not a duration"),
