@@ -317,6 +317,8 @@ class TrainJob(JobKind):
             if host in self.told_lost:
                 continue
             self.told_lost.add(host)
+            if self.leader.host != host and any(t.host == host and t.role == "ps" for t in ex.plan.tasks):
+                self.chief_standby_ahead(ex, f"{host} runs a ps and does not answer")
             workers = [t.target for t in ex.plan.tasks if t.host == host and t.role == "worker"]
             chief = ex.current(self.leader.name)
             if not workers or chief is None or chief.ended_at is not None or not chief.record.events \
@@ -331,6 +333,27 @@ class TrainJob(JobKind):
 
     def drop_out(self, ex: JobExecutor[Any], host: str, why: str, task: str | None = None) -> bool:
         return self.resizer.drop_out(ex, host, why, task)
+
+    def on_exit(self, ex: JobExecutor[Any], watched: Watched, now: float) -> None:
+        if watched.kind is ProcessKind.SERVER and watched.task.role == "ps":
+            self.chief_standby_ahead(ex, f"{watched.task.name} ended")
+
+    def chief_standby_ahead(self, ex: JobExecutor[Any], why: str) -> None:
+        """Async: a ps ended, or its host stopped answering. The chief restarts next (it fails with
+        its ps; a ps host lost past --host-timeout moves its ps and restarts the chief), so a
+        standby for it now, if it has none, imports TensorFlow while the job waits (up to
+        --host-timeout for a lost host) rather than in the restart's pause. Best effort; where
+        the hosts allow standbys (``pscluster_standby``)."""
+        if ex.plan.mode != Mode.ASYNC or ex.state.standby(self.leader.name) is not None:
+            return
+        try:
+            records, failures = start_standbys(ex.writer, ex.pool, ex.plan, ex.secrets, [self.leader.name])
+        except PsclusterError as exc:
+            records, failures = {}, [Failure(f"{self.leader.name}'s restart", exc)]
+        if records:
+            ex.reporter.emit("message", text=f"{why}: a standby for {self.leader.name} imports TensorFlow ahead "
+                                             "of its restart")
+        report_standbys(Reporter(), {}, failures)
 
     def out_in_place(self, ex: JobExecutor[Any]) -> set[str]:
         # A host away in place, or drained in place (still in the plan): the chief trains without

@@ -143,6 +143,8 @@ def test_a_ps_host_lost_for_good_moves_its_ps_and_the_job_finishes(fault_cluster
     assert {name for name in placed if name.startswith("worker:")} == {"worker:0"}      # node-3's worker left
     said = " ".join(training.stderr.split())        # the console folds long lines
     assert "ps:1 moved from node-3 to node-1 (node-3 lost for over 10 s" in said, training.stderr
+    # The chief's standby was started when node-3 stopped answering: its restart skipped the import.
+    assert "node-3 runs a ps and does not answer: a standby for chief:0 imports TensorFlow" in said, training.stderr
 
 
 def test_drain_of_a_ps_host_moves_its_ps_and_loses_no_step(fault_cluster):

@@ -343,3 +343,40 @@ def test_status_says_what_the_supervisor_says_now_while_the_job_runs():
         job = JobProgress(id=1, job="mnist", mode="async", state=state, message=said)
         render_status(Console(file=out, width=300), "c", "async", "up", [], job=job)
         assert (said in out.getvalue()) is shown, out.getvalue()
+
+
+def test_a_ps_that_ends_or_a_ps_host_lost_starts_a_standby_for_the_chiefs_restart(tmp_path, monkeypatch):
+    """Issue 41's pause after a ps fault: the chief restarts next, so a standby for it imports
+    TensorFlow while the job waits (up to --host-timeout for a lost host), not in the restart's
+    pause. Async only, once: not when the chief has a standby already, not for a worker."""
+    from cluster.supervision import train_job as train_job_module
+
+    started: list[list[str]] = []
+
+    def fake_start(writer, pool, plan, secrets, tasks):
+        started.append(list(tasks))
+        return {"chief:0": object()}, []
+
+    monkeypatch.setattr(train_job_module, "start_standbys", fake_start)
+    inventory = tmp_path / "two.yaml"
+    inventory.write_text(TWO_HOSTS.replace("ps: {hosts: {h1: {ansible_host: 127.0.0.1}}}",
+                                           "ps: {hosts: {h2: {ansible_host: 127.0.0.2}}}"))
+    sup = idle_supervisor(tmp_path, name="ahead", mode="async", inventory=inventory)
+
+    def ended(name):
+        task = sup.plan.task(name)
+        return SimpleNamespace(task=task, kind=ProcessKind.SERVER if task.standing else ProcessKind.TRAIN)
+    sup.kind.on_exit(sup, ended("worker:0"), 100.0)
+    assert started == []
+    sup.kind.on_exit(sup, ended("ps:0"), 100.0)
+    assert started == [["chief:0"]]
+    assert any("ps:0 ended: a standby for chief:0" in e.data.get("text", "") for e in sup.reporter.of("message"))
+    # h2 (ps:0's host) stops answering: told once per loss
+    sup.links = {"h2": SimpleNamespace(lost_since=95.0)}
+    sup.kind.tell_lost(sup)
+    sup.kind.tell_lost(sup)
+    assert started == [["chief:0"], ["chief:0"]]
+    # the chief has a standby already: none started
+    monkeypatch.setattr(type(sup.state), "standby", lambda self, name: object())
+    sup.kind.on_exit(sup, ended("ps:0"), 100.0)
+    assert len(started) == 2
