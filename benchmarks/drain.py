@@ -156,7 +156,7 @@ def summarize(row: dict[str, Any], report: dict[str, Any], progress: list[tuple[
     checkpointed = _CHECKPOINTED.search(said)
     own = _DRAINED_IN.search(said)
     row["drain_own_s"] = float(own.group(1)) if own else None      # its own count, the CLI's start left out
-    if row["role"] == "chief":
+    if row["role"] == "chief" or (row["drain_rc"] == 1 and checkpointed):     # (a ps whose move failed too)
         row["outcome"] = ("checkpoint instead" if row["drain_rc"] == 1 and checkpointed
                           else f"drain exit {row['drain_rc']}")
         row["checkpoint_step"] = int(checkpointed.group(1)) if checkpointed else None
@@ -262,7 +262,7 @@ def table(rows: list[dict[str, Any]]) -> list[list[str]]:
             counts[row.get("outcome", "?")] = counts.get(row.get("outcome", "?"), 0) + 1
         drains = [row["drain_s"] for row in group if "drain_s" in row]
         accuracy = [row["accuracy"] for row in group if row.get("accuracy") is not None]
-        if role == "chief":
+        if all(r.get("outcome") == "checkpoint instead" or r["role"] == "chief" for r in group):
             within = f"{sum(bool(r.get('checkpoint_in_deadline')) for r in group)}/{len(group)} checkpointed"
         else:
             within = f"{sum(bool(r.get('before_deadline')) for r in group)}/{len(group)}"
