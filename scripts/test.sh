@@ -72,21 +72,38 @@ faults() {
   echo "$rc" > runs/lane-faults.rc
 }
 # The hosts lane: the Docker tests first (their engine is stopped after the last of them:
-# tests/docker/conftest.py), then everything else that builds hosts.
+# tests/docker/conftest.py), then the SSH lab's tests.
 hosts() {
   lane docker 1 tests/docker
   touch runs/docker.done
-  lane hosts 1 tests/lab tests/faults
+  lane hosts 1 tests/lab
 }
-# The fault benchmark's short form and the Slurm tests float: each goes to whichever of the two
-# lanes is free first (mkdir is the claim), once the Docker tests are done. Which lane ends first
-# differs from machine to machine (CI's last run: local 15.8 min, Docker + hosts 21.8; the run
-# before, here: 20.8 and 23.8), so a fixed split left one lane idle for minutes.
-floating() {     # floating INDEX: the floating parts this lane claims, the longest first
-  local index=$1
+# The fault benchmark's short form, the Slurm tests and each file of tests/faults float: each goes
+# to whichever of the two lanes is free first (mkdir is the claim), once the Docker tests are done,
+# the longest first. Which lane ends first differs from machine to machine (CI's run of 6a56567:
+# local 15.8 min, Docker + hosts 21.8; the clean clone of the same commit here: 20.8 and 23.8), so
+# a fixed split left one lane idle for minutes; parts of 1.5-3.5 minutes end the two lanes within
+# about a minute of each other (twentieth session; pytest starts in under a second).
+floats=(faults-cluster faults slurm faults-sync)
+for file in tests/faults/test_*.py; do
+  part=faults-$(basename "$file" .py | sed 's/^test_//; s/_faults$//')
+  [[ " ${floats[*]} " == *" $part "* ]] || floats+=("$part")
+done
+float_part() {   # float_part NAME INDEX: run one floating part in lane INDEX
+  case "$1" in
+    faults) faults ;;
+    slurm) lane slurm "$2" tests/slurm ;;
+    faults-*) local file=tests/faults/test_${1#faults-}_faults.py
+              [ -e "$file" ] || file=tests/faults/test_${1#faults-}.py
+              lane "$1" "$2" "$file" ;;
+  esac
+}
+floating() {     # floating INDEX: the floating parts this lane claims, in the order of $floats
+  local index=$1 part
   while [ ! -e runs/docker.done ] && { [ -z "${hosts_pid:-}" ] || kill -0 "$hosts_pid" 2>/dev/null; }; do sleep 1; done
-  if mkdir runs/claim-faults 2>/dev/null; then faults; fi
-  if mkdir runs/claim-slurm 2>/dev/null; then lane slurm "$index" tests/slurm; fi
+  for part in "${floats[@]}"; do
+    if mkdir "runs/claim-$part" 2>/dev/null; then float_part "$part" "$index"; fi
+  done
 }
 # Ctrl-C reaches every pytest (tests/conftest.py gives them SIGINT's default back).
 lane unit "" -n 2 tests/unit     # no lane index: each xdist worker takes its own range (gw0, gw1)
@@ -101,7 +118,7 @@ else
   wait
 fi
 status=0
-for name in unit local docker hosts slurm faults; do
+for name in unit local docker hosts "${floats[@]}"; do
   if [ "$lanes" != 1 ] && [ "$name" != unit ]; then
     echo "=================================== lane $name ==================================="
     cat "runs/lane-$name.log"
@@ -110,6 +127,7 @@ for name in unit local docker hosts slurm faults; do
 done
 echo "==================================================================================="
 xmls=(runs/suite-unit.xml runs/suite-local.xml runs/suite-docker.xml runs/suite-hosts.xml runs/suite-slurm.xml)
+for part in "${floats[@]}"; do [[ $part != faults-* ]] || xmls+=("runs/suite-$part.xml"); done
 .venv/bin/python scripts/suite_times.py "${xmls[@]}" || status=1
 .venv/bin/python scripts/suite_times.py --summary "${xmls[@]}" || status=1
 exit "$status"

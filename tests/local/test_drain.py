@@ -12,7 +12,7 @@ the ps on ``main``, a worker on each of w1-w4. While the job trains:
   started): w3 is drained in place;
 * draining w4, the last worker left, is refused (exit 2).
 
-The job finishes its step budget with w4, with nothing restored or restarted; the ``resized``
+The job trains on with w4, with nothing restored or restarted (then `stop-job`); the ``resized``
 events (also to --notify-cmd) say ``drain w1``, ``drain w2``, ``drain w3``, and status shows the
 hosts drained. (One job for both: each test of its own brought up TensorFlow for ~70 s.)
 """
@@ -36,7 +36,7 @@ from tests.local.test_resize import cli, state_of, wait_for_steps
 from testbed.procs import cluster_pids
 
 pytestmark = pytest.mark.tf
-STEPS = 6000     # 30-60 s at the MLP's pace here: the three drains (from step 100 on) land well before the end
+STEPS = 1000000   # never reached: the job is stopped by state once w4 trained on alone (issue 47)
 
 
 def async_inventory(path, workers):
@@ -141,19 +141,24 @@ def test_drain_and_notices_each_take_one_host_out_in_place_and_lose_no_step(tmp_
                        lambda s: s.get("drained") == {"w1": "drained", "w2": "drained", "w3": "drained"})
             last = cli(state_dir, "drain", "w4", "--name", name)        # the last worker left: refused
             assert last.returncode == 2 and "no worker" in last.stderr, last.stderr
-            out, _ = train.communicate(timeout=300)
+            alone = wait_state(state_dir, name, train, "w4 training alone",
+                               lambda s: set((s["job"].get("watch_pids") or {})) == {"main", "w4"})
+            wait_for_steps(state_dir, name, train, alone["job"]["step"] + 200)
+            stop = cli(state_dir, "stop-job", "--name", name)
+            assert stop.returncode == 0, stop.stderr
+            train.communicate(timeout=300)
         finally:
             if train.poll() is None:
                 train.kill()
                 train.wait()
         err = err_path.read_text()
-        assert train.returncode == 0, err[-4000:]
-        report = json.loads(out)
+        assert train.returncode == 143, err[-4000:]      # stop-job SIGTERMs an attached train
         state = state_of(state_dir, name)
+        assert state["job"]["state"] == "stopped", state["job"]
         drained = {"w1": "drained", "w2": "drained", "w3": "drained"}
         assert state["drained"] == drained, state["drained"]
         assert not state["job"].get("restored_step") and not state["job"].get("restarts"), state["job"]
-        assert report["global_step"] >= STEPS, report
+        assert state["job"]["step"] >= alone["job"]["step"] + 200, state["job"]
         assert not [r for r in state["processes"] if r["host"] in drained and not r.get("stopped")]
         status = json.loads(cli(state_dir, "status", "--name", name, "--json").stdout)
         assert status["drained"] == drained

@@ -223,16 +223,20 @@ def kill_and_resume_from_a_snapshot(name: str, state_dir, task: str, kind: str) 
     assert train.returncode == 130, err[-3000:]
 
 
+@pytest.mark.extended
 def test_a_killed_ps_costs_at_most_one_snapshot_interval(async_cluster):
-    """Issue 41, item 3: async, the chief saves every 2 s while training goes on (no drain; its
+    """Extended since issue 47: CI's fault short form (benchmarks/faults.py --ci) kills a ps after
+    the job's first save and holds the restore to it. Issue 41, item 3: async, the chief saves every 2 s while training goes on (no drain; its
     checkpoint events fall between the `--checkpoint-every` boundaries). ps:0 is killed: the
     supervisor restarts it and the chief, which resumes from the newest snapshot."""
     name, state_dir = async_cluster
     kill_and_resume_from_a_snapshot(name, state_dir, "ps:0", "server")
 
 
+@pytest.mark.extended
 def test_a_killed_sync_worker_costs_at_most_one_snapshot_interval(sync_cluster):
-    """Issue 41, item 4: sync, every worker saves after the same step when the chief's clock
+    """Extended since issue 47: CI's fault short form kills a sync worker after the first save and
+    holds the restore to it. Issue 41, item 4: sync, every worker saves after the same step when the chief's clock
     says so (the flag rides on the all-reduce each unit has). worker:1 is killed: the group is
     relaunched and resumes from the newest snapshot."""
     name, state_dir = sync_cluster
