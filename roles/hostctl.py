@@ -12,6 +12,7 @@ nothing secret is on a command line); the answer is one JSON object on stdout. O
             to ``<log>.exit`` when it ends, and stays until every descendant is gone (so a
             descendant that left the session is still found by ``stop``). A start whose token a
             ``stop`` cancelled first (``<log>.cancel``) does not start anything.
+``start_many``  several ``start``s in one call (one call per host and ``up``, not one per task).
 ``adopt``   a ``start`` handed to a standby (roles/standby.py) that already imported TensorFlow:
             its request goes through the standby's FIFO, and the standby's process becomes the
             task; or "declined", and the caller starts the task afresh.
@@ -22,8 +23,17 @@ nothing secret is on a command line); the answer is one JSON object on stdout. O
             period, freeze and SIGKILL what is left, verify; each (pid, start time) is checked
             before it is signalled. A record whose start has not written its pid file yet is
             cancelled under the start's lock instead, so that start never spawns.
+``signal``  one signal to recorded tasks (every process of each) or to single task processes
+            (fault tests, Ctrl-C).
+``tell``    hand a running trainer a request (roles/membership.py): JSON in ``<events>.membership``.
 ``read``    bytes of a file from an offset (logs, event files).
+``find``    files under a folder whose name contains a string (a run's TensorBoard event files).
 ``hashes``  sha256 of files under a directory (code sync sends only what changed).
+``remove``  unlink files (the pid files of stopped tasks); ``remove_job_dirs``: a finished job's folders, nothing else.
+``fsid``    the id of the filesystem under the workdir (which hosts share a home).
+``listen``, ``connect``, ``unlisten``  the host-to-host reach check: short-lived listeners on the
+            planned ports, TCP connections to others', the listeners ended.
+``addresses``  this host's interface addresses but loopback (firewall members).
 ``program`` what ``run`` checks before a program starts: its files, its PATH, the modules it
             imports (``importlib.util.find_spec`` from its folder), tf-keras for legacy Keras.
 ``nft``     apply or delete an nftables ruleset (the firewall feature).

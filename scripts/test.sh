@@ -11,8 +11,8 @@
 #
 # The unit tests run first, on two xdist workers (they wait more than they compute). The rest
 # runs in two lanes (docs/testing.md): "local" (tests/local) and "hosts" (tests/docker, then
-# tests/lab, tests/faults: everything that builds hosts; a Docker engine must not meet a lab's
-# bridges); tests/slurm and the fault benchmark go to whichever lane is free first (floating). By default the two lanes run at once: since standing servers load only
+# tests/lab: a Docker engine must not meet a lab's bridges); tests/slurm, the fault benchmark and
+# each file of tests/faults go to whichever lane is free first (floating). By default the two lanes run at once: since standing servers load only
 # TensorFlow's server modules the suite left a third of 2 cores idle (68 % busy, one lane after
 # the other), and a clean-clone .ci/run took 26.2 min with the lanes at once against 31.4 one
 # after the other (docs/testing.md). PSCLUSTER_TEST_LANES=1 runs them one after the other. As

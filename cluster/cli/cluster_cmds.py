@@ -267,8 +267,10 @@ def _stop_job_before_down(env: Env, name: str, reporter, grace: float, stop_runn
 def scale(env: Env, inventory: str, name: str | None, port_base: int | None, limit: str | None,
           allow_busy_gpus: bool, keep_global_batch: bool, timeout: float) -> None:
     """Resize a cluster that is up to the edited INVENTORY: tasks of new hosts start, tasks of
-    removed hosts stop, the rest stays. A running 'train' job checkpoints, and its training
-    processes start again from there at the new size (see README 'A cluster that changes')."""
+    removed hosts stop, the rest stays. A running async 'train' job changes in place when workers
+    are added after the last or the last ones removed (its chief takes them between two closures:
+    no step lost); any other change checkpoints the job, and its training processes start again
+    from there at the new size (see README 'A cluster that changes')."""
     from ..lifecycle.resize import pin_inventory, scale_cluster
     resolved = env.store.resolve_name(name)
     state = _existing(env, resolved)

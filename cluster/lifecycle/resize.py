@@ -8,15 +8,19 @@ which stay; :func:`check_resize` refuses what cannot be done, before anything ch
 Carrying the diff out (:func:`apply_plan`) is the same with or without a job: stop the servers and
 standbys of the tasks that stop, record the new plan, sync the code to new hosts, start the new
 standing servers and wait until they answer, start the standbys the new plan wants (not under a
-running job: its relaunch takes the standbys that are there, and the job leaves new ones after). With a live
-``train`` job its supervisor does it between two turns of its loop (cluster/supervision/train_resize.py
-``Resizer.resize``): new servers that need no port of the old plan start while the job still
-trains (:func:`early_servers`), then the job checkpoints (every mode: cluster/supervision/jobstop.py), its processes
-stop, the plan changes, and the training processes start again from that checkpoint at the new
-size (``--resume``). TensorFlow 2.21 cannot change a running ClusterCoordinator's workers in place
-(``ClusterCoordinator`` builds its worker list once, from the strategy's cluster resolver, and
-``context.update_server_def`` only serves a new coordinator), so async mode restarts the chief
-too; the standing servers that stay are not touched.
+running job: its relaunch takes the standbys that are there, and the job leaves new ones after).
+With a live ``train`` job its supervisor does it between two turns of its loop
+(cluster/supervision/train_resize.py ``Resizer.resize``). **Async** jobs change **in place** where
+the chief can (:func:`in_place`: workers added after the last one, or the last ones removed): the
+running chief takes the new cluster between two closures (roles/membership.py ``apply_change``, the
+same ps), so nothing is restored and no step is lost; a drained or dropped-out worker leaves in
+place at any index (its number stays, out of the chief's list: supervision/core.py ``drop_out``).
+Any other async change (a worker renumbered, a ps moved) and every **sync** change go through a
+checkpoint: new servers that need no port of the old plan start while the job still trains
+(:func:`early_servers`), then the job checkpoints (cluster/supervision/jobstop.py), its processes
+stop, the plan changes, and the training processes start again from that checkpoint at the new size
+(``--resume``); the standing servers that stay are not touched. (A planned ps move, as a drain of a
+ps host, checkpoints first: supervision/train_resize.py ``_move_ps``.)
 """
 from __future__ import annotations
 

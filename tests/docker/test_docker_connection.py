@@ -39,7 +39,7 @@ def inventory(path, hosts: dict, **extra) -> str:
     lines = ["all:", "  vars:", "    ansible_connection: community.docker.docker",
              f"    ansible_user: {extra.pop('ansible_user', 'pscluster')}",
              f"    pscluster_python: {extra.pop('python', NODE_PYTHON)}", "    pscluster_workdir: ~/work",
-             "    pscluster_env: {OMP_NUM_THREADS: 1}"]
+             "    pscluster_env: {OMP_NUM_THREADS: 1, MNIST_MODEL: mlp}"]   # accuracy is compose's subject
     lines += [f"    {key}: {value}" for key, value in extra.items()]
     lines += ["  children:", f"    chief: {{hosts: {{{first}: }}}}"]
     described = ", ".join(f"{name}: {{ansible_host: {container}}}" if container != name else f"{name}: "
@@ -60,10 +60,12 @@ def test_up_train_run_logs_status_down_through_docker_exec(engine, nodes, tmp_pa
         synced = docker(engine, "exec", "--user", "pscluster", NODES[1], "cat", "/home/pscluster/work/roles/hostctl.py")
         assert synced == (dockerlab.REPO / "roles" / "hostctl.py").read_text()
 
-        train = pscluster(engine, state, "train", "distributed_mnist", "--name", "exec", "--epochs", "1", "--json")
+        # The MLP for 300 steps (issue 47: the CNN's epoch was 469 steps of the lane's time; 98.5 %
+        # after a whole run is tests/docker/test_compose_lab.py's subject).
+        train = pscluster(engine, state, "train", "distributed_mnist", "--name", "exec", "--steps", "300", "--json")
         assert train.returncode == 0, train.stderr[-3000:]
         report = final_report(train.stdout)
-        assert report["val_accuracy"] >= 0.97 and report["global_step"] >= 469, report
+        assert report["val_accuracy"] >= 0.90 and report["global_step"] == 300, report
 
         # The user's own program on the cluster that is up (its chief), from a project folder.
         project = tmp_path / "project"

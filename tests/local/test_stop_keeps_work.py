@@ -75,14 +75,21 @@ def latest_checkpoint_step(ckpt) -> int:
     return int(line.split("ckpt-")[-1].strip().strip('"'))
 
 
-def resumed_step(state_dir, name, ckpt, mode) -> int:
-    """Bring the cluster up again and resume for one step; the step the job restored."""
+MORE = 40          # steps the resumed job trains past the step it restored
+
+
+def resumed_step(state_dir, name, ckpt, mode, saved: int) -> int:
+    """Bring the cluster up again and resume from ``saved`` for MORE steps (it goes on from there:
+    the proof tests/local/test_training.py's resume test gave apart, issue 47); the step the job
+    restored."""
     up = cli(state_dir, "up", LOCAL, "--name", name, "--mode", mode, "--port-base", port_base())
     assert up.returncode == 0, up.stderr
-    out = cli(state_dir, "train", "distributed_mnist", "--name", name, "--resume", "--steps", "1",
+    out = cli(state_dir, "train", "distributed_mnist", "--name", name, "--resume", "--steps", str(saved + MORE),
               "--checkpoint-dir", str(ckpt), "--json")
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)["restored_step"]
+    report = json.loads(out.stdout)
+    assert report["global_step"] == saved + MORE, report
+    return report["restored_step"]
 
 
 @contextlib.contextmanager
@@ -124,7 +131,7 @@ def test_down_mid_train_checkpoints_first_and_resume_redoes_no_step(tmp_path, mo
         assert latest_checkpoint_step(ckpt) == saved
         assert not cluster_pids(name), "down left processes running"
         # The trainer stops at the step it saves: resuming there redoes nothing it had trained.
-        assert resumed_step(state_dir, name, ckpt, mode) == saved
+        assert resumed_step(state_dir, name, ckpt, mode, saved) == saved
 
 
 def test_down_checkpoints_a_job_whose_supervisor_is_gone(tmp_path):

@@ -115,7 +115,10 @@ def test_a_user_job_file_trains(async_cluster, tmp_path):
     assert report["val_accuracy"] >= 0.9
 
 
+@pytest.mark.extended
 def test_resume_continues_from_the_checkpoint(async_cluster, tmp_path):
+    """Extended since issue 47: tests/local/test_stop_keeps_work.py's `down` mid-train resumes
+    from the checkpoint it saved and trains on to its budget (async)."""
     name, state_dir = async_cluster
     checkpoints = tmp_path / "ckpt"
     first = run_json(["train", "distributed_mnist", "--name", name, "--steps", 100, "--checkpoint-dir", checkpoints],
