@@ -11,6 +11,12 @@ secrets it takes from the environment, :func:`run`), ``options`` (option types a
 shared by several commands), and one module per family of commands: ``cluster_cmds`` (plan,
 check, up, status, down, scale, tensorboard), ``job_cmds`` (train, run, attach, stop-job,
 supervise), ``history_cmds`` (logs, runs, clean), ``study_cmds`` (export, bench).
+
+Why the commands import inside their functions (about 80 ``from ..x import y`` lines in this
+package): start-up time. Each command loads only the rooms it uses; importing every command's
+modules at the top made ``pscluster --help`` take 0.81-0.89 s against 0.60-0.69 s (three runs
+each, 2026-12-03, this project's 2-core machine with the suite running beside), and every
+``status`` or ``logs`` would pay it. matplotlib (``bench --plot``) is heavier still.
 """
 from __future__ import annotations
 

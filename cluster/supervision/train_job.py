@@ -30,7 +30,7 @@ import signal
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 from ..hosts import hostops
 from ..hosts.codesync import needs_sync, sync_code, sync_files
@@ -380,9 +380,10 @@ class TrainJob(JobKind):
         for event in tail.feed(chunk):
             self.on_event(ex, watched, event, now)
 
-    # complexity 22 (C901 allows 15): one dispatch over the trainer's event kinds, each branch a few
-    # lines; a table of handlers is the next step (issue 43), not done yet.
-    def on_event(self, ex: JobExecutor[Any], watched: Watched, event: dict[str, Any], now: float) -> None:  # noqa: C901
+    def on_event(self, ex: JobExecutor[Any], watched: Watched, event: dict[str, Any], now: float) -> None:
+        """One event of a trainer's events file: ``waiting`` and ``worker`` (the async chief's, not
+        progress) first, then any other event counts as a sign of life and goes to its handler
+        (``EVENT_HANDLERS``); an event of no known kind only counts as a sign of life."""
         kind = event.get("event")
         is_leader = watched.task.name == self.leader.name
         if kind == "waiting":       # the async chief waits on a closure (roles/closures.py): not progress
@@ -400,50 +401,80 @@ class TrainJob(JobKind):
             self.waiting_on, self.stall_shown = None, False
             ex.set_job(stalled_since=None, waiting_on=None)
             ex.reporter.emit("message", text=f"{self.leader.name} reports progress again")
-        if kind == "start":
-            watched.started = True
-            restored = event.get("restored_step") or 0
-            if is_leader:
-                if self.last_step > restored:
-                    self.steps_redone += self.last_step - restored
-                ex.set_job(steps_total=event.get("steps_total"), restored_step=restored,
-                           global_batch_size=event.get("global_batch_size"))
-                if restored:
-                    ex.reporter.emit("message", text=f"{watched.task.name} resumed from step {restored}")
-        elif kind == "placement" and not self.placement_shown:
-            self.placement_shown = True
-            devices: dict[str, int] = {}
-            for variable in event.get("variables", []):
-                devices[variable.get("device") or "?"] = devices.get(variable.get("device") or "?", 0) + 1
-            shown = ", ".join(f"{count} on {device}" for device, count in sorted(devices.items()))
-            ex.reporter.emit("message", text=f"variables: {shown}")
-        elif kind == "progress":
-            step = event.get("step") or 0
-            info = {"step": step, "epoch": event.get("epoch"), "loss": event.get("loss"),
-                    "examples_per_second": event.get("examples_per_second"),
-                    "rate": (event.get("per_worker") or {}).get(watched.task.name)}     # its own examples/s
-            if is_leader:
-                self.last_step = max(self.last_step, step)
-                self.trained_since_launch = True
-                ex.set_job(state="running", step=step, steps_total=event.get("steps_total"),
-                           epoch=event.get("epoch"), loss=event.get("loss"),
-                           examples_per_second=event.get("examples_per_second"),
-                           per_worker=event.get("per_worker") or None)
-                ex.reporter.emit("job", **ex.job_record())
-            if ex.plan.mode != Mode.ASYNC:
-                ex.reporter.emit("job", worker_progress=(watched.task.name, info))
-        elif kind == "eval" and (is_leader or watched.task.role == "evaluator"):
+        handler = self.EVENT_HANDLERS.get(str(kind))
+        if handler is not None:
+            handler(self, ex, watched, event, now, is_leader)
+
+    def _on_start(self, ex: JobExecutor[Any], watched: Watched, event: dict[str, Any], now: float,
+                  is_leader: bool) -> None:
+        watched.started = True
+        restored = event.get("restored_step") or 0
+        if is_leader:
+            if self.last_step > restored:
+                self.steps_redone += self.last_step - restored
+            ex.set_job(steps_total=event.get("steps_total"), restored_step=restored,
+                       global_batch_size=event.get("global_batch_size"))
+            if restored:
+                ex.reporter.emit("message", text=f"{watched.task.name} resumed from step {restored}")
+
+    def _on_placement(self, ex: JobExecutor[Any], watched: Watched, event: dict[str, Any], now: float,
+                      is_leader: bool) -> None:
+        if self.placement_shown:
+            return
+        self.placement_shown = True
+        devices: dict[str, int] = {}
+        for variable in event.get("variables", []):
+            devices[variable.get("device") or "?"] = devices.get(variable.get("device") or "?", 0) + 1
+        shown = ", ".join(f"{count} on {device}" for device, count in sorted(devices.items()))
+        ex.reporter.emit("message", text=f"variables: {shown}")
+
+    def _on_progress(self, ex: JobExecutor[Any], watched: Watched, event: dict[str, Any], now: float,
+                     is_leader: bool) -> None:
+        step = event.get("step") or 0
+        info = {"step": step, "epoch": event.get("epoch"), "loss": event.get("loss"),
+                "examples_per_second": event.get("examples_per_second"),
+                "rate": (event.get("per_worker") or {}).get(watched.task.name)}     # its own examples/s
+        if is_leader:
+            self.last_step = max(self.last_step, step)
+            self.trained_since_launch = True
+            ex.set_job(state="running", step=step, steps_total=event.get("steps_total"),
+                       epoch=event.get("epoch"), loss=event.get("loss"),
+                       examples_per_second=event.get("examples_per_second"),
+                       per_worker=event.get("per_worker") or None)
+            ex.reporter.emit("job", **ex.job_record())
+        if ex.plan.mode != Mode.ASYNC:
+            ex.reporter.emit("job", worker_progress=(watched.task.name, info))
+
+    def _on_eval(self, ex: JobExecutor[Any], watched: Watched, event: dict[str, Any], now: float,
+                 is_leader: bool) -> None:
+        if is_leader or watched.task.role == "evaluator":
             self.on_eval(ex, watched.task.name, event, now)
-        elif kind == "checkpoint" and is_leader:
+
+    def _on_checkpoint(self, ex: JobExecutor[Any], watched: Watched, event: dict[str, Any], now: float,
+                       is_leader: bool) -> None:
+        if is_leader:
             ex.set_job(checkpoint=event.get("path"), checkpoint_step=event.get("step"))
-        elif kind == "done":
-            watched.done = True
-            if is_leader:
-                self.result = event
-        elif kind == "error":
-            watched.error = event.get("message")
-        elif kind == "membership" and isinstance(event.get("seq"), int):     # the async chief's, a sync worker's
+
+    def _on_done(self, ex: JobExecutor[Any], watched: Watched, event: dict[str, Any], now: float,
+                 is_leader: bool) -> None:
+        watched.done = True
+        if is_leader:
+            self.result = event
+
+    def _on_error(self, ex: JobExecutor[Any], watched: Watched, event: dict[str, Any], now: float,
+                  is_leader: bool) -> None:
+        watched.error = event.get("message")
+
+    def _on_membership(self, ex: JobExecutor[Any], watched: Watched, event: dict[str, Any], now: float,
+                       is_leader: bool) -> None:
+        if isinstance(event.get("seq"), int):     # the async chief's, a sync worker's
             self.resizer.answered(event)
+
+    # The trainer's event kinds (roles/events.py) and what each does to the job (issue 43: a table,
+    # where one dispatch of complexity 22 was).
+    EVENT_HANDLERS: ClassVar[dict[str, Callable[..., None]]] = {
+        "start": _on_start, "placement": _on_placement, "progress": _on_progress, "eval": _on_eval,
+        "checkpoint": _on_checkpoint, "done": _on_done, "error": _on_error, "membership": _on_membership}
 
     def on_worker(self, ex: JobExecutor[Any], event: dict[str, Any]) -> None:
         """Say that the chief trains on without a worker, or took it back (no restart either way)."""

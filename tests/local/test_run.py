@@ -44,7 +44,12 @@ def wait_for(condition, timeout: float, what: str):
 # ----------------------------------------------------------------------------- the three programs (TensorFlow)
 
 @pytest.mark.tf
+@pytest.mark.extended
 def test_tf1_flags_script_one_shot_ends_its_parameter_servers(tmp_path, cleanup):
+    """Extended since issue 47: tests/lab/test_run_lab.py runs the same script one shot on three
+    hosts and checks every fact here (the ps stopped, the workers' exit codes and accuracy, the
+    prefixed output, the cluster gone); ``--on`` runs end to end in test_process_control.py,
+    test_secret_scope.py and test_signals.py."""
     name, state_dir = "run-tf1", tmp_path / "state"
     cleanup(name, state_dir)
     proc = run_cli(["run", LOCAL, "--name", name, "--port-base", port_base(), "--on", "ps,worker", "--json", "--",
