@@ -497,13 +497,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, interrupted)
     seed = args.seed if args.seed is not None else int(time.time())
     rng = random.Random(seed)
-    after_save: set[int] = set()      # the trials (numbers) whose fault waits for the first save
+    after_save: set[str] = set()      # the faults that wait for the job's first save
     if args.ci:
         args.model = "mlp"
         # The restores wait for the first save: each then proves it resumes from the newest save
         # (what tests/local once proved apart, issue 47).
         order = [("async", FAULTS["cut-20s"]), ("async", FAULTS["kill-ps"]), ("sync", FAULTS["kill-worker"])]
-        after_save = {2, 3}
+        after_save = {"kill-ps", "kill-worker"}
     elif args.quick:
         order = [("async", fault) for fault in FAULTS.values() if "async" in fault.modes] + \
             [("sync", FAULTS["cut-20s"]), ("sync", FAULTS["kill-worker"])]
@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
         for number, (mode, fault) in enumerate(order, 1):
             began = time.monotonic()
             row = trial(lab, work, number, mode, fault, rng, args.limit, args.host_timeout, args.model,
-                        after_save=number in after_save)
+                        after_save=fault.name in after_save)
             row["seconds"] = round(time.monotonic() - began)
             rows.append(row)
             with open(record, "a") as handle:

@@ -84,18 +84,20 @@ hosts() {
 # local 15.8 min, Docker + hosts 21.8; the clean clone of the same commit here: 20.8 and 23.8), so
 # a fixed split left one lane idle for minutes; parts of 1.5-3.5 minutes end the two lanes within
 # about a minute of each other (twentieth session; pytest starts in under a second).
-floats=(faults-cluster faults slurm faults-sync)
+declare -A float_file=()     # a floating part of tests/faults -> its file
 for file in tests/faults/test_*.py; do
-  part=faults-$(basename "$file" .py | sed 's/^test_//; s/_faults$//')
+  float_file[faults-$(basename "$file" .py | sed 's/^test_//; s/_faults$//')]=$file
+done
+floats=()
+for part in faults-cluster faults slurm faults-sync "${!float_file[@]}"; do     # the longest first
+  [[ $part != faults-* || -n ${float_file[$part]:-} ]] || continue               # a file that is gone
   [[ " ${floats[*]} " == *" $part "* ]] || floats+=("$part")
 done
 float_part() {   # float_part NAME INDEX: run one floating part in lane INDEX
   case "$1" in
     faults) faults ;;
     slurm) lane slurm "$2" tests/slurm ;;
-    faults-*) local file=tests/faults/test_${1#faults-}_faults.py
-              [ -e "$file" ] || file=tests/faults/test_${1#faults-}.py
-              lane "$1" "$2" "$file" ;;
+    *) lane "$1" "$2" "${float_file[$1]}" ;;
   esac
 }
 floating() {     # floating INDEX: the floating parts this lane claims, in the order of $floats
