@@ -31,6 +31,14 @@ def state_of(state_dir, name: str) -> dict:
         return {}
 
 
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:     # gone, or gone between the open and the read (ESRCH)
+        return False
+
+
 def wait_for(condition, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -326,8 +334,7 @@ def test_ctrl_c_during_a_run_on_an_up_cluster_keeps_the_standing_servers(async_u
     assert proc.returncode == 130, err
     assert [r["task"] for r in programs] == ["chief:0"]             # async: the task without a server
     for record in programs:                                         # the program is gone ...
-        assert not os.path.exists(f"/proc/{record['pid']}") or \
-            open(f"/proc/{record['pid']}/stat").read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        assert not _running(record["pid"]), record
     state = state_of(state_dir, name)
     assert state["phase"] == "up"
     assert all(r["stopped"] for r in state["processes"] if r["kind"] == "run")

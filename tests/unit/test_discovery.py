@@ -35,7 +35,7 @@ def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as handle:
             return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except OSError:     # gone, or gone between the open and the read (ESRCH)
         return False
 
 

@@ -143,7 +143,7 @@ def test_a_command_past_its_timeout_is_stopped_with_what_it_started(tmp_path):
         try:
             with open(f"/proc/{sleeper}/stat") as handle:
                 return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except FileNotFoundError:
+        except OSError:     # gone, or gone between the open and the read (ESRCH)
             return False
     deadline = time.monotonic() + 30
     while running():            # SIGKILL'd: gone once its new parent reaps it
