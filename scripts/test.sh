@@ -9,10 +9,11 @@
 #                                   capability that another test proves; docs/testing.md)
 #   bash scripts/test.sh tests/unit -x    given arguments, one pytest with them
 #
-# The unit tests run first, on two xdist workers (they wait more than they compute). The rest
-# runs in two lanes (docs/testing.md): "local" (tests/local) and "hosts" (tests/docker, then
+# The suite runs in two lanes (docs/testing.md): "local" (tests/local) and "hosts" (the unit
+# tests on two xdist workers, which wait more than they compute, then tests/docker, then
 # tests/lab: a Docker engine must not meet a lab's bridges); tests/slurm, the fault benchmark and
-# each file of tests/faults go to whichever lane is free first (floating). By default the two lanes run at once: since standing servers load only
+# each file of tests/faults go to whichever lane is free first (floating). By default the two
+# lanes run at once: since standing servers load only
 # TensorFlow's server modules the suite left a third of 2 cores idle (68 % busy, one lane after
 # the other), and a clean-clone .ci/run took 26.2 min with the lanes at once against 31.4 one
 # after the other (docs/testing.md). PSCLUSTER_TEST_LANES=1 runs them one after the other. As
@@ -28,7 +29,11 @@ case "${1:-}" in
   --extended) export PSCLUSTER_EXTENDED=1; shift ;;
 esac
 bash scripts/bootstrap.sh test
-export PYTHONDONTWRITEBYTECODE=1
+# Bytecode is cached (__pycache__, ignored by git and by the code sync): with
+# PYTHONDONTWRITEBYTECODE=1, as this machine's environment sets it, every `pscluster` process
+# of the suite compiled the modules it imports from source (`python -m benchmarks.bytecode`:
+# cached, a `pscluster status --help` takes 0.72 of the CPU; docs/testing.md).
+unset PYTHONDONTWRITEBYTECODE
 # Lint and type-check first: seconds, not a run of the suite (configuration in pyproject.toml).
 .venv/bin/ruff check cluster roles tests testbed benchmarks examples scripts
 .venv/bin/mypy
@@ -107,14 +112,18 @@ floating() {     # floating INDEX: the floating parts this lane claims, in the o
     if mkdir "runs/claim-$part" 2>/dev/null; then float_part "$part" "$index"; fi
   done
 }
-# Ctrl-C reaches every pytest (tests/conftest.py gives them SIGINT's default back).
-lane unit "" -n 2 tests/unit     # no lane index: each xdist worker takes its own range (gw0, gw1)
+# Ctrl-C reaches every pytest (tests/conftest.py gives them SIGINT's default back). The unit
+# tests: no lane index, each xdist worker takes a range of its own (gw0, gw1: lanes 2 and 3).
+unit() { PSCLUSTER_TEST_LANE_BASE=2 lane unit "" -n 2 tests/unit; }
 if [ "$lanes" = 1 ]; then
+  unit
   lane local 0 tests/local
   hosts
   floating 1
 else
-  ( hosts; floating 1 ) &
+  # The unit tests beside the local lane, the hosts lane after them: on their own they kept the
+  # two cores about 57 % busy for their 86 s (twenty-first session).
+  ( unit; hosts; floating 1 ) &
   hosts_pid=$!
   ( lane local 0 tests/local; floating 0 ) &
   wait
