@@ -1,24 +1,27 @@
 """`pscluster tensorboard` over real SSH: sync training on two lab hosts, TensorBoard on worker 0's
 host bound to that host's loopback (its own network namespace), answering on the local port
-forwarded over the SSH connection; SIGTERM stops it there."""
+forwarded over the SSH connection; SIGTERM stops it there.
+
+Extended (issue 47): the suite serves TensorBoard through the forward from the async chief's host
+on tests/lab/test_training_lab.py's job; which task writes the summaries in each mode is
+tests/unit's."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import urllib.request
 
 import pytest
 
-from tests.helpers import REPO, assert_no_survivors, cli_argv, cli_env, port_base, run_cli
+from tests.helpers import assert_no_survivors, port_base, run_cli
+from tests.lab.test_training_lab import tensorboard_through_the_forward
 from tests.local.test_tensorboard import read_scalars
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf]
 
 
+@pytest.mark.extended
 def test_tensorboard_on_worker_0s_host_through_the_ssh_forward(tmp_path, make_lab, write_lab_inventory):
     lab = make_lab(2)
-    name, state_dir, port = "lab-tb", tmp_path / "state", port_base() + 15
+    name, state_dir = "lab-tb", tmp_path / "state"
     workdirs = {host: tmp_path / f"work-{host}" for host in ("node-1", "node-2")}
     inventory = write_lab_inventory(lab, tmp_path / "tb.yaml", {
         "worker": {host: {"pscluster_workdir": str(folder)} for host, folder in workdirs.items()}}, {
@@ -38,26 +41,7 @@ def test_tensorboard_on_worker_0s_host_through_the_ssh_forward(tmp_path, make_la
         other = next(host for host in workdirs if host != leader_host)
         assert not (workdirs[other] / ".pscluster" / name / "tensorboard").exists()
 
-        served = subprocess.Popen(cli_argv(["tensorboard", "--name", name, "--port", port]), cwd=REPO,
-                                  env=cli_env(state_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            url = served.stdout.readline().strip()
-            assert url == f"http://127.0.0.1:{port}/", served.stderr.read() if not url else url
-            with urllib.request.urlopen(url + "data/plugin/scalars/tags", timeout=30) as response:
-                assert "loss" in json.load(response)["distributed_mnist"]
-            (record,) = [r for r in json.loads((state_dir / f"{name}.json").read_text())["processes"]
-                         if r["kind"] == "tensorboard"]
-            assert record["host"] == leader_host
-            served.send_signal(signal.SIGTERM)
-            assert served.wait(timeout=60) == 143, served.stderr.read()
-        finally:
-            if served.poll() is None:
-                served.kill()
-        (record,) = [r for r in json.loads((state_dir / f"{name}.json").read_text())["processes"]
-                     if r["kind"] == "tensorboard"]
-        assert record["stopped"]
-        with pytest.raises(OSError):        # the forward went with the command
-            urllib.request.urlopen(url, timeout=5)
+        tensorboard_through_the_forward(name, state_dir, leader_host)
     finally:
         if (state_dir / f"{name}.json").exists():
             run_cli(["down", "--name", name, "--grace", "3"], state_dir=state_dir, timeout=300)

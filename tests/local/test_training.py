@@ -37,20 +37,22 @@ def async_cluster(tmp_path_factory):
     yield from module_cluster(tmp_path_factory, "local-train-async", "async")
 
 
-@pytest.fixture(scope="module")
+# The suite trains once on each of these (the extended tests more): down at once after it, so the
+# standbys its job left (two TensorFlow imports, ~8 CPU-s) do not import while the module goes on.
+@pytest.fixture
 def sync_cluster(tmp_path_factory):
     yield from module_cluster(tmp_path_factory, "local-train-sync", "sync")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def syncps_cluster(tmp_path_factory):
     yield from module_cluster(tmp_path_factory, "local-train-syncps", "sync-ps")
 
 
 @pytest.mark.parametrize("mode", ["async", "sync", "sync-ps"])
 def test_each_mode_trains_distributed_mnist_on_the_local_inventory(request, mode):
-    """Accuracy, the report, the record and the standbys, per mode; the async and sync clusters
-    are the ones the module's other tests train on afterwards."""
+    """Accuracy, the report, the record and the standbys, per mode; the async cluster is the one
+    the module's other tests train on afterwards."""
     name, state_dir = request.getfixturevalue({"sync-ps": "syncps_cluster"}.get(mode, f"{mode}_cluster"))
     report = run_json(["train", "distributed_mnist", "--name", name, "--steps", 200], state_dir=state_dir,
                       timeout=900)

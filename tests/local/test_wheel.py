@@ -24,9 +24,11 @@ def test_the_installed_wheel_trains_from_another_directory(tmp_path):
     dist, venv, home, elsewhere = (tmp_path / d for d in ("dist", "venv", "home", "elsewhere"))
     for folder in (home, elsewhere):
         folder.mkdir()
+    # Built as a user's `pip wheel .` builds it (an isolated build env: pyproject.toml's setuptools);
+    # this venv's pip installs it into a venv made without one (0.2 s against 6.5 with ensurepip).
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(REPO)],
                    check=True, timeout=600, cwd=tmp_path)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     python = venv / "bin" / "python"
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
@@ -40,8 +42,8 @@ def test_the_installed_wheel_trains_from_another_directory(tmp_path):
     with zipfile.ZipFile(wheel) as archive:
         packages = {name.split("/")[0] for name in archive.namelist() if not name.startswith("pscluster-")}
     assert packages == {"cluster", "roles"}, packages
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
-                   check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index",
+                    str(wheel)], check=True, timeout=300)
 
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(HOME=str(home), PSCLUSTER_STATE_DIR=str(tmp_path / "state"), NO_COLOR="1", COLUMNS="200")

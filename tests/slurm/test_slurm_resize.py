@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from .test_slurm import _requeued_batch_job, _wait_gone
+from .test_slurm import REQUEUE_STEPS, _requeued_batch_job, _wait_gone
 
 pytestmark = [pytest.mark.lab, pytest.mark.tf, pytest.mark.slow]
 
@@ -25,7 +25,7 @@ def _node_state(lab, node: str, state: str, *, check: bool = True) -> None:
 
 def test_a_requeue_from_2_to_3_nodes_resumes_at_the_new_size(slurm_lab3, tmp_path):
     lab, third = slurm_lab3, slurm_lab3.nodes[2]
-    name, steps = f"regrow{os.getpid() % 10000}", 2000
+    name, steps = f"regrow{os.getpid() % 10000}", REQUEUE_STEPS
     _node_state(lab, third, "DRAIN")
 
     def warn_and_give_the_node_back(job: str) -> None:

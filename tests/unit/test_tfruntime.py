@@ -2,6 +2,7 @@
 standing server's import leaves Keras out, and ``tf.keras`` still loads it on first use."""
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -28,6 +29,7 @@ print(json.dumps({"loaded_with_tf": loaded, "seconds": seconds, "server": hasatt
 """
 
 
+@functools.cache     # one TensorFlow import per environment (~6 CPU-s each), shared by the tests
 def _probe(**env):
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True, timeout=300,
                          env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(REPO), **env})
