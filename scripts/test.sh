@@ -9,8 +9,8 @@
 #                                   capability that another test proves; docs/testing.md)
 #   bash scripts/test.sh tests/unit -x    given arguments, one pytest with them
 #
-# The suite runs in two lanes (docs/testing.md): "local" (tests/local) and "hosts" (the unit
-# tests on two xdist workers, which wait more than they compute, then tests/docker, then
+# The unit tests run first, on two xdist workers (they wait more than they compute). The rest
+# runs in two lanes (docs/testing.md): "local" (tests/local) and "hosts" (tests/docker, then
 # tests/lab: a Docker engine must not meet a lab's bridges); tests/slurm, the fault benchmark and
 # each file of tests/faults go to whichever lane is free first (floating). By default the two
 # lanes run at once: since standing servers load only
@@ -113,17 +113,15 @@ floating() {     # floating INDEX: the floating parts this lane claims, in the o
   done
 }
 # Ctrl-C reaches every pytest (tests/conftest.py gives them SIGINT's default back). The unit
-# tests: no lane index, each xdist worker takes a range of its own (gw0, gw1: lanes 2 and 3).
-unit() { PSCLUSTER_TEST_LANE_BASE=2 lane unit "" -n 2 tests/unit; }
+# tests first, alone: beside the local lane they took 232 s instead of 86 and slowed it by 0.8
+# min, more than the 86 s they saved (twenty-first session, docs/testing.md).
+lane unit "" -n 2 tests/unit     # no lane index: each xdist worker takes its own range (gw0, gw1)
 if [ "$lanes" = 1 ]; then
-  unit
   lane local 0 tests/local
   hosts
   floating 1
 else
-  # The unit tests beside the local lane, the hosts lane after them: on their own they kept the
-  # two cores about 57 % busy for their 86 s (twenty-first session).
-  ( unit; hosts; floating 1 ) &
+  ( hosts; floating 1 ) &
   hosts_pid=$!
   ( lane local 0 tests/local; floating 0 ) &
   wait

@@ -21,10 +21,9 @@ def port_base() -> int:
     """A distinct port range per test in this session (20 ports each), away from 2222 and below
     Linux's ephemeral range (32768 and up): a port there may be taken at any moment by an
     outgoing connection (seen: ps:1's port held, preflight refused the run). Each lane of
-    scripts/test.sh (``PSCLUSTER_TEST_LANE``) and each pytest-xdist worker (``gw0``, ``gw1``, ...
-    from lane ``PSCLUSTER_TEST_LANE_BASE`` on: the unit lane's, beside the local lane) has a
-    range of its own, so tests running at once never share a port; another session takes a
-    lane from its pid."""
+    scripts/test.sh (``PSCLUSTER_TEST_LANE``) and each pytest-xdist worker (``gw0``, ``gw1``, ...)
+    has a range of its own, so tests running at once never share a port; another session takes
+    a lane from its pid."""
     return 20000 + LANE_PORTS * _lane() + 20 * next(_PORTS) % LANE_PORTS
 
 
@@ -36,8 +35,8 @@ def _lane() -> int:
     if lane.isdigit():
         return int(lane) % 5
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if worker.startswith("gw") and worker[2:].isdigit():      # PSCLUSTER_TEST_LANE_BASE: the first of theirs
-        return (int(os.environ.get("PSCLUSTER_TEST_LANE_BASE", "0") or 0) + int(worker[2:])) % 5
+    if worker.startswith("gw") and worker[2:].isdigit():
+        return int(worker[2:]) % 5
     return os.getpid() % 5
 
 
