@@ -72,7 +72,7 @@ MODELS: dict[str, dict[str, Any]] = {"cnn": {"budget": {"async": 3500, "sync": 2
                                      "mlp": {"budget": {"async": 1500, "sync": 800}, "accuracy": 0.90}}
 HOST_TIMEOUT = 60.0                # train's default --host-timeout
 IN_FLIGHT_STEPS = 2 * 32          # roles/async_driver.py: 2 closures per worker of 32 steps
-SNAPSHOT_EVERY = 15.0             # cluster/supervision/training.py DEFAULT_SNAPSHOT_EVERY
+SNAPSHOT_EVERY = 15.0             # cluster/supervision/train_spec.py DEFAULT_SNAPSHOT_EVERY
 
 
 @dataclass

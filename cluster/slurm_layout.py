@@ -172,7 +172,7 @@ def parse_job_gpus(scontrol_job_detail: str) -> dict[str, tuple[str, ...]]:
 
 
 @dataclass(frozen=True)
-class Layout:
+class SlurmLayout:
     """Role options of ``up --slurm``; None means the documented default."""
 
     ps: int | None = None
@@ -182,7 +182,7 @@ class Layout:
     gpus_per_worker: int = 0
 
 
-def layout_inventory(alloc: Allocation, layout: Layout, *, python: str, workdir: str,
+def layout_inventory(alloc: Allocation, layout: SlurmLayout, *, python: str, workdir: str,
                      mode: str | None = None, port_base: int | None = None) -> dict:
     """The inventory document for ``layout`` on ``alloc`` (raises :class:`SlurmLayoutError`)."""
     count = len(alloc.nodes)
@@ -256,7 +256,7 @@ class BatchJob:
     job: str = "distributed_mnist"
     program: tuple[str, ...] = ()          # `pscluster run` this instead of training
     steps: int | None = None
-    layout: Layout = Layout()
+    layout: SlurmLayout = SlurmLayout()
     time_limit: str | None = None
     partition: str | None = None
     gres: str | None = None
@@ -280,12 +280,12 @@ def batch_shape(cluster: "ClusterPlan") -> dict:
     roles = [task.role for task in cluster.tasks]
     gpus = max((len([gpu for gpu in (task.cuda_visible_devices or "").split(",") if gpu.strip()])
                 for task in workers), default=0)
-    layout = Layout(ps=roles.count("ps"), chief="chief" in roles, workers_per_node=per_host,
+    layout = SlurmLayout(ps=roles.count("ps"), chief="chief" in roles, workers_per_node=per_host,
                     evaluator="evaluator" in roles, gpus_per_worker=gpus)
     return {"nodes": len(cluster.hosts), "workers_per_node": per_host, "layout": layout}
 
 
-def layout_options(layout: Layout) -> list[str]:
+def layout_options(layout: SlurmLayout) -> list[str]:
     """``up --slurm`` options for ``layout`` (only what differs from the defaults)."""
     options: list[str] = []
     if layout.ps is not None:

@@ -11,7 +11,7 @@ Entry points (``python -m roles.X`` from the host's workdir):
 Supporting modules: ``jobs`` (the job API and loader; its docstring is the
 job-author guide), ``plan`` (batch/step/learning-rate arithmetic), ``events`` (the
 JSON-lines contract with the orchestrator), ``reporting`` (progress events),
-``lifecycle`` (guardian process: signals, start deadline), ``checkpoint``,
+``guardian`` (guardian process: signals, start deadline), ``checkpoint``,
 ``datasets``, ``evaluation``, ``syncps_rendezvous``, ``v1_optimizers``, ``tfconfig``,
 ``tfruntime``. Only ``tfruntime``, the drivers and the modules they use import
 TensorFlow, and only after the training process has forked its guardian.

@@ -52,11 +52,11 @@ from roles.checkpoint import (CheckpointKeeper, chief_io_device, make_checkpoint
 from roles.datasets import eval_dataset, sample_batch, train_dataset
 from roles.evaluation import EVAL_BATCH_SIZE, make_evaluator, means
 from roles.jobs import Job, Shard
-from roles.lifecycle import TrainerLink
+from roles.guardian import TrainerLink
 from roles.membership import MembershipRefused, Requests, apply_change, control_path, plan_change
 from roles.settings import StepSchedule, TrainPlan
 from roles.raw_updates import fused_apply, unsupported
-from roles.reporting import FirstStep, ProgressMeter, Reporter, TrainResult, placements_of
+from roles.reporting import FirstStep, ProgressMeter, TaskReporter, TrainResult, placements_of
 from roles.tfconfig import ConfigError, TaskInfo
 
 log = logging.getLogger("pscluster.async")
@@ -110,178 +110,408 @@ def _finished_within(remote: Any, timeout: float) -> bool:
             or getattr(remote, "_values", None) is None)
 
 
-# complexity 66 (C901 allows 15): the async chief's whole loop with its closures (collect, worker
-# loss, warm start, snapshots, finish); issue 43 item 5 makes it an AsyncTrainer with one method
-# each, to be done before the ps move of issue 44 is wired in (roles/psmove.py).
-def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,  # noqa: C901
-        deadline: TrainerLink) -> TrainResult:
-    if task.task_type != "chief":
-        raise ConfigError(f"async mode runs on the chief task only; this is {task.name} "
-                          f"(ps and workers run roles.server)")
-    if task.num_ps < 1:
-        raise ConfigError("async mode needs at least one 'ps' task in TF_CONFIG")
+def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: TaskReporter,
+        link: TrainerLink) -> TrainResult:
+    """Train ``job`` from the chief (roles.train's driver entry point): :class:`AsyncTrainer`."""
+    return AsyncTrainer(job, plan, task, reporter, link).run()
 
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    strategy = tf.distribute.ParameterServerStrategy(resolver)
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
 
-    x0, _ = sample_batch(job, plan.seed)
-    with strategy.scope():
-        model = job.build_model()
-        model(x0, training=False)  # create the variables now, on the ps tasks
-        optimizer = job.optimizer(plan.learning_rate)
-        optimizer.build(model.trainable_variables)
-        # Not optimizer.iterations: Keras 3 increments it with assign(v + 1), a
-        # read-modify-write that loses counts when workers update concurrently (300
-        # scheduled steps showed as 292). tf.Variable.assign_add is one atomic op.
-        step_var = make_step_counter()
+InFlight = tuple[Any, int, float]       # a closure's RemoteValue, its steps, when it was scheduled
 
-    keeper = None
-    restored_step = None
-    if plan.checkpoint_dir:
-        keeper = CheckpointKeeper(make_checkpoint(model, optimizer, step_var),
+
+class AsyncTrainer:
+    """The async chief: the model's variables on the ps tasks, then closures of
+    ``steps_per_execution`` steps scheduled on the workers and collected until the budget is
+    scheduled or a stop is asked for (``link.stop_requested``: SIGTERM or ``--deadline``).
+
+    :meth:`run` is the loop; each turn takes worker news and rejoins (:meth:`take_back`), one
+    membership change of the orchestrator (:meth:`change_membership`), schedules one closure
+    (:meth:`schedule_one`, with the warm start) and collects what it must, then a checkpoint
+    (:meth:`checkpoint_if_due`), a snapshot (:meth:`snapshot_if_due`) and an evaluation when
+    they are due. :meth:`finish` drains, saves and evaluates at the end. Beside the loop, a
+    lookout thread (:meth:`look_out`) reads the orchestrator's requests and watches the
+    closures in flight."""
+
+    def __init__(self, job: Job, plan: TrainPlan, task: TaskInfo, reporter: TaskReporter,
+                 link: TrainerLink) -> None:
+        if task.task_type != "chief":
+            raise ConfigError(f"async mode runs on the chief task only; this is {task.name} "
+                              f"(ps and workers run roles.server)")
+        if task.num_ps < 1:
+            raise ConfigError("async mode needs at least one 'ps' task in TF_CONFIG")
+        self.job, self.plan, self.reporter, self.link = job, plan, reporter, link
+        self.resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        self.strategy = tf.distribute.ParameterServerStrategy(self.resolver)
+        self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
+        self._build_model()
+        self.keeper, self.restored_step = self._restore(task)
+
+        self.requests = Requests(control_path(reporter.writer.path))    # before "start": the orchestrator asks after it
+        reporter.start(self.restored_step)
+        reporter.placement(placements_of(
+            list(self.model.weights) + list(self.optimizer.variables) + [self.step_var]))
+
+        self.workers = plan.workers
+        self.per_worker_iterator = self._per_worker_datasets(self.workers)
+        apply = fused_apply(self.optimizer, self.model.trainable_variables)
+        if apply is None:
+            log.info("optimizer update: Keras' apply_gradients (no fused kernel: %s)",
+                     unsupported(self.optimizer, self.model.trainable_variables))
+        self.train_steps = _make_train_steps(job, plan, self.strategy, self.model, self.optimizer,
+                                             self.step_var, apply)
+        self.evaluator = make_evaluator(job, self.model, read_once=True)
+        _KEEP_UNTIL_EXIT.extend([self.coordinator, self.train_steps, self.evaluator])
+        self.test_data = eval_dataset(job, Shard(0, 1, "test", plan.seed), EVAL_BATCH_SIZE)
+
+        self.meter = ProgressMeter(reporter)
+        self.start_step = int(self.step_var.numpy())
+        self.scheduled = self.start_step
+        self.schedule = StepSchedule(plan, self.start_step)
+        self.in_flight: collections.deque[InFlight] = collections.deque()
+        self.max_in_flight = IN_FLIGHT_PER_WORKER * self.workers
+        self.cluster = self.resolver.cluster_spec().as_dict()
+        self.last_checkpoint = self.keeper.latest() if self.keeper else None
+        self.last_saved_step = -1
+        self.first = FirstStep(link, self.meter)
+        # Steps of the closures collected so far: closures are collected in the order they were
+        # scheduled, so this is the step each one brought the job to (for TensorBoard's points).
+        self.finished = self.start_step
+
+        self.stop_seen: float | None = None      # when the loop first saw the stop request
+        self.last_done = time.monotonic()        # when the last closure was collected
+        self.abandoned = False                   # a stop left closures in flight (see STOP_DRAIN_SECONDS)
+        self.slowest = 0.0                       # the longest a collected closure took from schedule to result
+        # A worker that fails is counted out and its closure runs elsewhere; it comes back when it
+        # answers again (roles/workerloss.py). A closure whose worker vanished without a word never
+        # returns by itself: the watch says which worker the chief waits on, and makes a hung closure
+        # fail so that the worker is counted out (roles/closures.py).
+        workerloss.install()
+        # Training input repeats forever (roles/datasets.py): its end is a worker's broken iterator.
+        self.worker_loss = workerloss.WorkerLoss(self.coordinator, self.cluster.get("worker", []),
+                                                 endless_input=True)
+        self.watch = (closures.ClosureWatch(self.cluster.get("worker", []), reporter.writer.emit,
+                                            busy=self._busy)
+                      if closures.install() else None)
+        self.pending: collections.deque[dict] = collections.deque()    # the orchestrator's requests, for the loop
+        self.checkpoint_due = False
+        self.snapshot_every = plan.snapshot_every or 0.0
+        self.next_snapshot = time.monotonic() + self.snapshot_every
+
+    # --- set-up ------------------------------------------------------------------------
+
+    def _build_model(self) -> None:
+        x0, _ = sample_batch(self.job, self.plan.seed)
+        with self.strategy.scope():
+            self.model = self.job.build_model()
+            self.model(x0, training=False)  # create the variables now, on the ps tasks
+            self.optimizer = self.job.optimizer(self.plan.learning_rate)
+            self.optimizer.build(self.model.trainable_variables)
+            # Not optimizer.iterations: Keras 3 increments it with assign(v + 1), a
+            # read-modify-write that loses counts when workers update concurrently (300
+            # scheduled steps showed as 292). tf.Variable.assign_add is one atomic op.
+            self.step_var = make_step_counter()
+
+    def _restore(self, task: TaskInfo) -> tuple[CheckpointKeeper | None, int | None]:
+        """The chief's checkpoint keeper (None without ``--checkpoint-dir``) and the step it
+        restored (``--resume``), if any."""
+        plan = self.plan
+        if not plan.checkpoint_dir:
+            return None, None
+        keeper = CheckpointKeeper(make_checkpoint(self.model, self.optimizer, self.step_var),
                                   plan.checkpoint_dir,
                                   io_device=chief_io_device(task.task_type, task.task_index))
-        if plan.resume:
-            path = keeper.restore_latest()
-            if path is not None:
-                restored_step = int(step_var.numpy())
-                log.info("restored %s at step %d", path, restored_step)
-            else:
-                log.info("--resume: no checkpoint in %s yet; starting at step 0",
-                         plan.checkpoint_dir)
+        if not plan.resume:
+            return keeper, None
+        path = keeper.restore_latest()
+        if path is None:
+            log.info("--resume: no checkpoint in %s yet; starting at step 0", plan.checkpoint_dir)
+            return keeper, None
+        restored = int(self.step_var.numpy())
+        log.info("restored %s at step %d", path, restored)
+        return keeper, restored
 
-    requests = Requests(control_path(reporter.writer.path))    # before "start": the orchestrator asks after it
-    reporter.start(restored_step)
-    reporter.placement(placements_of(
-        list(model.weights) + list(optimizer.variables) + [step_var]))
+    def _per_worker_datasets(self, count: int) -> Any:
+        job, plan = self.job, self.plan
 
-    def per_worker_datasets(count: int) -> Any:
         def dataset_fn() -> tf.data.Dataset:
             index = tf.distribute.coordinator.experimental_get_current_worker_index()
             shard = Shard(index=index, count=count, split="train", seed=plan.seed)
             return train_dataset(job, shard, plan.worker_batch_size)
 
         began = time.perf_counter()
-        iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
+        iterator = iter(self.coordinator.create_per_worker_dataset(dataset_fn))
         _KEEP_UNTIL_EXIT.append(iterator)
         log.info("per-worker datasets for %d worker(s) created in %.2f s", count, time.perf_counter() - began)
         return iterator
 
-    workers = plan.workers
-    per_worker_iterator = per_worker_datasets(workers)
-    apply = fused_apply(optimizer, model.trainable_variables)
-    if apply is None:
-        log.info("optimizer update: Keras' apply_gradients (no fused kernel: %s)",
-                 unsupported(optimizer, model.trainable_variables))
-    train_steps = _make_train_steps(job, plan, strategy, model, optimizer, step_var, apply)
+    def _busy(self) -> dict[int, float]:
+        """The workers running a closure now, and since when, less those counted out."""
+        return {i: t for i, t in closures.running().items() if i not in self.worker_loss.out()}
 
-    evaluator = make_evaluator(job, model, read_once=True)
-    _KEEP_UNTIL_EXIT.extend([coordinator, train_steps, evaluator])
-    test_data = eval_dataset(job, Shard(0, 1, "test", plan.seed), EVAL_BATCH_SIZE)
+    # --- the loop ----------------------------------------------------------------------
 
-    def evaluate() -> tuple[float | None, float | None]:
-        # On the chief, reading the variables from the ps tasks; queued closures keep
-        # the workers busy meanwhile.
-        step = int(step_var.numpy())
+    def run(self) -> TrainResult:
+        """Schedule and collect closures until the budget or a stop; then :meth:`finish`."""
+        # Stopped after the last drain; a failure ends the process (roles.train), the thread with it.
+        lookout = closures.Lookout(self.look_out, WAIT_SLICE).start()
+        while self.scheduled < self.plan.steps_total and not self.link.stop_requested:
+            self.report_news()
+            self.max_in_flight = IN_FLIGHT_PER_WORKER * self.worker_loss.live(self.workers)
+            if self.take_back():
+                continue        # its news next turn
+            if not self.change_membership() or not self.schedule_one():
+                break
+            reached = self.schedule.reached(self.scheduled)
+            self.checkpoint_due = self.checkpoint_due or reached.checkpoint
+            if not self.checkpoint_if_due():
+                break
+            self.snapshot_if_due()
+            if reached.evaluate:
+                while self.in_flight and not self.first.done:  # no evaluation of the untrained model
+                    if not self.collect_one():
+                        break
+                self.meter.maybe_emit(int(self.step_var.numpy()), force=True)  # the evaluation's line comes with the loss up to it
+                self.evaluate()
+        return self.finish(lookout)
+
+    def take_back(self) -> bool:
+        """Take back the workers counted out that answer again; True if any was."""
+        back = self.worker_loss.rejoin_ready()
+        if not back:
+            return False
         began = time.perf_counter()
-        val_loss, val_accuracy = means(evaluator(test_data).numpy())
+        if self.worker_loss.rejoin(back):
+            log.info("worker(s) %s taken back in %.2f s", back, time.perf_counter() - began)
+        return True
+
+    def change_membership(self) -> bool:
+        """Apply the orchestrator's next membership change, if one waits, between two closures
+        (roles/membership.py); False if a stop left closures in flight while draining for it."""
+        request = self.pending.popleft() if self.pending else None
+        if request is None:
+            return True
+        try:
+            added, removed = plan_change(self.cluster, request.get("cluster"))
+        except MembershipRefused as exc:
+            log.warning("membership change %d refused: %s", request["seq"], exc)
+            self.reporter.writer.emit("membership", seq=request["seq"], refused=str(exc))
+            return True
+        began = time.perf_counter()
+        if not self.drain():         # a leaving worker finishes its closure first
+            return False
+        self.coordinator.join()
+        self.worker_loss.forget(range(len(request["cluster"]["worker"]), self.workers))
+        apply_change(self.strategy, self.coordinator, request["cluster"], added, removed)
+        self.cluster, self.workers = dict(request["cluster"]), len(request["cluster"]["worker"])
+        self.worker_loss.follow(self.coordinator, self.cluster["worker"])
+        if self.watch is not None:
+            self.watch.workers = list(self.cluster["worker"])
+        self.per_worker_iterator = self._per_worker_datasets(self.workers)
+        self.max_in_flight = IN_FLIGHT_PER_WORKER * self.workers
+        self.reporter.writer.emit("membership", seq=request["seq"], workers=self.workers,
+                                  step=int(self.step_var.numpy()), added=len(added), removed=removed,
+                                  seconds=round(time.perf_counter() - began, 3))
+        return True
+
+    def schedule_one(self) -> bool:
+        """Schedule the next closure (in the warm start, after the one before it ended), then
+        collect until fewer than the limit are in flight; False if a stop left closures behind
+        during the warm start's drain."""
+        plan = self.plan
+        n = self.schedule.chunk(self.scheduled)
+        if self.scheduled <= plan.warmup_steps:
+            # Warm start: the previous closure (the last one before the boundary too) ends
+            # before this one is scheduled, so no two run at once. Waiting here rather than
+            # after scheduling lets an evaluation run while the worker trains.
+            if not self.drain():
+                return False
+            if self.start_step < self.scheduled == plan.warmup_steps:   # StepSchedule cuts a chunk there
+                log.info("warm start over at step %d: all %d workers train", self.scheduled, self.workers)
+        began = time.perf_counter()
+        if self.scheduled == self.start_step and self.start_step < plan.warmup_steps:
+            # Warm start: one worker trains; each other worker runs the function for zero
+            # steps, which loads it there, so that all are ready when all train.
+            for _ in range(self.workers - 1):
+                self._send(0)
+            log.info("warm start: steps %d-%d run one closure at a time", self.start_step, plan.warmup_steps)
+        self._send(n)
+        if self.scheduled == self.start_step:
+            log.info("train function traced, first closure scheduled in %.2f s",
+                     time.perf_counter() - began)
+        self.scheduled += n
+        # One closure per worker, then wait for the first: every worker warms up (its
+        # function and input pipeline) at the same time, and the start deadline
+        # measures the cluster, not a queue of work. Only the first closure stays out
+        # of the rates (the others' warm-ups overlap it).
+        if not self.first.done and len(self.in_flight) == self.workers:
+            # The workers are busy with their first closures and the chief would only
+            # wait: trace the evaluation now rather than in the first evaluation.
+            self.evaluator.get_concrete_function(self.test_data)
+        while self.in_flight and (len(self.in_flight) >= self.max_in_flight
+                                  or (not self.first.done and len(self.in_flight) >= self.workers)):
+            if not self.collect_one():
+                break
+        return True
+
+    def _send(self, steps: int) -> None:
+        """Schedule one closure of ``steps`` steps (0: it only loads the function on a worker)."""
+        remote = self.coordinator.schedule(self.train_steps, args=(self.per_worker_iterator, tf.constant(steps)))
+        self.in_flight.append((remote, steps, time.monotonic()))
+
+    def checkpoint_if_due(self) -> bool:
+        """A checkpoint at a consistent step, if one is due and no closure runs late; False if a
+        stop left closures in flight while draining for it."""
+        if not self.checkpoint_due or self.link.stop_requested or self.any_late(time.monotonic()):
+            return True
+        # A checkpoint needs every closure in flight collected (a consistent step). One
+        # running late may be a lost worker's, which returns only once it is cut loose (the
+        # orchestrator's word, or the watch's 20 s or more): the drain gives way once a closure
+        # runs late (closures.waiting_after), the others train on, and the checkpoint waits.
+        if self.drain(until_late=closures.waiting_after(self.slowest)):
+            self.checkpoint_due = False
+            self.coordinator.join()  # a consistent step on disk
+            if self.keeper:
+                self.last_saved_step = int(self.step_var.numpy())
+                self.last_checkpoint = self.keeper.save_and_report(self.last_saved_step, self.reporter) \
+                    or self.last_checkpoint
+            return True
+        return not self.abandoned
+
+    def snapshot_if_due(self) -> None:
+        """A snapshot, saved while the closures in flight keep running (no drain, no join), so it
+        costs the chief the save alone; its step is read first, and the variables it holds may
+        have a few later updates (async training has no one consistent step anyway)."""
+        now = time.monotonic()
+        # Not in the first SNAPSHOT_AFTER_LOSS s after a worker went out: the chief's first save
+        # then waits until TensorFlow's pending ops to the lost worker fail (16-19 s measured,
+        # the chief holding every closure meanwhile); later saves do not.
+        if (not self.keeper or not self.snapshot_every or now < self.next_snapshot or not self.first.done
+                or self.checkpoint_due or self.link.stop_requested or self.any_late(now)
+                or 0.0 < self.worker_loss.out_for() < SNAPSHOT_AFTER_LOSS):
+            return
+        step_now = int(self.step_var.numpy())
+        if step_now > self.last_saved_step:
+            began = time.perf_counter()
+            self.last_saved_step = step_now
+            self.last_checkpoint = self.keeper.save_and_report(step_now, self.reporter) or self.last_checkpoint
+            log.info("snapshot at step %d in %.2f s, training went on", step_now, time.perf_counter() - began)
+        self.next_snapshot = time.monotonic() + self.snapshot_every
+
+    def evaluate(self) -> tuple[float | None, float | None]:
+        """Evaluate on the chief itself, reading the variables from the ps tasks; queued
+        closures keep the workers busy meanwhile."""
+        step = int(self.step_var.numpy())
+        began = time.perf_counter()
+        val_loss, val_accuracy = means(self.evaluator(self.test_data).numpy())
         log.info("evaluated at step %d in %.2f s", step, time.perf_counter() - began)
-        reporter.eval(step, val_loss, val_accuracy)
+        self.reporter.eval(step, val_loss, val_accuracy)
         return val_loss, val_accuracy
 
-    meter = ProgressMeter(reporter)
-    start_step = int(step_var.numpy())
-    scheduled = start_step
-    schedule = StepSchedule(plan, start_step)
-    in_flight: collections.deque[tuple[Any, int, float]] = collections.deque()   # (value, steps, scheduled at)
-    max_in_flight = IN_FLIGHT_PER_WORKER * workers
-    cluster = resolver.cluster_spec().as_dict()
-    last_checkpoint = keeper.latest() if keeper else None
-    last_saved_step = -1
-    first = FirstStep(deadline, meter)
-    # Steps of the closures collected so far: closures are collected in the order they were
-    # scheduled, so this is the step each one brought the job to (for TensorBoard's points).
-    finished = start_step
+    def finish(self, lookout: closures.Lookout) -> TrainResult:
+        """Drain what is in flight, save the final step and evaluate (not after a stop)."""
+        drained = self.drain()
+        lookout.stop()
+        if drained:
+            self.coordinator.join()
+        else:
+            # TensorFlow holds every later write of the chief (a variable's assign, a checkpoint's
+            # SaveV2) behind a closure that waits on an unresponsive worker; reads still pass.
+            # Measured with a frozen worker: the save hung until the stop's grace ran out. So the
+            # chief ends at once, and the job resumes from its last checkpoint.
+            log.warning("%d closure(s) did not finish within %.1f s of the stop (a worker lost or "
+                        "frozen): ending without a checkpoint (TensorFlow would hold the save behind "
+                        "them); the last one is %s", len(self.in_flight), drain_limit(self.slowest),
+                        self.last_checkpoint or "none")
+        self.report_news()
+        self.link.disarm()  # nothing to train (resumed at the budget): still a clean start
+        final_step = int(self.step_var.numpy())
+        self.meter.maybe_emit(final_step, force=True)
+        rate = self.meter.overall_rate()
+        if self.keeper and self.last_saved_step != final_step and not self.abandoned:
+            self.last_checkpoint = self.keeper.save_and_report(final_step, self.reporter) or self.last_checkpoint
+        val_loss, val_accuracy = (None, None) if self.link.stop_requested else self.evaluate()
+        return TrainResult(global_step=final_step, val_loss=val_loss, val_accuracy=val_accuracy,
+                           examples_per_second=rate, checkpoint=self.last_checkpoint,
+                           restored_step=self.restored_step, per_worker=self.meter.overall_per_worker(),
+                           workers=self.workers)
 
-    stop_seen: float | None = None      # when the loop first saw the stop request
-    last_done = time.monotonic()        # when the last closure was collected
-    abandoned = False                   # a stop left closures in flight (see STOP_DRAIN_SECONDS)
-    slowest = 0.0                       # the longest a collected closure took from schedule to result
-    # A worker that fails is counted out and its closure runs elsewhere; it comes back when it
-    # answers again (roles/workerloss.py). A closure whose worker vanished without a word never
-    # returns by itself: the watch says which worker the chief waits on, and makes a hung closure
-    # fail so that the worker is counted out (roles/closures.py).
-    workerloss.install()
-    # Training input repeats forever (roles/datasets.py): its end is a worker's broken iterator.
-    loss = workerloss.WorkerLoss(coordinator, cluster.get("worker", []), endless_input=True)
-    watch = (closures.ClosureWatch(cluster.get("worker", []), reporter.writer.emit,
-                                   busy=lambda: {i: t for i, t in closures.running().items() if i not in loss.out()})
-             if closures.install() else None)
+    # --- beside the loop ---------------------------------------------------------------
 
-    def ready() -> int | None:
-        """The position in ``in_flight`` of a closure that has its result, oldest first."""
-        for position, (remote, _, _) in enumerate(in_flight):
-            if _finished_within(remote, 0):
-                return position
-        return None
-
-    def wait_target(now: float) -> Any:
-        """The closure to wait on for one slice: the oldest one not yet late (a late one may be a
-        lost worker's, while the others keep finishing), else the oldest."""
-        late = closures.waiting_after(slowest)
-        return next((remote for remote, _, sent in in_flight if now - sent <= late), in_flight[0][0])
-
-    pending: collections.deque[dict] = collections.deque()    # the orchestrator's requests, for the loop
-
-    def take_requests() -> None:
+    def take_requests(self) -> None:
         """Read the orchestrator's requests; a lost host's workers are cut loose at once (whatever
         the loop waits on), anything else waits for the loop, between two closures."""
-        request = requests.poll()
+        request = self.requests.poll()
         if request is None:
             return
         if isinstance(request.get("cut"), list):
             addresses = [str(address) for address in request["cut"][:64]]
             shut = sum(closures.cut_connections(address) for address in addresses)
             log.warning("the orchestrator lost %s: %d connection(s) shut", ", ".join(addresses), shut)
-            reporter.writer.emit("membership", seq=request["seq"], cut=shut)
+            self.reporter.writer.emit("membership", seq=request["seq"], cut=shut)
         else:
-            pending.append(request)
+            self.pending.append(request)
 
-    def look_out() -> None:
+    def look_out(self) -> None:
         """Beside the loop (closures.Lookout), once the workers run and until a stop: the
         orchestrator's requests, and the watch of the closures in flight."""
-        if not first.done or deadline.stop_requested:
+        if not self.first.done or self.link.stop_requested:
             return
-        take_requests()
-        if watch is not None:
+        self.take_requests()
+        if self.watch is not None:
             now = time.monotonic()
-            watch.check(now, now - last_done, slowest, finished)
+            self.watch.check(now, now - self.last_done, self.slowest, self.finished)
 
-    def collect_one(until_late: float | None = None) -> bool:
+    def report_news(self) -> None:
+        """An event and a log line for each worker counted out or taken back since the last call."""
+        for what, index, why in self.worker_loss.news():
+            self.reporter.writer.emit("worker", worker=f"worker:{index}", state=what, reason=why,
+                                      step=int(self.step_var.numpy()))
+            log.warning("worker:%d %s%s", index, "is out" if what == "lost" else "is back",
+                        f" ({why})" if why else "")
+
+    # --- collecting closures -----------------------------------------------------------
+
+    def ready(self) -> int | None:
+        """The position in ``in_flight`` of a closure that has its result, oldest first."""
+        for position, (remote, _, _) in enumerate(self.in_flight):
+            if _finished_within(remote, 0):
+                return position
+        return None
+
+    def wait_target(self, now: float) -> Any:
+        """The closure to wait on for one slice: the oldest one not yet late (a late one may be a
+        lost worker's, while the others keep finishing), else the oldest."""
+        late = closures.waiting_after(self.slowest)
+        return next((remote for remote, _, sent in self.in_flight if now - sent <= late), self.in_flight[0][0])
+
+    def any_late(self, now: float) -> bool:
+        """Whether a closure in flight has run past :func:`closures.waiting_after` (a slow or lost
+        worker's)."""
+        late = closures.waiting_after(self.slowest)
+        return self.first.done and any(now - sent > late for _, _, sent in self.in_flight)
+
+    def drain(self, until_late: float | None = None) -> bool:
+        """Collect every closure in flight; False if a stop left some behind (``abandoned``), or
+        with ``until_late``, once one has run that long (:meth:`collect_one`)."""
+        while self.in_flight:
+            if not self.collect_one(until_late):
+                return False
+        return True
+
+    def collect_one(self, until_late: float | None = None) -> bool:
         """Collect one closure in flight, the oldest that has its result: closures finish out of
         order when a worker is slow or lost, and the others' must not wait behind it. False,
         leaving them in flight, once a stop was requested and no closure finished for
         :func:`drain_limit` (a lost worker's: ``abandoned``), or, with ``until_late``, as soon
         as a closure in flight has run that long (a checkpoint's drain gives way)."""
-        nonlocal finished, stop_seen, last_done, abandoned, slowest
-        position = ready()
-        while not abandoned and position is None:
-            now = time.monotonic()
-            if deadline.stop_requested:
-                stop_seen = now if stop_seen is None else stop_seen
-                abandoned = now - max(stop_seen, last_done) > drain_limit(slowest)
-            elif first.done and until_late is not None and any(now - sent > until_late for _, _, sent in in_flight):
-                return False
-            _finished_within(wait_target(now), WAIT_SLICE)
-            position = ready()
-        if abandoned or position is None:
+        position = self._wait_for_one(until_late)
+        if position is None:
             return False
-        remote, n, sent = in_flight[position]
-        del in_flight[position]
-        last_done = time.monotonic()
-        if first.done:      # the first closures wait on the workers' warm-up
-            slowest = max(slowest, last_done - sent)
+        remote, n, sent = self.in_flight[position]
+        del self.in_flight[position]
+        self.last_done = time.monotonic()
+        if self.first.done:      # the first closures wait on the workers' warm-up
+            self.slowest = max(self.slowest, self.last_done - sent)
         try:
             loss, worker = remote.fetch()
         except tf.errors.UnavailableError:
@@ -293,183 +523,41 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,  # noqa: 
                 raise
             log.warning("a closure of %d steps finished on a worker that died before its "
                         "result was copied; its steps count, its loss is lost", n)
-            finished += n
+            self.finished += n
             return True
-        if n == 0:  # a warm start's closure that only loaded the step function
-            return True
-        finished += n
-        counted = first.counts(finished, float(loss))
+        if n:       # 0: a warm start's closure that only loaded the step function
+            self._count(n, float(loss), int(worker))
+        return True
+
+    def _wait_for_one(self, until_late: float | None) -> int | None:
+        """The position of a closure in flight that has its result, waiting in slices; None
+        once the wait is given up (see :meth:`collect_one`)."""
+        position = self.ready()
+        while not self.abandoned and position is None:
+            now = time.monotonic()
+            if self.link.stop_requested:
+                self.stop_seen = now if self.stop_seen is None else self.stop_seen
+                self.abandoned = now - max(self.stop_seen, self.last_done) > drain_limit(self.slowest)
+            elif self.first.done and until_late is not None and any(now - sent > until_late
+                                                                    for _, _, sent in self.in_flight):
+                return None
+            _finished_within(self.wait_target(now), WAIT_SLICE)
+            position = self.ready()
+        return None if self.abandoned else position
+
+    def _count(self, n: int, loss: float, worker: int) -> None:
+        """A collected closure's ``n`` steps into the job's count, its events and the meter."""
+        self.finished += n
+        counted = self.first.counts(self.finished, loss)
         if not counted:
             log.info("first closure returned: the workers run")
-        examples = n * plan.worker_batch_size
-        reporter.trained(finished, n, examples, float(loss), timed=counted)
+        examples = n * self.plan.worker_batch_size
+        self.reporter.trained(self.finished, n, examples, loss, timed=counted)
         if not counted:
-            return True
-        meter.add(n, examples, float(loss), [(f"worker:{int(worker)}", examples)])
-        if meter.due():
-            meter.maybe_emit(int(step_var.numpy()))
-        return True
-
-    def drain(until_late: float | None = None) -> bool:
-        """Collect every closure in flight; False if a stop left some behind (``abandoned``), or
-        with ``until_late``, once one has run that long (:func:`collect_one`)."""
-        while in_flight:
-            if not collect_one(until_late):
-                return False
-        return True
-
-    # deadline.stop_requested (SIGTERM or --deadline): stop scheduling, let what is in
-    # flight finish, save below and skip the final evaluation.
-    def any_late(now: float) -> bool:
-        """Whether a closure in flight has run past :func:`closures.waiting_after` (a slow or lost
-        worker's)."""
-        late = closures.waiting_after(slowest)
-        return first.done and any(now - sent > late for _, _, sent in in_flight)
-
-    checkpoint_due = False
-    snapshot_every = plan.snapshot_every or 0.0
-    next_snapshot = time.monotonic() + snapshot_every
-
-    def report_news() -> None:
-        for what, index, why in loss.news():
-            reporter.writer.emit("worker", worker=f"worker:{index}", state=what, reason=why,
-                                 step=int(step_var.numpy()))
-            log.warning("worker:%d %s%s", index, "is out" if what == "lost" else "is back",
-                        f" ({why})" if why else "")
-
-    # Stopped after the last drain; a failure ends the process (roles.train), the thread with it.
-    lookout = closures.Lookout(look_out, WAIT_SLICE).start()
-    while scheduled < plan.steps_total and not deadline.stop_requested:
-        report_news()
-        max_in_flight = IN_FLIGHT_PER_WORKER * loss.live(workers)
-        back = loss.rejoin_ready()
-        if back:
-            began = time.perf_counter()
-            if loss.rejoin(back):
-                log.info("worker(s) %s taken back in %.2f s", back, time.perf_counter() - began)
-            continue        # its news next turn
-        request = pending.popleft() if pending else None
-        if request is not None:
-            try:
-                added, removed = plan_change(cluster, request.get("cluster"))
-            except MembershipRefused as exc:
-                log.warning("membership change %d refused: %s", request["seq"], exc)
-                reporter.writer.emit("membership", seq=request["seq"], refused=str(exc))
-            else:
-                began = time.perf_counter()
-                if not drain():         # a leaving worker finishes its closure first
-                    break
-                coordinator.join()
-                loss.forget(range(len(request["cluster"]["worker"]), workers))
-                apply_change(strategy, coordinator, request["cluster"], added, removed)
-                cluster, workers = dict(request["cluster"]), len(request["cluster"]["worker"])
-                loss.follow(coordinator, cluster["worker"])
-                if watch is not None:
-                    watch.workers = list(cluster["worker"])
-                per_worker_iterator = per_worker_datasets(workers)
-                max_in_flight = IN_FLIGHT_PER_WORKER * workers
-                reporter.writer.emit("membership", seq=request["seq"], workers=workers,
-                                     step=int(step_var.numpy()), added=len(added), removed=removed,
-                                     seconds=round(time.perf_counter() - began, 3))
-        n = schedule.chunk(scheduled)
-        if scheduled <= plan.warmup_steps:
-            # Warm start: the previous closure (the last one before the boundary too) ends
-            # before this one is scheduled, so no two run at once. Waiting here rather than
-            # after scheduling lets an evaluation run while the worker trains.
-            if not drain():
-                break
-            if start_step < scheduled == plan.warmup_steps:   # StepSchedule cuts a chunk there
-                log.info("warm start over at step %d: all %d workers train", scheduled, workers)
-        began = time.perf_counter()
-        if scheduled == start_step and start_step < plan.warmup_steps:
-            # Warm start: one worker trains; each other worker runs the function for zero
-            # steps, which loads it there, so that all are ready when all train.
-            for _ in range(workers - 1):
-                in_flight.append((coordinator.schedule(
-                    train_steps, args=(per_worker_iterator, tf.constant(0))), 0, time.monotonic()))
-            log.info("warm start: steps %d-%d run one closure at a time", start_step, plan.warmup_steps)
-        remote = coordinator.schedule(train_steps, args=(per_worker_iterator, tf.constant(n)))
-        if scheduled == start_step:
-            log.info("train function traced, first closure scheduled in %.2f s",
-                     time.perf_counter() - began)
-        in_flight.append((remote, n, time.monotonic()))
-        scheduled += n
-        # One closure per worker, then wait for the first: every worker warms up (its
-        # function and input pipeline) at the same time, and the start deadline
-        # measures the cluster, not a queue of work. Only the first closure stays out
-        # of the rates (the others' warm-ups overlap it).
-        if not first.done and len(in_flight) == workers:
-            # The workers are busy with their first closures and the chief would only
-            # wait: trace the evaluation now rather than in the first evaluation.
-            evaluator.get_concrete_function(test_data)
-        while in_flight and (len(in_flight) >= max_in_flight
-                             or (not first.done and len(in_flight) >= workers)):
-            if not collect_one():
-                break
-        reached = schedule.reached(scheduled)
-        checkpoint_due = checkpoint_due or reached.checkpoint
-        if checkpoint_due and not deadline.stop_requested and not any_late(time.monotonic()):
-            # A checkpoint needs every closure in flight collected (a consistent step). One
-            # running late may be a lost worker's, which returns only once it is cut loose (the
-            # orchestrator's word, or the watch's 20 s or more): the drain gives way once a closure
-            # runs late (closures.waiting_after), the others train on, and the checkpoint waits.
-            if drain(until_late=closures.waiting_after(slowest)):
-                checkpoint_due = False
-                coordinator.join()  # a consistent step on disk
-                if keeper:
-                    last_saved_step = int(step_var.numpy())
-                    last_checkpoint = keeper.save_and_report(last_saved_step, reporter) or last_checkpoint
-            elif abandoned:
-                break
-        now = time.monotonic()
-        # Not in the first SNAPSHOT_AFTER_LOSS s after a worker went out: the chief's first save
-        # then waits until TensorFlow's pending ops to the lost worker fail (16-19 s measured,
-        # the chief holding every closure meanwhile); later saves do not.
-        if (keeper and snapshot_every and now >= next_snapshot and first.done and not checkpoint_due
-                and not deadline.stop_requested and not any_late(now)
-                and not 0.0 < loss.out_for() < SNAPSHOT_AFTER_LOSS):
-            # A snapshot: saved while the closures in flight keep running (no drain, no join), so it
-            # costs the chief the save alone; its step is read first, and the variables it holds
-            # may have a few later updates (async training has no one consistent step anyway).
-            step_now = int(step_var.numpy())
-            if step_now > last_saved_step:
-                began = time.perf_counter()
-                last_saved_step = step_now
-                last_checkpoint = keeper.save_and_report(step_now, reporter) or last_checkpoint
-                log.info("snapshot at step %d in %.2f s, training went on", step_now, time.perf_counter() - began)
-            next_snapshot = time.monotonic() + snapshot_every
-        if reached.evaluate:
-            while in_flight and not first.done:  # no evaluation of the untrained model
-                if not collect_one():
-                    break
-            meter.maybe_emit(int(step_var.numpy()), force=True)  # the evaluation's line comes with the loss up to it
-            evaluate()
-    drained = drain()
-    lookout.stop()
-    if drained:
-        coordinator.join()
-    else:
-        # TensorFlow holds every later write of the chief (a variable's assign, a checkpoint's
-        # SaveV2) behind a closure that waits on an unresponsive worker; reads still pass.
-        # Measured with a frozen worker: the save hung until the stop's grace ran out. So the
-        # chief ends at once, and the job resumes from its last checkpoint.
-        log.warning("%d closure(s) did not finish within %.1f s of the stop (a worker lost or "
-                    "frozen): ending without a checkpoint (TensorFlow would hold the save behind "
-                    "them); the last one is %s", len(in_flight), drain_limit(slowest),
-                    last_checkpoint or "none")
-    report_news()
-    deadline.disarm()  # nothing to train (resumed at the budget): still a clean start
-    final_step = int(step_var.numpy())
-    meter.maybe_emit(final_step, force=True)
-    rate = meter.overall_rate()
-
-    if keeper and last_saved_step != final_step and not abandoned:
-        last_checkpoint = keeper.save_and_report(final_step, reporter) or last_checkpoint
-
-    val_loss, val_accuracy = (None, None) if deadline.stop_requested else evaluate()
-    return TrainResult(global_step=final_step, val_loss=val_loss, val_accuracy=val_accuracy,
-                       examples_per_second=rate, checkpoint=last_checkpoint,
-                       restored_step=restored_step, per_worker=meter.overall_per_worker(), workers=workers)
+            return
+        self.meter.add(n, examples, loss, [(f"worker:{worker}", examples)])
+        if self.meter.due():
+            self.meter.maybe_emit(int(self.step_var.numpy()))
 
 
 def _make_train_steps(job: Job, plan: TrainPlan, strategy: Any, model: Any,

@@ -7,7 +7,7 @@ reset ever comes back, and TensorFlow 2.21 sets no gRPC keepalive on these chann
 then never returns, even after the host is back with a new server on the same port, and the
 chief, which collects closures in the order it scheduled them, waits for good (issue 41's hang:
 ``WorkerClosureProcessingLoop-2`` inside ``execute_with_cancellation``, the chief in
-``collect_one``).
+``AsyncTrainer.collect_one``).
 
 What to do with a worker whose call *fails* is roles/workerloss.py's: the closure goes back to
 the queue, another worker runs it, and the failed worker is taken back once it answers. So the

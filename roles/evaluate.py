@@ -122,11 +122,11 @@ def _evaluate_until_done(options: Any, task: TaskInfo, writer: EventWriter, star
     tf = import_tensorflow(threads_from_env())
     from roles.jobs import load_job
     from roles.settings import make_plan
-    from roles.reporting import Reporter
+    from roles.reporting import TaskReporter
 
     job = load_job(options.job)
     plan = make_plan(job, options, workers=task.num_workers)
-    reporter = Reporter(writer, plan, is_chief=True)
+    reporter = TaskReporter(writer, plan, is_chief=True)
     evaluation = GraphEvaluation(job, plan) if options.mode == "sync-ps" else EagerEvaluation(job, plan)
     watch = CheckpointWatch(options.checkpoint_dir, tf.train.latest_checkpoint, include_existing=options.resume)
     summaries = EvalSummaries(tf, os.path.join(options.summary_dir or options.checkpoint_dir, SUMMARY_FOLDER))

@@ -43,7 +43,7 @@ Field meanings:
 * ``error``: ``message`` is the gist (TensorFlow's op-definition stack is left to
   the log), ``exception`` the exception type, or ``Terminated`` / ``StartTimeout`` /
   ``Crashed`` when the guardian process reports for a trainer that could not; ``Stopped``
-  when the trainer checkpointed and ended on SIGTERM (checkpoint on stop, roles/lifecycle.py).
+  when the trainer checkpointed and ended on SIGTERM (checkpoint on stop, roles/guardian.py).
 * ``membership`` (async chief): its answer to the orchestrator's request ``seq`` to change
   the workers in place (roles/membership.py): ``workers`` (the new count), ``step`` (the
   global step then), ``added``, ``removed``, ``seconds`` (the chief's pause), or only

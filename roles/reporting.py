@@ -1,6 +1,6 @@
 """What the drivers report, and when: typed helpers over :class:`EventWriter`.
 
-Drivers call :class:`Reporter` methods instead of writing event dicts, so the field
+Drivers call :class:`TaskReporter` methods instead of writing event dicts, so the field
 sets stay the contract in ``roles/events.py``. :class:`ProgressMeter` turns "this
 worker finished n steps" notifications into one ``progress`` event every
 ``interval`` seconds, with throughput measured over that window.
@@ -42,7 +42,7 @@ class TrainResult:
     workers: int | None = None     # at the end, when workers joined or left in place (roles/membership.py)
 
 
-class Reporter:
+class TaskReporter:
     """Writes this task's events; ``is_chief`` gates the job-level ones. The chief's
     TensorBoard ``summaries`` (roles/summaries.py), if any, hear of every finished unit of
     work (:meth:`trained`) and every evaluation."""
@@ -111,7 +111,7 @@ class ProgressMeter:
     interval is measured together with the window before it.
     """
 
-    def __init__(self, reporter: Reporter, interval: float = PROGRESS_INTERVAL_SECONDS,
+    def __init__(self, reporter: TaskReporter, interval: float = PROGRESS_INTERVAL_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._reporter = reporter
         self._interval = interval
@@ -215,8 +215,8 @@ class FirstStep:
     after it did, not a progress interval later.
     """
 
-    def __init__(self, deadline: Any, meter: ProgressMeter) -> None:
-        self._deadline = deadline
+    def __init__(self, link: Any, meter: ProgressMeter) -> None:
+        self._link = link
         self._meter = meter
         self.done = False
 
@@ -224,7 +224,7 @@ class FirstStep:
         if self.done:
             return True
         self.done = True
-        self._deadline.disarm()
+        self._link.disarm()
         self._meter.restart_clock()
         if step is not None:
             self._meter.first_unit(step, loss)

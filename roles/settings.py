@@ -38,7 +38,7 @@ class TrainerSettings:
 
     The one definition of these settings and their defaults: ``python -m roles.train``'s
     parser takes its defaults from :data:`TRAINER_DEFAULTS`, and ``pscluster train``'s
-    options (``cluster.supervision.training.JobOptions``) extend this class, so both sides agree;
+    options (``cluster.supervision.train_spec.JobOptions``) extend this class, so both sides agree;
     tests/unit/test_train_contract.py checks that the argv the orchestrator builds parses
     back to the same settings. None means the job's own default.
     """

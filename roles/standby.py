@@ -8,7 +8,7 @@ servers); a standby has paid it before anyone asks for a job.
 
 How a job reaches it (``roles/hostctl.py``, operation ``adopt``):
 
-1. At start the standby forks (``lifecycle.fork_trainer``, before TensorFlow is imported):
+1. At start the standby forks (``guardian.fork_trainer``, before TensorFlow is imported):
    the recorded PID stays small and becomes the trainer's guardian, the child imports
    TensorFlow and waits on a pipe. Until a job comes, a termination signal ends both.
 2. hostctl opens the FIFO for writing (nobody reading means no standby: it starts the trainer
@@ -38,7 +38,7 @@ import sys
 import time
 from typing import Any, Mapping, NoReturn, Sequence
 
-from roles import lifecycle, train
+from roles import guardian, train
 from roles.tfconfig import threads_from_env
 from roles.tfruntime import import_tensorflow
 
@@ -172,7 +172,7 @@ def _visible_gpus(tf: Any) -> int | None:
 def _trainer(link_fd: int, request_fd: int, ready: str | None) -> NoReturn:
     """The child: import TensorFlow, say so in ``ready``, wait for the request, run it as
     roles.train does."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, lifecycle.TERMINATION_SIGNALS)   # a stop stops
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, guardian.TERMINATION_SIGNALS)   # a stop stops
     began = time.monotonic()
     tf = import_tensorflow(threads_from_env())
     seconds = time.monotonic() - began
@@ -194,7 +194,7 @@ def _trainer(link_fd: int, request_fd: int, ready: str | None) -> NoReturn:
     if isinstance(prepared, int):       # the guardian-to-be checked it: not expected
         os._exit(prepared)
     options, task = prepared
-    link = lifecycle.become_trainer(link_fd, train.stop_grace_of(options))
+    link = guardian.become_trainer(link_fd, train.stop_grace_of(options))
     train.exit_trainer(options.mode, train.run_trainer(options, task, link, started))
 
 
@@ -221,12 +221,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     loaded = digests(sources)
     _make_fifo(fifo)
     request_r, request_w = os.pipe()
-    child, link_fd = lifecycle.fork_trainer()
+    child, link_fd = guardian.fork_trainer()
     if child == 0:
         os.close(request_w)
         _trainer(link_fd, request_r, os.path.abspath(os.path.expanduser(args.ready)) if args.ready else None)
     os.close(request_r)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, lifecycle.TERMINATION_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, guardian.TERMINATION_SIGNALS)
     while True:
         request, raw = _next_request(fifo)
         if request is None and not raw:
@@ -265,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except BrokenPipeError:
         pass    # the child died meanwhile: the guardian reports its exit like a fresh start's
     os.close(request_w)
-    lifecycle.become_guardian(child, link_fd, options.start_timeout, train.FIRST_STEP,
+    guardian.become_guardian(child, link_fd, options.start_timeout, train.FIRST_STEP,
                               train.guardian_report(options, task), train.stop_grace_of(options))
 
 

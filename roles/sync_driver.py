@@ -44,10 +44,10 @@ from roles.datasets import eval_dataset, sample_batch, train_dataset
 from roles.evaluation import EVAL_BATCH_SIZE, make_evaluator, means
 from roles.handover import release_port, wait_at_gate
 from roles.jobs import Job, Shard
-from roles.lifecycle import TrainerLink
+from roles.guardian import TrainerLink
 from roles.membership import Requests, control_path
 from roles.settings import StepSchedule, TrainPlan
-from roles.reporting import FirstStep, ProgressMeter, Reporter, TrainResult
+from roles.reporting import FirstStep, ProgressMeter, TaskReporter, TrainResult
 from roles.tfconfig import ConfigError, TaskInfo, wait_for_leader
 
 log = logging.getLogger("pscluster.sync")
@@ -113,10 +113,53 @@ def make_strategy(task: TaskInfo, collective_timeout: float) -> Any:
         cluster_resolver=resolver, communication_options=options)
 
 
-# complexity 22 (C901 allows 15): the sync worker's loop; it shares its cadence with the async
-# one, and both split together (issue 43 item 5).
-def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,  # noqa: C901
-        deadline: TrainerLink) -> TrainResult:
+def _restore_on_the_chief(keeper: CheckpointKeeper, is_chief: bool, checkpoint_dir: str | None) -> None:
+    """``--resume``: the chief restores the latest checkpoint (the others get its state next)."""
+    if not is_chief:
+        return
+    path = keeper.restore_latest()
+    if path:
+        log.info("restored %s", path)
+    else:
+        log.info("--resume: no checkpoint in %s yet; starting at step 0", checkpoint_dir)
+
+
+def _pass_gate(gate: str, requests: Requests, link: TrainerLink) -> None:
+    """The next incarnation of a resized job waits here: the checkpoint to restore is written
+    when the previous workers, still training on their established connections, stop."""
+    if not wait_at_gate(gate, requests.poll, lambda: link.stop_requested):
+        raise RuntimeError("stopped while waiting for the previous workers to checkpoint")
+
+
+def _save(keeper: CheckpointKeeper, step: int, reporter: TaskReporter, snapshot: bool) -> str | None:
+    """A checkpoint at ``step`` (``snapshot``: one --snapshot-every asked for, off the schedule)."""
+    began = time.perf_counter()
+    path = keeper.save_and_report(step, reporter)
+    if snapshot:
+        log.info("snapshot at step %d in %.2f s", step, time.perf_counter() - began)
+    return path
+
+
+def _save_last(keeper: CheckpointKeeper, step: int, last_saved: int, reporter: TaskReporter) -> str | None:
+    """The final checkpoint, unless ``step`` was saved already; then the keeper is closed."""
+    path = keeper.save_and_report(step, reporter) if last_saved != step else None
+    keeper.close()
+    return path
+
+
+def _release_if_asked(requests: Requests, task: TaskInfo, reporter: TaskReporter, step: int) -> None:
+    """The orchestrator's "release" (roles/handover.py): the next incarnation takes this
+    worker's port; this one trains on."""
+    request = requests.poll()
+    if request is None or not request.get("release"):
+        return
+    released = release_port(int(task.address.rsplit(":", 1)[1]))
+    log.info("released port %s (%d listener(s)) at step %d", task.address, released, step)
+    reporter.writer.emit("membership", seq=request["seq"], released=released, step=step)
+
+
+def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: TaskReporter,
+        link: TrainerLink) -> TrainResult:
     if task.task_type != "worker":
         raise ConfigError(f"sync mode runs one process per worker task; this is {task.name}")
     is_chief = task.task_index == 0
@@ -172,36 +215,25 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,  # noqa: 
     train_steps.get_concrete_function(iterator, tf.constant(1))
     phases.mark("trace")
     if plan.gate:
-        # The next incarnation of a resized job: the checkpoint to restore is written when the
-        # previous workers, still training on their established connections, stop.
-        if not wait_at_gate(plan.gate, requests.poll, lambda: deadline.stop_requested):
-            raise RuntimeError("stopped while waiting for the previous workers to checkpoint")
+        _pass_gate(plan.gate, requests, link)
         phases.mark("gate")
 
-    keeper = None
+    keeper = (CheckpointKeeper(make_checkpoint(model, optimizer, step_var), plan.checkpoint_dir, keep=is_chief)
+              if plan.checkpoint_dir else None)
     restored_step = None
-    if plan.checkpoint_dir:
-        keeper = CheckpointKeeper(make_checkpoint(model, optimizer, step_var),
-                                  plan.checkpoint_dir, keep=is_chief)
-        if plan.resume:
-            if is_chief:
-                path = keeper.restore_latest()
-                if path:
-                    log.info("restored %s", path)
-                else:
-                    log.info("--resume: no checkpoint in %s yet; starting at step 0",
-                             plan.checkpoint_dir)
-            phases.mark("restore")
-            _copy_from_chief(strategy, state, is_chief, local_replicas)
-            step = int(step_var.numpy())
-            restored_step = step if step > 0 else None
+    if keeper and plan.resume:
+        _restore_on_the_chief(keeper, is_chief, plan.checkpoint_dir)
+        phases.mark("restore")
+        _copy_from_chief(strategy, state, is_chief, local_replicas)
+        step = int(step_var.numpy())
+        restored_step = step if step > 0 else None
     phases.mark("state shared")
     reporter.start(restored_step)
     meter = ProgressMeter(reporter)
     step = int(step_var.numpy())
     last_saved = -1
     last_checkpoint = keeper.latest() if keeper else None
-    first = FirstStep(deadline, meter)
+    first = FirstStep(link, meter)
     # Every worker cuts the budget at the same boundaries: the collectives of a
     # checkpoint or an evaluation must line up across workers.
     schedule = StepSchedule(plan, step)
@@ -219,18 +251,13 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,  # noqa: 
         if phases.open:
             phases.mark("first unit")
         due = bool(is_chief and snapshot_every and time.monotonic() >= next_snapshot)
-        stopping, snapshot_due = agree_on_stop(strategy, deadline, local_replicas, snapshot=due)
+        stopping, snapshot_due = agree_on_stop(strategy, link, local_replicas, snapshot=due)
         counted = first.counts(step, loss)
         if phases.open:
             phases.mark("first agreement")
             log.info("training after %s", phases.summary())
         reporter.trained(step, n, n * plan.global_batch_size, loss, timed=counted)
-        request = requests.poll()
-        if request is not None and request.get("release"):
-            # The next incarnation takes this port (roles/handover.py); this one trains on.
-            released = release_port(int(task.address.rsplit(":", 1)[1]))
-            log.info("released port %s (%d listener(s)) at step %d", task.address, released, step)
-            reporter.writer.emit("membership", seq=request["seq"], released=released, step=step)
+        _release_if_asked(requests, task, reporter, step)
         if counted:
             meter.add(n, n * plan.global_batch_size, loss,
                       [(task.name, n * plan.worker_batch_size)])
@@ -239,25 +266,20 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,  # noqa: 
         if stopping:
             break      # the checkpoint below, at the same step on every worker
         if keeper and (reached.checkpoint or snapshot_due):
-            began = time.perf_counter()
-            last_checkpoint = keeper.save_and_report(step, reporter) or last_checkpoint
+            last_checkpoint = _save(keeper, step, reporter, snapshot=not reached.checkpoint) or last_checkpoint
             last_saved = step
-            if snapshot_due and not reached.checkpoint:
-                log.info("snapshot at step %d in %.2f s", step, time.perf_counter() - began)
             next_snapshot = time.monotonic() + snapshot_every
         if reached.evaluate:
             # The evaluation's line comes with the training loss up to it (a short run
             # would otherwise report one progress event at the end).
             meter.maybe_emit(step, force=True)
             evaluate(step)
-    deadline.disarm()
+    link.disarm()
     step = int(step_var.numpy())
     meter.maybe_emit(step, force=True)
     rate = meter.overall_rate()
-    if keeper and last_saved != step:
-        last_checkpoint = keeper.save_and_report(step, reporter) or last_checkpoint
     if keeper:
-        keeper.close()
+        last_checkpoint = _save_last(keeper, step, last_saved, reporter) or last_checkpoint
 
     val_loss, val_accuracy = (None, None) if stopping else evaluate(step)
     return TrainResult(global_step=step, val_loss=val_loss, val_accuracy=val_accuracy,

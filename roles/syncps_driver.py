@@ -65,9 +65,9 @@ from roles.checkpoint import CHECKPOINT_NAME, MAX_TO_KEEP
 from roles.datasets import eval_dataset, train_dataset
 from roles.evaluation import EVAL_BATCH_SIZE, batch_sums, means
 from roles.jobs import Job, Shard
-from roles.lifecycle import TrainerLink
+from roles.guardian import TrainerLink
 from roles.settings import StepSchedule, TrainPlan
-from roles.reporting import FirstStep, ProgressMeter, Reporter, TrainResult, placements_of
+from roles.reporting import FirstStep, ProgressMeter, TaskReporter, TrainResult, placements_of
 from roles.steptrace import StepTracer
 from roles.syncps_rendezvous import ControlChannel, container_name
 from roles.tfconfig import ConfigError, TaskInfo, threads_from_env
@@ -81,8 +81,8 @@ STOP_GRACE_SECONDS = 2
 FUSED = os.environ.get("PSCLUSTER_SYNCPS_FUSED", "1") != "0"
 
 
-def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
-        deadline: TrainerLink) -> TrainResult:
+def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: TaskReporter,
+        link: TrainerLink) -> TrainResult:
     if task.task_type != "worker":
         raise ConfigError(f"sync-ps mode runs one process per worker task; this is {task.name}")
     if task.num_ps < 1:
@@ -106,12 +106,12 @@ def run(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
     channel = ControlChannel(server.target, workers, config)
     run_id = channel.chief_agree(workers) if is_chief else channel.worker_agree(index)
     log.info("%s: run container %s", task.name, container_name(run_id))
-    return _train(job, plan, task, reporter, deadline, server, config, cluster,
+    return _train(job, plan, task, reporter, link, server, config, cluster,
                   channel, run_id, optimizer_spec)
 
 
-def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
-           deadline: TrainerLink, server: Any, config: Any, cluster: Any,
+def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: TaskReporter,
+           link: TrainerLink, server: Any, config: Any, cluster: Any,
            channel: ControlChannel, run_id: int,
            optimizer_spec: V1OptimizerSpec) -> TrainResult:
     index, workers = task.task_index, plan.workers
@@ -209,17 +209,17 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: Reporter,
             reporter.eval(at_step, val_loss, val_accuracy)
             return val_loss, val_accuracy
 
-        step, rate, per_worker, checkpoint = _loop(plan, task, reporter, deadline, session, loss,
+        step, rate, per_worker, checkpoint = _loop(plan, task, reporter, link, session, loss,
                                                    train_op, batches, step, saver,
                                                    evaluate if is_chief else None)
-        stopped = deadline.stop_requested
+        stopped = link.stop_requested
         val_loss, val_accuracy = evaluate(step) if is_chief and not stopped else (None, None)
     return TrainResult(global_step=step, val_loss=val_loss, val_accuracy=val_accuracy,
                        examples_per_second=rate, checkpoint=checkpoint,
                        restored_step=restored_step, per_worker=per_worker)
 
 
-def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: TrainerLink,
+def _loop(plan: TrainPlan, task: TaskInfo, reporter: TaskReporter, link: TrainerLink,
           session: Any, loss: Any, train_op: Any, batches: "_Feeder", step: int, saver: Any,
           evaluate: Callable[[int], Any] | None
           ) -> tuple[int, float | None, dict[str, float] | None, str | None]:
@@ -237,13 +237,13 @@ def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: Trainer
     checkpoint = None
     last_saved = -1
     schedule = StepSchedule(plan, step)
-    first = FirstStep(deadline, meter)
+    first = FirstStep(link, meter)
     # --snapshot-every: only the chief saves (the variables live on the ps), so its clock alone
     # says when, between two of its steps.
     snapshot_every = plan.snapshot_every or 0.0
     next_snapshot = time.monotonic() + snapshot_every
     # stop_requested (SIGTERM or --deadline): end after this step; the chief saves below.
-    while step < plan.steps_total and not (first.done and deadline.stop_requested):
+    while step < plan.steps_total and not (first.done and link.stop_requested):
         previous = step
         # The first step waits for every worker to arrive: bounded by the start
         # deadline, not by the per-step timeout.
@@ -259,7 +259,7 @@ def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: Trainer
                 loss_value, step = session.run([loss, train_op], feed_dict=feed,
                                                options=timeout if first.done else None)
         except tf.errors.DeadlineExceededError:
-            if not deadline.stop_requested:
+            if not link.stop_requested:
                 raise
             # Another worker stopped first (each has its own --deadline timer): this step
             # never completes; the variables on the ps still hold step `previous`.
@@ -281,7 +281,7 @@ def _loop(plan: TrainPlan, task: TaskInfo, reporter: Reporter, deadline: Trainer
         if evaluate and reached.evaluate:
             meter.maybe_emit(step, force=True)  # the evaluation's line comes with the loss up to it
             evaluate(step)
-    deadline.disarm()
+    link.disarm()
     meter.maybe_emit(step, force=True)
     if prefix and step != last_saved:
         checkpoint = _save(saver, session, prefix, step, reporter)
@@ -349,7 +349,7 @@ def _evaluate(session: Any, tests: list[tuple[Any, ...]], inputs: tuple[Any, ...
     return means(totals)
 
 
-def _save(saver: Any, session: Any, prefix: str, step: int, reporter: Reporter) -> str:
+def _save(saver: Any, session: Any, prefix: str, step: int, reporter: TaskReporter) -> str:
     os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
     # No .meta file: the graph embeds the job's in-memory data (100 MB for MNIST).
     path = saver.save(_raw_session(session), prefix, global_step=step,

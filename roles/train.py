@@ -7,7 +7,7 @@ driver of the mode (roles/*_driver.py) and reports through the events file (see
 roles/events.py): ``start``, ``placement``, ``progress``, ``checkpoint``, then ``done``
 or ``error``. stdout/stderr are for humans only.
 
-The process splits in two before importing TensorFlow (roles/lifecycle.py): the
+The process splits in two before importing TensorFlow (roles/guardian.py): the
 PID the orchestrator started stays a small guardian, and a forked child trains. The
 guardian ends the trainer at once on SIGTERM/SIGINT/SIGHUP, even when TensorFlow
 blocks holding the GIL or swallows SIGTERM, and enforces ``--start-timeout``.
@@ -36,7 +36,7 @@ from typing import Any, Callable, NoReturn, Sequence
 
 from roles.events import EventWriter
 from roles.jobs import JobError
-from roles.lifecycle import TrainerLink, split
+from roles.guardian import TrainerLink, split
 from roles.settings import DEFAULT_STEPS_PER_EXECUTION, DEFAULT_WARMUP_STEPS, MODES, TRAINER_DEFAULTS, TrainOptions
 from roles.tfconfig import ConfigError, TaskInfo, task_from_env
 
@@ -224,7 +224,7 @@ def guardian_report(options: TrainOptions, task: TaskInfo) -> Callable[[str, str
 def stop_grace_of(options: TrainOptions) -> float:
     """The guardian's checkpoint-on-stop grace (``--stop-grace``). Every mode checkpoints on
     SIGTERM: sync's coordination service takes SIGTERM over in C++ (docs/platform-notes.md TF3),
-    so the guardian passes the request on as SIGUSR1 (roles/lifecycle.py), and the workers agree
+    so the guardian passes the request on as SIGUSR1 (roles/guardian.py), and the workers agree
     on the step to stop at (roles/sync_driver.py)."""
     return options.stop_grace
 
@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return prepared
     options, task = prepared
     # Before TensorFlow is imported: from here on this is the trainer, and the
-    # original process supervises it (roles/lifecycle.py).
+    # original process supervises it (roles/guardian.py).
     guardian = split(options.start_timeout, FIRST_STEP, guardian_report(options, task),
                      stop_grace=stop_grace_of(options))
     return run_trainer(options, task, guardian, started)
@@ -312,7 +312,7 @@ def _train(options: TrainOptions, task: TaskInfo, writer: EventWriter,
     import_tensorflow(threads)
     from roles.jobs import load_job
     from roles.settings import make_plan
-    from roles.reporting import Reporter
+    from roles.reporting import TaskReporter
 
     job = load_job(options.job)
     plan = make_plan(job, options, workers=task.num_workers)
@@ -322,7 +322,7 @@ def _train(options: TrainOptions, task: TaskInfo, writer: EventWriter,
     if chief and options.summary_dir and plan.summary_every:
         from roles.summaries import Summaries
         summaries = Summaries(options.summary_dir, plan.summary_every, plan.learning_rate, options.restarts)
-    reporter = Reporter(writer, plan, chief, summaries)
+    reporter = TaskReporter(writer, plan, chief, summaries)
     log.info("%s: mode %s, %d worker(s), global batch %d, %d steps, lr %g, K %d",
              task.name, plan.mode, plan.workers, plan.global_batch_size,
              plan.steps_total, plan.learning_rate, plan.steps_per_execution)

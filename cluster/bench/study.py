@@ -32,7 +32,7 @@ from ..inventory import MODES, Inventory
 from ..plan import ClusterPlan, HostSpec, PlanOptions, plan_cluster
 from ..secrets import Secrets
 from ..state import StateStore
-from ..supervision.training import JobRef, JobOptions
+from ..supervision.train_spec import JobRef, JobOptions
 from ..transport import TransportPool
 
 PLACEMENTS = ("spread", "pack")

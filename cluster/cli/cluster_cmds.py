@@ -14,7 +14,7 @@ from ..contracts import DEFAULT_GRACE, ExitStatus, describe_default_mode
 from ..errors import PsclusterError
 from ..plan import PlanOptions
 from ..transport import TransportPool
-from ..slurm_layout import Layout
+from ..slurm_layout import SlurmLayout
 from ..state import RunState
 
 from ..secrets import take_from_environment as take_secrets
@@ -146,12 +146,12 @@ def up(env: Env, inventory: str, name: str | None, mode: str | None, port_base: 
 
 
 def _slurm_layout(ps: int | None, chief: bool, workers_per_node: int | None, evaluator: bool,
-                  gpus_per_worker: int) -> Layout:
-    return Layout(ps=ps, chief=chief, workers_per_node=workers_per_node, evaluator=evaluator,
+                  gpus_per_worker: int) -> SlurmLayout:
+    return SlurmLayout(ps=ps, chief=chief, workers_per_node=workers_per_node, evaluator=evaluator,
                   gpus_per_worker=gpus_per_worker)
 
 
-def _write_slurm_inventory(path: str, mode: str | None, layout: Layout) -> None:
+def _write_slurm_inventory(path: str, mode: str | None, layout: SlurmLayout) -> None:
     """Write the inventory of this allocation (``up --slurm``); the later commands read it like any other."""
     import yaml
     from ..slurm_layout import layout_inventory

@@ -22,7 +22,7 @@ from ..secrets import take_from_environment as take_secrets
 if TYPE_CHECKING:
     from ..program.request import RunRequest
     from ..program.runspec import Workspace
-    from ..supervision.training import TrainRequest
+    from ..supervision.train_spec import TrainRequest
 from .base import Env, _existing, _limited, _loaded, _notifier, _planned, _with_notifier, cli
 from .options import (restart_opts, check_hosts_from, check_notices_from, DeadlineParam, DurationParam, FiniteFloat, SECONDS, StallTimeout, allow_busy_opt,
                       detach_opt, keep_opt, limit_opt, mode_opt, name_opt, notify_opts, port_opt, replace_opt)
@@ -97,7 +97,7 @@ def train(env: Env, job: str, name: str | None, epochs, steps, batch_size, learn
           hosts_from, hosts_every, notices_from, notices_every, notice_deadline, notify_urls, notify_cmds, as_json: bool,
           detach: bool, replace: bool, keep: int) -> None:
     """Train JOB (distributed_mnist, or a path to a job.py) on a cluster that is up."""
-    from ..supervision.training import JobOptions, TrainRequest, check_job_options
+    from ..supervision.train_spec import JobOptions, TrainRequest, check_job_options
     options = JobOptions(epochs=epochs, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
                          scale_lr=scale_lr, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                          resume=resume, snapshot_every=snapshot_every, data=data,
@@ -119,7 +119,7 @@ def _train(env: Env, request: TrainRequest, *, detach: bool) -> None:
     """``train``'s body, of its request (also what a --detach supervisor runs)."""
     from ..supervision.elastic import Elastic
     from ..supervision.train_job import train_executor
-    from ..supervision.training import check_job_options, resolve_job, with_defaults
+    from ..supervision.train_spec import check_job_options, resolve_job, with_defaults
     resolved = request.name
     job_ref = resolve_job(request.job, project_root())
     state = _existing(env, resolved)
@@ -404,7 +404,7 @@ def supervise(ctx: click.Context, name: str) -> None:
     """Internal: the supervisor daemon of `train --detach` / `run --detach` (its request on stdin)."""
     from ..program.request import JsonRequest, RunRequest
     from ..supervision.daemon import DaemonFiles
-    from ..supervision.training import TrainRequest
+    from ..supervision.train_spec import TrainRequest
     env: Env = ctx.obj
     kinds: dict[str, tuple[type[JsonRequest], Callable[..., None]]] = {"train": (TrainRequest, _train),
                                                                         "run": (RunRequest, _run)}

@@ -164,7 +164,7 @@ def bench(env: Env, job: str, inventory: str, workers_text: str, modes_text: str
     Exit code 1 when a configuration failed, 130 when interrupted (what was measured is still shown).
     """
     from ..bench import environment, study
-    from ..supervision.training import resolve_job
+    from ..supervision.train_spec import resolve_job
     inv = _inventory(env, inventory, limit, None, roles=("worker",))
     spec = study.StudySpec.from_command_line(inv, workers=workers_text, modes=modes_text, placements=placements_text,
                                              steps=steps, repeat=repeat, target_accuracy=target_accuracy,

@@ -31,7 +31,7 @@ from ..lifecycle.tasks import stop_records
 from ..plan import ClusterPlan
 from ..jobrecord import JobProgress
 from ..state import ProcessRecord, RunState, StateStore, StateWriter
-from .training import EventTail
+from .train_spec import EventTail
 from ..transport import TransportPool
 
 # The supervisor stops the job within the leader's --stop-grace and then its own grace (10 s);

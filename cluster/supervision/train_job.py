@@ -49,7 +49,7 @@ from .executor import JobExecutor, restart_rules
 from .jobkind import JobKind, Watched
 from ..layout import gate_file, host_layout, leader_layout
 from .train_resize import Resizer
-from .training import (EventTail, JobRef, JobOptions, job_files, job_path_on,
+from .train_spec import (EventTail, JobRef, JobOptions, job_files, job_path_on,
                        path_on, summarize, train_argv, with_evaluator)
 from ..transport import TransportPool
 

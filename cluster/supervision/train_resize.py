@@ -303,9 +303,7 @@ class Resizer:
                                 "tasks": tasks, "step": ex.progress.step, "seconds": round(seconds, 3)})
         return text
 
-    # complexity 18 (C901 allows 15): the overlap's three sources of a new process (an early server,
-    # a standby, a fresh start) and their failures; to split with issue 43 item 3's move of the resizer.
-    def start_next(self, ex: JobExecutor[Any], new: ClusterPlan, diff: PlanDiff  # noqa: C901
+    def start_next(self, ex: JobExecutor[Any], new: ClusterPlan, diff: PlanDiff
                    ) -> dict[str, tuple[TaskSpec, ProcessRecord, str]]:
         """Sync to sync with every new worker's standby ready: the old workers release their ports
         and the new ones start on them, in their standbys, up to the gate before their restore
@@ -314,33 +312,12 @@ class Resizer:
         (not sync, a standby missing, a release or a start that failed: said in a warning)."""
         old = ex.plan
         standbys = {task.name: ex.state.standby(task.name) for task in new.training_tasks}
-        if not resize.can_overlap(old, new, diff, {name: s.host if s else None for name, s in standbys.items()}):
+        running = self.overlap_candidates(ex, new, diff, standbys)
+        if not running:
             return {}
-        running = [w for w in ex.watched.values() if w.kind is ProcessKind.TRAIN and w.task.role == "worker"]
-        if not running or any(not w.started or w.done or w.ended_at is not None or not w.record.events for w in running):
-            return {}
-        for task in new.training_tasks:
-            gpus = self.standby_gpus(ex, new, standbys[task.name])
-            if not resize.gpus_allow_overlap(task, gpus):
-                why = ("its standby has not said which GPUs it sees" if gpus is None else
-                       f"it sees {gpus} GPU(s) without memory growth ({resize.GROWTH}=true)")
-                ex.reporter.emit("message", text=f"the new workers start after the old ones stop: {task.name}: {why}")
-                return {}
-        asked: dict[int, Watched] = {}
-        try:
-            for item in running:
-                seq = self.next_seq()
-                asked[seq] = item
-                hostops.tell(ex.pool.get(old.host(item.task.host)), item.record.events or "",
-                             {"seq": seq, "release": True})
-        except PsclusterError as exc:
-            return self.not_overlapped(ex, f"could not ask the workers to release their ports: {exc.message.splitlines()[0]}")
-        deadline = ex.clock() + HANDOVER_TIMEOUT
-        while not all(seq in self.membership_answers for seq in asked):
-            if ex.clock() > deadline or any(w.ended_at is not None or w.done for w in asked.values()):
-                return self.not_overlapped(ex, "a worker did not release its port")
-            self.pump(ex)
-            ex.sleep(LOOP_SECONDS)
+        why = self.ask_to_release(ex, old, running)
+        if why:
+            return self.not_overlapped(ex, why)
         following: dict[str, tuple[TaskSpec, ProcessRecord, str]] = {}
         try:
             self.train.sync_job_files(ex, new)      # the job's own files, on a host that joins
@@ -349,19 +326,7 @@ class Resizer:
                 started = start_task(ex.writer, ex.pool, new, task, record, argv=argv, env=env,
                                      reporter=ex.reporter, standby=standbys[task.name])
                 following[task.name] = (task, started, events)
-            pending, ready_by = dict(following), ex.clock() + STANDBY_WAIT
-            while pending:
-                for name, (task, record, events) in list(pending.items()):
-                    transport = ex.pool.get(new.host(task.host))
-                    if hostops.read(transport, gate_file(events), limit=16).exists:
-                        del pending[name]
-                    elif hostops.read(transport, record.exit_file, limit=16).exists:
-                        raise PsclusterError(f"{name} ended before it was ready (see {record.log} on {task.host})")
-                if pending and ex.clock() > ready_by:
-                    raise PsclusterError(f"{', '.join(sorted(pending))} not ready within {STANDBY_WAIT:g} s")
-                self.pump(ex)
-                if pending:
-                    ex.sleep(LOOP_SECONDS)
+            self.wait_at_gates(ex, new, following)
         except PsclusterError as exc:
             records = [record for _, record, _ in following.values()]
             if records:
@@ -370,6 +335,62 @@ class Resizer:
                 ex.writer.change(lambda s: s.replace_records(stopped))
             return self.not_overlapped(ex, exc.message.splitlines()[0])
         return following
+
+    def overlap_candidates(self, ex: JobExecutor[Any], new: ClusterPlan, diff: PlanDiff,
+                           standbys: dict[str, ProcessRecord | None]) -> list[Watched]:
+        """The running workers to hand over from, or [] when the new group cannot start beside
+        them (resize.can_overlap, a worker not running, GPUs that cannot be shared: said)."""
+        if not resize.can_overlap(ex.plan, new, diff, {name: s.host if s else None for name, s in standbys.items()}):
+            return []
+        running = [w for w in ex.watched.values() if w.kind is ProcessKind.TRAIN and w.task.role == "worker"]
+        if not running or any(not w.started or w.done or w.ended_at is not None or not w.record.events for w in running):
+            return []
+        for task in new.training_tasks:
+            gpus = self.standby_gpus(ex, new, standbys[task.name])
+            if not resize.gpus_allow_overlap(task, gpus):
+                why = ("its standby has not said which GPUs it sees" if gpus is None else
+                       f"it sees {gpus} GPU(s) without memory growth ({resize.GROWTH}=true)")
+                ex.reporter.emit("message", text=f"the new workers start after the old ones stop: {task.name}: {why}")
+                return []
+        return running
+
+    def ask_to_release(self, ex: JobExecutor[Any], old: ClusterPlan, running: list[Watched]) -> str | None:
+        """Ask each running worker to release its port and wait for every answer; why not, if
+        one could not be asked or did not answer in time."""
+        asked: dict[int, Watched] = {}
+        try:
+            for item in running:
+                seq = self.next_seq()
+                asked[seq] = item
+                hostops.tell(ex.pool.get(old.host(item.task.host)), item.record.events or "",
+                             {"seq": seq, "release": True})
+        except PsclusterError as exc:
+            return f"could not ask the workers to release their ports: {exc.message.splitlines()[0]}"
+        deadline = ex.clock() + HANDOVER_TIMEOUT
+        while not all(seq in self.membership_answers for seq in asked):
+            if ex.clock() > deadline or any(w.ended_at is not None or w.done for w in asked.values()):
+                return "a worker did not release its port"
+            self.pump(ex)
+            ex.sleep(LOOP_SECONDS)
+        return None
+
+    def wait_at_gates(self, ex: JobExecutor[Any], new: ClusterPlan,
+                      following: dict[str, tuple[TaskSpec, ProcessRecord, str]]) -> None:
+        """Wait until every new worker waits at its gate; PsclusterError if one ended first or
+        they were not all there within STANDBY_WAIT."""
+        pending, ready_by = dict(following), ex.clock() + STANDBY_WAIT
+        while pending:
+            for name, (task, record, events) in list(pending.items()):
+                transport = ex.pool.get(new.host(task.host))
+                if hostops.read(transport, gate_file(events), limit=16).exists:
+                    del pending[name]
+                elif hostops.read(transport, record.exit_file, limit=16).exists:
+                    raise PsclusterError(f"{name} ended before it was ready (see {record.log} on {task.host})")
+            if pending and ex.clock() > ready_by:
+                raise PsclusterError(f"{', '.join(sorted(pending))} not ready within {STANDBY_WAIT:g} s")
+            self.pump(ex)
+            if pending:
+                ex.sleep(LOOP_SECONDS)
 
     @staticmethod
     def standby_gpus(ex: JobExecutor[Any], plan: ClusterPlan, standby: ProcessRecord | None) -> int | None:

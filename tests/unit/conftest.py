@@ -66,7 +66,7 @@ def idle_supervisor(tmp_path, *, name: str, mode: str, options=None, inventory=N
     from cluster.plan import PlanOptions, plan_cluster
     from cluster.state import RunState, StateStore
     from cluster.supervision.train_job import train_executor
-    from cluster.supervision.training import JobRef, JobOptions
+    from cluster.supervision.train_spec import JobRef, JobOptions
     from cluster.transport import TransportPool
 
     plan = plan_cluster(load_inventory(str(inventory or INVENTORIES / "local.yaml")),

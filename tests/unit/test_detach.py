@@ -225,7 +225,7 @@ def test_detach_hands_the_supervisor_its_request_as_json(cluster_state, monkeypa
     """Issue 43 item 2: the daemon receives request.to_json() (not click's parameters), which
     rebuilds the very request; the supervisor runs its body with it, unchanged."""
     from cluster.program.request import RunRequest
-    from cluster.supervision.training import TrainRequest
+    from cluster.supervision.train_spec import TrainRequest
     store, state = cluster_state
     store.save(state)
     sent = []

@@ -15,7 +15,7 @@ from cluster.export import tfjob_manifest
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
 from cluster.supervision.train_job import check_checkpoints_shared
-from cluster.supervision.training import JobOptions, path_on, train_argv, with_evaluator
+from cluster.supervision.train_spec import JobOptions, path_on, train_argv, with_evaluator
 from cluster.transport import TransportPool
 from roles.evaluate import CheckpointWatch, checkpoint_step
 from roles.tfconfig import ConfigError, parse_tf_config

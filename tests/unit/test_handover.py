@@ -11,7 +11,7 @@ import pytest
 from cluster.inventory import load_inventory
 from cluster.layout import gate_file
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.supervision.training import JobOptions, train_argv
+from cluster.supervision.train_spec import JobOptions, train_argv
 from roles import handover
 from roles.membership import Requests, control_path
 from roles.train import parse_options

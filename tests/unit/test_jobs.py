@@ -440,7 +440,7 @@ def test_train_options_a_sync_cluster_cannot_run_are_refused(options, min_worker
     from cluster.errors import UsageError
     from cluster.inventory import load_inventory
     from cluster.plan import PlanOptions, plan_cluster
-    from cluster.supervision.training import JobOptions, check_job_options
+    from cluster.supervision.train_spec import JobOptions, check_job_options
     plan = plan_cluster(load_inventory(str(REPO / "inventories" / "local.yaml")),
                         PlanOptions(local_python="/py", local_workdir="/wd", mode="sync"))
     with pytest.raises(UsageError, match=error.replace("-", "\\-")):
@@ -453,7 +453,7 @@ def test_async_and_sync_jobs_snapshot_every_15_s_unless_told_and_sync_ps_never()
     (and 0 on it is accepted: nothing to turn off)."""
     from cluster.inventory import load_inventory
     from cluster.plan import PlanOptions, plan_cluster
-    from cluster.supervision.training import DEFAULT_SNAPSHOT_EVERY, JobOptions, check_job_options, with_defaults
+    from cluster.supervision.train_spec import DEFAULT_SNAPSHOT_EVERY, JobOptions, check_job_options, with_defaults
     plans = {mode: plan_cluster(load_inventory(str(REPO / "inventories" / "local.yaml")),
                                 PlanOptions(local_python="/py", local_workdir="/wd", mode=mode))
              for mode in ("async", "sync", "sync-ps")}

@@ -18,7 +18,7 @@ from cluster.plan import ClusterPlan, PlanOptions, plan_cluster
 from cluster.contracts import ProcessKind
 from cluster.state import ProcessRecord, RunState
 from cluster.tensorboard import board_spec
-from cluster.supervision.training import JobRef, job_files, job_path_on
+from cluster.supervision.train_spec import JobRef, job_files, job_path_on
 
 from .conftest import INVENTORIES
 

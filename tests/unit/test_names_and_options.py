@@ -161,7 +161,7 @@ def test_train_refuses_a_zero_count_before_touching_the_state(tmp_path, capsys, 
 def test_a_shipped_job_name_cannot_climb_out_of_its_folder(tmp_path, monkeypatch, spec):
     """A shipped job's name becomes <workdir>/.pscluster/<cluster>/jobs/<name>/ on every host."""
     from cluster.hosts.codesync import project_root
-    from cluster.supervision.training import resolve_job
+    from cluster.supervision.train_spec import resolve_job
     monkeypatch.chdir(tmp_path)            # so that the spec is not an existing path here
     assert resolve_job("distributed_mnist", project_root()).name == "distributed_mnist"
     with pytest.raises(UsageError, match="no job named"):

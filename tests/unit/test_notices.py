@@ -183,7 +183,7 @@ def test_train_exits_2_on_bad_notice_options(tmp_path, capsys, args, said):
 
 
 def test_the_notice_options_reach_the_supervisor_unchanged():
-    from cluster.supervision.training import JobOptions, TrainRequest
+    from cluster.supervision.train_spec import JobOptions, TrainRequest
     request = TrainRequest(job="j", name="c", options=JobOptions(), notices_from="./n.sh", notices_every=2.0,
                            notice_deadline=90.0)
     again = TrainRequest.from_json(request.to_json())

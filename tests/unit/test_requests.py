@@ -13,7 +13,7 @@ from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
 from cluster.program.request import RunRequest
 from cluster.program.runspec import Workspace, dry_run, launch_spec
-from cluster.supervision.training import JobOptions, TrainRequest
+from cluster.supervision.train_spec import JobOptions, TrainRequest
 
 RUN = RunRequest(program=("python", "train.py", "--task_index={task_index}"), cwd="/src/project", keep=20,
                  inventory="lab.yaml", name="lab", mode="sync", on=("worker",), sync_paths=("data",), keras="legacy",

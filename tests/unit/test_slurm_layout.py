@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from cluster.inventory import load_inventory
-from cluster.slurm_layout import (Allocation, Layout, SlurmLayoutError, allocation_from_env, expand_counts,
+from cluster.slurm_layout import (Allocation, SlurmLayout, SlurmLayoutError, allocation_from_env, expand_counts,
                            expand_nodelist, layout_inventory, parse_gpu_ids, parse_job_gpus)
 
 SCONTROL_JOB = """JobId=7 JobName=x
@@ -66,7 +66,7 @@ def _load(tmp_path, document):
 
 def test_default_layout_one_ps_per_node_and_chief_first(tmp_path):
     alloc = Allocation("7", ("n1", "n2", "n3"), (2, 2, 2), ((), (), ()))
-    inv = _load(tmp_path, layout_inventory(alloc, Layout(), python="/py", workdir="/w", mode="async"))
+    inv = _load(tmp_path, layout_inventory(alloc, SlurmLayout(), python="/py", workdir="/w", mode="async"))
     assert inv.hosts_of("chief") == ("n1",)
     assert inv.hosts_of("ps") == ("n1", "n2", "n3")
     assert inv.hosts_of("worker") == ("n1", "n2", "n3")
@@ -93,7 +93,7 @@ def test_pscluster_transport_slurm_is_the_same_as_ansible_connection(tmp_path):
 
 def test_layout_options(tmp_path):
     alloc = Allocation("7", ("n1", "n2"), (1, 1), ((), ()))
-    doc = layout_inventory(alloc, Layout(ps=3, chief=False, workers_per_node=3, evaluator=True),
+    doc = layout_inventory(alloc, SlurmLayout(ps=3, chief=False, workers_per_node=3, evaluator=True),
                            python="/py", workdir="/w")
     inv = _load(tmp_path, doc)
     assert inv.hosts_of("chief") == () and inv.hosts_of("evaluator") == ("n2",)
@@ -103,7 +103,7 @@ def test_layout_options(tmp_path):
 
 def test_gpu_masks_are_the_granted_ids_not_physical_indices(tmp_path):
     alloc = Allocation("7", ("n1", "n2"), (2, 1), (("2", "3"), ("5",)))
-    doc = layout_inventory(alloc, Layout(gpus_per_worker=1), python="/py", workdir="/w")
+    doc = layout_inventory(alloc, SlurmLayout(gpus_per_worker=1), python="/py", workdir="/w")
     inv = _load(tmp_path, doc)
     assert inv.host("n1").slots_for("worker").gpus == ("2", "3")
     assert inv.host("n2").slots_for("worker").gpus == ("5",)
@@ -112,7 +112,7 @@ def test_gpu_masks_are_the_granted_ids_not_physical_indices(tmp_path):
 def test_more_gpus_than_granted_fails_clearly():
     alloc = Allocation("7", ("n1", "n2"), (2, 2), (("0", "1"), ("0",)))
     with pytest.raises(SlurmLayoutError, match=r"node n2: 2 worker\(s\) x 1 GPU\(s\) need 2 GPUs.*granted 1") as info:
-        layout_inventory(alloc, Layout(gpus_per_worker=1), python="/py", workdir="/w")
+        layout_inventory(alloc, SlurmLayout(gpus_per_worker=1), python="/py", workdir="/w")
     assert "--gres" in info.value.hint
 
 

@@ -19,7 +19,7 @@ import yaml
 
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.slurm_layout import Allocation, Layout, layout_inventory, tf_resolver_jobs
+from cluster.slurm_layout import Allocation, SlurmLayout, layout_inventory, tf_resolver_jobs
 
 resolver_module = pytest.importorskip(
     "tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver")
@@ -68,14 +68,14 @@ def _resolver_spec(monkeypatch, nodelist, per_node, jobs):
 
 def test_workers_only_layout_matches_the_resolver_exactly(tmp_path, monkeypatch, fake_scontrol):
     alloc = Allocation("7", ("n1", "n2"), (2, 2), ((), ()))
-    ours, doc, per_node = _pscluster_spec(tmp_path, alloc, Layout(ps=0, chief=False), "sync")
+    ours, doc, per_node = _pscluster_spec(tmp_path, alloc, SlurmLayout(ps=0, chief=False), "sync")
     theirs = _resolver_spec(monkeypatch, "n[1-2]", per_node, tf_resolver_jobs(doc))
     assert ours == theirs == {"worker": ["n1:8888", "n1:8889", "n2:8888", "n2:8889"]}
 
 
 def test_default_ps_layout_differs_only_in_placement(tmp_path, monkeypatch, fake_scontrol):
     alloc = Allocation("7", ("n1", "n2"), (1, 1), ((), ()))
-    ours, doc, per_node = _pscluster_spec(tmp_path, alloc, Layout(), "async")
+    ours, doc, per_node = _pscluster_spec(tmp_path, alloc, SlurmLayout(), "async")
     theirs = _resolver_spec(monkeypatch, "n[1-2]", per_node, tf_resolver_jobs(doc))
     def hosts(spec):
         return {job: sorted(a.split(":")[0] for a in addrs) for job, addrs in spec.items()}

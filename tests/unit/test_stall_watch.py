@@ -14,7 +14,7 @@ from cluster.contracts import JobState, ProcessKind, ProcState, Role
 from cluster.supervision.core import (IncidentKind, Proc, Watchdog, find_incident, stall_limit,
                                       stall_shown_after)
 from cluster.jobrecord import JobProgress
-from cluster.supervision.training import JobOptions
+from cluster.supervision.train_spec import JobOptions
 from roles import closures
 from tests.helpers import run_cli
 

@@ -89,7 +89,7 @@ def test_the_import_time_set_and_the_project_modules():
                                                         "PSCLUSTER_INTRA_OP_THREADS")}
     import roles.standby  # noqa: F401 - loaded, so it must be among the project's sources
     sources = project_sources(sys.modules)
-    assert "roles.standby" in sources and "roles.lifecycle" in sources
+    assert "roles.standby" in sources and "roles.guardian" in sources
     assert not any(name.split(".")[0] != "roles" for name in sources)
 
 

@@ -1,4 +1,4 @@
-"""Checkpoint on stop, the process side without TensorFlow: the guardian of roles/lifecycle.py
+"""Checkpoint on stop, the process side without TensorFlow: the guardian of roles/guardian.py
 forwards SIGTERM as a stop request within --stop-grace, and `train --deadline` parses durations."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tests.helpers import REPO
 
 TRAINER = textwrap.dedent("""
     import sys, time
-    from roles.lifecycle import split
+    from roles.guardian import split
     import signal
     marker, grace, finish = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "finish"
     link = split(60, "the first step", lambda m, e: print("report:", e, m, flush=True), stop_grace=grace)

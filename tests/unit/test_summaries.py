@@ -11,7 +11,7 @@ import pytest
 
 from cluster.contracts import ProcessKind
 from cluster.layout import leader_layout
-from cluster.supervision.training import JobRef
+from cluster.supervision.train_spec import JobRef
 from cluster.tensorboard import board_spec, host_ports
 from roles import hostctl
 from roles.settings import StepSchedule
@@ -172,7 +172,7 @@ def test_hostctl_finds_event_files_a_few_folders_down(tmp_path):
 
 def test_the_supervisor_tells_the_leader_where_to_write_and_how_many_restarts_came_before(tmp_path):
     """Only the leader gets --summary-dir; a relaunch after a restart carries the job's count."""
-    from cluster.supervision.training import JobOptions
+    from cluster.supervision.train_spec import JobOptions
     from roles.train import parse_options
 
     from .conftest import idle_supervisor

@@ -10,7 +10,7 @@ import pytest
 from cluster import cli
 from cluster.inventory import load_inventory
 from cluster.plan import PlanOptions, plan_cluster
-from cluster.supervision.training import JobOptions, train_argv
+from cluster.supervision.train_spec import JobOptions, train_argv
 from roles.settings import TRAINER_DEFAULTS, TrainerSettings
 from roles.train import parse_options
 from tests.helpers import REPO

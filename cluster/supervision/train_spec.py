@@ -1,4 +1,4 @@
-"""Training jobs: what to run where (pure parts) and reading what training processes report.
+"""The train job's spec: what to run where (pure parts), its argv, and reading what training processes report.
 
 A job is ``distributed_mnist`` (a folder under ``examples/``, synced by ``up``) or a path to a
 user's ``job.py`` / job folder, which is copied to each host that does not share this
