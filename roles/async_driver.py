@@ -51,6 +51,7 @@ from roles.checkpoint import (CheckpointKeeper, chief_io_device, make_checkpoint
                               make_step_counter)
 from roles.datasets import eval_dataset, sample_batch, train_dataset
 from roles.evaluation import EVAL_BATCH_SIZE, make_evaluator, means
+from roles.gradients import loss_and_gradients
 from roles.jobs import Job, Shard
 from roles.guardian import TrainerLink
 from roles.membership import MembershipRefused, Requests, apply_change, control_path, plan_change
@@ -571,18 +572,12 @@ def _make_train_steps(job: Job, plan: TrainPlan, strategy: Any, model: Any,
     """
 
     def step_fn(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            outputs = model(x, training=True)
-            per_example = tf.cast(job.loss(y, outputs), tf.float32)
-            loss = tf.nn.compute_average_loss(per_example,
-                                              global_batch_size=plan.worker_batch_size)
-        variables = model.trainable_variables
-        grads = tape.gradient(loss, variables)
+        step = loss_and_gradients(job, model, x, y, plan.worker_batch_size)
         if apply is None:
-            optimizer.apply_gradients(zip(grads, variables))
+            optimizer.apply_gradients(zip(step.grads, step.variables))
         else:
-            apply(grads)
-        return loss
+            apply(step.grads)
+        return step.loss  # the mean over this worker's batch
 
     @tf.function
     def train_steps(iterator: Any, n: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

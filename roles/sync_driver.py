@@ -42,6 +42,7 @@ from tensorflow.python.distribute import mirrored_strategy
 from roles.checkpoint import CheckpointKeeper, make_checkpoint, make_step_counter
 from roles.datasets import eval_dataset, sample_batch, train_dataset
 from roles.evaluation import EVAL_BATCH_SIZE, make_evaluator, means
+from roles.gradients import loss_and_gradients
 from roles.handover import release_port, wait_at_gate
 from roles.jobs import Job, Shard
 from roles.guardian import TrainerLink
@@ -364,17 +365,11 @@ def agree_on_stop(strategy: Any, link: TrainerLink, local_replicas: int, *,
 def _make_train_steps(job: Job, plan: TrainPlan, strategy: Any, model: Any,
                       optimizer: Any, step_var: tf.Variable) -> Any:
     def step_fn(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            outputs = model(x, training=True)
-            per_example = tf.cast(job.loss(y, outputs), tf.float32)
-            loss = tf.nn.compute_average_loss(per_example,
-                                              global_batch_size=plan.global_batch_size)
-        variables = model.trainable_variables
-        grads = tape.gradient(loss, variables)
-        optimizer.apply_gradients(zip(grads, variables))  # all-reduces the gradients
+        step = loss_and_gradients(job, model, x, y, plan.global_batch_size)
+        optimizer.apply_gradients(zip(step.grads, step.variables))  # all-reduces the gradients
         # This worker's mean loss, for its progress events: reporting the global mean
         # would cost one more collective per step.
-        return tf.reduce_mean(per_example)
+        return tf.reduce_mean(step.per_example)
 
     # The loop is a tf.while_loop traced without autograph: autograph's conversion of a
     # ``for ... in tf.range`` loop cost ~0.3 s of CPU per worker at every start, and a sync

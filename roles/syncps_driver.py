@@ -64,6 +64,7 @@ from roles import fused
 from roles.checkpoint import CHECKPOINT_NAME, MAX_TO_KEEP
 from roles.datasets import eval_dataset, train_dataset
 from roles.evaluation import EVAL_BATCH_SIZE, batch_sums, means
+from roles.gradients import mean_loss
 from roles.jobs import Job, Shard
 from roles.guardian import TrainerLink
 from roles.settings import StepSchedule, TrainPlan
@@ -147,7 +148,7 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: TaskReporter,
                 @tf.function
                 def forward_on(values: list[tf.Tensor], x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
                     outputs, _ = model.stateless_call(values, [], x, training=True)
-                    return _mean_loss(job, y, outputs)
+                    return mean_loss(job, y, outputs)
 
                 loss = forward_on(values, x, y)
                 grads = tf.gradients(loss, values)
@@ -156,7 +157,7 @@ def _train(job: Job, plan: TrainPlan, task: TaskInfo, reporter: TaskReporter,
             else:
                 @tf.function
                 def forward(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-                    return _mean_loss(job, y, model(x, training=True))
+                    return mean_loss(job, y, model(x, training=True))
 
                 loss = forward(x, y)
                 train_op = sync.minimize(loss, global_step=global_step, var_list=variables)
@@ -335,10 +336,6 @@ def _as_numpy(element: Any) -> tuple[Any, ...]:
 def _batches(dataset: tf.data.Dataset) -> list[tuple[Any, ...]]:
     """Every batch of a finite dataset as numpy arrays (called eagerly, before the graph)."""
     return [_as_numpy(element) for element in dataset]
-
-
-def _mean_loss(job: Job, labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
-    return tf.reduce_mean(tf.cast(job.loss(labels, outputs), tf.float32))
 
 
 def _evaluate(session: Any, tests: list[tuple[Any, ...]], inputs: tuple[Any, ...], sums: Any
