@@ -164,6 +164,17 @@ class UnreachableHostError(HostError):
     """SSH could not connect to the host (refused, timed out, authentication, host key)."""
 
 
+class HostEndedError(HostError):
+    """The host is gone with everything pscluster started there, and will not answer again:
+    the Slurm job its tasks were steps of has ended (``whole_job``: every host of the job with
+    it), or the node left the job's allocation (``--no-kill``: Slurm took a failed node out).
+    Slurm ends what ran there; nothing is left for pscluster to stop, and waiting is pointless."""
+
+    def __init__(self, host: str, message: str, *, whole_job: bool, hint: str | None = None):
+        super().__init__(host, message, hint=hint)
+        self.whole_job = whole_job
+
+
 class TaskError(PsclusterError):
     """A task (one TF process) failed: exited, never became ready, or was lost."""
 

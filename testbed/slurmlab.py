@@ -37,6 +37,7 @@ class SlurmLab:
         self.nodes = [f"{self.tag}n{k}" for k in range(1, nodes + 1)]
         self.procs: list[subprocess.Popen] = []
         self.netns: list[str] = []
+        self.cut_nodes: set[str] = set()
         self.env = dict(os.environ, SLURM_CONF=self._p("etc/slurm.conf"))
 
     def _p(self, rel: str) -> str:
@@ -203,8 +204,24 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                         pids.extend(int(line) for line in handle if line.strip())
         return pids
 
+    # ------------------------------------------------------------------ faults
+    def _veth(self, node: str) -> str:
+        return f"{self.tag}v{self.nodes.index(node) + 1}"[:15]
+
+    def cut(self, node: str) -> None:
+        """``node`` stops answering: its link down (slurmctld, srun and its peers lose it; its
+        processes and its slurmd go on)."""
+        self._sh("ip", "link", "set", self._veth(node), "down")
+        self.cut_nodes.add(node)
+
+    def heal(self, node: str) -> None:
+        self._sh("ip", "link", "set", self._veth(node), "up")
+        self.cut_nodes.discard(node)
+
     # ------------------------------------------------------------------ stop
     def stop(self) -> None:
+        for node in list(self.cut_nodes):     # Slurm ends a job's steps on a node it can reach
+            self.heal(node)
         if self.procs:   # end our jobs first, so every step's processes go through Slurm's own cleanup
             subprocess.run(["scancel", "--user=root", "--full"], env=self.env, capture_output=True, timeout=30)
             deadline = time.monotonic() + 15
@@ -219,6 +236,11 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        for pid in self.cgroup_pids():        # what the jobs left that Slurm did not end (a cut node's
+            try:                              # steps outlive its slurmd): ours, found by our cgroups
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         for node in self.nodes:
             root = f"/sys/fs/cgroup/freezer/slurm_{node}"
             for dirpath, _, _ in sorted(os.walk(root), key=lambda item: -len(item[0])):

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Callable, Collection, Iterable, Sequence
 
 from ..hosts import hostops
-from ..errors import Failure, HostError, PsclusterError, TaskError
+from ..errors import Failure, HostEndedError, HostError, PsclusterError, TaskError
 from ..events import Reporter
 from ..fanout import fan_out
 from ..contracts import ProcessKind
@@ -267,6 +267,13 @@ def stop_records(plan: ClusterPlan, records: Sequence[ProcessRecord], pool: Tran
 
     for outcome in fan_out(grouped, one, name="stop"):
         host = outcome.key
+        if isinstance(outcome.error, HostEndedError):
+            # Its Slurm job ended: Slurm killed the steps, our processes in them, already.
+            reporter.emit("message", text=outcome.error.message.splitlines()[0])
+            for record in grouped[host]:
+                stopped.append(replace(record, stopped=True))
+                reporter.emit("task-stopped", task=record.task, host=host, signals=[], found=False)
+            continue
         if outcome.error is not None:
             errors[host] = outcome.error
             reporter.emit("host-failed", host=host, error=str(outcome.error))

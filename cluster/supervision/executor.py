@@ -357,6 +357,8 @@ class JobExecutor(Generic[K]):
         for view in views:
             if view.lost_since is not None:
                 self.on_host_lost(self.links[view.host])
+        if self.went_for_good():
+            return False
         lost = core.lost_host_failure(views, now=now, host_timeout=self.host_timeout, policy=self.rules.policy)
         if lost is not None and self.kind.drop_out(self, lost.host, f"lost for over {self.host_timeout:.0f} s ({lost.error})"):
             return False
@@ -370,6 +372,21 @@ class JobExecutor(Generic[K]):
             self.handle(incident)
             return False
         return self.kind.complete(self, now)
+
+    def went_for_good(self) -> bool:
+        """A host gone for good with its tasks (:attr:`HostLink.ended`: its Slurm job ended, or the
+        node left the allocation): no host timeout to wait. The job fails with the reason when the
+        whole job ended or the kind cannot go on without the host; True: it went on without it."""
+        ended = [link.ended for link in self.links.values() if link.ended is not None]
+        whole = next((error for error in ended if error.whole_job), None)
+        if whole is not None:
+            raise self.fail(whole)
+        if not ended:
+            return False
+        first = ended[0]
+        if self.kind.drop_out(self, first.host, "is out of the Slurm job's allocation (a failed node)"):
+            return True
+        raise self.fail(first)
 
     def tasks_on(self, host: str) -> list[str]:
         return sorted({w.task.name for w in self.watched.values() if w.task.host == host})
@@ -626,6 +643,8 @@ class JobExecutor(Generic[K]):
         for host in dict.fromkeys(hosts):
             link = self.links.get(host)
             while link is not None and link.lost_since is not None:
+                if link.ended is not None:
+                    raise self.fail(link.ended)
                 lost_for = self.clock() - min(link.lost_since, started)
                 if lost_for > self.host_timeout:
                     if self.kind.drop_out(self, host, f"lost for over {self.host_timeout:.0f} s ({link.error})"):

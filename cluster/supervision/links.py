@@ -10,7 +10,8 @@ line with a ``notice``: the link keeps the first (:attr:`HostLink.notice`) for t
 which drains the host (cluster/supervision/notices.py), but never one from a stream it closed
 itself (the local transport and Slurm close a stream with SIGTERM). A stream that ends just
 after its notice is reopened without counting the host lost: the host is lost only if the new
-one stays silent.
+one stays silent. A lost host whose transport says it is gone for good with its tasks (the
+Slurm job ended: :meth:`Transport.ended`) is not reopened: :attr:`HostLink.ended` says why.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import time
 from typing import Callable
 
 from ..hosts import hostops
-from ..errors import PsclusterError
+from ..errors import HostEndedError, PsclusterError
 from ..plan import HostSpec
 from ..state import ProcessRecord
 from ..transport import TransportPool
@@ -48,6 +49,7 @@ class HostLink:
         self.lost_since: float | None = None
         self.error: str | None = None
         self.reported = False           # its loss was reported (once per loss)
+        self.ended: HostEndedError | None = None       # gone for good with its tasks (a Slurm job that ended)
         self.notice: dict[str, str] | None = None     # the first notice heard (the supervisor takes it)
         self.watch_pid: int | None = None              # the current stream's watch process, on its host
         self._noticed_on: object | None = None         # the stream that said it (it may end next)
@@ -80,16 +82,22 @@ class HostLink:
                 targets = self.targets
                 records, files = targets
                 try:
+                    transport = self.pool.get(self.host)
                     if self._reset:
                         # The old connection may wait out TCP's retransmission backoff long
                         # after the host answers again (measured after a 5 s link cut: the
                         # stream reopened 0.1, 25 and 52 s after the heal); a new one does not.
                         self._reset = False
-                        self.pool.get(self.host).reset()
+                        transport.reset()
+                    # Each try while lost: Slurm may take a silent node out (SlurmdTimeout) long after.
+                    ended = transport.ended() if self.lost_since is not None else None
+                    if ended is not None:           # nothing to reopen, ever
+                        self.ended, self.error = ended, ended.message.splitlines()[0]
+                        return
                     stream = hostops.watch(self.pool.get(self.host), records,
                                            [(path, self.offset_of(path)) for path in files], interval=self.interval)
-                except PsclusterError as exc:
-                    self.error = exc.message
+                except Exception as exc:    # never end this thread: the link would stay lost for good
+                    self.error = exc.message if isinstance(exc, PsclusterError) else f"{type(exc).__name__}: {exc}"
                     time.sleep(REOPEN_DELAY)
                     continue
                 with self._lock:

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..errors import HostError
+from ..errors import HostEndedError, HostError
 from ..plan import HostSpec
 
 
@@ -158,6 +158,11 @@ class Transport(abc.ABC):
 
     def close(self) -> None:
         """Release the connection; the transport may be used again (it reconnects)."""
+
+    def ended(self) -> HostEndedError | None:
+        """Why the host is gone for good with what ran there (:class:`~cluster.errors.HostEndedError`),
+        when this transport can tell (a Slurm job that ended); None: it may answer again."""
+        return None
 
     def reset(self) -> None:
         """Drop the connection (not the tunnels), so that the next call opens a new one: after a

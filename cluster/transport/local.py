@@ -1,6 +1,7 @@
 """Transport for ``ansible_connection: local`` hosts: plain subprocesses on this machine."""
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
@@ -54,8 +55,12 @@ class LocalTransport(Transport):
             raise HostError(self.host.name, f"cannot start {argv[0]}: {exc.strerror}", argv=argv) from None
         # Both are pipes (asked for above); stdout is buffered, so it has read1.
         pipe_in, pipe_out = cast(IO[bytes], proc.stdin), cast(io.BufferedReader, proc.stdout)
-        pipe_in.write(stdin or b"")
-        pipe_in.close()
+        # A process that ended before reading (srun of a Slurm job that ended) breaks the pipe:
+        # the stream then reads its end at once, and the caller sees a closed stream.
+        with contextlib.suppress(BrokenPipeError):
+            pipe_in.write(stdin or b"")
+        with contextlib.suppress(BrokenPipeError):
+            pipe_in.close()
 
         def close() -> None:
             # Streams are read-only watchers: end ours (a direct child, by its Popen handle) now

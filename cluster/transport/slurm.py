@@ -17,15 +17,17 @@ job id is known. Files are written through a step too (no shared file system ass
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import select
 import subprocess
 import tempfile
 import time
 from typing import Sequence
 
-from ..errors import HostError, UnreachableHostError
+from ..errors import HostEndedError, HostError, UnreachableHostError
 from .base import CommandResult, Stream
 from .local import LocalTransport
 
@@ -56,6 +58,9 @@ _WRITER = ("import os,sys;t=os.path.expanduser(sys.argv[1]);os.makedirs(os.path.
            "p=t+'.pscluster-tmp%d'%os.getpid();open(p,'wb').write(sys.stdin.buffer.read());"
            "os.chmod(p,int(sys.argv[2],8));os.replace(p,t)")
 HOLDING_OPERATIONS = ("start", "start_many")
+# What srun says when its job is gone (then scontrol says how it ended).
+_ENDED_SRUN = re.compile(r"has expired|Invalid job id|already completing or completed|Job has already finished|"
+                         r"Requested node configuration is not available")
 
 
 def _granted_gpus(facts_json: str, granted: str) -> str:
@@ -76,6 +81,76 @@ def _granted_gpus(facts_json: str, granted: str) -> str:
     return json.dumps(facts)
 
 
+# A job in one of these states holds its nodes. Any other (COMPLETED, CANCELLED, NODE_FAIL,
+# TIMEOUT, PREEMPTED, FAILED, a requeued PENDING...) has ended: Slurm killed its steps with it.
+LIVE_STATES = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "RESIZING", "SIGNALING", "STAGE_OUT"})
+_RESUME = "checkpoints stay in the job's checkpoint folder: 'train --resume' in a new allocation goes on from the newest"
+ENDED_HINTS = {
+    "NODE_FAIL": "a node of the allocation stopped answering for Slurm's SlurmdTimeout, and Slurm ends the whole "
+                 "job then; allocate with --no-kill (salloc -k, sbatch -k) to keep the allocation when a node "
+                 "fails: pscluster then goes on without that node (train --min-workers); " + _RESUME,
+    "TIMEOUT": "the allocation reached its time limit (--time); " + _RESUME,
+    "CANCELLED": "the job was cancelled (scancel); " + _RESUME,
+    "PREEMPTED": "a job of higher priority took the nodes; " + _RESUME,
+}
+
+
+def allocation_end(job: str, host: str, *, timeout: float = 10.0) -> HostEndedError | None:
+    """Why ``host`` of Slurm job ``job`` is gone for good with what ran there: the job ended, or
+    the node left its allocation (a job allocated with ``--no-kill`` loses a failed node and goes
+    on). None while the job holds the node, or when ``scontrol`` cannot tell (not installed, no
+    answer): the host may answer again."""
+    try:
+        out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True,
+                             timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return ended_error(host, job, "no longer known to Slurm") if "Invalid job id" in out.stderr else None
+    how = job_end(out.stdout)
+    if how is not None:
+        return ended_error(host, job, how)
+    nodes = re.search(r"\bNodeList=(\S+)", out.stdout)
+    if nodes is None or nodes.group(1) == "(null)":
+        return None
+    from ..slurm_layout import SlurmLayoutError, expand_nodelist
+    try:
+        held = expand_nodelist(nodes.group(1))
+    except SlurmLayoutError:
+        return None
+    return None if host in held else left_error(host, job, nodes.group(1))
+
+
+def job_end(detail: str) -> str | None:
+    """How a job ended, from ``scontrol show job``'s text (``NODE_FAIL, reason NodeDown``); None
+    while it holds its nodes."""
+    state = re.search(r"\bJobState=(\S+)", detail)
+    if state is None or state.group(1) in LIVE_STATES:
+        return None
+    reason = re.search(r"\bReason=(\S+)", detail)
+    why = reason.group(1) if reason and reason.group(1) not in ("None", "(null)") else None
+    return state.group(1) + (f", reason {why}" if why else "")
+
+
+def ended_error(host: str, job: str, how: str) -> HostEndedError:
+    """The error of every host of Slurm job ``job``, which ended ``how`` (:func:`job_end`). The
+    hint follows the state, or the reason while the job is still COMPLETING (NodeDown: a node
+    failed)."""
+    state, _, reason = how.partition(", reason ")
+    key = "NODE_FAIL" if reason == "NodeDown" else state
+    return HostEndedError(host, f"Slurm job {job} has ended ({how}): Slurm ends its steps, and every task "
+                                f"pscluster started there with them (on a node that stopped answering, when "
+                                f"it answers again)", whole_job=True, hint=ENDED_HINTS.get(key, _RESUME))
+
+
+def left_error(host: str, job: str, held: str) -> HostEndedError:
+    return HostEndedError(host, f"{host} is not in Slurm job {job}'s allocation ({held}): Slurm takes a node "
+                                f"that stops answering out of a job allocated with --no-kill, and ends the "
+                                f"steps there when it answers again", whole_job=False,
+                          hint="the job goes on without the node where it can (train --min-workers); a new "
+                               "allocation is needed to use the node again")
+
+
 def job_id() -> str:
     job = os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
     if not job:
@@ -86,6 +161,9 @@ def job_id() -> str:
 
 class SlurmTransport(LocalTransport):   # reuses its subprocess stream; run and put_files are steps
     """Runs argv lists as job steps on one node of the allocation."""
+
+    def ended(self) -> HostEndedError | None:
+        return allocation_end(job_id(), self.host.name)
 
     def _srun(self, *extra: str) -> list[str]:
         return ["srun", f"--jobid={job_id()}", f"--nodelist={self.host.name}", "--nodes=1", "--ntasks=1",
@@ -103,8 +181,12 @@ class SlurmTransport(LocalTransport):   # reuses its subprocess stream; run and 
                 raise UnreachableHostError(self.host.name, "srun not found: Slurm's client is not installed here",
                                            argv=command[:1]) from None
             assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write(stdin or b"")
-            proc.stdin.close()
+            # srun of a job that ended exits at once: a write after it broke the pipe (down then
+            # died on the BrokenPipeError); its answer below says why.
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.write(stdin or b"")
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.close()
             answer = self._read_answer(proc, timeout, argv)
             if not hold or answer is None:
                 proc.wait()
@@ -112,6 +194,9 @@ class SlurmTransport(LocalTransport):   # reuses its subprocess stream; run and 
             if answer is None:
                 err.seek(0)
                 message = err.read().decode("utf-8", "replace")
+                ended = self.ended() if _ENDED_SRUN.search(message) else None
+                if ended is not None:
+                    raise ended
                 if "Unable to" in message or "Invalid job id" in message or "Communication" in message:
                     raise UnreachableHostError(self.host.name, f"job {job_id()}: {message.strip()}", argv=command[:8])
                 return CommandResult(self.host.name, tuple(argv), proc.returncode or 1, "", message)

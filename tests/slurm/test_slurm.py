@@ -31,6 +31,18 @@ def _cli(lab, job_env, args, state_dir, timeout=600):
                           timeout=timeout)
 
 
+def _up_and_train(lab, job, name, state_dir, inventory, err_path, *up_args):
+    """``up --slurm`` (async, one ps) then ``train distributed_mnist`` without end, in the
+    background (its stderr in ``err_path``): the Popen, for the test to stop."""
+    up = _cli(lab, job, ["up", "--slurm", inventory, "--name", name, "--mode", "async", "--ps", 1,
+                         "--port-base", port_base(), *up_args], state_dir)
+    assert up.returncode == 0, up.stdout + up.stderr
+    return subprocess.Popen(lab.login_shell() + cli_argv(["train", "distributed_mnist", "--name", name,
+                                                          "--steps", 100000, "--json"]),
+                            env=cli_env(state_dir, {**lab.env, **job, "OMP_NUM_THREADS": "1"}),
+                            stdout=subprocess.DEVNULL, stderr=open(err_path, "w"))
+
+
 def _wait_gone(lab, name, seconds=60.0):      # a wait for a state: Slurm's kill (KillWait 5 s) is slower under load
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and (cluster_pids(name) or lab.cgroup_pids()):

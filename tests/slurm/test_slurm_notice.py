@@ -66,21 +66,13 @@ def test_usr1_to_a_workers_node_watch_step_drains_that_node_and_the_job_goes_on(
     first, a worker on each); ``scancel --signal=USR1`` to the second node's watch step (found
     from the watch pid the job record keeps, through its cgroup: the lab tracks steps by cgroup)
     drains that node in place; the job trains on with the first node's worker."""
-    from tests.helpers import cli_argv, cli_env, port_base
-    from tests.slurm.test_slurm import _cli, _wait_gone
+    from tests.slurm.test_slurm import _cli, _up_and_train, _wait_gone
     job = slurm_lab.salloc("-N2", "--ntasks-per-node=1")
     name, state_dir, inventory = "slurm-notice", tmp_path / "state", tmp_path / "slurm.yaml"
     node2 = slurm_lab.expand(job["SLURM_JOB_NODELIST"])[1]
     train = None
     try:
-        up = _cli(slurm_lab, job, ["up", "--slurm", inventory, "--name", name, "--mode", "async", "--ps", 1,
-                                   "--port-base", port_base()], state_dir)
-        assert up.returncode == 0, up.stdout + up.stderr
-        err = open(tmp_path / "train.err", "w")
-        train = subprocess.Popen(slurm_lab.login_shell() + cli_argv(["train", "distributed_mnist", "--name", name,
-                                                                     "--steps", 100000, "--json"]),
-                                 env=cli_env(state_dir, {**slurm_lab.env, **job, "OMP_NUM_THREADS": "1"}),
-                                 stdout=subprocess.DEVNULL, stderr=err)
+        train = _up_and_train(slurm_lab, job, name, state_dir, inventory, tmp_path / "train.err")
 
         def state_when(ok, what: str, seconds: float = 300) -> dict:
             end = time.monotonic() + seconds

@@ -41,9 +41,14 @@ class FakeStream:
 class FakeTransport:
     def __init__(self):
         self.resets = 0
+        self.gone = None          # what ended() says: None, or the error of a host gone for good
+        self.fail_next = None     # an exception the next watch raises
 
     def reset(self):
         self.resets += 1
+
+    def ended(self):
+        return self.gone
 
 
 @pytest.fixture
@@ -53,6 +58,9 @@ def link(monkeypatch):
     opened: list[FakeStream] = []
 
     def watch(_transport, _records, _files, interval):
+        if transport.fail_next is not None:
+            error, transport.fail_next = transport.fail_next, None
+            raise error
         stream = FakeStream()
         opened.append(stream)
         return stream
@@ -121,3 +129,42 @@ def test_a_notice_counts_only_from_a_stream_the_link_did_not_close_and_its_end_i
     clock.now += links.LOST_AFTER + 1           # the new stream stays silent: now the host is lost
     host_link.poll(clock.now)
     assert host_link.lost_since is not None
+
+
+def test_a_host_gone_for_good_is_not_reopened_and_the_link_says_why(link):
+    """A Slurm job that ended (transport.ended()): its hosts will not answer again, and their
+    tasks are gone with it; the link stops reopening and keeps the reason for the supervisor."""
+    from cluster.errors import HostEndedError
+    host_link, clock, transport, opened = link
+    opened[0].pending.append("beat")
+    host_link.poll(clock.now)
+    opened[0].closed = True                     # lost: Slurm does not know yet (SlurmdTimeout)
+    clock.now += 1
+    host_link.poll(clock.now)
+    _wait(lambda: len(opened) == 2)
+    assert host_link.ended is None
+    transport.gone = HostEndedError("h3", "Slurm job 7 has ended (NODE_FAIL, reason NodeDown): Slurm ends its steps",
+                                    whole_job=True)
+    opened[1].closed = True                     # srun ended with its job
+    clock.now += 1
+    host_link.poll(clock.now)
+    _wait(lambda: host_link.ended is not None)
+    assert host_link.lost_since is not None and "NODE_FAIL" in host_link.error
+    time.sleep(links.REOPEN_DELAY / 4)
+    assert len(opened) == 2 and host_link.stream is None        # no watch opened again
+
+
+def test_an_unexpected_error_while_reopening_does_not_end_the_reopening(link, monkeypatch):
+    """An error that is not pscluster's (a broken pipe to srun) is named and the link tries again:
+    before, it ended the reopening thread and the host stayed lost until its timeout."""
+    host_link, clock, transport, opened = link
+    monkeypatch.setattr(links, "REOPEN_DELAY", 0.05)
+    transport.fail_next = BrokenPipeError(32, "Broken pipe")
+    opened[0].closed = True
+    clock.now += 1
+    host_link.poll(clock.now)
+    _wait(lambda: len(opened) == 2)
+    assert "BrokenPipeError" in host_link.error and host_link.ended is None
+    opened[1].pending.append("beat")
+    clock.now += 1
+    assert host_link.poll(clock.now) == ["beat"] and host_link.lost_since is None and host_link.error is None

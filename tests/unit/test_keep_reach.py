@@ -48,3 +48,36 @@ def test_stop_names_a_host_the_plan_does_not_know_instead_of_failing():
     stopped, errors = stop_records(without(old, lost), [record(lost, "worker:2")], TransportPool(), Reporter(), grace=1)
     assert stopped == [] and "no longer says how to reach" in errors[lost].message
     assert "4242" in errors[lost].hint
+
+
+def test_stop_counts_the_records_of_a_host_whose_slurm_job_ended_as_stopped():
+    """`down` after Slurm ended the allocation (NODE_FAIL, scancel, time limit): Slurm killed the
+    steps, our processes in them; `down` finishes instead of failing on every host (seen: "srun:
+    error: Slurm job 1 has expired" from each, exit 1, "when the host is reachable again...")."""
+    from cluster.errors import HostEndedError
+    from cluster.transport.base import Transport
+
+    class Ended(Transport):
+        def run(self, argv, *, stdin=None, timeout=60.0):
+            raise HostEndedError(self.host.name, "Slurm job 7 has ended (NODE_FAIL, reason NodeDown): Slurm ends "
+                                                 "its steps, and every task pscluster started there with them",
+                                 whole_job=True)
+
+        def stream(self, argv, *, stdin=None):
+            raise AssertionError("not used")
+
+        def _put_files(self, files, *, mode=None):
+            raise AssertionError("not used")
+
+    plan = lab_plan()
+    host = plan.hosts[-1].name
+    events = []
+    reporter = Reporter()
+    reporter.emit = lambda kind, **fields: events.append((kind, fields))
+    records = [record(host, "worker:2"), replace(record(host, "ps:1"), key="ps:1#1")]
+    stopped, errors = stop_records(plan, records, TransportPool(Ended), reporter, grace=1)
+    assert errors == {} and sorted(r.task for r in stopped) == ["ps:1", "worker:2"]
+    assert all(r.stopped for r in stopped)
+    assert ("message", {"text": f"{host}: Slurm job 7 has ended (NODE_FAIL, reason NodeDown): Slurm ends its "
+                                "steps, and every task pscluster started there with them"}) in events
+    assert sum(kind == "task-stopped" for kind, _ in events) == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import dataclasses
@@ -121,3 +122,15 @@ def test_a_symlink_travels_as_its_content_in_every_transport(tmp_path, monkeypat
     member = tarfile.open(fileobj=io.BytesIO(sent[0])).getmembers()[0]
     assert member.isreg() and member.size == len("content")
 
+
+
+def test_a_local_stream_of_a_command_that_ends_before_reading_is_a_closed_stream():
+    """srun of a Slurm job that has ended exits before it reads the watch program: the write to
+    its stdin broke the pipe, and the BrokenPipeError ended the supervisor's reopening thread."""
+    stream = LocalTransport(dataclasses.replace(HOST, connection="local")).stream(
+        ["true"], stdin=b"x" * (4 << 20))         # more than a pipe holds: the write must meet the end
+    deadline = time.monotonic() + 10
+    while not stream.closed and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert stream.closed and stream.lines() == []
+    stream.close()

@@ -327,3 +327,43 @@ def test_sbatch_option_fuzz():
         assert block[-3:] == [f"#SBATCH --signal=B:USR1@{job.warn_seconds}", "#SBATCH --requeue",
                               "#SBATCH --open-mode=append"]
     assert refused and accepted
+
+
+@pytest.mark.parametrize("detail, end", [
+    ("JobId=7 JobName=x JobState=RUNNING Reason=None Dependency=(null) NodeList=n[1-2]", None),
+    ("JobId=7 JobState=SUSPENDED Reason=None", None),
+    ("JobId=7 JobName=x JobState=NODE_FAIL Reason=NodeDown Dependency=(null)", "NODE_FAIL, reason NodeDown"),
+    ("JobId=7 JobState=CANCELLED Reason=None", "CANCELLED"),
+    ("JobId=7 JobState=TIMEOUT Reason=TimeLimit", "TIMEOUT, reason TimeLimit"),
+    ("JobId=7 JobState=PENDING Reason=BeginTime", "PENDING, reason BeginTime"),      # requeued: the steps are gone
+    ("no such text", None),                                                         # cannot tell: not ended
+])
+def test_how_a_slurm_job_ended_from_scontrol(detail, end):
+    from cluster.transport.slurm import ENDED_HINTS, ended_error, job_end
+    assert job_end(detail) == end
+    if end is not None:
+        error = ended_error("n2", "7", end)
+        assert error.message.startswith(f"n2: Slurm job 7 has ended ({end})") and "ends its steps" in error.message
+        assert error.hint == ENDED_HINTS.get(end.split(",")[0], error.hint) and "--resume" in error.hint
+    assert "--no-kill" in ENDED_HINTS["NODE_FAIL"]
+    # Still COMPLETING after a node failed (seen first, before NODE_FAIL): the node failure's hint.
+    assert ended_error("n1", "7", "COMPLETING, reason NodeDown").hint == ENDED_HINTS["NODE_FAIL"]
+
+
+@pytest.mark.parametrize("rc, stdout, stderr, expected", [
+    (0, "JobId=7 JobState=RUNNING Reason=None NodeList=n[1-2]", "", None),
+    (0, "JobId=7 JobState=RUNNING Reason=None NodeList=n1", "", "n2 is not in Slurm job 7's allocation (n1)"),
+    (0, "JobId=7 JobState=NODE_FAIL Reason=NodeDown NodeList=n[1-2]", "", "Slurm job 7 has ended (NODE_FAIL"),
+    (1, "", "slurm_load_jobs error: Invalid job id specified", "Slurm job 7 has ended (no longer known to Slurm)"),
+    (1, "", "slurm_load_jobs error: Unable to contact slurm controller", None),             # cannot tell
+])
+def test_whether_a_node_is_gone_for_good_from_its_slurm_job(monkeypatch, rc, stdout, stderr, expected):
+    import subprocess
+    from cluster.transport import slurm
+    monkeypatch.setattr(slurm.subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, rc, stdout, stderr))
+    gone = slurm.allocation_end("7", "n2")
+    if expected is None:
+        assert gone is None
+    else:
+        assert gone is not None and expected in gone.message
+        assert gone.whole_job == ("has ended" in expected)

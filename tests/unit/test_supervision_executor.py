@@ -150,8 +150,9 @@ def test_the_record_says_which_hosts_were_heard_and_when_in_wall_time():
 
 
 class _LostLink:
-    def __init__(self, lost_since: float):
-        self.lost_since, self.error = lost_since, "no heartbeat for 4 s"
+    def __init__(self, lost_since: float, ended=None):
+        self.lost_since, self.error, self.ended = lost_since, "no heartbeat for 4 s", ended
+        self.reported = True          # on_host_lost: said already
 
     def poll(self, now):
         return []
@@ -195,3 +196,26 @@ def test_a_restart_that_waits_for_a_host_lost_past_the_timeout_asks_the_kind_to_
     assert executor.kind.dropped == [("localhost", "lost for over 60 s (no heartbeat for 4 s)")]
     assert sleeps == [1.0]                    # the backoff, then no wait: the host was lost long enough
     assert not executor.reporter.of("job-state") or executor.reporter.of("job-state")[-1].data["event"] != "restarted"
+
+
+@pytest.mark.parametrize("whole_job, goes_on", [(True, True), (False, True), (False, False)])
+def test_a_host_gone_for_good_is_acted_on_without_waiting_for_the_host_timeout(job, whole_job, goes_on):
+    """Issue 41 item 5, Slurm: the link says its host will not answer again (HostLink.ended).
+    The whole job ended (NODE_FAIL without --no-kill): the job fails at once with Slurm's word,
+    nothing asked of the kind. The node left the allocation (--no-kill): the kind goes on without
+    it now (lost for 5 s here, the timeout is 60), or the job fails with the reason."""
+    from cluster.errors import HostEndedError
+    executor, _, _ = job
+    executor.kind = _WaitingKind(goes_on)
+    executor.watched.clear()
+    gone = HostEndedError("localhost", "Slurm job 7 has ended (NODE_FAIL, reason NodeDown)" if whole_job else
+                          "localhost left Slurm job 7", whole_job=whole_job)
+    executor.links = {"localhost": _LostLink(lost_since=95.0, ended=gone)}
+    if whole_job or not goes_on:
+        with pytest.raises(JobFailed) as caught:
+            executor.decide(100.0)
+        assert str(gone).splitlines()[0] in str(caught.value)
+    else:
+        assert executor.decide(100.0) is False
+    expected = [] if whole_job else [("localhost", "is out of the Slurm job's allocation (a failed node)")]
+    assert executor.kind.dropped == expected
