@@ -17,6 +17,7 @@ from ..errors import PsclusterError
 
 
 STATE_STYLES = {"ready": "green", "running": "green", "starting": "yellow", "exited": "red", "lost": "red",
+                "not answering": "red",
                 "not started": "dim", "stopped": "dim", "failed": "red", "up": "green", "done": "green"}
 
 

@@ -6,7 +6,7 @@ import functools
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..hosts import hostops
 from ..contracts import ProcessKind
@@ -14,8 +14,9 @@ from ..fanout import fan_out
 from ..layout import ready_file
 from ..liveness import orchestrator_alive, supervisor_health
 from ..hosts.probe import Prober
-from ..state import RunState
-from ..transport import TransportPool
+from ..plan import TaskSpec
+from ..state import ProcessRecord, RunState
+from ..transport import Transport, TransportPool
 from ..transport.limits import ensure_open_files
 from .tasks import records_by_host
 
@@ -174,13 +175,30 @@ def cluster_status(state: RunState, *, pool: TransportPool, prober: Prober | Non
         elif task.standing and task.host in fresh:
             rows.append(row(pid=record.pid, state="ready", uptime=status.uptime))
         elif task.standing and prober is not None:
-            probe = prober.probe(task.target, timeout=2.0, via=pool.get(plan.host(task.host)))
-            rows.append(row(pid=record.pid, state="ready" if probe.ok else "starting",
-                                devices=tuple(d.name for d in probe.devices), uptime=status.uptime,
-                                detail="" if probe.ok else (probe.error or "")))
+            rows.append(_probed(row, task, record, status, prober, pool.get(plan.host(task.host))))
         else:
             rows.append(row(pid=record.pid, state="running", uptime=status.uptime))
     return rows
+
+
+STARTED_FOR = 60.0      # a server up this long that does not answer is no longer starting
+
+
+def _probed(row: Callable[..., TaskRow], task: TaskSpec, record: ProcessRecord, status: hostops.TaskStatus,
+            prober: Prober, via: Transport) -> TaskRow:
+    """A standing server's row from its gRPC probe (2 s). One up for over :data:`STARTED_FOR`
+    that misses it is asked once more for 5 s (a loaded machine: a missed 2 s made a server up
+    for minutes read ``starting``) and, silent again, is ``not answering``."""
+    probe = prober.probe(task.target, timeout=2.0, via=via)
+    long_up = status.uptime is not None and status.uptime > STARTED_FOR
+    if not probe.ok and long_up:
+        probe = prober.probe(task.target, timeout=5.0, via=via)
+    if probe.ok:
+        return row(pid=record.pid, state="ready", devices=tuple(d.name for d in probe.devices), uptime=status.uptime)
+    if long_up:
+        return row(pid=record.pid, state="not answering", uptime=status.uptime,
+                   detail=f"its gRPC server did not answer within 5 s ({probe.error or 'no answer'})")
+    return row(pid=record.pid, state="starting", uptime=status.uptime, detail=probe.error or "")
 
 
 def _not_started(standby: StandbyView | None) -> str:

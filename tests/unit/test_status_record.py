@@ -121,3 +121,37 @@ def test_the_source_says_how_old_the_record_is_in_the_json(tmp_path):
     assert document["source"] == {"from_record": ["h1"], "probed": ["h2"], "record_age": 0.8}
     assert source.describe() == "1 host(s) from the supervisor's record (heard 0.8 s ago or less); 1 asked now"
     assert Source((), ("h1", "h2")).describe() == "every host asked now (2)"
+
+
+class ScriptedProber:
+    """Answers each probe from ``answers`` in turn (True: the server answers)."""
+
+    def __init__(self, *answers: bool):
+        self.answers, self.timeouts = list(answers), []
+
+    def probe(self, target, *, timeout=2.0, via=None):
+        from cluster.hosts.probe import ProbeResult
+        self.timeouts.append(timeout)
+        ok = self.answers.pop(0)
+        return ProbeResult(target, ok, error=None if ok else "DEADLINE_EXCEEDED")
+
+
+@pytest.mark.parametrize("uptime, answers, state, timeouts", [
+    (5.0, [False], "starting", [2.0]),                       # just started: not asked again
+    (600.0, [True], "ready", [2.0]),
+    (600.0, [False, True], "ready", [2.0, 5.0]),             # a loaded machine missed 2 s: asked once more
+    (600.0, [False, False], "not answering", [2.0, 5.0]),    # up 10 min and silent: not "starting"
+])
+def test_a_server_long_up_that_misses_its_probe_is_asked_again_and_not_called_starting(
+        tmp_path, monkeypatch, uptime, answers, state, timeouts):
+    """Seen in CI beside a busy loop: a server up for minutes missed status's one 2 s probe and
+    read ``starting`` (tests/faults' two-clusters test then waited on it)."""
+    base = cluster(tmp_path, None)
+    monkeypatch.setattr(status_mod.hostops, "status_and_read", lambda transport, records, reads: (
+        {r.key: hostops.TaskStatus(r.key, "running", uptime=uptime) for r in records}, []))
+    prober = ScriptedProber(*answers)
+    rows = cluster_status(base, pool=NoPool(), prober=prober, fresh={})    # type: ignore[arg-type]
+    row = next(r for r in rows if r.role == "ps")
+    assert row.state == state and prober.timeouts == timeouts
+    if state == "not answering":
+        assert "did not answer within 5 s (DEADLINE_EXCEEDED)" in row.detail
