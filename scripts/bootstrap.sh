@@ -81,9 +81,12 @@ if [ ! -e .venv ] && [ -n "$cached" ] && [ -f "$cached/.pscluster-cache-origin" 
   if cp -al "$cached" .venv 2>/dev/null; then
     origin=$(cat "$cached/.pscluster-cache-origin")
     here=$PWD/.venv
+    # Literal paths in sed: a checkout path may hold | & . * [ and the like.
+    pattern=$(printf '%s' "$origin" | sed 's/[][\\.*^$|]/\\&/g')
+    replacement=$(printf '%s' "$here" | sed 's/[\\&|]/\\&/g')
     for file in .venv/bin/* .venv/pyvenv.cfg; do
       if [ -f "$file" ] && [ ! -L "$file" ] && grep -qIF "$origin" "$file"; then
-        sed "s|$origin|$here|g" "$file" > "$file.new" && chmod --reference="$file" "$file.new" && mv -f "$file.new" "$file"
+        sed "s|$pattern|$replacement|g" "$file" > "$file.new" && chmod --reference="$file" "$file.new" && mv -f "$file.new" "$file"
       fi
     done
     rm -f .venv/.pscluster-cache-origin

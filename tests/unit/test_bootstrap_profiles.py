@@ -135,5 +135,9 @@ def test_a_fresh_clone_links_the_venv_this_machine_built_and_installs_only_psclu
     assert (first / ".venv" / "bin" / "tool").read_text().splitlines()[0] == f"#!{first}/.venv/bin/python"
     assert not (second / ".venv" / ".pscluster-cache-origin").exists()
     assert (second / ".venv" / ".pscluster-setup-stamp").read_text().endswith(" demo\n")
+    # A checkout path with sed's special characters (before: "s|$origin|$here|g" broke on | and &).
+    odd = tmp_path / "odd|dir&x.[1]"
+    assert run(odd) == ["python -m pip install -q --no-deps --no-build-isolation -e ."]
+    assert (odd / ".venv" / "bin" / "tool").read_text().splitlines()[0] == f"#!{odd}/.venv/bin/python"
     # Turned off: pip's install as on a fresh machine.
     assert run(off, PSCLUSTER_BOOTSTRAP_CACHE="0") == ["python -m pip install -q -e .[cpu]"]
