@@ -9,6 +9,7 @@ protobuf wire format, so the control machine needs neither TensorFlow nor protob
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -100,6 +101,7 @@ class Prober:
 
     def __init__(self) -> None:
         self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()     # probes run in threads (status asks every server at once)
 
     def probe(self, target: str, *, timeout: float = 2.0, via=None) -> ProbeResult:
         """``via``: the task's host transport; a host behind a bastion is probed through its SSH
@@ -111,9 +113,10 @@ class Prober:
         if tunnel is not None:
             address, _, port = target.rpartition(":")
             target = tunnel(address.strip("[]"), int(port)) or target
-        channel = self._channels.get(target)
-        if channel is None:
-            channel = self._channels[target] = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        with self._lock:
+            channel = self._channels.get(target)
+            if channel is None:
+                channel = self._channels[target] = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
         call = channel.unary_unary(GET_STATUS, request_serializer=None, response_deserializer=None)
         try:
             response = call(b"", timeout=timeout)

@@ -30,9 +30,9 @@ all:
 """
 
 
-def cluster(tmp_path, job: JobProgress | None) -> RunState:
+def cluster(tmp_path, job: JobProgress | None, inventory: str = INVENTORY) -> RunState:
     path = tmp_path / "two.yaml"
-    path.write_text(INVENTORY)
+    path.write_text(inventory)
     plan = plan_cluster(load_inventory(str(path)), PlanOptions(local_python="/py", local_workdir="/wd"))
     state = RunState(name="two", plan=plan, phase="up", job=job)
     for task in plan.tasks:
@@ -155,3 +155,23 @@ def test_a_server_long_up_that_misses_its_probe_is_asked_again_and_not_called_st
     assert row.state == state and prober.timeouts == timeouts
     if state == "not answering":
         assert "did not answer within 5 s (DEADLINE_EXCEEDED)" in row.detail
+
+
+def test_the_servers_are_probed_at_once_not_one_after_another(tmp_path, monkeypatch):
+    """Each probe may take 2 s (7 s for one long up): asked in turn, a few silent servers made
+    status wait for each. Each probe here waits until the other has begun: in turn, they never meet."""
+    import threading
+    base = cluster(tmp_path, None, INVENTORY.replace("h1: {ansible_host: 127.0.0.1}",
+                                                     "h1: {ansible_host: 127.0.0.1}\n        h3: {ansible_host: 127.0.0.3}"))
+    monkeypatch.setattr(status_mod.hostops, "status_and_read", lambda transport, records, reads: (
+        {r.key: hostops.TaskStatus(r.key, "running", uptime=5.0) for r in records}, []))
+    met = threading.Barrier(2, timeout=10)
+
+    class MeetingProber:
+        def probe(self, target, *, timeout=2.0, via=None):
+            from cluster.hosts.probe import ProbeResult
+            met.wait()
+            return ProbeResult(target, True)
+
+    rows = cluster_status(base, pool=NoPool(), prober=MeetingProber(), fresh={})    # type: ignore[arg-type]
+    assert [(r.role, r.host, r.state) for r in rows if r.role == "ps"] == [("ps", "h1", "ready"), ("ps", "h3", "ready")]
