@@ -23,7 +23,7 @@ from typing import Any, Callable, Generic, Iterable, Sequence, TypeVar
 
 from ..hosts import hostops
 from ..contracts import CLEANUP_GRACE, DEFAULT_GRACE, JobState, Phase, ProcessKind, ProcState, RestartPolicy
-from ..errors import HostError, PsclusterError, TaskError, UsageError
+from ..errors import HostEndedError, HostError, PsclusterError, TaskError, UsageError
 from .daemon import DaemonFiles, job_conflict, run_gone
 from ..liveness import orchestrator_alive, process_starttime, stop_supervisor
 from ..events import Reporter
@@ -437,6 +437,8 @@ class JobExecutor(Generic[K]):
                 if not self.carry_out(self.kind.recovery(self, incident)):
                     return      # a host it waited for was lost for good: the job went on without it
             except (TaskError, HostError) as exc:      # the restart itself failed: try again, on budget
+                if isinstance(exc, HostEndedError) and exc.whole_job:
+                    raise self.fail(exc)               # its Slurm job ended: nothing can start again
                 if isinstance(exc, HostError) and exc.host in self.links and self.links[exc.host].lost_since is not None:
                     if self.kind.drop_out(self, exc.host, f"lost while restarting {proc.task} ({exc.message.splitlines()[0]})"):
                         return

@@ -747,6 +747,16 @@ class Resizer:
             self.notices = NoticeDrains(state_dir=ex.store.root, name=ex.name, source=source,
                                         default_deadline=options.notice_deadline or DEFAULT_NOTICE_DEADLINE)
         said = {host: notice for host, link in ex.links.items() if (notice := link.take_notice()) is not None}
+        for host in [host for host, notice in said.items() if notice.get("signal") == "SIGTERM"]:
+            # Slurm ending the whole job (NODE_FAIL, scancel, its time limit) signals every step:
+            # the tasks there got the SIGTERM themselves and checkpoint on it; a drain of the
+            # chief's host would only stop this supervisor (exit 143) before it could say why.
+            ended = ex.pool.get(ex.plan.host(host)).ended()
+            if ended is not None and ended.whole_job:
+                said.pop(host)
+                ex.reporter.emit("message", level="warning",
+                                 text=f"{host}'s watch got SIGTERM: {ended.message.split(': ', 1)[-1].splitlines()[0]}; "
+                                      "no drain (its tasks got the signal too)")
         self.notices.turn(now=ex.clock(), wall=ex.wall(), reporter=ex.reporter, watch_notices=said,
                           hosts={task.host for task in ex.plan.tasks}, drained=set(ex.state.drained))
 
