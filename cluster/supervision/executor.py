@@ -52,6 +52,9 @@ REPLACE_TIMEOUT = 300.0     # --replace: the old job's leader may take --stop-gr
 K = TypeVar("K", bound=JobKind)
 
 
+OUT_OF_ALLOCATION = "is out of the Slurm job's allocation (a failed node)"     # why a host left for good
+
+
 class JobExecutor(Generic[K]):
     """Runs one job's processes; its ``kind`` says what the job is (see the module docstring)."""
 
@@ -384,7 +387,7 @@ class JobExecutor(Generic[K]):
         if not ended:
             return False
         first = ended[0]
-        if self.kind.drop_out(self, first.host, "is out of the Slurm job's allocation (a failed node)"):
+        if self.kind.drop_out(self, first.host, OUT_OF_ALLOCATION):
             return True
         raise self.fail(first)
 
@@ -645,7 +648,11 @@ class JobExecutor(Generic[K]):
         for host in dict.fromkeys(hosts):
             link = self.links.get(host)
             while link is not None and link.lost_since is not None:
-                if link.ended is not None:
+                if link.ended is not None and link.ended.whole_job:
+                    raise self.fail(link.ended)
+                if link.ended is not None:          # out of the Slurm allocation: gone for good now
+                    if self.kind.drop_out(self, host, OUT_OF_ALLOCATION):
+                        return False
                     raise self.fail(link.ended)
                 lost_for = self.clock() - min(link.lost_since, started)
                 if lost_for > self.host_timeout:

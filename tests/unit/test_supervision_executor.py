@@ -219,3 +219,21 @@ def test_a_host_gone_for_good_is_acted_on_without_waiting_for_the_host_timeout(j
         assert executor.decide(100.0) is False
     expected = [] if whole_job else [("localhost", "is out of the Slurm job's allocation (a failed node)")]
     assert executor.kind.dropped == expected
+
+
+@pytest.mark.parametrize("goes_on", [True, False])
+def test_a_restart_that_waits_for_a_node_out_of_the_allocation_goes_on_without_it_at_once(job, goes_on):
+    """The restart's wait for a host (the async chief with a lost ps) learns that the node is out
+    of the Slurm allocation (--no-kill): no host timeout to wait out (lost 5 s of 60 here)."""
+    from cluster.errors import HostEndedError
+    executor, _, sleeps = job
+    executor.kind = _WaitingKind(goes_on)
+    executor.links = {"localhost": _LostLink(lost_since=95.0, ended=HostEndedError(
+        "localhost", "localhost is not in Slurm job 7's allocation (n1)", whole_job=False))}
+    if goes_on:
+        executor.handle(incident_of(executor))
+    else:
+        with pytest.raises(JobFailed, match="not in Slurm job 7's allocation"):
+            executor.handle(incident_of(executor))
+    assert executor.kind.dropped == [("localhost", "is out of the Slurm job's allocation (a failed node)")]
+    assert sleeps == [1.0]                    # the backoff only: no wait for the host
