@@ -241,6 +241,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        deadline = time.monotonic() + 10      # gone from their cgroups, so that the folders can go
+        while self.cgroup_pids() and time.monotonic() < deadline:
+            time.sleep(0.1)
         for node in self.nodes:
             root = f"/sys/fs/cgroup/freezer/slurm_{node}"
             for dirpath, _, _ in sorted(os.walk(root), key=lambda item: -len(item[0])):
