@@ -14,7 +14,12 @@ TCP connections, sampled every ``--interval`` seconds from /proc. Then a fit per
 phase (benchmarks/scalefit.py), projections to 1,000 and 10,000 hosts, and which limit the
 projections reach first.
 
-Usage (root): ``python -m benchmarks.scale --hosts 4,16,64 [--watch 60] [--json] [--out F] [--profile DIR]``.
+``--throttle 0.1`` runs each size a second time with every tenth host behind a ``--rate`` link
+(tc tbf on its bridge-side veth), phases marked ``~slow``, and prints their wall and CPU
+seconds against the all-fast pass (issue 46: "hosts that answer slowly").
+
+Usage (root): ``python -m benchmarks.scale --hosts 4,16,64 [--watch 60] [--throttle 0.1 [--rate 8mbit]]
+[--json] [--out F] [--profile DIR]``.
 The lab has max(N)+1 hosts and is removed at the end, whatever happens.
 """
 from __future__ import annotations
@@ -155,9 +160,20 @@ class _ChildCpu:
         self.base = now
 
 
-def run_size(lab: manylab.ManyLab, n: int, work: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The six phases on the lab's first ``n`` hosts; the cluster is always brought down."""
-    name = f"scale{n}"
+def slow_hosts(lab: manylab.ManyLab, n: int, fraction: float) -> list[str]:
+    """Every ``1/fraction``-th host of the first ``n + 1`` (``scale``'s extra one included):
+    node-10, node-20, ... for 0.1."""
+    if fraction <= 0:
+        return []
+    every = max(1, round(1 / fraction))
+    return [name for i, name in enumerate(lab.names[:n + 1], start=1) if i % every == 0]
+
+
+def run_size(lab: manylab.ManyLab, n: int, work: Path, args: argparse.Namespace,
+             suffix: str = "") -> list[dict[str, Any]]:
+    """The six phases on the lab's first ``n`` hosts; the cluster is always brought down.
+    ``suffix`` marks a pass's phases (``~slow``: a tenth of the hosts throttled)."""
+    name = f"scale{n}{'t' if suffix else ''}"
     inventory = manylab.write_inventory(lab, work / f"{name}.yaml", hosts=n)
     scaled = manylab.write_inventory(lab, work / f"{name}-plus1.yaml", hosts=n + 1)
     state = work / "state"
@@ -179,7 +195,7 @@ def run_size(lab: manylab.ManyLab, n: int, work: Path, args: argparse.Namespace)
             row = measure(argv, state, interval=args.interval, interrupt_after=interrupt, profile=profile,
                           during=during)
             cpu.take(row)
-            row.update(hosts=n, phase=phase)
+            row.update(hosts=n, phase=phase + suffix)
             beside = row.pop("during", None)
             if phase == "down":
                 row["left"] = len(cluster_pids(name))
@@ -190,11 +206,11 @@ def run_size(lab: manylab.ManyLab, n: int, work: Path, args: argparse.Namespace)
                 print(row["output_tail"], file=sys.stderr)
             if beside is not None:
                 # `status` while the job is supervised: from the supervisor's record (issue 46)
-                rows.append({**beside, "hosts": n, "phase": "status*"})
+                rows.append({**beside, "hosts": n, "phase": "status*" + suffix})
                 print(f"  {n:>5} status* {beside['wall_s']:7.2f} s  cpu {beside['cpu_s']:6.2f} s  rc {beside['rc']}",
                       file=sys.stderr, flush=True)
                 print(beside["output_tail"][-600:], file=sys.stderr)
-            if row["rc"] not in (0, 130) and phase in ("up", "check"):
+            if row["rc"] not in (0, 130) and phase in ("up", "check") and not suffix:
                 raise RuntimeError(f"pscluster {phase} at {n} hosts failed:\n{row['output_tail']}")
     finally:
         if not rows or rows[-1]["phase"] != "down":
@@ -219,8 +235,44 @@ def limits(rows: Sequence[dict[str, Any]]) -> list[scalefit.Limit]:
     return found
 
 
+def run_slow(lab: manylab.ManyLab, n: int, work: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The six phases again with ``--throttle`` of the hosts (scale's extra host included) behind
+    a ``--rate`` link (tbf on the bridge side: what is sent to them), then the links freed."""
+    slow = slow_hosts(lab, n, args.throttle)
+    for host in slow:
+        lab.throttle(host, args.rate)
+    print(f"  {n:>5} {len(slow)} host(s) throttled to {args.rate}: {', '.join(slow[:5])}"
+          f"{' ...' if len(slow) > 5 else ''}", file=sys.stderr, flush=True)
+    try:
+        return run_size(lab, n, work, args, suffix="~slow")
+    finally:
+        for host in slow:
+            lab.unthrottle(host)
+
+
+def slow_ratios(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Per size and phase: wall and CPU seconds with a tenth throttled against all fast."""
+    plain = {(row["hosts"], row["phase"]): row for row in rows}
+    body = []
+    for row in rows:
+        if not row["phase"].endswith("~slow"):
+            continue
+        base = plain.get((row["hosts"], row["phase"][:-len("~slow")]))
+        if base is None:
+            continue
+        body.append([str(row["hosts"]), base["phase"], f"{base['wall_s']:.2f}", f"{row['wall_s']:.2f}",
+                     f"{row['wall_s'] / base['wall_s']:.2f}" if base["wall_s"] else "-",
+                     f"{base.get('cpu_s', 0):.2f}", f"{row.get('cpu_s', 0):.2f}", str(row["rc"])])
+    return ["hosts", "phase", "wall s, all fast", "wall s, a tenth slow", "ratio", "CPU s, fast", "CPU s, slow",
+            "rc (slow)"], body
+
+
 def report(rows: Sequence[dict[str, Any]]) -> None:
     print_columns(*scalefit.table(rows))
+    slow = slow_ratios(rows)
+    if slow[1]:
+        print()
+        print_columns(*slow)
     print()
     print_columns(*scalefit.projection_table(rows))
     print()
@@ -236,6 +288,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--watch", type=float, default=60.0, help="seconds a job is supervised per size")
     parser.add_argument("--every", type=float, default=1.0, help="seconds between the stand-in program's lines")
     parser.add_argument("--interval", type=float, default=0.25, help="seconds between /proc samples")
+    parser.add_argument("--throttle", type=float, default=0.0, metavar="FRACTION",
+                        help="also run each size with this fraction of the hosts behind a slow link (e.g. 0.1)")
+    parser.add_argument("--rate", default="8mbit", help="the slow links' rate (tc tbf; default 8mbit)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out")
     parser.add_argument("--profile", metavar="DIR",
@@ -251,8 +306,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"lab of {len(lab.hosts)} hosts in {lab.timings.get('start', 0):.1f} s", file=sys.stderr)
             for n in sizes:
                 rows += run_size(lab, n, work, args)
+                if args.throttle:
+                    rows += run_slow(lab, n, work, args)
     document = {"rows": [{k: v for k, v in row.items() if k != "output_tail"} for row in rows],
-                "config": {"hosts": sizes, "watch_s": args.watch, "cpus": os.cpu_count()}}
+                "config": {"hosts": sizes, "watch_s": args.watch, "cpus": os.cpu_count(),
+                           "throttle": args.throttle, "rate": args.rate}}
     if args.out:
         Path(args.out).write_text(json.dumps(document, indent=1) + "\n")
     if args.json:

@@ -40,7 +40,8 @@ from typing import Mapping, Sequence
 
 from testbed import netlab
 
-__all__ = ["MAX_HOSTS", "ManyLab", "address_of", "free_subnet", "inventory_groups", "write_inventory"]
+__all__ = ["MAX_HOSTS", "ManyLab", "address_of", "free_subnet", "inventory_groups", "write_inventory",
+           "write_standin_python"]
 
 MAX_HOSTS = 1023            # ports of one Linux bridge (BR_MAX_PORTS 1024) less none spare
 DEFAULT_SUBNET = "127.79.0"
@@ -132,18 +133,25 @@ class ManyLab(netlab.Lab):
         ])
 
     def _write_wrapper(self) -> None:
-        """``<root>/bin/python``: the stand-in server for ``-m roles.server``, else the venv's Python."""
-        real = netlab.venv_python()
-        self.python.parent.mkdir(parents=True, exist_ok=True)
-        self.python.write_text(
-            "#!/bin/sh\n"
-            "# pscluster_python of a testbed.manylab host: TensorFlow's standing server is a stand-in\n"
-            'if [ "$1" = "-m" ] && [ "$2" = "roles.server" ]; then\n'
-            "    shift 2\n"
-            f'    exec {real} -I -S {STANDIN} server "$@"\n'
-            "fi\n"
-            f'exec {real} "$@"\n')
-        self.python.chmod(self.python.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        write_standin_python(self.python)
+
+
+def write_standin_python(path: pathlib.Path) -> pathlib.Path:
+    """An interpreter wrapper at ``path`` for ``pscluster_python``: the stand-in server for
+    ``-m roles.server``, the virtualenv's Python for everything else (the lab's, and
+    benchmarks/slurm_steps.py's)."""
+    real = netlab.venv_python()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "#!/bin/sh\n"
+        "# pscluster_python of a stand-in host: TensorFlow's standing server is testbed/standin.py\n"
+        'if [ "$1" = "-m" ] && [ "$2" = "roles.server" ]; then\n'
+        "    shift 2\n"
+        f'    exec {real} -I -S {STANDIN} server "$@"\n'
+        "fi\n"
+        f'exec {real} "$@"\n')
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
 
 
 def inventory_groups(names: Sequence[str], *, ps_every: int = 1) -> dict[str, list[str]]:

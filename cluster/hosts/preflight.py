@@ -213,6 +213,16 @@ def check_cluster(plan: ClusterPlan, facts: dict[str, hostops.HostFacts], *,
 
 
 REACH_TIMEOUT = 3.0      # seconds per host-to-host TCP connect; listeners live a few times longer
+# ... and longer with more hosts: the first host's listener must outlive the listen fan-out and
+# the whole connect phase (at 256 hosts on a loaded control machine the two took ~40 s, past a
+# fixed 18 s: 195 of 256 hosts found their peers' first ports "refused"). `unlisten` ends them
+# as soon as the check is done; this bound is for a host lost in between.
+LISTEN_PER_HOST = 0.5
+
+
+def listen_seconds(hosts: int) -> float:
+    """How long each host's reach listeners live at most, for a check of ``hosts`` hosts."""
+    return 6 * REACH_TIMEOUT + LISTEN_PER_HOST * hosts
 
 
 def check_reach(plan: ClusterPlan, pool: TransportPool, hosts: list[HostSpec]) -> list[CheckResult]:
@@ -233,7 +243,7 @@ def check_reach(plan: ClusterPlan, pool: TransportPool, hosts: list[HostSpec]) -
         ports = sorted({task.port for task in tasks if task.host == host.name})
         address = next(task.address for task in tasks if task.host == host.name)   # its family: IPv4 or IPv6
         return hostops.call(pool.get(host), "listen", {"ports": ports, "address": address,
-                                                       "seconds": 6 * REACH_TIMEOUT})
+                                                       "seconds": listen_seconds(len(hosts))})
 
     def connect(host: HostSpec):
         targets = sorted({(task.address, task.port) for task in tasks if task.host != host.name and task.port in
