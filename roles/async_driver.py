@@ -34,7 +34,8 @@ so the loop is ours:
 * workers join and leave without a restart when the orchestrator asks, between two
   closures (roles/membership.py): the chief waits for what is in flight, points its
   context and the coordinator at the new cluster and creates the per-worker datasets
-  again, sharded by the new count.
+  again, sharded by the new count; a drained worker (``{"retire": [...]}``) leaves anywhere
+  in the list, nobody renumbered, once its closure in flight ended (roles/workerloss.py).
 """
 
 from __future__ import annotations
@@ -186,14 +187,15 @@ class AsyncTrainer:
         # answers again (roles/workerloss.py). A closure whose worker vanished without a word never
         # returns by itself: the watch says which worker the chief waits on, and makes a hung closure
         # fail so that the worker is counted out (roles/closures.py).
-        workerloss.install()
         # Training input repeats forever (roles/datasets.py): its end is a worker's broken iterator.
         self.worker_loss = workerloss.WorkerLoss(self.coordinator, self.cluster.get("worker", []),
                                                  endless_input=True)
         self.watch = (closures.ClosureWatch(self.cluster.get("worker", []), reporter.writer.emit,
                                             busy=self._busy)
                       if closures.install() else None)
+        workerloss.install()     # after closures': a drained worker's held thread is not one that runs
         self.pending: collections.deque[dict] = collections.deque()    # the orchestrator's requests, for the loop
+        self.retiring: list[tuple[int, list[int], float]] = []   # drains asked: (seq, indices, since)
         self.checkpoint_due = False
         self.snapshot_every = plan.snapshot_every or 0.0
         self.next_snapshot = time.monotonic() + self.snapshot_every
@@ -257,6 +259,7 @@ class AsyncTrainer:
         lookout = closures.Lookout(self.look_out, WAIT_SLICE).start()
         while self.scheduled < self.plan.steps_total and not self.link.stop_requested:
             self.report_news()
+            self.answer_retired()
             self.max_in_flight = IN_FLIGHT_PER_WORKER * self.worker_loss.live(self.workers)
             if self.take_back():
                 continue        # its news next turn
@@ -291,6 +294,9 @@ class AsyncTrainer:
         request = self.pending.popleft() if self.pending else None
         if request is None:
             return True
+        if "retire" in request:
+            self.retire(request)
+            return True
         try:
             added, removed = plan_change(self.cluster, request.get("cluster"))
         except MembershipRefused as exc:
@@ -313,6 +319,33 @@ class AsyncTrainer:
                                   step=int(self.step_var.numpy()), added=len(added), removed=removed,
                                   seconds=round(time.perf_counter() - began, 3))
         return True
+
+    def retire(self, request: dict) -> None:
+        """``{"seq", "retire": [worker addresses]}`` (``pscluster drain HOST``): those workers take
+        no new closure (roles/workerloss.py); :meth:`answer_retired` says when their last ended."""
+        addresses = request["retire"] if isinstance(request["retire"], list) else []
+        workers = list(self.cluster.get("worker", []))
+        indices = sorted({workers.index(a) for a in addresses if isinstance(a, str) and a in workers})
+        if not indices or len(indices) != len(addresses):
+            refused = f"not workers of this cluster: {[a for a in addresses if a not in workers][:4]}"
+        elif not set(range(self.workers)) - self.worker_loss.out() - set(indices):
+            refused = "it leaves no worker that trains"
+        else:
+            self.worker_loss.retire(indices)
+            self.retiring.append((request["seq"], indices, time.perf_counter()))
+            return
+        log.warning("drain %d refused: %s", request["seq"], refused)
+        self.reporter.writer.emit("membership", seq=request["seq"], refused=refused)
+
+    def answer_retired(self) -> None:
+        """A ``membership`` event for each drain whose workers have no closure left running."""
+        for entry in list(self.retiring):
+            seq, indices, since = entry
+            if self.worker_loss.idle(indices):
+                self.retiring.remove(entry)
+                self.reporter.writer.emit("membership", seq=seq, retired=[f"worker:{i}" for i in indices],
+                                          step=int(self.step_var.numpy()),
+                                          seconds=round(time.perf_counter() - since, 3))
 
     def schedule_one(self) -> bool:
         """Schedule the next closure (in the warm start, after the one before it ended), then
@@ -467,7 +500,7 @@ class AsyncTrainer:
         for what, index, why in self.worker_loss.news():
             self.reporter.writer.emit("worker", worker=f"worker:{index}", state=what, reason=why,
                                       step=int(self.step_var.numpy()))
-            log.warning("worker:%d %s%s", index, "is out" if what == "lost" else "is back",
+            log.warning("worker:%d %s%s", index, {"lost": "is out", "drained": "takes no new closure"}.get(what, "is back"),
                         f" ({why})" if why else "")
 
     # --- collecting closures -----------------------------------------------------------

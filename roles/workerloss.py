@@ -34,6 +34,16 @@ was restarted from its snapshot, 164 steps lost). Such a worker is counted out l
 its resources are created again when it is taken back, at most ``MAX_BROKEN_INPUT`` times a
 worker; after that the error goes to TensorFlow as before.
 
+A worker the orchestrator drains (``pscluster drain HOST``: roles/async_driver.py passes the
+request to :meth:`WorkerLoss.retire`) leaves without a failure: it is counted out at once, its
+closure in flight ends where it runs, and its thread, before its next closure, puts that closure
+back for the others and waits (:meth:`WorkerLoss.hold`, a wrapper of the worker's
+``_process_closure``). Once none of its closures runs (:meth:`WorkerLoss.idle`) the chief says so
+and the orchestrator stops its servers: no closure is cut and run again, so no step is done
+twice (before, the stop failed its closure in flight: 32 steps done again in every trial of
+benchmarks/drain.py). Undrained, it is taken back like a lost worker once its address, quiet
+after the stop, answers again.
+
 Everything else (a parameter server's error, an error of the user's function) goes to
 TensorFlow's handler unchanged. A closure that hangs rather than fails (a link cut without a
 reset) is made to fail by roles/closures.py.
@@ -78,6 +88,12 @@ class Parked:
     release: threading.Event = field(default_factory=threading.Event)
     answering: bool = False
     next_try: float = 0.0
+    # Retired by the orchestrator (a drain, :meth:`WorkerLoss.retire`): its thread waits before
+    # its next closure, and it is taken back only once its address went quiet and answers again
+    # (undrain: its servers start anew), not while the drained server still runs.
+    drained: bool = False
+    seen_down: bool = True
+    taken_back: bool = False        # released by :meth:`WorkerLoss.rejoin` (not by forget or stop)
 
 
 class WorkerLoss:
@@ -98,7 +114,8 @@ class WorkerLoss:
         self._clock = clock
         self._lock = threading.Lock()
         self._parked: dict[int, Parked] = {}
-        self._news: list[tuple[str, int, str]] = []     # ("lost"|"back", index, reason), for the main thread
+        self._news: list[tuple[str, int, str]] = []     # ("lost"|"drained"|"back", index, reason), for the main thread
+        self._busy: set[int] = set()                    # workers whose thread runs a closure now
         self._stopped = threading.Event()
         for worker in self._cluster.workers:
             self.guard(worker)
@@ -141,7 +158,46 @@ class WorkerLoss:
                 self._news.append(("lost", index, reason))
             return parked
 
+    def hold(self, worker: Any, closure: Any) -> bool:
+        """Before ``worker``'s thread runs ``closure`` (:func:`install`'s wrapper): a retired
+        worker puts it back for the others and waits until it is taken back or the chief ends
+        (True: the closure was not run here); any other marks itself busy (False)."""
+        index = worker.worker_index
+        with self._lock:
+            parked = self._parked.get(index)
+            if parked is None or not parked.drained or self.stopped:
+                self._busy.add(index)
+                return False
+        worker._cluster.closure_queue.put_back(closure)    # noqa: SLF001 - its own queue
+        parked.release.wait()
+        if parked.taken_back and not self.stopped:
+            worker._on_worker_recovery()    # noqa: SLF001 - as after a failure: its resources again
+        return True
+
+    def done(self, index: int) -> None:
+        """Worker ``index``'s thread ended a closure."""
+        with self._lock:
+            self._busy.discard(index)
+
     # ------------------------------------------------------------------ the chief's side
+    def retire(self, indices: Iterable[int], reason: str = "drained") -> list[int]:
+        """Count workers ``indices`` out between two closures (``pscluster drain``): each one's
+        closure in flight ends where it runs, and its thread takes no other. The indices newly
+        retired (one already out stays as it is)."""
+        retired = []
+        with self._lock:
+            for index in indices:
+                if index not in self._parked:
+                    self._parked[index] = Parked(index, reason, self._clock(), drained=True, seen_down=False)
+                    self._news.append(("drained", index, reason))
+                    retired.append(index)
+        return retired
+
+    def idle(self, indices: Iterable[int]) -> bool:
+        """Whether no worker of ``indices`` runs a closure (a retired one: its last one ended)."""
+        with self._lock:
+            return not set(indices) & self._busy
+
     def out(self) -> set[int]:
         with self._lock:
             return set(self._parked)
@@ -195,6 +251,7 @@ class WorkerLoss:
             for index in indices:
                 parked = self._parked.pop(index, None)
                 if parked is not None:
+                    parked.taken_back = True
                     parked.release.set()
                     back.append(index)
                     self._news.append(("back", index, f"out for {self._clock() - parked.since:.1f} s"))
@@ -228,15 +285,21 @@ class WorkerLoss:
             self.probe_once()
 
     def probe_once(self) -> None:
-        """Try the address of every parked worker not yet known to answer."""
+        """Try the address of every parked worker not yet known to answer (a retired one's must
+        have gone quiet once first)."""
         with self._lock:
             waiting = [(p.index, self.addresses[p.index]) for p in self._parked.values()
                        if not p.answering and p.index < len(self.addresses)]
         for index, address in waiting:
-            if self._probe(address):
-                with self._lock:
-                    if index in self._parked:
-                        self._parked[index].answering = True
+            answers = self._probe(address)
+            with self._lock:
+                parked = self._parked.get(index)
+                if parked is None:
+                    continue
+                if not parked.seen_down:
+                    parked.seen_down = not answers
+                elif answers:
+                    parked.answering = True
 
     @property
     def stopped(self) -> bool:
@@ -279,11 +342,30 @@ class _CoordinatorContext:
 
 
 def install() -> None:
-    """Give TensorFlow's coordinator the :class:`_CoordinatorContext` (once per process)."""
+    """Give TensorFlow's coordinator the :class:`_CoordinatorContext`, and its worker threads
+    :meth:`WorkerLoss.hold` before each closure (once per process)."""
     from tensorflow.python.distribute.coordinator import cluster_coordinator as cc
 
     if not isinstance(cc.context, _CoordinatorContext):
         cc.context = _CoordinatorContext(cc.context)
+    original = cc.Worker._process_closure       # noqa: SLF001 - no public hook (module docstring)
+    if getattr(original, "pscluster_hold", False):
+        return
+
+    def process(worker: Any, closure: Any) -> Any:
+        handler = worker.failure_handler
+        loss = handler._loss if isinstance(handler, _Handler) else None    # noqa: SLF001
+        if loss is None:
+            return original(worker, closure)
+        if loss.hold(worker, closure):
+            return None
+        try:
+            return original(worker, closure)
+        finally:
+            loss.done(worker.worker_index)
+
+    process.pscluster_hold = True       # type: ignore[attr-defined]
+    cc.Worker._process_closure = process   # noqa: SLF001
 
 
 class _Handler:

@@ -487,6 +487,8 @@ class TrainJob(JobKind):
         if event.get("state") == "lost":
             text = (f"{where} is out of training ({reason}); its closure runs on another worker, "
                     f"the others train on (step {event.get('step')})")
+        elif event.get("state") == "drained":
+            text = f"{where} takes no new closure ({reason}; step {event.get('step')}); the others train on"
         else:
             text = f"{where} trains again ({reason}; step {event.get('step')})"
         if event.get("state") == "lost":

@@ -40,6 +40,7 @@ REJOIN_PROBES = (2.0, 5.0)     # seconds of each gRPC probe of a rejoining host'
 LOST_HOST_GRACE = 3.0   # the leader's time to save when a resize leaves a lost host out (it usually cannot: see resize())
 IN_PLACE_TIMEOUT = 60.0  # for the async chief to take a change in place (it looks between closures)
 STANDBY_WAIT = 60.0      # for the standbys of a resize's relaunch to import TensorFlow (then: started afresh)
+RETIRE_TIMEOUT = 10.0    # for the async chief to say a drained worker's last closure ended (one closure)
 HANDOVER_TIMEOUT = 30.0  # sync: for the old workers to release their ports (one unit of work each; roles/handover.py)
 
 
@@ -287,6 +288,7 @@ class Resizer:
             raise PsclusterError(f"{host} runs more than workers: it cannot leave in place")
         began = ex.clock()
         going = [w for w in ex.watched.values() if w.task.host == host]
+        first = self.retire_first(ex, [ex.plan.task(name) for name in tasks], request.within)
         ex.forget_and_stop(going)
         standbys = [r for r in ex.state.live_records() if r.host == host]   # a relaunch's standbys
         if standbys:
@@ -295,13 +297,39 @@ class Resizer:
         ex.retarget()
         left = sum(1 for t in ex.plan.tasks_of("worker") if t.host != host and t.host not in ex.state.drained)
         seconds = ex.clock() - began
-        text = (f"resized ({request.reason}) in place: {', '.join(tasks)} left, training goes on with {left} "
-                f"worker(s), nothing restored ({seconds:.2f} s)")
+        text = (f"resized ({request.reason}) in place: {', '.join(tasks)} left{first}, training goes on with "
+                f"{left} worker(s), nothing restored ({seconds:.2f} s)")
         ex.reporter.emit("message", text=text)
         ex.set_job(workers=left, message=None)
         ex.announce("resized", {"reason": request.reason, "workers": left, "in_place": True, "drained": host,
                                 "tasks": tasks, "step": ex.progress.step, "seconds": round(seconds, 3)})
         return text
+
+    def retire_first(self, ex: JobExecutor[Any], workers: list[TaskSpec], within: float | None) -> str:
+        """Ask the async chief to let ``workers`` end their closures in flight and take no other
+        (roles/workerloss.py) before their servers stop, so that no closure is cut and run again
+        elsewhere. What the drain's message says of it."""
+        chief = ex.current(self.train.leader_name)
+        if chief is None or not chief.started or chief.done or chief.ended_at is not None or not chief.record.events:
+            return ""       # no chief that trains: nothing is in flight
+        seq = self.next_seq()
+        spec = ex.plan.cluster_spec.get("worker", [])
+        addresses = [spec[task.index] for task in workers if task.index < len(spec)]
+        timeout = RETIRE_TIMEOUT if within is None else max(1.0, min(RETIRE_TIMEOUT, within / 3))
+        try:
+            hostops.tell(ex.pool.get(ex.plan.host(chief.task.host)), chief.record.events,
+                         {"seq": seq, "retire": addresses})
+        except PsclusterError as exc:
+            answer: dict[str, Any] | None = {"refused": exc.message.splitlines()[0]}
+        else:
+            answer = self.pump_until(ex, lambda: self.membership_answers.get(seq), chief, timeout=timeout)
+        if answer is not None and not answer.get("refused"):
+            return f" after their closures ended ({answer.get('seconds', 0):.2f} s)"
+        why = answer.get("refused") if answer else f"no answer in {timeout:.0f} s"
+        ex.reporter.emit("message", level="warning",
+                         text=f"the chief did not hold {', '.join(t.name for t in workers)} back ({why}): a closure "
+                              "in flight there runs again on another worker")
+        return f" (a closure in flight there runs again: {why})"
 
     def start_next(self, ex: JobExecutor[Any], new: ClusterPlan, diff: PlanDiff
                    ) -> dict[str, tuple[TaskSpec, ProcessRecord, str]]:

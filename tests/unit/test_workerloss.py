@@ -127,6 +127,81 @@ def test_a_worker_that_leaves_the_cluster_is_released_and_forgotten():
     assert loss.stopped
 
 
+class Queue:
+    """The coordinator's closure queue as a held worker sees it: what it put back."""
+
+    def __init__(self) -> None:
+        self.put_back_ones: list[str] = []
+
+    def put_back(self, closure) -> None:
+        self.put_back_ones.append(closure)
+
+
+def test_a_drained_worker_ends_its_closure_then_puts_the_next_back_and_waits_until_taken_back():
+    answers = {"h2:2225": True}          # worker 1's server still runs when the drain comes
+    loss, workers, _ = make(answers)
+    queue = Queue()
+    recovered: list[int] = []
+    for worker in workers:
+        worker._cluster = SimpleNamespace(closure_queue=queue)
+        worker._should_worker_thread_run = True
+        worker._on_worker_recovery = lambda i=worker.worker_index: recovered.append(i)
+    assert loss.hold(workers[1], "closure A") is False          # not drained: it runs A, busy
+    assert loss.retire([1]) == [1] and loss.retire([1]) == []   # counted out at once, once
+    assert loss.out() == {1} and loss.live(3) == 2
+    assert loss.news() == [("drained", 1, "drained")]
+    assert not loss.idle([1]) and loss.idle([0, 2])              # A still runs there
+    loss.done(1)
+    assert loss.idle([1])                                        # the chief may now say so: servers stop
+    # Its thread's next closure goes back to the queue, and it waits (no closure runs there).
+    held = threading.Thread(target=lambda: recovered.append(100 + loss.hold(workers[1], "closure B")), daemon=True)
+    held.start()
+    for _ in range(200):
+        if queue.put_back_ones:
+            break
+        threading.Event().wait(0.01)
+    assert queue.put_back_ones == ["closure B"] and held.is_alive() and loss.idle([1])
+    # Its drained server still answers: not taken back; it stops (quiet), then answers again (undrain).
+    loss.probe_once()
+    assert loss.rejoin_ready() == []
+    answers["h2:2225"] = False
+    loss.probe_once()
+    assert loss.rejoin_ready() == []
+    answers["h2:2225"] = True
+    loss.probe_once()
+    assert loss.rejoin_ready() == [1]
+    with loss._lock:                                             # what rejoin() does after update_server_def
+        parked = loss._parked.pop(1)
+    parked.taken_back = True
+    parked.release.set()
+    held.join(5)
+    assert recovered == [1, 101]                                 # its resources again, then it takes closures
+
+
+def test_a_drained_worker_released_by_the_chiefs_end_or_by_leaving_runs_nothing_more():
+    loss, workers, _ = make()
+    queue = Queue()
+    workers[0]._cluster = SimpleNamespace(closure_queue=queue)
+    workers[0]._should_worker_thread_run = True
+    workers[0]._on_worker_recovery = lambda: pytest.fail("no recovery after the chief's end")
+    workers[1]._cluster = SimpleNamespace(closure_queue=queue)
+    workers[1]._on_worker_recovery = lambda: pytest.fail("no recovery of a worker that left the cluster")
+    loss.retire([0, 1])
+    held = [threading.Thread(target=loss.hold, args=(workers[i], f"closure {i}"), daemon=True) for i in (0, 1)]
+    for thread in held:
+        thread.start()
+    for _ in range(200):
+        if len(queue.put_back_ones) == 2:
+            break
+        threading.Event().wait(0.01)
+    loss.forget([1])                       # worker 1 leaves the cluster (scale): released, not recovered
+    held[1].join(5)
+    loss.stop()
+    held[0].join(5)
+    assert not any(t.is_alive() for t in held) and sorted(queue.put_back_ones) == ["closure 0", "closure 1"]
+    assert loss.hold(workers[0], "closure D") is False            # after the end: TensorFlow's as before
+
+
 def test_tcp_answers_only_where_something_listens():
     import socket
     server = socket.socket()
