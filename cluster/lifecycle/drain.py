@@ -4,9 +4,9 @@ A drain is a planned change of membership with a deadline. :func:`parse_deadline
 deadline; :func:`plan_drain` says, before anything moves, what becomes of each task of HOST:
 
 * an async worker with a job running **leaves in place** (:data:`IN_PLACE`): its task stays in the
-  plan under its index (no worker is renumbered, so the chief restarts nothing), its server stops,
-  and the chief's worker-loss path (roles/workerloss.py) runs its in-flight closures again on the
-  other workers: no step is lost. The job's supervisor does it
+  plan under its index (no worker is renumbered, so the chief restarts nothing), the chief lets its
+  closure in flight end and gives it no other (roles/workerloss.py ``WorkerLoss.hold``), then its
+  server stops: no step is lost or done twice. The job's supervisor does it
   (cluster/supervision/train_resize.py ``Resizer.drain_in_place``);
 * a sync or sync-ps worker, or any worker with no job running, leaves through the **resize** of
   ``scale`` (:data:`RESIZE`): the cluster is re-planned with HOST's worker count at 0; a job

@@ -270,9 +270,10 @@ class Resizer:
     def drain_in_place(self, ex: JobExecutor[Any], request: ResizeRequest) -> str:
         """``pscluster drain HOST`` of an async job's worker host (cluster/lifecycle/drain.py): a
         planned drop-out. HOST's workers keep their tasks and indices in the plan (nobody is
-        renumbered, the chief restarts nothing); their servers stop, and the chief's worker-loss
-        path (roles/workerloss.py) runs their in-flight closures again on the other workers, so no
-        step is lost. ``undrain HOST``: the host is watched as one out in place (:attr:`away`), and
+        renumbered, the chief restarts nothing); the chief first lets their closures in flight end
+        and gives them no other (:meth:`retire_first`, roles/workerloss.py), then their servers
+        stop, so no step is lost or done twice (if the chief does not answer in time, the
+        worker-loss path runs a cut closure again on the other workers). ``undrain HOST``: the host is watched as one out in place (:attr:`away`), and
         :meth:`bring_back` starts its servers again; the chief takes them back."""
         from ..lifecycle.drain import DRAINED, mark_drained
         host = request.drain or request.undrain or ""
