@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -44,7 +44,12 @@ from benchmarks.common import print_columns  # noqa: E402
 from testbed import manylab  # noqa: E402
 from testbed.procs import cluster_pids, socket_inodes  # noqa: E402
 
+from cluster.errors import PsclusterError  # noqa: E402
+from cluster.state import StateStore  # noqa: E402
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+READY_TIMEOUT = 600.0   # seconds for a watch phase's job to have every process running
+READY_EVERY = 1.0       # seconds between looks at the job record for that
 
 
 def _read(path: str) -> str:
@@ -86,9 +91,13 @@ def sample(pid: int) -> dict[str, float] | None:
 
 def measure(args: Sequence[str], state_dir: Path, *, interval: float, interrupt_after: float | None = None,
             timeout: float = 1800, profile: Path | None = None,
-            during: Sequence[str] | None = None) -> dict[str, Any]:
+            during: Sequence[str] | None = None, ready: Callable[[], bool] | None = None,
+            ready_timeout: float = READY_TIMEOUT) -> dict[str, Any]:
     """Run ``pscluster ARGS`` and measure it; ``interrupt_after``: send SIGINT (Ctrl-C) then;
-    ``profile``: under cProfile (its main thread), the stats written there (CPU figures inflated)."""
+    ``profile``: under cProfile (its main thread), the stats written there (CPU figures inflated);
+    ``ready``: ``interrupt_after`` (and the ``cores`` window) counts from when it first holds
+    (``ready_s``; at ``ready_timeout`` at the latest, then ``ready_s`` is None): at 256 hosts the
+    job's start alone outlasted a 60 s window, which then measured the start, not the steady state."""
     env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), NO_COLOR="1")
     began = time.monotonic()
     runner = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
@@ -97,6 +106,8 @@ def measure(args: Sequence[str], state_dir: Path, *, interval: float, interrupt_
     peaks = {"threads": 0.0, "fds": 0.0, "conns": 0.0, "rss_mb": 0.0}
     cpu_at: list[tuple[float, float]] = []
     interrupted = False
+    ready_at: float | None = None if ready is not None else 0.0
+    next_look = 0.0
     output = bytearray()
     os.set_blocking(proc.stdout.fileno(), False)        # type: ignore[union-attr]
     while proc.poll() is None:
@@ -106,7 +117,12 @@ def measure(args: Sequence[str], state_dir: Path, *, interval: float, interrupt_
             for key in peaks:
                 peaks[key] = max(peaks[key], seen[key])
             cpu_at.append((now, seen["cpu"]))
-        if interrupt_after is not None and not interrupted and now >= interrupt_after:
+        if ready_at is None and now >= next_look:
+            next_look = now + READY_EVERY
+            if ready is not None and ready():
+                ready_at = now
+        origin = ready_at if ready_at is not None else (ready_timeout if now >= ready_timeout else None)
+        if interrupt_after is not None and not interrupted and origin is not None and now >= origin + interrupt_after:
             if during is not None:
                 row_during = _beside(during, env)
             proc.send_signal(signal.SIGINT)
@@ -121,10 +137,25 @@ def measure(args: Sequence[str], state_dir: Path, *, interval: float, interrupt_
     row: dict[str, Any] = {"wall_s": wall, "rc": proc.returncode, **peaks,
                            "output_tail": output.decode(errors="replace")[-1500:]}
     if interrupt_after is not None:
-        row["cores"] = steady_cores(cpu_at, interrupt_after / 2, interrupt_after)
+        origin = ready_at if ready_at is not None else ready_timeout
+        row["cores"] = steady_cores(cpu_at, origin + interrupt_after / 2, origin + interrupt_after)
+        if ready is not None:
+            row["ready_s"] = ready_at
     if during is not None and interrupted:
         row["during"] = row_during
     return row
+
+
+def all_running(state_dir: Path, name: str, count: int) -> bool:
+    """Whether the supervisor's job record has ``count`` processes running (the ps servers and
+    the program on every worker): the job's steady state has begun."""
+    try:
+        state = StateStore(state_dir).load(name)
+    except (PsclusterError, OSError):
+        return False        # mid-write: the next look
+    job = state.job if state is not None else None
+    states = (job.proc_states or {}) if job is not None else {}
+    return sum(1 for value in states.values() if value == "running") >= count
 
 
 def _beside(args: Sequence[str], env: dict[str, str]) -> dict[str, Any]:
@@ -192,15 +223,18 @@ def run_size(lab: manylab.ManyLab, n: int, work: Path, args: argparse.Namespace,
         for phase, argv, interrupt in phases:
             profile = Path(args.profile) / f"{name}-{phase}.prof" if args.profile and phase == "watch" else None
             during = ["status", "--name", name] if phase == "watch" else None
+            ready = (lambda: all_running(state, name, 2 * n)) if phase == "watch" else None
             row = measure(argv, state, interval=args.interval, interrupt_after=interrupt, profile=profile,
-                          during=during)
+                          during=during, ready=ready)
             cpu.take(row)
             row.update(hosts=n, phase=phase + suffix)
             beside = row.pop("during", None)
             if phase == "down":
                 row["left"] = len(cluster_pids(name))
             rows.append(row)
-            print(f"  {n:>5} {phase:<7} {row['wall_s']:7.2f} s  cpu {row['cpu_s']:6.2f} s  rc {row['rc']}",
+            started = (f"  all running after {row['ready_s']:.1f} s" if row.get("ready_s") is not None else
+                       "  NOT all running: the window is the start's" if "ready_s" in row else "")
+            print(f"  {n:>5} {phase:<7} {row['wall_s']:7.2f} s  cpu {row['cpu_s']:6.2f} s  rc {row['rc']}{started}",
                   file=sys.stderr, flush=True)
             if row["rc"] not in (0, 130):
                 print(row["output_tail"], file=sys.stderr)

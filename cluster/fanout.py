@@ -111,7 +111,8 @@ def _key_of(item: object) -> str:
 def fan_out(items: Iterable[I], fn: Callable[[I], T], *, name: str,
             key: Callable[[I], str] = _key_of,
             catch: type[PsclusterError] | tuple[type[PsclusterError], ...] = PsclusterError,
-            max_workers: int = MAX_WORKERS) -> FanOutResult[I, T]:
+            max_workers: int = MAX_WORKERS, tick: Callable[[], None] | None = None,
+            tick_every: float = 1.0) -> FanOutResult[I, T]:
     """Call ``fn(item)`` for every item in threads (at most ``max_workers`` at once) and wait
     for all of them.
 
@@ -122,6 +123,9 @@ def fan_out(items: Iterable[I], fn: Callable[[I], T], *, name: str,
         name: what the fan-out does, for thread names and the default error summary.
         catch: the errors that make a failed outcome; ``()`` for none.
         max_workers: the most threads; fewer when there are fewer items, none for no item.
+        tick: called in the caller's thread every ``tick_every`` seconds while calls are under
+            way (a supervisor's heartbeat through a long launch); what it raises ends the wait
+            once the calls under way ended, as a Ctrl-C does.
 
     Returns:
         every outcome, in the order of ``items``.
@@ -145,7 +149,11 @@ def fan_out(items: Iterable[I], fn: Callable[[I], T], *, name: str,
         futures = [executor.submit(fn, item) for item in items]
         # Waiting here, not in the `with`'s exit: a Ctrl-C while waiting still lets the calls
         # under way end (the exit joins them) before it propagates, so no host is left half-done.
-        wait(futures)
+        if tick is None:
+            wait(futures)
+        else:
+            while wait(futures, timeout=tick_every).not_done:
+                tick()
     # Read the outcomes in input order, not in the order the calls ended.
     outcomes: list[Outcome[I, T]] = []
     for item_key, item, future in zip(keys, items, futures):

@@ -548,8 +548,19 @@ class JobExecutor(Generic[K]):
     def launch_many(self, tasks: Sequence[TaskSpec], one: Callable[[TaskSpec], Watched]) -> None:
         """Launch one process per task, all hosts in parallel; the first error (in task order)
         is raised once every launch has ended. One thread per task, not capped: each launch
-        mostly waits on its host."""
-        fan_out(tasks, one, name="launch", catch=(), max_workers=max(1, len(tasks)))
+        mostly waits on its host. The job record's heartbeat goes on meanwhile (at 256 hosts the
+        launch took over a minute, and `status` said the heartbeat was 71 s old)."""
+        fan_out(tasks, one, name="launch", catch=(), max_workers=max(1, len(tasks)),
+                tick=self.publish_quietly, tick_every=PUBLISH_SECONDS)
+
+    def publish_quietly(self) -> None:
+        """A heartbeat between two loop turns; a state that cannot be written now waits for the next."""
+        if self.state.job is None:
+            return
+        try:
+            self.publish(self.clock())
+        except PsclusterError:
+            pass
 
     def launch_server(self, task: TaskSpec) -> Watched:
         from ..lifecycle.tasks import new_record
@@ -669,11 +680,13 @@ def heard(links: dict[str, HostLink], watched: dict[str, Watched], *, now: float
     """The job record's ``hosts_heard`` (wall time each answering host's stream was last heard;
     ``now`` is the executor's clock, ``wall`` the wall clock at that moment) and ``proc_states``
     (each watched process's last state), ``watch_pids`` (each host's watch process)."""
+    # Copies first: a launch's threads add to ``watched`` while a heartbeat is written (launch_many).
+    links_now, watched_now = list(links.items()), list(watched.items())
     return {"hosts_heard": {host: round(wall - (now - link.last_seen), 2)
-                            for host, link in links.items()
+                            for host, link in links_now
                             if link.lost_since is None and link.stream is not None and link.last_seen >= link.opened_at},
-            "proc_states": {key: item.state.value for key, item in watched.items()},
-            "watch_pids": {host: link.watch_pid for host, link in links.items() if link.watch_pid is not None}}
+            "proc_states": {key: item.state.value for key, item in watched_now},
+            "watch_pids": {host: link.watch_pid for host, link in links_now if link.watch_pid is not None}}
 
 
 def exhausted(error: PsclusterError, task: TaskSpec, budget: int) -> PsclusterError:

@@ -221,3 +221,32 @@ def test_ctrl_c_while_waiting_lets_the_calls_under_way_end_first(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         fan_out(["a", "b", "c"], fn, name="stop")
     assert sorted(ended) == ["a", "b", "c"]
+
+
+def test_tick_runs_in_the_callers_thread_while_calls_are_under_way_and_not_after():
+    release = threading.Event()
+    ticks: list[str] = []
+
+    def tick():
+        ticks.append(threading.current_thread().name)
+        if len(ticks) == 3:
+            release.set()          # the calls end only once the caller ticked three times
+
+    result = fan_out(["a", "b"], lambda name: release.wait(10) and name, name="ticking", tick=tick, tick_every=0.01)
+    assert list(result.ok.values()) == ["a", "b"]
+    assert len(ticks) == 3 and set(ticks) == {threading.current_thread().name}
+
+
+def test_what_a_tick_raises_waits_for_the_calls_under_way_then_propagates():
+    ended = []
+
+    def fn(name):
+        threading.Event().wait(0.1)
+        ended.append(name)
+
+    def tick():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        fan_out(["a", "b"], fn, name="ticking", tick=tick, tick_every=0.01)
+    assert sorted(ended) == ["a", "b"]      # nothing left half-done
