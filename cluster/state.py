@@ -108,6 +108,9 @@ class RunState:
     job: JobProgress | None = None
     restarts: dict[str, int] = field(default_factory=dict)
     synced: dict[str, str] = field(default_factory=dict)
+    # The sha256 of what the last code sync put on the hosts of ``synced`` (codesync.manifest_digest):
+    # a resize syncs only its new hosts while this machine's code is still that (issue 46).
+    code_digest: str | None = None
     firewall: dict[str, str] = field(default_factory=dict)
     port_base: int | None = None      # `up --port-base`, which `scale` plans the edited inventory with
     limit: str | None = None          # `up --limit`, likewise (and an elastic job's re-plans)
@@ -161,6 +164,7 @@ class RunState:
             "restarts": self.restarts, "synced": self.synced, "firewall": self.firewall, "port_base": self.port_base,
             "limit": self.limit, "mode_from": self.mode_from,
             **({"drained": self.drained} if self.drained else {}),     # an older state is written again unchanged
+            **({"code_digest": self.code_digest} if self.code_digest else {}),
             "plan": plan_to_json(self.plan),
             "processes": [dataclasses.asdict(record) for record in self.processes],
         }
@@ -173,7 +177,7 @@ class RunState:
                    job=JobProgress.from_json(data["job"]) if data.get("job") else None, restarts=data.get("restarts", {}), synced=data.get("synced", {}),
                    firewall=data.get("firewall", {}), port_base=data.get("port_base"),
                    limit=data.get("limit"), mode_from=data.get("mode_from"),
-                   drained=dict(data.get("drained") or {}))
+                   drained=dict(data.get("drained") or {}), code_digest=data.get("code_digest"))
 
 
 _last_plan: list[tuple[ClusterPlan, dict]] = []      # the last plan written, and its JSON form

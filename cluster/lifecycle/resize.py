@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Collection, Mapping, Sequence
 
-from ..hosts.codesync import sync_code
+from ..hosts.codesync import sync_new_hosts
 from ..contracts import DEFAULT_GRACE, PS_SPARE_GROUP, Mode, Phase, ProcessKind
 from ..errors import PsclusterError, UsageError
 from ..events import Reporter
@@ -202,7 +202,7 @@ def apply_plan(writer: StateWriter, pool: TransportPool, reporter: Reporter, old
     # that `down` can reach it once it answers; found by the containers' fault tests, where
     # `down` after an elastic drop-out failed on the host it no longer knew.
     writer.change(lambda s: setattr(s, "plan", keep_reach(new, s, old, *known_hosts)))
-    sync_code(new, pool, reporter, root)
+    sync_new_hosts(writer, new, pool, reporter, root)
     standing = [new.task(name) for name in diff.start if new.task(name).standing and name not in started]
     _start_servers(writer, pool, reporter, new, standing, secrets, timeout)
     if standbys:
@@ -267,7 +267,7 @@ def start_early(writer: StateWriter, pool: TransportPool, reporter: Reporter, ne
     TensorFlow and answer while it still trains, which keeps that out of its pause. ``idle``:
     what the job's supervisor does while they start (read its streams, keep its record current)."""
     if tasks:
-        sync_code(new, pool, reporter, root)
+        sync_new_hosts(writer, new, pool, reporter, root)
         _start_servers(writer, pool, reporter, new, tasks, secrets, timeout, idle)
 
 

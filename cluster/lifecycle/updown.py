@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..hosts.codesync import sync_code
+from ..hosts.codesync import sync_and_record
 from ..liveness import live_daemon, remove_event_files, signal_supervisor, wait_gone
 from ..errors import Aborted, Failure, MultiHostError, PsclusterError, StateError, Terminated, UsageError
 from ..events import Reporter
@@ -74,9 +74,7 @@ def bring_up(plan: ClusterPlan, *, store: StateStore, reporter: Reporter, timeou
         if not report.ok:
             store.delete(plan.name)   # nothing started: leave nothing behind
             report.raise_for_failures()
-        sync_results = sync_code(plan, pool, reporter, root)
-        writer.change(lambda s: s.synced.update({r.host: "synced" if not r.skipped else "shared"
-                                                 for r in sync_results}))
+        sync_and_record(writer, plan, pool, reporter, root)
         if plan.firewall:
             install_rules(plan, pool, writer, reporter)
         standing = plan.standing_tasks

@@ -26,7 +26,7 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from ..hosts import hostops
-from ..hosts.codesync import LocalFile, needs_sync, sync_code, sync_files
+from ..hosts.codesync import LocalFile, needs_sync, sync_and_record, sync_files
 from ..contracts import ExitStatus, Mode, ProcessKind, RestartPolicy, Role, TensorFlowNeed, Until
 from ..errors import Failure, HostError, MultiHostError, PsclusterError, UsageError
 from ..events import Reporter
@@ -108,7 +108,7 @@ class ProgramJob(JobKind):
         """Code and the program's files to hosts that need them; the program must exist on
         every host; the tasks' ports must be free."""
         if not self.one_shot:            # a one-shot run's bring-up has just synced the code
-            sync_code(ex.plan, ex.pool, ex.reporter, ex.root)
+            sync_and_record(ex.writer, ex.plan, ex.pool, ex.reporter, ex.root)
         hosts = [ex.plan.host(name) for name in dict.fromkeys(task.host for task in self.tasks)]
         if any(needs_sync(host, ex.root) for host in hosts):
             files = list(self.files() if callable(self.files) else self.files)

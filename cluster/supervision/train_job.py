@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator
 
 from ..hosts import hostops
-from ..hosts.codesync import needs_sync, sync_code, sync_files
+from ..hosts.codesync import needs_sync, sync_and_record, sync_files
 from ..contracts import Mode, ProcessKind
 from ..errors import Failure, PsclusterError, UsageError
 from ..events import Reporter
@@ -170,7 +170,7 @@ class TrainJob(JobKind):
 
     def prepare(self, ex: JobExecutor[Any]) -> None:
         """Sync code and the job where needed; check the training ports are free."""
-        sync_code(ex.plan, ex.pool, ex.reporter, ex.root)
+        sync_and_record(ex.writer, ex.plan, ex.pool, ex.reporter, ex.root)
         self.sync_job_files(ex, ex.plan, announce=True)
         check_ports_free(ex.plan.training_tasks, ex.pool, ex.plan)
         check_checkpoints_shared(ex.plan, ex.pool, self.checkpoint_dir, self.leader, ex.plan.evaluator_tasks)

@@ -18,7 +18,7 @@ from ..contracts import CLEANUP_GRACE, DEFAULT_GRACE, JobState, Mode, ProcessKin
 from ..errors import Failure, PsclusterError
 from ..events import Reporter
 from ..hosts import hostops
-from ..hosts.codesync import sync_code
+from ..hosts.codesync import sync_new_hosts
 from ..hosts.probe import Prober
 from ..layout import gate_file, ready_file
 from ..lifecycle import resize
@@ -447,7 +447,7 @@ class Resizer:
         if not names:
             return []
         try:
-            sync_code(new, ex.pool, ex.reporter, ex.root)     # a host new to the cluster needs the code
+            sync_new_hosts(ex.writer, new, ex.pool, ex.reporter, ex.root)   # a host new to the cluster needs the code
             records, failures = start_standbys(ex.writer, ex.pool, new, ex.secrets, names)
         except PsclusterError as exc:
             records, failures = {}, [Failure("the relaunch", exc)]

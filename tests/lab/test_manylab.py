@@ -33,6 +33,9 @@ def test_four_hosts_come_up_with_standins_grow_by_one_and_go_down(lab_base, tmp_
                 assert str(manylab.STANDIN) in _cmdline(task["pid"])      # the stand-in, not TensorFlow
             scaled = run_cli(["scale", str(grown), "--name", "many"], state_dir=state, timeout=240)
             assert scaled.returncode == 0, scaled.stderr
+            # the code went to the new host only: the others have this tree since `up` (issue 46)
+            synced = [line.split(":")[0].strip() for line in scaled.stderr.splitlines() if "file(s) sent" in line]
+            assert synced == ["node-5"], scaled.stderr
             status = run_json(["status", "--name", "many"], state_dir=state)
             ready = {t["index"]: t["host"] for t in status["tasks"] if t["role"] == "ps" and t["state"] == "ready"}
             assert ready == {0: "node-1", 1: "node-2", 2: "node-3", 3: "node-4", 4: "node-5"}
