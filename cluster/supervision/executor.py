@@ -15,6 +15,7 @@ Clock and sleep are passed in (``clock``, ``sleep``, ``wall``) so tests can repl
 """
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import time
@@ -80,6 +81,12 @@ class JobExecutor(Generic[K]):
         self.replace = replace            # --replace: stop a live job first instead of refusing
         self.keep = keep                  # runs of this name whose logs are kept (history.py)
         self.watched: dict[str, Watched] = {}
+        # file path -> the watched processes reading it, for each chunk a stream brings (one per
+        # host a second): looking through every watched process per chunk grew as N² (issue 46)
+        self._by_file: dict[str, list[Watched]] = {}
+        self._made = itertools.count(1)
+        self._added = 0           # a fresh number per Watched entry made (adopt, watch_server; launch threads too)
+        self._indexed: tuple[int, int] = (-1, 0)     # (that number, how many were watched) at the index's build
         self.links: dict[str, HostLink] = {}
         self.offsets: dict[str, int] = {}       # watched file -> bytes consumed so far
         self.began = clock()
@@ -342,14 +349,31 @@ class JobExecutor(Generic[K]):
             if chunk.offset != self.offsets.get(chunk.path, 0) or not chunk.data:
                 continue        # from a stream opened before the last chunk was consumed: already seen
             self.offsets[chunk.path] = chunk.end
-            for watched in list(self.watched.values()):
-                if chunk.path in watched.files:
-                    self.kind.on_chunk(self, watched, chunk, now)
+            for watched in self.watchers_of(chunk.path):
+                self.kind.on_chunk(self, watched, chunk, now)
         for key, status in update.states.items():      # after the chunks: a final event comes first
             watched = self.watched.get(key)
             if watched is not None and watched.ended_at is None and watched.state in (ProcState.EXITED, ProcState.GONE):
                 watched.ended_at = now
                 self.kind.on_exit(self, watched, now)
+
+    def watchers_of(self, path: str) -> list[Watched]:
+        """The watched processes that read ``path`` (their ``files``), in the order they were watched."""
+        # Built again after an entry was made (or put in directly: the count changed), for a path
+        # it does not hold (a file nobody reads: the cost of a look through all, as before), and
+        # when one it lists was forgotten since (its file may have a reader now that it missed).
+        listed = self._by_file.get(path)
+        if listed is not None and self._indexed == (self._added, len(self.watched)):
+            found = [w for w in listed if self.watched.get(w.record.key) is w]
+            if len(found) == len(listed):
+                return found
+        version = (self._added, len(self.watched))   # read first: an entry made after it changes it
+        by_file: dict[str, list[Watched]] = {}
+        for watched in list(self.watched.values()):
+            for name in watched.files:
+                by_file.setdefault(name, []).append(watched)
+        self._by_file, self._indexed = by_file, version
+        return list(by_file.get(path, ()))
 
     def views(self) -> list[core.Proc]:
         return [watched.view() for watched in self.watched.values()]
@@ -522,6 +546,7 @@ class JobExecutor(Generic[K]):
         now = self.clock()
         watched = Watched(task, record, kind, launched=now, last_event=now, files=tuple(files))
         self.watched[record.key] = watched
+        self._added = next(self._made)
         return watched
 
     def watch_server(self, task: TaskSpec, record: ProcessRecord) -> Watched:
@@ -529,6 +554,7 @@ class JobExecutor(Generic[K]):
         its host was lost)."""
         watched = Watched(task, record, ProcessKind.SERVER, launched=self.clock())
         self.watched[record.key] = watched
+        self._added = next(self._made)
         return watched
 
     def forget(self, items: Iterable[Watched]) -> None:

@@ -237,3 +237,29 @@ def test_a_restart_that_waits_for_a_node_out_of_the_allocation_goes_on_without_i
             executor.handle(incident_of(executor))
     assert executor.kind.dropped == [("localhost", "is out of the Slurm job's allocation (a failed node)")]
     assert sleeps == [1.0]                    # the backoff only: no wait for the host
+
+
+def test_a_chunk_goes_to_the_processes_that_read_its_file_and_to_none_forgotten(job):
+    from cluster.hosts.hostops import FileChunk, WatchUpdate
+    executor, _, _ = job
+    heard: list[tuple[str, str]] = []
+    executor.kind.on_chunk = lambda ex, watched, chunk, now: heard.append((watched.record.key, chunk.data))
+    plan = executor.plan
+    made = []
+    for index, task in enumerate(plan.tasks[:3]):
+        record = ProcessRecord(key=f"{task.name}#x", task=task.name, host=task.host, kind="run", attempt=1,
+                               log=f"/l{index}", exit_file=f"/l{index}.exit")
+        made.append(executor.adopt(task, record, ProcessKind.PROGRAM, files=(f"/l{index}",)))
+
+    def chunk(path, data, offset=0):
+        return WatchUpdate(ts=0.0, states={}, reads=(FileChunk(True, 9, offset, offset + len(data), data, path),))
+    executor.absorb(chunk("/l1", "one"), 100.0)
+    executor.absorb(chunk("/l2", "two"), 100.0)
+    executor.absorb(chunk("/nobody", "x"), 100.0)
+    assert heard == [(made[1].record.key, "one"), (made[2].record.key, "two")]
+    executor.forget([made[1]])                       # forgotten: reads nothing more
+    late = ProcessRecord(key="late#x", task=made[0].task.name, host=made[0].task.host, kind="run", attempt=2,
+                         log="/l1", exit_file="/l1.exit")
+    executor.watched[late.key] = Watched(made[0].task, late, ProcessKind.PROGRAM, launched=100.0, files=("/l1",))
+    executor.absorb(chunk("/l1", "again", offset=3), 100.0)   # put in directly, not through adopt: found too
+    assert heard[2:] == [("late#x", "again")]
