@@ -205,15 +205,20 @@ def run_size(lab: manylab.ManyLab, n: int, work: Path, args: argparse.Namespace,
     """The six phases on the lab's first ``n`` hosts; the cluster is always brought down.
     ``suffix`` marks a pass's phases (``~slow``: a tenth of the hosts throttled)."""
     name = f"scale{n}{'t' if suffix else ''}"
-    inventory = manylab.write_inventory(lab, work / f"{name}.yaml", hosts=n)
-    scaled = manylab.write_inventory(lab, work / f"{name}-plus1.yaml", hosts=n + 1)
+    # Workdirs of this pass's own: every host gets the code in `up` (the hosts of a smaller size
+    # had it already before, and the throttled pass sent nothing at all).
+    inventory = manylab.write_inventory(lab, work / f"{name}.yaml", hosts=n, workdirs=f"work-{name}")
+    scaled = manylab.write_inventory(lab, work / f"{name}-plus1.yaml", hosts=n + 1, workdirs=f"work-{name}")
     state = work / "state"
     program = ["--", "python", str(manylab.STANDIN), "program", "--every", str(args.every)]
     phases = [
         ("check", ["check", str(inventory), "--name", name], None),
         ("up", ["up", str(inventory), "--name", name], None),
         ("status", ["status", "--name", name], None),
-        ("watch", ["run", "--name", name, "--on", "worker", "--grace", "2", *program], args.watch),
+        # `run`'s default policy (never) fails the run on the first host silent for 4 s: at 256
+        # hosts on this machine (load average ~100) one was, once; on-failure waits --host-timeout.
+        ("watch", ["run", "--name", name, "--on", "worker", "--grace", "2", "--restart-policy", args.policy,
+                   *program], args.watch),
         ("scale", ["scale", str(scaled), "--name", name], None),
         ("down", ["down", "--name", name, "--grace", "2"], None),
     ]
@@ -325,6 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--throttle", type=float, default=0.0, metavar="FRACTION",
                         help="also run each size with this fraction of the hosts behind a slow link (e.g. 0.1)")
     parser.add_argument("--rate", default="8mbit", help="the slow links' rate (tc tbf; default 8mbit)")
+    parser.add_argument("--policy", default="on-failure", choices=("never", "on-failure"),
+                        help="the run's --restart-policy (default on-failure: a silent host is waited for)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out")
     parser.add_argument("--profile", metavar="DIR",
@@ -343,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if args.throttle:
                     rows += run_slow(lab, n, work, args)
     document = {"rows": [{k: v for k, v in row.items() if k != "output_tail"} for row in rows],
-                "config": {"hosts": sizes, "watch_s": args.watch, "cpus": os.cpu_count(),
+                "config": {"hosts": sizes, "watch_s": args.watch, "cpus": os.cpu_count(), "policy": args.policy,
                            "throttle": args.throttle, "rate": args.rate}}
     if args.out:
         Path(args.out).write_text(json.dumps(document, indent=1) + "\n")

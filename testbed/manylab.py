@@ -165,13 +165,14 @@ def inventory_groups(names: Sequence[str], *, ps_every: int = 1) -> dict[str, li
 
 
 def write_inventory(lab: ManyLab, path: pathlib.Path, *, hosts: int | None = None, port_base: int = 42000,
-                    ps_every: int = 1) -> pathlib.Path:
+                    ps_every: int = 1, workdirs: str = "work") -> pathlib.Path:
     """A sync-ps inventory of the lab's first ``hosts`` hosts (default all): interpreter the
     lab's wrapper, no standbys, a workdir of its own per host (as hosts with their own disks:
-    the code sync copies to each)."""
+    the code sync copies to each), under the lab's folder ``workdirs`` (another folder: hosts
+    that have no code yet)."""
     names = lab.names[:hosts]
     groups: dict[str, object] = dict(inventory_groups(names, ps_every=ps_every))
-    groups["worker"] = {name: {"pscluster_workdir": str(lab.root_dir / "work" / name)} for name in names}
+    groups["worker"] = {name: {"pscluster_workdir": str(lab.root_dir / workdirs / name)} for name in names}
     return netlab.write_inventory(lab, path, groups=groups, extra_vars={
         "pscluster_python": str(lab.python),
         "pscluster_mode": "sync-ps",
