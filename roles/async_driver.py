@@ -47,7 +47,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from roles import closures, workerloss
+from roles import closures, psmove, workerloss
 from roles.checkpoint import (CheckpointKeeper, chief_io_device, make_checkpoint,
                               make_step_counter)
 from roles.datasets import eval_dataset, sample_batch, train_dataset
@@ -150,19 +150,12 @@ class AsyncTrainer:
 
         self.requests = Requests(control_path(reporter.writer.path))    # before "start": the orchestrator asks after it
         reporter.start(self.restored_step)
-        reporter.placement(placements_of(
-            list(self.model.weights) + list(self.optimizer.variables) + [self.step_var]))
+        reporter.placement(placements_of(self._variables()))
 
         self.workers = plan.workers
         self.per_worker_iterator = self._per_worker_datasets(self.workers)
-        apply = fused_apply(self.optimizer, self.model.trainable_variables)
-        if apply is None:
-            log.info("optimizer update: Keras' apply_gradients (no fused kernel: %s)",
-                     unsupported(self.optimizer, self.model.trainable_variables))
-        self.train_steps = _make_train_steps(job, plan, self.strategy, self.model, self.optimizer,
-                                             self.step_var, apply)
-        self.evaluator = make_evaluator(job, self.model, read_once=True)
-        _KEEP_UNTIL_EXIT.extend([self.coordinator, self.train_steps, self.evaluator])
+        _KEEP_UNTIL_EXIT.append(self.coordinator)
+        self._trace()
         self.test_data = eval_dataset(job, Shard(0, 1, "test", plan.seed), EVAL_BATCH_SIZE)
 
         self.meter = ProgressMeter(reporter)
@@ -172,6 +165,10 @@ class AsyncTrainer:
         self.in_flight: collections.deque[InFlight] = collections.deque()
         self.max_in_flight = IN_FLIGHT_PER_WORKER * self.workers
         self.cluster = self.resolver.cluster_spec().as_dict()
+        # ps tasks whose variables moved to another ps in place (``pscluster drain`` of a ps
+        # host, :meth:`move_ps`): task -> the ps that holds them now. ``cluster`` stays the
+        # orchestrator's (every ps listed); the context holds psmove.effective_cluster of both.
+        self.moved_ps: dict[int, int] = {}
         self.last_checkpoint = self.keeper.latest() if self.keeper else None
         self.last_saved_step = -1
         self.first = FirstStep(link, self.meter)
@@ -232,6 +229,22 @@ class AsyncTrainer:
         restored = int(self.step_var.numpy())
         log.info("restored %s at step %d", path, restored)
         return keeper, restored
+
+    def _trace(self) -> None:
+        """The functions that capture the variables' handles: the scheduled steps, the
+        evaluation, the checkpoint's save (again after a ps moved: :meth:`move_ps`)."""
+        apply = fused_apply(self.optimizer, self.model.trainable_variables)
+        if apply is None:
+            log.info("optimizer update: Keras' apply_gradients (no fused kernel: %s)",
+                     unsupported(self.optimizer, self.model.trainable_variables))
+        self.train_steps = _make_train_steps(self.job, self.plan, self.strategy, self.model, self.optimizer,
+                                             self.step_var, apply)
+        self.evaluator = make_evaluator(self.job, self.model, read_once=True)
+        _KEEP_UNTIL_EXIT.extend([self.train_steps, self.evaluator])
+
+    def _variables(self) -> list[Any]:
+        """Every variable the job keeps on the ps tasks."""
+        return list(self.model.weights) + list(self.optimizer.variables) + [self.step_var]
 
     def _per_worker_datasets(self, count: int) -> Any:
         job, plan = self.job, self.plan
@@ -297,6 +310,8 @@ class AsyncTrainer:
         if "retire" in request:
             self.retire(request)
             return True
+        if "move_ps" in request:
+            return self.move_ps(request)
         try:
             added, removed = plan_change(self.cluster, request.get("cluster"))
         except MembershipRefused as exc:
@@ -308,7 +323,8 @@ class AsyncTrainer:
             return False
         self.coordinator.join()
         self.worker_loss.forget(range(len(request["cluster"]["worker"]), self.workers))
-        apply_change(self.strategy, self.coordinator, request["cluster"], added, removed)
+        apply_change(self.strategy, self.coordinator, psmove.effective_cluster(request["cluster"], self.moved_ps),
+                     added, removed)
         self.cluster, self.workers = dict(request["cluster"]), len(request["cluster"]["worker"])
         self.worker_loss.follow(self.coordinator, self.cluster["worker"])
         if self.watch is not None:
@@ -317,6 +333,37 @@ class AsyncTrainer:
         self.max_in_flight = IN_FLIGHT_PER_WORKER * self.workers
         self.reporter.writer.emit("membership", seq=request["seq"], workers=self.workers,
                                   step=int(self.step_var.numpy()), added=len(added), removed=removed,
+                                  seconds=round(time.perf_counter() - began, 3))
+        return True
+
+    def move_ps(self, request: dict) -> bool:
+        """``{"seq", "move_ps": {"ps": K, "to": J}}`` (``pscluster drain HOST`` of a ps host): with
+        nothing in flight, ps:K's variables move to ps:J, a ps of the cluster since the chief's
+        start (roles/psmove.py; TensorFlow 2.21 takes no new server in place), and the functions
+        that hold their handles are traced again; training goes on, nothing restored. False if a
+        stop left closures in flight while draining for it."""
+        try:
+            move = psmove.plan_request(psmove.effective_cluster(self.cluster, self.moved_ps), request["move_ps"])
+        except psmove.MoveRefused as exc:
+            log.warning("ps move %d refused: %s", request["seq"], exc)
+            self.reporter.writer.emit("membership", seq=request["seq"], refused=str(exc))
+            return True
+        began = time.perf_counter()
+        if not self.drain():
+            return False
+        self.coordinator.join()
+        variables = self._variables()
+        report = psmove.move_variables(self.strategy, self.coordinator, variables, move)
+        self.moved_ps = {**{k: move.destination.get(v, v) for k, v in self.moved_ps.items()}, **move.destination}
+        self._trace()
+        if self.keeper:
+            self.keeper.retrace()
+        self.reporter.placement(placements_of(variables))
+        moved = {f"ps:{k}": f"ps:{v}" for k, v in move.destination.items()}
+        log.info("ps moved in place: %s (%d variable(s), %d bytes, %.2f s)", moved, report.variables,
+                 report.bytes, time.perf_counter() - began)
+        self.reporter.writer.emit("membership", seq=request["seq"], moved=moved, step=int(self.step_var.numpy()),
+                                  variables=report.variables, bytes=report.bytes,
                                   seconds=round(time.perf_counter() - began, 3))
         return True
 

@@ -65,23 +65,31 @@ class CheckpointKeeper:
             checkpoint_name=CHECKPOINT_NAME)
         self._traced: Any = None
         if io_device:       # the variables live on other tasks (async): one traced save function
-            options = self._options
             # Made before the trace (it is saved, as CheckpointManager.save would, so that a
             # restore matches every object) and counted on the chief, outside the function.
             self._counter = checkpoint.save_counter
+            self.retrace()
 
-            @tf.function(input_signature=[tf.TensorSpec([], tf.string)])
-            def write(prefix: tf.Tensor) -> tf.Tensor:
-                return checkpoint.write(prefix, options=options)
-            self._traced = write
-            _TRACED.append(write)
-            # Traced and registered now, while every task answers: the first call registers it on
-            # all of them, and a first snapshot during a worker's cut waited 19 s for it.
-            scratch = tempfile.mkdtemp(prefix="pscluster-ckpt-warm-")
-            try:
-                write(tf.constant(os.path.join(scratch, CHECKPOINT_NAME)))
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
+    def retrace(self) -> None:
+        """Trace the save function again (async): a trace holds the variables' handles, and a
+        ps moved in place (roles/psmove.py) gave them new ones. A keeper without an
+        ``io_device`` traces nothing."""
+        if not self._options.experimental_io_device:
+            return
+        checkpoint, options = self._checkpoint, self._options
+
+        @tf.function(input_signature=[tf.TensorSpec([], tf.string)])
+        def write(prefix: tf.Tensor) -> tf.Tensor:
+            return checkpoint.write(prefix, options=options)
+        self._traced = write
+        _TRACED.append(write)
+        # Traced and registered now, while every task answers: the first call registers it on
+        # all of them, and a first snapshot during a worker's cut waited 19 s for it.
+        scratch = tempfile.mkdtemp(prefix="pscluster-ckpt-warm-")
+        try:
+            write(tf.constant(os.path.join(scratch, CHECKPOINT_NAME)))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     @property
     def directory(self) -> str:

@@ -123,6 +123,16 @@ def plan_request(cluster: Mapping[str, Any], request: Any) -> PsMove:
     return plan_shrink(cluster, request["ps"], to)
 
 
+def effective_cluster(cluster: Mapping[str, Any], moved: Mapping[int, int]) -> dict[str, Any]:
+    """The cluster the chief's context holds after the moves ``moved`` (ps task -> the ps that
+    took its variables): ``cluster`` (the orchestrator's, every ps listed) less the ps tasks that
+    moved away, the ps job as ``{index: address}``; ``cluster`` as it is when nothing moved."""
+    if not moved:
+        return dict(cluster)
+    ps = {index: address for index, address in _tasks(cluster.get("ps", [])).items() if index not in moved}
+    return {**cluster, "ps": ps}
+
+
 def _dense_prefix(tasks: Mapping[int, str]) -> int:
     count = 0
     while count in tasks:

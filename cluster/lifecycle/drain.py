@@ -11,14 +11,17 @@ deadline; :func:`plan_drain` says, before anything moves, what becomes of each t
 * a sync or sync-ps worker, or any worker with no job running, leaves through the **resize** of
   ``scale`` (:data:`RESIZE`): the cluster is re-planned with HOST's worker count at 0; a job
   checkpoints at one step and restarts at the smaller size;
-* an async job's ps **moves** (:data:`PS_MOVE`): the supervisor puts it where a lost ps goes
-  (``ps_spare``, else the surviving ps host with the fewest tasks, else the chief's host:
-  cluster/supervision/core.py ``place_lost_ps``), through the fault path's resize with a
+* an async job's ps **moves** (:data:`PS_MOVE`). In place when the cluster has another ps on a
+  host that stays (``Resizer.move_ps_in_place``): the host's workers end their closures, the
+  chief moves the ps's variables to that ps (roles/psmove.py: TensorFlow moves a ps's variables
+  in place only to a ps the chief had from its start, docs/platform-notes.md TF13) and traces
+  its functions again; nothing is restored or restarted, and the ps stays in the plan with no
+  server until the next chief's start re-plans it (``Resizer.settle_drained_ps`` /
+  ``settle_moved_ps``). Otherwise (one ps, or the chief refused) the supervisor puts it where a
+  lost ps goes (``ps_spare``, else the surviving ps host with the fewest tasks, else the chief's
+  host: cluster/supervision/core.py ``place_lost_ps``), through the fault path's resize with a
   checkpoint at one step first (the ps still answers), so the chief restarts from it and no step
-  is lost; the host's workers leave the plan with it (``Resizer.drain_ps``). TensorFlow moves a
-  ps's variables in place only to a ps the chief had from its start (docs/platform-notes.md
-  TF13): the move of the variables themselves, without the restart, is roles/psmove.py's, not
-  wired yet (:func:`ps_move`);
+  is lost; the host's workers leave the plan with it (``Resizer.drain_ps``);
 * the chief, a sync job's leader (worker:0), or a ps with no job running cannot move
   (:data:`CHECKPOINT`): the job is checkpointed (and stopped) before the deadline and the command
   says what is left (exit 1).
@@ -110,8 +113,10 @@ def ps_move(plan: ClusterPlan, task: str, *, job_live: bool) -> TaskMove:
     docstring); with no job, or in sync-ps (whose ps hold the graph's queues), it stays and the
     job, if any, is checkpointed instead."""
     if job_live and plan.mode == Mode.ASYNC:
-        return TaskMove(task, "ps", PS_MOVE, "moves off the host: the job checkpoints at one step and its chief "
-                                             "restarts from there with the ps elsewhere (no step lost)")
+        others = [t for t in plan.tasks_of("ps") if t.host != plan.task(task).host]
+        how = ("its variables move to another ps in place (the chief's; no restart, no step lost)" if others else
+               "the job checkpoints at one step and its chief restarts from there with the ps elsewhere (no step lost)")
+        return TaskMove(task, "ps", PS_MOVE, f"moves off the host: {how}")
     why = (f"a {plan.mode} job's ps cannot move: the job is checkpointed instead" if job_live
            else "a ps moves only under a running async job: it stays")
     return TaskMove(task, "ps", CHECKPOINT, why)

@@ -81,6 +81,7 @@ class TrainJob(JobKind):
         # elastic job refills its standbys only then, so that their TensorFlow import does not
         # take the CPU a relaunch's start needs (the pause of a resize).
         self.trained_since_launch = False
+        self.trained_from: float | None = None    # when the leader first reported a step after that launch
         self.resizer = Resizer(self, elastic)     # `pscluster scale`, --min-workers, --hosts-from
         self.told_lost: set[str] = set()          # hosts whose loss the async chief was told of
         # The stall watch (core.stall_limit): the longest gap between two of the leader's events
@@ -169,8 +170,10 @@ class TrainJob(JobKind):
                              leader=self.leader.name, blame_frozen=sync, waiting_on=self.waiting_on)
 
     def prepare(self, ex: JobExecutor[Any]) -> None:
-        """Sync code and the job where needed; check the training ports are free."""
+        """Sync code and the job where needed; a ps still planned on a drained host moves
+        (:meth:`Resizer.settle_drained_ps`); check the training ports are free."""
         sync_and_record(ex.writer, ex.plan, ex.pool, ex.reporter, ex.root)
+        self.resizer.settle_drained_ps(ex)
         self.sync_job_files(ex, ex.plan, announce=True)
         check_ports_free(ex.plan.training_tasks, ex.pool, ex.plan)
         check_checkpoints_shared(ex.plan, ex.pool, self.checkpoint_dir, self.leader, ex.plan.evaluator_tasks)
@@ -213,11 +216,13 @@ class TrainJob(JobKind):
             ex.reporter.emit("phase", name="sync", detail=f"job {self.job.name}")
         sync_files(plan, ex.pool, ex.reporter, job_files(self.job, plan), ex.root)
 
-    def refill_once_trained(self, ex: JobExecutor[Any]) -> None:
+    def refill_once_trained(self, ex: JobExecutor[Any], after: float = 0.0) -> None:
         """Once the leader trains again after a launch that took standbys (not inside a
-        relaunch's pause, where their import would slow the new processes' start): a standby
-        for each such task's next relaunch, which then skips TensorFlow's import."""
-        if self.standby_tasks and self.trained_since_launch:
+        relaunch's pause, where their import would slow the new processes' start), and has for
+        ``after`` seconds: a standby for each such task's next relaunch, which then skips
+        TensorFlow's import."""
+        if self.standby_tasks and self.trained_since_launch and self.trained_from is not None \
+                and ex.clock() - self.trained_from >= after:
             self.refill_standbys(ex)
             self.standby_tasks.clear()
 
@@ -262,6 +267,13 @@ class TrainJob(JobKind):
         return ex.adopt(task, record, ProcessKind.TRAIN, files=(events,))
 
     def recovery(self, ex: JobExecutor[Any], incident: core.Incident) -> core.Recovery:
+        failed = incident.proc
+        if self.resizer.ps_in_place and ex.plan.mode == Mode.ASYNC and failed.kind is ProcessKind.TRAIN \
+                and not failed.is_evaluator:
+            # A new chief could not reach the ps tasks moved in place (their servers are gone):
+            # the plan moves them first, which restarts the chief (the recovery is done).
+            if self.resizer.settle_moved_ps(ex, f"drained earlier ({failed.task} restarts)"):
+                return core.Recovery(wait_hosts=(), stop=())
         out = self.out_in_place(ex)
         return core.train_recovery(Mode(ex.plan.mode), incident.proc, ex.views(),
                                    hosts=[t.host for t in ex.plan.tasks if t.host not in out],
@@ -436,6 +448,8 @@ class TrainJob(JobKind):
                 "rate": (event.get("per_worker") or {}).get(watched.task.name)}     # its own examples/s
         if is_leader:
             self.last_step = max(self.last_step, step)
+            if not self.trained_since_launch:
+                self.trained_from = ex.clock()
             self.trained_since_launch = True
             ex.set_job(state="running", step=step, steps_total=event.get("steps_total"),
                        epoch=event.get("epoch"), loss=event.get("loss"),

@@ -41,6 +41,7 @@ LOST_HOST_GRACE = 3.0   # the leader's time to save when a resize leaves a lost 
 IN_PLACE_TIMEOUT = 60.0  # for the async chief to take a change in place (it looks between closures)
 STANDBY_WAIT = 60.0      # for the standbys of a resize's relaunch to import TensorFlow (then: started afresh)
 RETIRE_TIMEOUT = 10.0    # for the async chief to say a drained worker's last closure ended (one closure)
+WARM_STANDBYS_AFTER = 20.0  # sync: seconds of training before the group's standbys are started again
 HANDOVER_TIMEOUT = 30.0  # sync: for the old workers to release their ports (one unit of work each; roles/handover.py)
 
 
@@ -67,7 +68,7 @@ class TrainSide(Protocol):
     def sync_job_files(self, ex: JobExecutor[Any], plan: ClusterPlan) -> None:
         """The job's own files on the hosts of ``plan`` that need them."""
 
-    def refill_once_trained(self, ex: JobExecutor[Any]) -> None:
+    def refill_once_trained(self, ex: JobExecutor[Any], after: float = 0.0) -> None:
         """New standbys for the tasks a launch took theirs from, once the leader trains again."""
 
     def read_final_events(self, ex: JobExecutor[Any], records: list[ProcessRecord]) -> None:
@@ -107,6 +108,11 @@ class Resizer:
         # Async ps tasks moved off a host lost for good (task -> (host, port)): every later re-plan
         # keeps them there, although the inventory still places them on the lost host.
         self.moved: dict[str, tuple[str, int | None]] = {}
+        # Async ps tasks whose variables the chief moved in place to another ps (``drain HOST``
+        # of a ps host, :meth:`move_ps_in_place`): drained host -> its ps tasks. They stay in the
+        # plan with no server; a new chief (a restart) could not reach them, so a chief's
+        # recovery re-plans them first (:meth:`settle_moved_ps`).
+        self.ps_in_place: dict[str, list[str]] = {}
         self.discovery = (Discovery(elastic.hosts_from, elastic.hosts_every)
                           if elastic is not None and elastic.hosts_from else None)
         self.next_rejoin = 0.0
@@ -143,6 +149,12 @@ class Resizer:
             # A standby for the next relaunch (the resize after a host's loss restarts the chief).
             self.train.refill_once_trained(ex)
             self.elastic_turn(ex)
+        elif ex.plan.mode != Mode.ASYNC:
+            # Any sync resize restarts the whole group, and a drain (a notice may come to any job)
+            # starts the new workers while the old ones train only in standbys that are ready:
+            # without them the pause was 4.3-6.5 s, not 1.6-1.9 (benchmarks.drain). Not at once:
+            # a short job does not pay for their import.
+            self.train.refill_once_trained(ex, after=WARM_STANDBYS_AFTER)
         if not self.asked:
             return
         self.asked = False
@@ -258,7 +270,7 @@ class Resizer:
         same = {t.name: t.host for t in request.plan.tasks} == {t.name: t.host for t in ex.plan.tasks}
         if same and request.drain and ex.plan.mode == Mode.ASYNC and \
                 any(t.host == host and t.role == "ps" for t in ex.plan.tasks):
-            text = self.drain_ps(ex, host, request)
+            text = self.move_ps_in_place(ex, host, request) or self.drain_ps(ex, host, request)
             ex.writer.change(lambda s: mark_drained(s.drained, host, DRAINED))
             return text
         if same and any(t.host == host for t in ex.plan.tasks):
@@ -305,6 +317,86 @@ class Resizer:
         ex.announce("resized", {"reason": request.reason, "workers": left, "in_place": True, "drained": host,
                                 "tasks": tasks, "step": ex.progress.step, "seconds": round(seconds, 3)})
         return text
+
+    def move_ps_in_place(self, ex: JobExecutor[Any], host: str, request: ResizeRequest) -> str | None:
+        """``pscluster drain HOST`` of an async job's ps host, in place: the host's workers end
+        their closures (:meth:`retire_first`), then the chief moves each of its ps tasks'
+        variables to another ps of the cluster (roles/psmove.py: a read, one cluster update, a
+        write; TensorFlow 2.21 takes no new server in place, so the destination is a ps the
+        chief had from its start, on a host that stays) and traces its functions again, and the
+        host's servers stop: nothing restored, nothing restarted. The drain's message; None when
+        it cannot be done in place (no other ps, no chief that trains, the chief refused or did
+        not answer: said), and :meth:`drain_ps` moves the ps through a restart instead."""
+        tasks = [t for t in ex.plan.tasks if t.host == host]
+        chief = ex.current(self.train.leader_name)
+        gone = {h for h, link in ex.links.items() if link.lost_since is not None} | set(self.dropped) | \
+            set(self.away) | set(ex.state.drained) | set(self.ps_in_place) | {host}
+        targets = [t for t in ex.plan.tasks_of("ps") if t.host not in gone]
+        if any(t.role not in ("ps", "worker") for t in tasks):
+            return None
+        if not targets or chief is None or not chief.started or chief.done or chief.ended_at is not None \
+                or not chief.record.events:
+            why = ("no other ps of the cluster on a host that stays (TensorFlow takes no new ps server in "
+                   "place)" if not targets else "the chief does not train")
+            ex.reporter.emit("message", text=f"{host}'s ps cannot move in place ({why}): it moves through a "
+                                             "checkpoint and a restart")
+            return None
+        began = ex.clock()
+        workers = [t for t in tasks if t.role == "worker"]
+        first = self.retire_first(ex, workers, request.within) if workers else ""
+        timeout = RETIRE_TIMEOUT * 3 if request.within is None else max(5.0, min(RETIRE_TIMEOUT * 3, request.within / 2))
+        moved: dict[str, str] = {}
+        for ps in (t for t in tasks if t.role == "ps"):
+            to = min(targets, key=lambda t: (sum(1 for d in moved.values() if d == t.name), t.index))
+            seq = self.next_seq()
+            try:
+                hostops.tell(ex.pool.get(ex.plan.host(chief.task.host)), chief.record.events,
+                             {"seq": seq, "move_ps": {"ps": ps.index, "to": to.index}})
+            except PsclusterError as exc:
+                answer: dict[str, Any] | None = {"refused": exc.message.splitlines()[0]}
+            else:
+                answer = self.pump_until(ex, lambda: self.membership_answers.get(seq), chief, timeout=timeout)
+            if answer is None or answer.get("refused") or not answer.get("moved"):
+                refusal = answer.get("refused") if answer else f"no answer in {timeout:.0f} s"
+                ex.reporter.emit("message", level="warning",
+                                 text=f"the chief did not move {ps.name} in place ({refusal}): it moves through a "
+                                      "checkpoint and a restart")
+                if moved:       # one of two moved: the restart that follows re-plans both
+                    self.ps_in_place[host] = sorted(moved)
+                return None
+            moved[ps.name] = to.name
+        going = [w for w in ex.watched.values() if w.task.host == host]
+        ex.forget_and_stop(going)
+        standbys = [r for r in ex.state.live_records() if r.host == host]   # a relaunch's standbys
+        if standbys:
+            ex.stop(standbys, grace=CLEANUP_GRACE)
+        self.ps_in_place[host] = sorted(moved)
+        ex.retarget()
+        left = sum(1 for t in ex.plan.tasks_of("worker") if t.host != host and t.host not in ex.state.drained)
+        seconds = ex.clock() - began
+        where = ", ".join(f"{name} moved to {to} ({ex.plan.task(to).host})" for name, to in moved.items())
+        text = (f"resized ({request.reason}) in place: {where}" +
+                (f"; {', '.join(t.name for t in workers)} left{first}" if workers else "") +
+                f"; training goes on with {left} worker(s), nothing restored ({seconds:.2f} s)")
+        ex.reporter.emit("message", text=text)
+        ex.set_job(workers=left, message=None)
+        ex.announce("resized", {"reason": request.reason, "workers": left, "in_place": True, "drained": host,
+                                "tasks": sorted(t.name for t in tasks), "step": ex.progress.step,
+                                "moved": {name: {"from": host, "to": ex.plan.task(to).host, "target": to}
+                                          for name, to in moved.items()},
+                                "seconds": round(seconds, 3)})
+        return text
+
+    def settle_moved_ps(self, ex: JobExecutor[Any], why: str) -> bool:
+        """A new chief must start while ps tasks moved in place (:attr:`ps_in_place`) are still in
+        the plan with no server: re-plan them (each drained host's ps to where a lost ps goes,
+        :meth:`_move_ps`), every standing server started again with that plan and the chief
+        restarted from its newest checkpoint. True if it did (the recovery is done)."""
+        for host in list(self.ps_in_place):
+            if self._move_ps(ex, host, why, 1, planned=True, save=False) is None:
+                return False
+            del self.ps_in_place[host]
+        return True
 
     def retire_first(self, ex: JobExecutor[Any], workers: list[TaskSpec], within: float | None) -> str:
         """Ask the async chief to let ``workers`` end their closures in flight and take no other
@@ -583,7 +675,7 @@ class Resizer:
         return self._move_ps(ex, host, f"drained ({request.reason})", 1, planned=True, within=request.within) or ""
 
     def _move_ps(self, ex: JobExecutor[Any], host: str, why: str, min_workers: int, *,
-                 planned: bool, within: float | None = None) -> str | None:
+                 planned: bool, within: float | None = None, save: bool | None = None) -> str | None:
         """Async: ``host``, which runs a ps (and maybe workers, not the chief), is lost for good. Its
         ps tasks move to the host :func:`core.place_lost_ps` picks, its workers leave the plan (the
         host is watched until it answers: its leftovers are stopped then, and it rejoins as a worker
@@ -597,14 +689,42 @@ class Resizer:
         checkpoints at one step first, so the chief restarts from there and no step is lost, and
         the host's processes are stopped as any resize stops them; the resize's message is
         returned, and a move that cannot be made raises :class:`PsclusterError` (the drain then
-        checkpoints the job instead)."""
+        checkpoints the job instead). ``save`` False: the chief cannot save (it ended), the job
+        restarts from its newest checkpoint (default: ``planned``)."""
         def refuse(reason: str) -> None:
             if planned:
                 raise PsclusterError(f"{host}'s ps cannot move: {reason}")
             ex.reporter.emit("message", level="warning", text=f"cannot go on without {host}: {reason}")
+        found = self._ps_replan(ex, host, min_workers, planned=planned, refuse=refuse)
+        if found is None:
+            return None
+        move, new = found
+        if not planned:
+            self.dropped[host] = HostLink(ex.plan.host(host), ex.pool, clock=ex.clock)
+            self.dropped[host].set_targets([], [])
+        where = ", ".join(f"{name} moved from {host} to {move.to}" for name in move.tasks)
+        ex.reporter.emit("message", level="info" if planned else "warning",
+                         text=f"{host} {why}: {where} ({move.why}); its workers leave the job; " +
+                              ("the job checkpoints at one step and restarts there" if planned and save is not False
+                               else "restarting from the newest snapshot"))
+        text = self.resize(ex, ResizeRequest(new, reason=f"{where} ({host} {why})", within=within),
+                           unreachable=set() if planned else {host}, save=planned if save is None else save,
+                           restart=tuple(t.name for t in new.standing_tasks if t.name not in move.tasks),
+                           event={"moved": {name: {"from": host, "to": move.to, "target": new.task(name).target}
+                                            for name in move.tasks}, ("drained" if planned else "lost"): host,
+                                  "why": move.why})
+        ex.set_job(message=None if planned else text)
+        return text
+
+    def _ps_replan(self, ex: JobExecutor[Any], host: str, min_workers: int, *, planned: bool,
+                   refuse: Callable[[str], None]) -> tuple[core.PsMove, ClusterPlan] | None:
+        """Where ``host``'s ps tasks go (:func:`core.place_lost_ps`) and the plan without ``host``'s
+        workers, its ps there (kept there by every later re-plan: :attr:`moved`); None after
+        ``refuse(reason)`` when no host can take them, too few workers would be left, or the
+        inventory cannot be re-planned."""
         # (a drained host takes no ps either: it is about to go)
         lost = {h for h, link in ex.links.items() if link.lost_since is not None} | set(self.dropped) | \
-            set(self.away) | set(ex.state.drained)
+            set(self.away) | set(ex.state.drained) | set(self.ps_in_place)
         try:
             spares = resize.ps_spares(ex.plan)
         except PsclusterError as exc:
@@ -631,22 +751,36 @@ class Resizer:
             refuse(exc.message.splitlines()[0])
             return None
         self.moved = {name: (new.task(name).host, new.task(name).port) for name in moved}
-        if not planned:
-            self.dropped[host] = HostLink(ex.plan.host(host), ex.pool, clock=ex.clock)
-            self.dropped[host].set_targets([], [])
-        where = ", ".join(f"{name} moved from {host} to {move.to}" for name in move.tasks)
-        ex.reporter.emit("message", level="info" if planned else "warning",
-                         text=f"{host} {why}: {where} ({move.why}); its workers leave the job; " +
-                              ("the job checkpoints at one step and restarts there" if planned
-                               else "restarting from the newest snapshot"))
-        text = self.resize(ex, ResizeRequest(new, reason=f"{where} ({host} {why})", within=within),
-                           unreachable=set() if planned else {host}, save=planned,
-                           restart=tuple(t.name for t in new.standing_tasks if t.name not in move.tasks),
-                           event={"moved": {name: {"from": host, "to": move.to, "target": new.task(name).target}
-                                            for name in move.tasks}, ("drained" if planned else "lost"): host,
-                                  "why": move.why})
-        ex.set_job(message=None if planned else text)
-        return text
+        return move, new
+
+    def settle_drained_ps(self, ex: JobExecutor[Any]) -> None:
+        """Before a job's processes start: a ps task still planned on a drained host (its variables
+        moved in place under an earlier job, :meth:`move_ps_in_place`; its server is gone) goes
+        where a lost ps goes, and every standing server starts again with that plan (TensorFlow
+        routes a task name to the address it first knew: resize.restarting); else the new chief
+        could not reach it.
+
+        Raises:
+            PsclusterError: no host can take it (said, with the drained host)."""
+        from ..lifecycle.drain import DRAINED
+        hosts = sorted({t.host for t in ex.plan.tasks_of("ps") if ex.state.drained.get(t.host) == DRAINED})
+        for host in hosts:
+            def refuse(reason: str, host: str = host) -> None:
+                raise PsclusterError(f"{host} is drained but still holds a ps in the plan, which cannot move: {reason}",
+                                     hint=f"'pscluster undrain {host}' to use it again, or 'pscluster down' and up "
+                                          "with an inventory without it")
+            found = self._ps_replan(ex, host, 1, planned=True, refuse=refuse)
+            if found is None:       # (refuse raised)
+                continue
+            move, new = found
+            old = ex.plan
+            diff = resize.restarting(resize.diff_plans(old, new),
+                                     [t.name for t in new.standing_tasks if t.name not in move.tasks])
+            ex.reporter.emit("message", text=f"{host} is drained: {', '.join(move.tasks)} moved to {move.to} before "
+                                             f"the job starts ({move.why}); the standing servers start again")
+            resize.apply_plan(ex.writer, ex.pool, ex.reporter, old, new, diff, ex.secrets, root=ex.root)
+            ex.replace_plan(new)
+            self.train.follow_plan(new)
 
     def go_on_in_place(self, ex: JobExecutor[Any], host: str, why: str, left: int) -> bool:
         """Async: a lost worker host stays in the plan. The chief already trains on without its

@@ -147,33 +147,75 @@ def test_a_ps_host_lost_for_good_moves_its_ps_and_the_job_finishes(fault_cluster
     assert "node-3 runs a ps and does not answer: a standby for chief:0 imports TensorFlow" in said, training.stderr
 
 
-def test_drain_of_a_ps_host_moves_its_ps_and_loses_no_step(fault_cluster):
-    """Issue 44: `pscluster drain node-3` (ps:1 and worker:1) under a running async job. ps:1
-    moves where a lost ps would (node-1, the other ps host), worker:1 leaves, the job checkpoints
-    at one step first and its chief restarts there: the restore is at or past every step reported
-    before the drain (none lost), exit 0 before the deadline, training goes on, nothing of the
-    cluster is left on node-3, which is marked drained. Stopped by state, not by a budget."""
+def test_drain_of_a_ps_host_moves_its_ps_in_place_and_the_next_job_replans_it(fault_cluster):
+    """Issue 44: `pscluster drain node-3` (ps:1 and worker:1) under a running async job. worker:1
+    ends its closure and leaves, then the chief moves ps:1's variables to ps:0 (node-1, a ps since
+    its start) in place (roles/psmove.py): exit 0 before the deadline, nothing restored or
+    restarted, training goes on, nothing of the cluster left running on node-3, marked drained.
+    The next job (`train --resume`) re-plans ps:1 onto node-1 first (its server is gone from
+    node-3) and resumes from the stopped job's checkpoint. Stopped by state, not by a budget."""
     cluster = fault_cluster()
     cluster.up(PS_ON_NODE_3, "async")
     training = cluster.train("--steps", 100000, "--checkpoint-every", 50)
-    before = training.wait_step(200)["step"]
+    training.wait_step(200)
     drain = cluster.cli("drain", "node-3", "--deadline", "60s", "--name", cluster.name)
     assert drain.returncode == 0, drain.stderr
     said = " ".join((drain.stdout + drain.stderr).split())
     print(said)
-    assert "node-3 drained in" in said and "ps:1 moved from node-3 to node-1" in said, said
-    job = training.wait_for(lambda job: (job.get("restored_step") or 0) >= before and job.get("state") == "running"
-                            and (job.get("step") or 0) >= job["restored_step"] + 200, what="training on after the move")
+    assert "node-3 drained in" in said and "in place: ps:1 moved to ps:0 (node-1)" in said, said
+    assert "worker:1 left after their closures ended" in said, said
+    moved_at = training.job()["step"]
+    job = training.wait_for(lambda job: (job.get("step") or 0) >= moved_at + 200, what="training on after the move")
+    assert not job.get("restored_step") and not job.get("restarts") and job["state"] == "running", job
     stop = cluster.cli("stop-job", "--name", cluster.name)
     assert stop.returncode == 0, stop.stderr
     code, _ = training.finish()
     assert code == 143, training.stderr
-    assert not job.get("restarts"), job         # a planned move: the chief's restart is no failure
+    assert "ps moved in place: {'ps:1': 'ps:0'}" in _chief_log(cluster), "the chief's log says nothing of the move"
     state = cluster.state()
-    placed = _placed(cluster)
-    assert placed["ps:1"] == "node-1" and "node-3" not in placed.values(), placed
     assert state["drained"] == {"node-3": "drained"} and state["job"]["state"] == "stopped"
     assert not [r for r in state["processes"] if r["host"] == "node-3" and not r["stopped"]]
+    assert _placed(cluster)["ps:1"] == "node-3"       # in the plan still, no server: the next job moves it
+    stopped_at = state["job"]["checkpoint_step"]
+    again = cluster.train("--steps", stopped_at + 100, "--resume")
+    code, report = again.finish()
+    assert code == 0, again.stderr
+    said = " ".join(again.stderr.split())
+    assert "node-3 is drained: ps:1 moved to node-1 before the job starts" in said, said
+    assert report["restored_step"] == stopped_at and report["global_step"] >= stopped_at + 100, report
+    placed = _placed(cluster)
+    assert placed["ps:1"] == "node-1" and "node-3" not in placed.values(), placed
+
+
+def _chief_log(cluster) -> str:
+    logs = cluster.cli("logs", "chief:0")
+    return logs.stdout + logs.stderr
+
+
+@pytest.mark.extended
+def test_the_chief_killed_after_a_ps_moved_in_place_restarts_with_the_ps_replanned(fault_cluster):
+    """Extended (the test above proves the move): after `drain node-3` moved ps:1 in place, the
+    chief is killed. A new chief could not reach ps:1 on node-3 (no server there): its recovery
+    re-plans ps:1 onto node-1 first, every standing server starts again, and the chief resumes
+    from its newest checkpoint; training goes on."""
+    cluster = fault_cluster()
+    cluster.up(PS_ON_NODE_3, "async")
+    training = cluster.train("--steps", 100000, "--checkpoint-every", 50)
+    training.wait_step(200)
+    drain = cluster.cli("drain", "node-3", "--deadline", "60s", "--name", cluster.name)
+    assert drain.returncode == 0 and "in place: ps:1 moved to ps:0" in " ".join(drain.stderr.split()), drain.stderr
+    moved_at = training.wait_for(lambda job: (job.get("checkpoint_step") or 0) > (job.get("step") or 0) - 60
+                                 and job.get("workers") == 1, what="a checkpoint after the move")["step"]
+    training.signal("chief:0", signal.SIGKILL, kind="train")
+    job = training.wait_for(lambda job: (job.get("restored_step") or 0) > 0 and job.get("state") == "running"
+                            and (job.get("step") or 0) >= job["restored_step"] + 100, what="training on after the chief's restart")
+    assert job["restored_step"] >= moved_at - 60, job
+    placed = _placed(cluster)
+    assert placed["ps:1"] == "node-1" and "node-3" not in placed.values(), placed
+    stop = cluster.cli("stop-job", "--name", cluster.name)
+    assert stop.returncode == 0, stop.stderr
+    code, _ = training.finish()
+    assert code == 143, training.stderr
 
 
 def _once_servers_answer(cluster, timeout: float = 120.0) -> list[dict]:

@@ -80,7 +80,8 @@ def test_an_async_ps_host_moves_its_ps_and_its_workers_leave_with_it(write_inven
     plan = plan_text(write_inventory, PS_HOSTS.replace("MODE", "async"), name="lab")
     only_ps = plan_drain(plan, "h4", job_live=True)
     assert [(m.task, m.action) for m in only_ps.moves] == [("ps:2", PS_MOVE)] and only_ps.action == PS_MOVE
-    assert "no step lost" in only_ps.describe()
+    # other ps hosts: the chief moves its variables to one of them in place
+    assert "no step lost" in only_ps.describe() and "another ps in place" in only_ps.describe()
     both = plan_drain(plan, "h2", job_live=True)
     assert {m.role: m.action for m in both.moves} == {"ps": PS_MOVE, "worker": IN_PLACE} and both.action == PS_MOVE
     idle = plan_drain(plan, "h4", job_live=False)
@@ -88,6 +89,19 @@ def test_an_async_ps_host_moves_its_ps_and_its_workers_leave_with_it(write_inven
     syncps = plan_text(write_inventory, PS_HOSTS.replace("MODE", "sync-ps"), name="lab")
     held = plan_drain(syncps, "h4", job_live=True)
     assert held.action == CHECKPOINT and "sync-ps job's ps cannot move" in held.describe()
+
+
+def test_the_only_ps_host_moves_its_ps_through_a_restart(write_inventory):
+    """With no other ps host, TensorFlow has no ps to take the variables in place (TF13): the move
+    goes through a checkpoint and the chief's restart, and the drain says so before it starts."""
+    from .test_plan import plan_text
+    text = PS_HOSTS.replace("MODE", "async").replace(
+        "ps: {hosts: {h1: {ansible_host: 127.77.0.2}, h2: {ansible_host: 127.77.0.3}, h4: {ansible_host: 127.77.0.5}}}",
+        "ps: {hosts: {h4: {ansible_host: 127.77.0.5}}}")
+    plan = plan_text(write_inventory, text, name="lab")
+    drain = plan_drain(plan, "h4", job_live=True)
+    assert drain.action == PS_MOVE and "chief restarts from there" in drain.describe(), drain.describe()
+    assert "in place" not in drain.describe()
 
 
 def test_unknown_host_and_the_last_worker_are_refused_before_anything_moves(write_inventory):

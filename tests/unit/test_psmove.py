@@ -93,3 +93,16 @@ def test_spares_kept_idle():
     assert strategy.extended._num_ps == 2
     with pytest.raises(MoveRefused, match="leave none"):
         psmove.keep_spares_idle(strategy, 2)
+
+
+def test_the_chiefs_cluster_after_moves_in_place_lists_no_ps_that_moved_away():
+    """roles/async_driver.py keeps the orchestrator's cluster (every ps listed) and points its
+    context at this one: a membership change after a move must not bring ps:1 back."""
+    cluster = {"chief": ["c:1"], "ps": ["p0:1", "p1:1", "p2:1"], "worker": ["w0:1", "w1:1"]}
+    assert psmove.effective_cluster(cluster, {}) == cluster
+    moved = psmove.effective_cluster(cluster, {1: 0})
+    assert moved == {"chief": ["c:1"], "ps": {0: "p0:1", 2: "p2:1"}, "worker": ["w0:1", "w1:1"]}
+    assert cluster["ps"] == ["p0:1", "p1:1", "p2:1"]        # the orchestrator's stays as it was
+    # a second move: ps:0 onto ps:2 (the request names tasks of the effective cluster)
+    again = psmove.plan_request(moved, {"ps": 0, "to": 2})
+    assert again.destination == {0: 2} and again.cluster["ps"] == {2: "p2:1"}
