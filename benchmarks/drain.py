@@ -2,7 +2,8 @@
 what a drain's planning costs the orchestrator at 1,000 hosts.
 
 **Trials** (the local cluster: every "host" is this machine, 127.0.0.2 and up, a port base each,
-as tests/local/test_drain.py does). Each trial is what a user types: ``up``, ``train
+as tests/local/test_drain.py does; with ``--lab``, the 3-host SSH lab of testbed/netlab.py, root:
+``LAB_GROUPS`` gives each role's cluster there). Each trial is what a user types: ``up``, ``train
 distributed_mnist --steps N --json`` (the MLP, MNIST_MODEL=mlp), ``drain HOST --deadline 30s``
 once the job record's step passed a random step (20-60 % of the budget), the job's end, then
 ``down``. The roles (``--roles``):
@@ -13,8 +14,12 @@ async-worker   async, chief on ``main``, ps on ``p1``, a worker on ``w1`` and ``
 sync-worker    sync (MultiWorkerMirroredStrategy), a worker on ``w1``, ``w2`` and ``w3``: ``w2``
                or ``w3`` drained (``w1`` runs worker:0, the leader, which a resize refuses to
                move), a resize (one save, a restart at the smaller size)
-ps             the async cluster's ``p1`` drained: its ps moves to ``main`` (the chief's host:
-               no other ps host), the job checkpoints at one step and its chief restarts there
+ps             the async cluster with a second ps on ``main``: ``p1`` drained, its ps (ps:1)
+               moves to ps:0 in place (the chief moves the variables and traces its functions
+               again; nothing restored, nothing restarted)
+ps-one         the async cluster (one ps, on ``p1``): ``p1`` drained, its ps moves to ``main``
+               (the chief's host: no other ps host), the job checkpoints at one step and its
+               chief restarts there
 chief          the async cluster's ``main`` drained: the job checkpoints instead (exit 1)
 =============  ===========================================================================
 
@@ -37,8 +42,8 @@ Goals (issue 44): async worker host: 0 steps lost, pause <= 1 s, every drain bef
 deadline; sync: 0 steps lost, pause <= the planned resize's (1.9 s); ps host: 0 steps lost, pause
 <= 5 s, before the deadline; nothing left after ``down``.
 
-Usage: ``python -m benchmarks.drain [--trials 3] [--roles async-worker,sync-worker,ps,chief]
-[--steps N] [--deadline 30s] [--seed N] [--record FILE]``; ``python -m benchmarks.drain --paper
+Usage: ``python -m benchmarks.drain [--trials 3] [--roles async-worker,sync-worker,ps,ps-one,chief]
+[--steps N] [--deadline 30s] [--seed N] [--record FILE] [--lab]``; ``python -m benchmarks.drain --paper
 [--hosts 16,64,256,1000] [--repeat 5]``; ``python -m benchmarks.drain --report FILE...``.
 """
 from __future__ import annotations
@@ -63,7 +68,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.common import cli, down_counting_left, print_columns, stop_train  # noqa: E402
 from benchmarks.faults import pauses  # noqa: E402
 
-ROLES = ("async-worker", "sync-worker", "ps", "chief")
+ROLES = ("async-worker", "sync-worker", "ps", "ps-one", "chief")
 # benchmarks/faults.py's MLP budget in async; in sync three times its 800: the resize starts the
 # new workers while the old ones train, ~20 s on this 2-core machine, and 800 steps were over by then.
 BUDGET = {"async": 1500, "sync": 2400}
@@ -81,6 +86,7 @@ def inventory_text(role: str, port_base: int) -> str:
     port base of its own (20 ports apart from ``port_base``)."""
     sync = role == "sync-worker"
     hosts = ["w1", "w2", "w3"] if sync else ["main", "p1", "w1", "w2"]
+    ps_hosts = ["main", "p1"] if role == "ps" else ["p1"]       # ps: another ps to move to in place
 
     def host(name: str) -> str:
         number = hosts.index(name)
@@ -88,13 +94,34 @@ def inventory_text(role: str, port_base: int) -> str:
     lines = ["all:", "  vars:", "    ansible_connection: local", f"    pscluster_mode: {'sync' if sync else 'async'}",
              "    pscluster_env: {OMP_NUM_THREADS: 1, MNIST_MODEL: mlp}", "  children:"]
     if not sync:
-        lines += ["    chief: {hosts: {%s}}" % host("main"), "    ps: {hosts: {%s}}" % host("p1")]
+        lines += ["    chief: {hosts: {%s}}" % host("main"), "    ps: {hosts: {%s}}" % ", ".join(map(host, ps_hosts))]
     lines += ["    worker:", "      hosts:"] + [f"        {host(h)}" for h in hosts if h.startswith("w")]
     return "\n".join(lines) + "\n"
 
 
-def drained_host(role: str, rng: random.Random) -> str:
-    if role == "ps":
+# --lab: the 3-host SSH lab (testbed/netlab.py, node-1..node-3), each role's cluster and the host
+# drained (one of them at random).
+LAB_GROUPS = {
+    "async-worker": ({"chief": ["node-1"], "ps": ["node-1"], "worker": ["node-2", "node-3"]}, ["node-2", "node-3"]),
+    "sync-worker": ({"worker": ["node-1", "node-2", "node-3"]}, ["node-2", "node-3"]),
+    "ps": ({"chief": ["node-1"], "ps": ["node-1", "node-2"], "worker": ["node-2", "node-3"]}, ["node-2"]),
+    "ps-one": ({"chief": ["node-1"], "ps": ["node-2"], "worker": ["node-2", "node-3"]}, ["node-2"]),
+    "chief": ({"chief": ["node-1"], "ps": ["node-1"], "worker": ["node-2", "node-3"]}, ["node-1"]),
+}
+
+
+def write_lab_inventory(lab: Any, path: Path, role: str, port_base: int) -> Path:
+    from testbed.netlab import write_inventory
+    mode = "sync" if role == "sync-worker" else "async"
+    return write_inventory(lab, path, LAB_GROUPS[role][0], {
+        "pscluster_port_base": port_base, "pscluster_mode": mode, "pscluster_intra_op_threads": 1,
+        "pscluster_env": {"OMP_NUM_THREADS": 1, "MNIST_MODEL": "mlp"}})
+
+
+def drained_host(role: str, rng: random.Random, lab: Any = None) -> str:
+    if lab is not None:
+        return rng.choice(LAB_GROUPS[role][1])
+    if role in ("ps", "ps-one"):
         return "p1"
     if role == "chief":
         return "main"
@@ -109,9 +136,9 @@ def _state(state_file: Path) -> dict[str, Any]:
         return {}
 
 
-def leader_progress(state: dict[str, Any], mode: str) -> list[tuple[float, int]]:
-    """(time, step) of every progress event of the job's leader (chief:0 in async, worker:0 in
-    sync), every attempt: its events files, which the state's process records name."""
+def leader_events(state: dict[str, Any], mode: str, kind: str) -> list[dict[str, Any]]:
+    """The ``kind`` events of the job's leader (chief:0 in async, worker:0 in sync), every
+    attempt: its events files, which the state's process records name."""
     leader = "chief:0" if mode == "async" else "worker:0"
     found = []
     paths = {r["events"] for r in state.get("processes", []) if r.get("task") == leader and r.get("events")}
@@ -125,9 +152,22 @@ def leader_progress(state: dict[str, Any], mode: str) -> list[tuple[float, int]]
                 event = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(event, dict) and event.get("event") == "progress" and isinstance(event.get("step"), int):
-                found.append((float(event["ts"]), event["step"]))
-    return sorted(found)
+            if isinstance(event, dict) and event.get("event") == kind:
+                found.append(event)
+    return found
+
+
+def leader_progress(state: dict[str, Any], mode: str) -> list[tuple[float, int]]:
+    """(time, step) of every progress event of the job's leader, every attempt."""
+    return sorted((float(e["ts"]), e["step"]) for e in leader_events(state, mode, "progress")
+                  if isinstance(e.get("step"), int))
+
+
+def chief_moves(state: dict[str, Any]) -> list[float]:
+    """The seconds of each in-place ps move the async chief made (its ``membership`` events with
+    ``moved``: from its drain of the closures in flight to its functions traced again), the
+    chief's own measure of the move's pause, finer than the reporting gap."""
+    return [float(e.get("seconds") or 0.0) for e in leader_events(state, "async", "membership") if e.get("moved")]
 
 
 _CHECKPOINTED = re.compile(r"checkpointed at step (\d+)")
@@ -138,7 +178,7 @@ def resized_after_the_end(row: dict[str, Any]) -> bool:
     """A drain whose resize (sync, or a ps move) saved at the budget's last step: the job trained
     to its end with every worker, so there was no pause to measure (and the host was not free
     before the end). Marks ``row`` so (its outcome, no pause)."""
-    if row["role"] not in ("sync-worker", "ps") or (row.get("restored_step") or 0) < row["budget"]:
+    if row["role"] not in ("sync-worker", "ps", "ps-one") or (row.get("restored_step") or 0) < row["budget"]:
         return False
     row["outcome"] = "resized after the end" + ("" if row["drain_rc"] == 0 else f" (drain exit {row['drain_rc']})")
     row["pause"] = None
@@ -170,7 +210,8 @@ def summarize(row: dict[str, Any], report: dict[str, Any], progress: list[tuple[
         row["outcome"] = "job failed"
         return row
     row["restored_step"] = report.get("restored_step") or 0
-    over = max(0, (report.get("global_step") or budget) - budget) if row["role"] in ("async-worker", "ps") else 0
+    over = max(0, (report.get("global_step") or budget) - budget) if row["role"] in ("async-worker", "ps", "ps-one") \
+        else 0
     row["steps_lost"] = (report.get("steps_redone") or 0) + over
     row["global_step"] = report.get("global_step")
     row["accuracy"] = report.get("val_accuracy")
@@ -186,7 +227,7 @@ def summarize(row: dict[str, Any], report: dict[str, Any], progress: list[tuple[
 
 
 def trial(work: Path, number: int, role: str, rng: random.Random, *, steps: int | None, deadline: str,
-          limit: float) -> dict[str, Any]:
+          limit: float, lab: Any = None) -> dict[str, Any]:
     mode = "sync" if role == "sync-worker" else "async"
     name = f"drain-{os.getpid()}-{number}"
     state_dir = work / "state"
@@ -194,11 +235,14 @@ def trial(work: Path, number: int, role: str, rng: random.Random, *, steps: int 
     path = work / f"{name}.yaml"
     work.mkdir(parents=True, exist_ok=True)
     # Ports in 15000-15799: away from the tests' 20000-31999 (another session may run them).
-    path.write_text(inventory_text(role, 15000 + (number % 8) * 100))
+    if lab is None:
+        path.write_text(inventory_text(role, 15000 + (number % 8) * 100))
+    else:
+        write_lab_inventory(lab, path, role, 15000 + (number % 8) * 100)
     budget = steps or BUDGET[mode]
-    host = drained_host(role, rng)
+    host = drained_host(role, rng, lab)
     row: dict[str, Any] = {"role": role, "trial": number, "host": host, "budget": budget,
-                           "deadline": deadline}
+                           "deadline": deadline, "where": "local" if lab is None else "SSH lab"}
     _, up = cli(["up", path, "--name", name], state_dir, check=False)
     if up.returncode != 0:
         row["outcome"] = f"up failed: {(up.stderr.strip().splitlines() or ['?'])[-1][:160]}"
@@ -241,6 +285,8 @@ def trial(work: Path, number: int, role: str, rng: random.Random, *, steps: int 
             except ValueError:
                 pass
         summarize(row, report, leader_progress(_state(state_file), mode), drain_err)
+        if role == "ps":
+            row["chief_move_s"] = max(chief_moves(_state(state_file)), default=None)
     _, row["left"] = down_counting_left(name, state_dir)
     return row
 
@@ -255,8 +301,10 @@ def table(rows: list[dict[str, Any]]) -> list[list[str]]:
     """One line per role: trials, outcomes, drain time (median, max), before the deadline,
     steps lost (max), pause (max) and the gap before (max), accuracy (min), left after down."""
     out = []
-    for role in [r for r in ROLES if any(row["role"] == r for row in rows)]:
-        group = [row for row in rows if row["role"] == role]
+    keys = [(where, role) for where in ("local", "SSH lab") for role in ROLES
+            if any(row["role"] == role and row.get("where", "local") == where for row in rows)]
+    for where, role in keys:
+        group = [row for row in rows if row["role"] == role and row.get("where", "local") == where]
         counts: dict[str, int] = {}
         for row in group:
             counts[row.get("outcome", "?")] = counts.get(row.get("outcome", "?"), 0) + 1
@@ -266,7 +314,7 @@ def table(rows: list[dict[str, Any]]) -> list[list[str]]:
             within = f"{sum(bool(r.get('checkpoint_in_deadline')) for r in group)}/{len(group)} checkpointed"
         else:
             within = f"{sum(bool(r.get('before_deadline')) for r in group)}/{len(group)}"
-        out.append([role, str(len(group)), "; ".join(f"{n}x {what}" for what, n in counts.items()),
+        out.append([role if where == "local" else f"{role} (SSH lab)", str(len(group)), "; ".join(f"{n}x {what}" for what, n in counts.items()),
                     f"{statistics.median(drains):.1f} / {max(drains):.1f}" if drains else "-", within,
                     str(_max([r.get("steps_lost") for r in group])), str(_max([r.get("pause") for r in group])),
                     str(_max([r.get("gap_before") for r in group])),
@@ -284,7 +332,8 @@ def goals(rows: list[dict[str, Any]]) -> list[str]:
 
     def line(ok: bool, text: str) -> None:
         lines.append(f"{'MET   ' if ok else 'MISSED'} {text}")
-    for role, goal, bound in (("async-worker", "async worker host", ASYNC_GOAL), ("ps", "ps host", PS_GOAL)):
+    for role, goal, bound in (("async-worker", "async worker host", ASYNC_GOAL), ("ps", "ps host", PS_GOAL),
+                              ("ps-one", "the only ps's host", PS_GOAL)):
         group = [r for r in rows if r["role"] == role]
         if not group:
             continue
@@ -320,6 +369,11 @@ def print_trials(rows: list[dict[str, Any]]) -> int:
     print()
     lines = goals(rows)
     print("\n".join(lines))
+    moves = sorted(r["chief_move_s"] for r in rows if r.get("chief_move_s") is not None)
+    if moves:
+        print(f"note   ps host, in place: the chief's move (its own count: closures in flight ended, variables "
+              f"moved, functions traced again) {moves[0]:.2f}-{moves[-1]:.2f} s, median "
+              f"{statistics.median(moves):.2f} s, in {len(moves)} trial(s)")
     return 0 if all(line.startswith("MET") for line in lines) else 1
 
 
@@ -398,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", default="16,64,256,1000", help="--paper's sizes")
     parser.add_argument("--repeat", type=int, default=5, help="--paper's repetitions per size")
     parser.add_argument("--json", action="store_true", help="--paper: the results as JSON")
+    parser.add_argument("--lab", action="store_true", help="the trials on the 3-host SSH lab (root), not the local cluster")
     args = parser.parse_args(argv)
     if args.paper:
         try:
@@ -440,15 +495,23 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="pscluster-drain-"))
     record = args.record or work / "drain.jsonl"
     print(f"benchmarks.drain: {len(order)} trial(s), seed {seed}, recorded in {record}", file=sys.stderr, flush=True)
-    rows = []
-    for number, role in enumerate(order, 1):
-        began = time.monotonic()
-        row = trial(work, number, role, rng, steps=args.steps, deadline=args.deadline, limit=args.limit)
-        row["seconds"] = round(time.monotonic() - began)
-        rows.append(row)
-        with open(record, "a") as handle:
-            handle.write(json.dumps(row) + "\n")
-        print(f"trial {number}/{len(order)}: {json.dumps(row)}", file=sys.stderr, flush=True)
+    rows: list[dict[str, Any]] = []
+
+    def run_trials(lab: Any = None) -> None:
+        for number, role in enumerate(order, 1):
+            began = time.monotonic()
+            row = trial(work, number, role, rng, steps=args.steps, deadline=args.deadline, limit=args.limit, lab=lab)
+            row["seconds"] = round(time.monotonic() - began)
+            rows.append(row)
+            with open(record, "a") as handle:
+                handle.write(json.dumps(row) + "\n")
+            print(f"trial {number}/{len(order)}: {json.dumps(row)}", file=sys.stderr, flush=True)
+    if args.lab:
+        from testbed.netlab import Lab
+        with Lab(3, work / "lab", subnet="auto") as lab:
+            run_trials(lab)
+    else:
+        run_trials()
     return print_trials(rows)
 
 
