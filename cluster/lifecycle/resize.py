@@ -238,6 +238,31 @@ def can_overlap(old: ClusterPlan, new: ClusterPlan, diff: PlanDiff, standby_host
     return all(standby_hosts.get(task.name) == task.host for task in new.training_tasks)
 
 
+def match_standbys(tasks: Sequence[TaskSpec], standbys: Sequence[ProcessRecord]) -> dict[str, ProcessRecord | None]:
+    """A live standby for each of ``tasks`` (a resize's new training tasks): its own (by task
+    name) when it is on the task's host, else one on that host that no task of ``tasks`` has by
+    name (a renumbered task: draining w2 makes worker:2@w3 worker:1@w3, whose own standby is on
+    w2, while worker:2's waits on w3); None when there is none. A standby started for another task
+    may still decline (roles/standby.py: an environment TensorFlow reads at import that differs,
+    e.g. a GPU mask): the task then starts afresh."""
+    live = [r for r in standbys if r.kind == ProcessKind.STANDBY and not r.stopped]
+    by_name = {r.task: r for r in live}
+    found: dict[str, ProcessRecord | None] = {}
+    for task in tasks:
+        own = by_name.get(task.name)
+        found[task.name] = own if own is not None and own.host == task.host else None
+    taken = {r.key for r in found.values() if r is not None}
+    wanted = {task.name for task in tasks}
+    spare = [r for r in live if r.key not in taken and r.task not in wanted]
+    for task in tasks:
+        if found[task.name] is None:
+            pick = next((r for r in spare if r.host == task.host), None)
+            if pick is not None:
+                spare.remove(pick)
+                found[task.name] = pick
+    return found
+
+
 GROWTH = "TF_FORCE_GPU_ALLOW_GROWTH"
 
 

@@ -432,7 +432,7 @@ class Resizer:
         which wait there for :meth:`resize`'s go; empty when the resize takes the usual path
         (not sync, a standby missing, a release or a start that failed: said in a warning)."""
         old = ex.plan
-        standbys = {task.name: ex.state.standby(task.name) for task in new.training_tasks}
+        standbys = resize.match_standbys(new.training_tasks, ex.state.processes)
         running = self.overlap_candidates(ex, new, diff, standbys)
         if not running:
             return {}

@@ -372,3 +372,28 @@ def test_a_resize_gives_new_tasks_the_edited_inventorys_secret_scope(write_inven
     with pytest.raises(UsageError, match="OTHER_KEY"):
         ResizeRequest(new, secret_names={"h2": ("OTHER_KEY",)}).secrets_for(held)
     assert ResizeRequest(new).secrets_for(held) == scoped                             # default: the plan's own scope
+
+
+def test_a_renumbered_worker_takes_the_standby_waiting_on_its_host(write_inventory):
+    """Draining h2 of h1-h3 (sync) renumbers worker:2@h3 to worker:1@h3: worker:1's own standby
+    waits on h2, worker:2's on h3. The new worker:1 takes h3's (benchmarks.drain: without it the
+    new workers started only after the old ones stopped, a 6.7 s pause against 1.1 s)."""
+    from cluster.contracts import ProcessKind
+    from cluster.lifecycle.resize import match_standbys
+    from cluster.state import ProcessRecord
+    new = lab(write_inventory, "h1", "h3", mode="sync")
+
+    def standby(task: str, host: str, stopped: bool = False) -> ProcessRecord:
+        record = ProcessRecord.for_task(task, host, ProcessKind.STANDBY, 1, f"/tmp/{task}.log")
+        return replace(record, stopped=stopped)
+    records = [standby("worker:0", "h1"), standby("worker:1", "h2"), standby("worker:2", "h3")]
+    found = match_standbys(new.training_tasks, records)
+    assert {name: (r.task, r.host) if r else None for name, r in found.items()} == \
+        {"worker:0": ("worker:0", "h1"), "worker:1": ("worker:2", "h3")}
+    # a stopped standby, or none on the host: nothing to take (the task starts afresh)
+    found = match_standbys(new.training_tasks, [records[0], records[1], standby("worker:2", "h3", stopped=True)])
+    assert found["worker:1"] is None and found["worker:0"] is records[0]
+    # a task's own standby on its own host is never given to another
+    same = lab(write_inventory, "h1", "h2", mode="sync")
+    found = match_standbys(same.training_tasks, records)
+    assert found == {"worker:0": records[0], "worker:1": records[1]}

@@ -380,3 +380,30 @@ def test_a_ps_that_ends_or_a_ps_host_lost_starts_a_standby_for_the_chiefs_restar
     monkeypatch.setattr(type(sup.state), "standby", lambda self, name: object())
     sup.kind.on_exit(sup, ended("ps:0"), 100.0)
     assert len(started) == 2
+
+
+def test_a_sync_job_starts_its_standbys_again_only_after_it_trained_a_while(tmp_path, monkeypatch):
+    """A sync drain's overlap needs the group's standbys ready (train_resize.WARM_STANDBYS_AFTER):
+    a sync job started from its standbys starts new ones once its leader trained that long,
+    not at its first step (a short job does not pay for their import); an async job not at all."""
+    from cluster.supervision import train_resize
+    for mode, refills in (("sync", True), ("async", False)):
+        sup = idle_supervisor(tmp_path / mode, name=f"warm-{mode}", mode=mode)
+        refilled = []
+        monkeypatch.setattr(sup.kind, "refill_standbys", lambda ex, seen=refilled: seen.append(ex.clock()))
+        sup.kind.standby_tasks = {"worker:0"}
+        leader = _leader(sup)
+        clock = [100.0]
+        sup.clock = lambda: clock[0]
+        sup.kind.on_event(sup, leader, {"event": "progress", "step": 10}, now=100.0)
+        sup.kind.between_turns(sup)
+        assert refilled == []                             # trained, but not for long
+        clock[0] = 100.0 + train_resize.WARM_STANDBYS_AFTER - 1
+        sup.kind.on_event(sup, leader, {"event": "progress", "step": 200}, now=clock[0])
+        sup.kind.between_turns(sup)
+        assert refilled == []                             # the clock counts from the first step, not the last
+        clock[0] = 100.0 + train_resize.WARM_STANDBYS_AFTER
+        sup.kind.between_turns(sup)
+        assert refilled == ([clock[0]] if refills else []), mode
+        sup.kind.between_turns(sup)
+        assert len(refilled) == (1 if refills else 0)     # once
