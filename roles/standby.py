@@ -50,7 +50,9 @@ log = logging.getLogger("pscluster.standby")
 IMPORT_TIME_PREFIXES = ("TF_", "CUDA", "OMP_", "KMP_", "MKL", "XLA_", "KERAS", "PYTHON", "LD_",
                         "GRPC_", "NVIDIA", "ONEDNN", "DNNL", "PSCLUSTER_")
 IMPORT_TIME_NAMES = frozenset({"HOME"})
-READ_LATER = frozenset({"TF_CONFIG", "PSCLUSTER_DATA"})    # read when the job runs, not at import
+# Read when the job runs, not at import: a standby of worker:2 may become worker:1 on the same
+# host (a sync resize that renumbers: cluster/lifecycle/resize.py ``match_standbys``).
+READ_LATER = frozenset({"TF_CONFIG", "PSCLUSTER_DATA", "PSCLUSTER_TASK"})
 TRAIN_MODULE = "roles.train"
 MAX_REQUEST = 16 << 20
 

@@ -221,8 +221,9 @@ class TrainJob(JobKind):
         relaunch's pause, where their import would slow the new processes' start), and has for
         ``after`` seconds: a standby for each such task's next relaunch, which then skips
         TensorFlow's import."""
-        if self.standby_tasks and self.trained_since_launch and self.trained_from is not None \
-                and ex.clock() - self.trained_from >= after:
+        if after and (self.trained_from is None or ex.clock() - self.trained_from < after):
+            return
+        if self.standby_tasks and self.trained_since_launch:
             self.refill_standbys(ex)
             self.standby_tasks.clear()
 
@@ -449,7 +450,7 @@ class TrainJob(JobKind):
         if is_leader:
             self.last_step = max(self.last_step, step)
             if not self.trained_since_launch:
-                self.trained_from = ex.clock()
+                self.trained_from = now
             self.trained_since_launch = True
             ex.set_job(state="running", step=step, steps_total=event.get("steps_total"),
                        epoch=event.get("epoch"), loss=event.get("loss"),

@@ -42,6 +42,7 @@ IN_PLACE_TIMEOUT = 60.0  # for the async chief to take a change in place (it loo
 STANDBY_WAIT = 60.0      # for the standbys of a resize's relaunch to import TensorFlow (then: started afresh)
 RETIRE_TIMEOUT = 10.0    # for the async chief to say a drained worker's last closure ended (one closure)
 WARM_STANDBYS_AFTER = 20.0  # sync: seconds of training before the group's standbys are started again
+RESIZE_RESERVE = 6.0     # of a drain's budget, kept for the usual path (checkpoint, stop, apply, launch: 1-3 s)
 HANDOVER_TIMEOUT = 30.0  # sync: for the old workers to release their ports (one unit of work each; roles/handover.py)
 
 
@@ -182,6 +183,8 @@ class Resizer:
         """Checkpoint, stop the job's processes, bring the servers in line with the new plan, and
         start the training processes again from the checkpoint at the new size."""
         old, new = ex.plan, request.plan
+        # A drain's budget: the overlap below gives way in time for the usual path to fit in it.
+        by = None if request.within is None else ex.clock() + request.within - RESIZE_RESERVE
         diff = resize.restarting(resize.diff_plans(old, new), restart)
         resize.check_resize(old, new, diff, job_live=True)
         ex.use_secrets(request.secrets_for(ex.secrets))     # the new plan's scope, keyed by its host names
@@ -207,7 +210,7 @@ class Resizer:
                 per_worker = max(1, global_batch // workers_before)
                 self.train.set_batch_size(per_worker * workers_after)
         # Sync: the new workers start in those standbys while the old ones train (roles/handover.py).
-        following = self.start_next(ex, new, diff) if not unreachable else {}
+        following = self.start_next(ex, new, diff, by=by) if not unreachable else {}
         ex.reporter.emit("message", text=f"resizing: {resize.describe(diff, new)}; "
                                          f"the job checkpoints first (up to {self.train.stop_grace:g} s)")
         began = ex.clock()        # the pause: from here to the relaunch
@@ -424,19 +427,20 @@ class Resizer:
                               "in flight there runs again on another worker")
         return f" (a closure in flight there runs again: {why})"
 
-    def start_next(self, ex: JobExecutor[Any], new: ClusterPlan, diff: PlanDiff
+    def start_next(self, ex: JobExecutor[Any], new: ClusterPlan, diff: PlanDiff, *, by: float | None = None
                    ) -> dict[str, tuple[TaskSpec, ProcessRecord, str]]:
         """Sync to sync with every new worker's standby ready: the old workers release their ports
         and the new ones start on them, in their standbys, up to the gate before their restore
         (roles/handover.py). {task name: (task, record, events file)} of the processes started,
         which wait there for :meth:`resize`'s go; empty when the resize takes the usual path
-        (not sync, a standby missing, a release or a start that failed: said in a warning)."""
+        (not sync, a standby missing, a release or a start that failed, or not ready ``by`` then
+        (a drain's budget): said in a warning)."""
         old = ex.plan
         standbys = resize.match_standbys(new.training_tasks, ex.state.processes)
         running = self.overlap_candidates(ex, new, diff, standbys)
         if not running:
             return {}
-        why = self.ask_to_release(ex, old, running)
+        why = self.ask_to_release(ex, old, running, by=by)
         if why:
             return self.not_overlapped(ex, why)
         following: dict[str, tuple[TaskSpec, ProcessRecord, str]] = {}
@@ -447,7 +451,7 @@ class Resizer:
                 started = start_task(ex.writer, ex.pool, new, task, record, argv=argv, env=env,
                                      reporter=ex.reporter, standby=standbys[task.name])
                 following[task.name] = (task, started, events)
-            self.wait_at_gates(ex, new, following)
+            self.wait_at_gates(ex, new, following, by=by)
         except PsclusterError as exc:
             records = [record for _, record, _ in following.values()]
             if records:
@@ -475,7 +479,8 @@ class Resizer:
                 return []
         return running
 
-    def ask_to_release(self, ex: JobExecutor[Any], old: ClusterPlan, running: list[Watched]) -> str | None:
+    def ask_to_release(self, ex: JobExecutor[Any], old: ClusterPlan, running: list[Watched], *,
+                       by: float | None = None) -> str | None:
         """Ask each running worker to release its port and wait for every answer; why not, if
         one could not be asked or did not answer in time."""
         asked: dict[int, Watched] = {}
@@ -487,7 +492,7 @@ class Resizer:
                              {"seq": seq, "release": True})
         except PsclusterError as exc:
             return f"could not ask the workers to release their ports: {exc.message.splitlines()[0]}"
-        deadline = ex.clock() + HANDOVER_TIMEOUT
+        deadline = min(ex.clock() + HANDOVER_TIMEOUT, by if by is not None else float("inf"))
         while not all(seq in self.membership_answers for seq in asked):
             if ex.clock() > deadline or any(w.ended_at is not None or w.done for w in asked.values()):
                 return "a worker did not release its port"
@@ -496,10 +501,10 @@ class Resizer:
         return None
 
     def wait_at_gates(self, ex: JobExecutor[Any], new: ClusterPlan,
-                      following: dict[str, tuple[TaskSpec, ProcessRecord, str]]) -> None:
+                      following: dict[str, tuple[TaskSpec, ProcessRecord, str]], *, by: float | None = None) -> None:
         """Wait until every new worker waits at its gate; PsclusterError if one ended first or
         they were not all there within STANDBY_WAIT."""
-        pending, ready_by = dict(following), ex.clock() + STANDBY_WAIT
+        pending, ready_by = dict(following), min(ex.clock() + STANDBY_WAIT, by if by is not None else float("inf"))
         while pending:
             for name, (task, record, events) in list(pending.items()):
                 transport = ex.pool.get(new.host(task.host))
@@ -508,7 +513,8 @@ class Resizer:
                 elif hostops.read(transport, record.exit_file, limit=16).exists:
                     raise PsclusterError(f"{name} ended before it was ready (see {record.log} on {task.host})")
             if pending and ex.clock() > ready_by:
-                raise PsclusterError(f"{', '.join(sorted(pending))} not ready within {STANDBY_WAIT:g} s")
+                raise PsclusterError(f"{', '.join(sorted(pending))} not ready in time" +
+                                     (" for the drain's deadline" if by is not None else f" ({STANDBY_WAIT:g} s)"))
             self.pump(ex)
             if pending:
                 ex.sleep(LOOP_SECONDS)

@@ -87,6 +87,10 @@ def test_code_changed_on_disk_since_the_standby_started_declines(tmp_path):
 def test_the_import_time_set_and_the_project_modules():
     assert import_time_env(ENV) == {k: ENV[k] for k in ("HOME", "TF_ENABLE_ONEDNN_OPTS", "OMP_NUM_THREADS",
                                                         "PSCLUSTER_INTRA_OP_THREADS")}
+    # the task's name is read when the job runs: another task's standby on the host may take it
+    assert decide(request(env={**ENV, "PSCLUSTER_TASK": "worker:1"}), env={**ENV, "PSCLUSTER_TASK": "worker:2"}) is None
+    assert "CUDA_VISIBLE_DEVICES" in decide(request(env={**ENV, "CUDA_VISIBLE_DEVICES": "1"}),
+                                            env={**ENV, "CUDA_VISIBLE_DEVICES": "0"})
     import roles.standby  # noqa: F401 - loaded, so it must be among the project's sources
     sources = project_sources(sys.modules)
     assert "roles.standby" in sources and "roles.guardian" in sources
