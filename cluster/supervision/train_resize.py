@@ -273,7 +273,10 @@ class Resizer:
         same = {t.name: t.host for t in request.plan.tasks} == {t.name: t.host for t in ex.plan.tasks}
         if same and request.drain and ex.plan.mode == Mode.ASYNC and \
                 any(t.host == host and t.role == "ps" for t in ex.plan.tasks):
-            text = self.move_ps_in_place(ex, host, request) or self.drain_ps(ex, host, request)
+            text = self.move_ps_in_place(ex, host, request)
+            if not text:
+                text = self.drain_ps(ex, host, request)
+                self.ps_in_place.pop(host, None)     # (a ps of two moved in place: the restart re-planned both)
             ex.writer.change(lambda s: mark_drained(s.drained, host, DRAINED))
             return text
         if same and any(t.host == host for t in ex.plan.tasks):
@@ -394,12 +397,16 @@ class Resizer:
         """A new chief must start while ps tasks moved in place (:attr:`ps_in_place`) are still in
         the plan with no server: re-plan them (each drained host's ps to where a lost ps goes,
         :meth:`_move_ps`), every standing server started again with that plan and the chief
-        restarted from its newest checkpoint. True if it did (the recovery is done)."""
+        restarted from its newest checkpoint. True if it did (the recovery is done); False: no
+        such ps is left in the plan, the usual recovery follows."""
+        restarted = False
         for host in list(self.ps_in_place):
-            if self._move_ps(ex, host, why, 1, planned=True, save=False) is None:
-                return False
+            if any(t.host == host for t in ex.plan.tasks_of("ps")):
+                if self._move_ps(ex, host, why, 1, planned=True, save=False) is None:
+                    return restarted
+                restarted = True
             del self.ps_in_place[host]
-        return True
+        return restarted
 
     def retire_first(self, ex: JobExecutor[Any], workers: list[TaskSpec], within: float | None) -> str:
         """Ask the async chief to let ``workers`` end their closures in flight and take no other
