@@ -41,7 +41,7 @@ LOST_HOST_GRACE = 3.0   # the leader's time to save when a resize leaves a lost 
 IN_PLACE_TIMEOUT = 60.0  # for the async chief to take a change in place (it looks between closures)
 STANDBY_WAIT = 60.0      # for the standbys of a resize's relaunch to import TensorFlow (then: started afresh)
 RETIRE_TIMEOUT = 10.0    # for the async chief to say a drained worker's last closure ended (one closure)
-WARM_STANDBYS_AFTER = 20.0  # sync: seconds of training before the group's standbys are started again
+WARM_STANDBYS_AFTER = 10.0  # sync: seconds of training before the group's standbys are started again
 RESIZE_RESERVE = 6.0     # of a drain's budget, kept for the usual path (checkpoint, stop, apply, launch: 1-3 s)
 HANDOVER_TIMEOUT = 30.0  # sync: for the old workers to release their ports (one unit of work each; roles/handover.py)
 
@@ -547,20 +547,23 @@ class Resizer:
         """Before a relaunch at ``new``: a standby for each of its training tasks that has none,
         and wait (reading the job's streams) until they imported TensorFlow, up to ``wait`` s.
         Best effort (a standby that is late or failed is passed over and its task starts
-        afresh); the keys of the standbys started, which the resize keeps."""
+        afresh); the keys of the standbys started, which the resize keeps. Standbys that were
+        started already (a sync job refills its own after a while) and are still importing are
+        waited for too: a sync overlap needs every one ready."""
         names = [task.name for task in new.training_tasks if ex.state.standby(task.name) is None]
-        if not names:
-            return []
-        try:
-            sync_new_hosts(ex.writer, new, ex.pool, ex.reporter, ex.root)   # a host new to the cluster needs the code
-            records, failures = start_standbys(ex.writer, ex.pool, new, ex.secrets, names)
-        except PsclusterError as exc:
-            records, failures = {}, [Failure("the relaunch", exc)]
-        report_standbys(Reporter(), {}, failures)
-        if not records:
-            return []
-        ex.reporter.emit("message", text=f"starting {len(records)} standby(s) for the relaunch while the job trains")
-        pending, deadline = dict(records), ex.clock() + wait
+        records: dict[str, ProcessRecord] = {}
+        if names:
+            try:
+                sync_new_hosts(ex.writer, new, ex.pool, ex.reporter, ex.root)   # a host new to the cluster needs the code
+                records, failures = start_standbys(ex.writer, ex.pool, new, ex.secrets, names)
+            except PsclusterError as exc:
+                records, failures = {}, [Failure("the relaunch", exc)]
+            report_standbys(Reporter(), {}, failures)
+            if records:
+                ex.reporter.emit("message", text=f"starting {len(records)} standby(s) for the relaunch while the job trains")
+        importing = {name: record for name, record in resize.match_standbys(new.training_tasks, ex.state.processes).items()
+                     if record is not None and name not in records}
+        pending, deadline = {**importing, **records}, ex.clock() + wait
         while pending and ex.clock() < deadline:
             for name, record in list(pending.items()):
                 try:
