@@ -172,6 +172,7 @@ def chief_moves(state: dict[str, Any]) -> list[float]:
 
 _CHECKPOINTED = re.compile(r"checkpointed at step (\d+)")
 _DRAINED_IN = re.compile(r"drained in ([0-9.]+) s")
+_RESTART = re.compile(r"\(([0-9.]+) s to restart")
 
 
 def resized_after_the_end(row: dict[str, Any]) -> bool:
@@ -369,6 +370,16 @@ def print_trials(rows: list[dict[str, Any]]) -> int:
     print()
     lines = goals(rows)
     print("\n".join(lines))
+    restarts = [(float(m.group(1)), "started while the old ones trained" in r.get("drain_said", ""))
+                for r in rows if r["role"] == "sync-worker"
+                for m in [_RESTART.search(r.get("drain_said", ""))] if m]
+    if restarts:
+        overlapped = sorted(s for s, over in restarts if over)
+        usual = sorted(s for s, over in restarts if not over)
+        print("note   sync worker host: the resize's own count of its restart (the pause): "
+              + "; ".join(f"{label} {len(group)}x, {group[0]:.2f}-{group[-1]:.2f} s" for label, group in
+                          (("new workers started while the old ones trained", overlapped),
+                           ("the usual path", usual)) if group))
     moves = sorted(r["chief_move_s"] for r in rows if r.get("chief_move_s") is not None)
     if moves:
         print(f"note   ps host, in place: the chief's move (its own count: closures in flight ended, variables "
