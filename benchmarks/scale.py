@@ -101,8 +101,12 @@ def measure(args: Sequence[str], state_dir: Path, *, interval: float, interrupt_
     env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), NO_COLOR="1")
     began = time.monotonic()
     runner = ["-m", "cProfile", "-o", str(profile)] if profile is not None else []
+    # SIGINT back to its default in the child: started from a shell's background job (`cmd &`,
+    # no job control), this script and its children ignore SIGINT, and the watch phase's Ctrl-C
+    # then never ended the run (Python keeps an ignored SIGINT ignored).
     proc = subprocess.Popen([sys.executable, *runner, "-m", "cluster", *args], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     peaks = {"threads": 0.0, "fds": 0.0, "conns": 0.0, "rss_mb": 0.0}
     cpu_at: list[tuple[float, float]] = []
     interrupted = False
