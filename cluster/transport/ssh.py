@@ -51,7 +51,7 @@ import paramiko
 
 from ..errors import HostError, UnreachableHostError, UsageError
 from .base import CommandResult, Stream, Transport, file_mode, temp_name
-from .keepalive import KEEPALIVES
+from .keepalive import KEEPALIVES, heard
 
 # paramiko logs a refused channel ("Secsh channel 7 open FAILED: open failed: Connect failed") at
 # ERROR with no handler of ours, so Python's last-resort handler printed it amid the CLI's output;
@@ -551,7 +551,14 @@ class SSHTransport(Transport):
                                        f"connection to {self.where} lost: {lost_reason(exc, timeout=self.host.connect_timeout)}",
                                        argv=argv) from None
         channel.settimeout(None)
-        return Stream(lambda: channel.recv(65536), channel.close)
+        transport = channel.get_transport()
+
+        def read() -> bytes:
+            chunk = channel.recv(65536)
+            if chunk:
+                heard(transport, time.monotonic())     # the watchdog asks it nothing meanwhile
+            return chunk
+        return Stream(read, channel.close)
 
     def tunnel(self, address: str, port: int) -> str | None:
         """Behind a jump host, TF ports are probed through this SSH connection (a direct-tcpip

@@ -99,3 +99,29 @@ def test_a_connection_closed_elsewhere_leaves_the_watch():
     conns[0].active = False
     keep.check(102.0)
     assert keep.watched() == 1 and len(queue) == 1
+
+
+def test_a_connection_that_brings_data_is_asked_nothing_until_it_falls_silent():
+    """A host's watch stream speaks every second (keepalive.heard): its connection answered, so
+    no request goes out while it does; once it falls silent, the requests (and the dead check)
+    start again from the last data."""
+    from cluster.transport.keepalive import heard
+    clock, queue = Clock(), []
+    keep = make(clock, queue)
+    conn = FakeConnection(answers=False)
+    keep.watch(conn, start=False)
+    for now in (101.0, 102.0, 103.0, 104.0, 105.0):
+        heard(conn, now - 0.5)              # a chunk half a second ago
+        keep.check(now)
+    assert queue == [] and conn.requests == 0
+    keep.check(106.4)                       # silent since 104.5: not yet due
+    assert queue == []
+    keep.check(106.5)                       # 2 s of silence: asked
+    assert len(queue) == 1
+    threading.Thread(target=queue.pop(), daemon=True).start()   # a dead host: no answer
+    for _ in range(200):                    # until the request is out (its time starts then)
+        if conn.requests:
+            break
+        threading.Event().wait(0.01)
+    clock.now = 117.0
+    assert keep.check(117.0) and not conn.active    # unanswered for over 10 s: closed
