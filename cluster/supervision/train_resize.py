@@ -350,7 +350,7 @@ class Resizer:
         began = ex.clock()
         workers = [t for t in tasks if t.role == "worker"]
         first = self.retire_first(ex, workers, request.within) if workers else ""
-        timeout = RETIRE_TIMEOUT * 3 if request.within is None else max(5.0, min(RETIRE_TIMEOUT * 3, request.within / 2))
+        timeout = RETIRE_TIMEOUT * 3 if request.within is None else max(1.0, min(RETIRE_TIMEOUT * 3, request.within / 2))
         moved: dict[str, str] = {}
         for ps in (t for t in tasks if t.role == "ps"):
             to = min(targets, key=lambda t: (sum(1 for d in moved.values() if d == t.name), t.index))
