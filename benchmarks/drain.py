@@ -143,8 +143,8 @@ def leader_events(state: dict[str, Any], mode: str, kind: str) -> list[dict[str,
     found = []
     paths = {r["events"] for r in state.get("processes", []) if r.get("task") == leader and r.get("events")}
     for path in paths:
-        try:
-            lines = Path(path).read_text(errors="replace").splitlines()
+        try:        # (a lab host's default workdir is ~/pscluster: the lab's hosts share this filesystem)
+            lines = Path(path).expanduser().read_text(errors="replace").splitlines()
         except OSError:
             continue
         for line in lines:
