@@ -41,7 +41,7 @@ LOST_HOST_GRACE = 3.0   # the leader's time to save when a resize leaves a lost 
 IN_PLACE_TIMEOUT = 60.0  # for the async chief to take a change in place (it looks between closures)
 STANDBY_WAIT = 60.0      # for the standbys of a resize's relaunch to import TensorFlow (then: started afresh)
 RETIRE_TIMEOUT = 10.0    # for the async chief to say a drained worker's last closure ended (one closure)
-WARM_STANDBYS_AFTER = 10.0  # sync: seconds of training before the group's standbys are started again
+WARM_STANDBYS_AFTER = 30.0  # sync: seconds of training before the group's standbys are started again
 RESIZE_RESERVE = 6.0     # of a drain's budget, kept for the usual path (checkpoint, stop, apply, launch: 1-3 s)
 HANDOVER_TIMEOUT = 30.0  # sync: for the old workers to release their ports (one unit of work each; roles/handover.py)
 
@@ -150,11 +150,12 @@ class Resizer:
             # A standby for the next relaunch (the resize after a host's loss restarts the chief).
             self.train.refill_once_trained(ex)
             self.elastic_turn(ex)
-        elif ex.plan.mode != Mode.ASYNC:
+        elif ex.plan.mode == Mode.SYNC:
             # Any sync resize restarts the whole group, and a drain (a notice may come to any job)
             # starts the new workers while the old ones train only in standbys that are ready:
-            # without them the pause was 4.3-6.5 s, not 1.6-1.9 (benchmarks.drain). Not at once:
-            # a short job does not pay for their import.
+            # without them the pause was 4.3-7.1 s, not 0.8-1.4 (benchmarks.drain). Not at once:
+            # a short job does not pay for their import (the suite's sync jobs took 3 min more
+            # on 2 cores with 10 s). sync-ps has no such overlap.
             self.train.refill_once_trained(ex, after=WARM_STANDBYS_AFTER)
         if not self.asked:
             return
