@@ -154,8 +154,8 @@ class Resizer:
             # Any sync resize restarts the whole group, and a drain (a notice may come to any job)
             # starts the new workers while the old ones train only in standbys that are ready:
             # without them the pause was 4.3-7.1 s, not 0.8-1.4 (benchmarks.drain). Not at once:
-            # a short job does not pay for their import (the suite's sync jobs took 3 min more
-            # on 2 cores with 10 s). sync-ps has no such overlap.
+            # a short job (most of the suite's) does not pay for their import. sync-ps has no
+            # such overlap.
             self.train.refill_once_trained(ex, after=WARM_STANDBYS_AFTER)
         if not self.asked:
             return
