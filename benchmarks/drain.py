@@ -163,7 +163,7 @@ def leader_progress(state: dict[str, Any], mode: str) -> list[tuple[float, int]]
                   if isinstance(e.get("step"), int))
 
 
-def chief_moves(state: dict[str, Any], what: str = "moved") -> list[float]:
+def chief_membership_seconds(state: dict[str, Any], what: str = "moved") -> list[float]:
     """The seconds of each in-place ps move the async chief made (its ``membership`` events with
     ``moved``: from its drain of the closures in flight to its functions traced again), the
     chief's own measure of the move's pause, finer than the reporting gap; ``what="retired"``:
@@ -288,9 +288,9 @@ def trial(work: Path, number: int, role: str, rng: random.Random, *, steps: int 
                 pass
         summarize(row, report, leader_progress(_state(state_file), mode), drain_err)
         if role == "ps":
-            row["chief_move_s"] = max(chief_moves(_state(state_file)), default=None)
+            row["chief_move_s"] = max(chief_membership_seconds(_state(state_file)), default=None)
         if role == "async-worker":
-            row["chief_hold_s"] = max(chief_moves(_state(state_file), "retired"), default=None)
+            row["chief_hold_s"] = max(chief_membership_seconds(_state(state_file), "retired"), default=None)
     _, row["left"] = down_counting_left(name, state_dir)
     return row
 

@@ -46,6 +46,11 @@ RESIZE_RESERVE = 6.0     # of a drain's budget, kept for the usual path (checkpo
 HANDOVER_TIMEOUT = 30.0  # sync: for the old workers to release their ports (one unit of work each; roles/handover.py)
 
 
+def _until(deadline: float, by: float | None) -> float:
+    """``deadline``, or the earlier ``by`` (a drain's budget) when there is one."""
+    return deadline if by is None else min(deadline, by)
+
+
 class TrainSide(Protocol):
     """What a resize needs of the training job (:class:`~cluster.supervision.train_job.TrainJob`),
     and all it touches of it."""
@@ -274,11 +279,11 @@ class Resizer:
         same = {t.name: t.host for t in request.plan.tasks} == {t.name: t.host for t in ex.plan.tasks}
         if same and request.drain and ex.plan.mode == Mode.ASYNC and \
                 any(t.host == host and t.role == "ps" for t in ex.plan.tasks):
-            text = self.move_ps_in_place(ex, host, request)
+            text = self.move_ps_in_place(ex, host, request)      # (it records the host drained)
             if not text:
                 text = self.drain_ps(ex, host, request)
                 self.ps_in_place.pop(host, None)     # (a ps of two moved in place: the restart re-planned both)
-            ex.writer.change(lambda s: mark_drained(s.drained, host, DRAINED))
+                ex.writer.change(lambda s: mark_drained(s.drained, host, DRAINED))
             return text
         if same and any(t.host == host for t in ex.plan.tasks):
             return self.drain_in_place(ex, request)
@@ -294,7 +299,7 @@ class Resizer:
         stop, so no step is lost or done twice (if the chief does not answer in time, the
         worker-loss path runs a cut closure again on the other workers). ``undrain HOST``: the host is watched as one out in place (:attr:`away`), and
         :meth:`bring_back` starts its servers again; the chief takes them back."""
-        from ..lifecycle.drain import DRAINED, mark_drained
+        from ..lifecycle.drain import mark_drained
         host = request.drain or request.undrain or ""
         if ex.plan.mode != Mode.ASYNC:
             raise PsclusterError(f"{host}: an in-place drain is for async jobs; this one runs {ex.plan.mode}")
@@ -307,15 +312,8 @@ class Resizer:
         if any(ex.plan.task(name).role != "worker" for name in tasks):
             raise PsclusterError(f"{host} runs more than workers: it cannot leave in place")
         began = ex.clock()
-        going = [w for w in ex.watched.values() if w.task.host == host]
         first = self.retire_first(ex, [ex.plan.task(name) for name in tasks], request.within)
-        ex.forget_and_stop(going)
-        standbys = [r for r in ex.state.live_records() if r.host == host]   # a relaunch's standbys
-        if standbys:
-            ex.stop(standbys, grace=CLEANUP_GRACE)
-        ex.writer.change(lambda s: mark_drained(s.drained, host, DRAINED))
-        ex.retarget()
-        left = sum(1 for t in ex.plan.tasks_of("worker") if t.host != host and t.host not in ex.state.drained)
+        left = self.leave_in_place(ex, host)
         seconds = ex.clock() - began
         text = (f"resized ({request.reason}) in place: {', '.join(tasks)} left{first}, training goes on with "
                 f"{left} worker(s), nothing restored ({seconds:.2f} s)")
@@ -324,6 +322,20 @@ class Resizer:
         ex.announce("resized", {"reason": request.reason, "workers": left, "in_place": True, "drained": host,
                                 "tasks": tasks, "step": ex.progress.step, "seconds": round(seconds, 3)})
         return text
+
+    @staticmethod
+    def leave_in_place(ex: JobExecutor[Any], host: str) -> int:
+        """The end of an in-place drain, once the chief no longer needs ``host``: its processes
+        (a relaunch's standbys too) stop, it is recorded drained, the streams follow; how many
+        workers train on elsewhere."""
+        from ..lifecycle.drain import DRAINED, mark_drained
+        ex.forget_and_stop([w for w in ex.watched.values() if w.task.host == host])
+        standbys = [r for r in ex.state.live_records() if r.host == host]
+        if standbys:
+            ex.stop(standbys, grace=CLEANUP_GRACE)
+        ex.writer.change(lambda s: mark_drained(s.drained, host, DRAINED))
+        ex.retarget()
+        return sum(1 for t in ex.plan.tasks_of("worker") if t.host != host and t.host not in ex.state.drained)
 
     def move_ps_in_place(self, ex: JobExecutor[Any], host: str, request: ResizeRequest) -> str | None:
         """``pscluster drain HOST`` of an async job's ps host, in place: the host's workers end
@@ -372,14 +384,8 @@ class Resizer:
                     self.ps_in_place[host] = sorted(moved)
                 return None
             moved[ps.name] = to.name
-        going = [w for w in ex.watched.values() if w.task.host == host]
-        ex.forget_and_stop(going)
-        standbys = [r for r in ex.state.live_records() if r.host == host]   # a relaunch's standbys
-        if standbys:
-            ex.stop(standbys, grace=CLEANUP_GRACE)
         self.ps_in_place[host] = sorted(moved)
-        ex.retarget()
-        left = sum(1 for t in ex.plan.tasks_of("worker") if t.host != host and t.host not in ex.state.drained)
+        left = self.leave_in_place(ex, host)
         seconds = ex.clock() - began
         where = ", ".join(f"{name} moved to {to} ({ex.plan.task(to).host})" for name, to in moved.items())
         text = (f"resized ({request.reason}) in place: {where}" +
@@ -500,7 +506,7 @@ class Resizer:
                              {"seq": seq, "release": True})
         except PsclusterError as exc:
             return f"could not ask the workers to release their ports: {exc.message.splitlines()[0]}"
-        deadline = min(ex.clock() + HANDOVER_TIMEOUT, by if by is not None else float("inf"))
+        deadline = _until(ex.clock() + HANDOVER_TIMEOUT, by)
         while not all(seq in self.membership_answers for seq in asked):
             if ex.clock() > deadline or any(w.ended_at is not None or w.done for w in asked.values()):
                 return "a worker did not release its port"
@@ -512,7 +518,7 @@ class Resizer:
                       following: dict[str, tuple[TaskSpec, ProcessRecord, str]], *, by: float | None = None) -> None:
         """Wait until every new worker waits at its gate; PsclusterError if one ended first or
         they were not all there within STANDBY_WAIT."""
-        pending, ready_by = dict(following), min(ex.clock() + STANDBY_WAIT, by if by is not None else float("inf"))
+        pending, ready_by = dict(following), _until(ex.clock() + STANDBY_WAIT, by)
         while pending:
             for name, (task, record, events) in list(pending.items()):
                 transport = ex.pool.get(new.host(task.host))
