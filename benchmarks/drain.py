@@ -26,9 +26,10 @@ chief          the async cluster's ``main`` drained: the job checkpoints instead
 Per trial: the drain's wall time and exit status, whether it ended before the deadline, the
 **steps lost** (steps redone after a restore plus, in async, the steps past the budget: closures
 run twice; a checkpoint instead: the steps between the checkpoint and the job's last progress
-event), the **pause** (the longest time without a progress event of the job's leader from the
-drain's start until a minute after its end, ``benchmarks.faults.pauses``; ``gap_before``: the
-longest gap in the minute before, the reporting interval under this machine's load), the
+event), the **pause** (the longest time the job's leader collected no work, a closure or a sync step,
+from the drain's start until a minute after its end: its progress events say when their work came
+in, ``work_pauses``; ``gap_before``: the longest such gap in the minute before; a record without
+those fields, the longest time without a progress event, ``benchmarks.faults.pauses``), the
 accuracy, and the processes **left** after ``down``.
 
 **On paper** (``--paper``: no TensorFlow, seconds): the orchestrator's own time for a drain's
@@ -66,7 +67,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import cli, down_counting_left, print_columns, stop_train  # noqa: E402
-from benchmarks.faults import pauses  # noqa: E402
+from benchmarks.faults import WINDOW, pauses  # noqa: E402
 
 ROLES = ("async-worker", "sync-worker", "ps", "ps-one", "chief")
 # benchmarks/faults.py's MLP budget in async; in sync three times its 800: the resize starts the
@@ -163,6 +164,40 @@ def leader_progress(state: dict[str, Any], mode: str) -> list[tuple[float, int]]
                   if isinstance(e.get("step"), int))
 
 
+def leader_work(state: dict[str, Any], mode: str) -> list[tuple[float, float, float, int]]:
+    """(first, last, gap, step) of every progress event of the job's leader that says when its
+    work came in (roles/reporting.py's ``work_from``/``work_to``/``gap``), every attempt, in
+    time order."""
+    return sorted((float(e["work_from"]), float(e["work_to"]), float(e.get("gap") or 0.0), e["step"])
+                  for e in leader_events(state, mode, "progress")
+                  if isinstance(e.get("step"), int) and isinstance(e.get("work_from"), (int, float))
+                  and isinstance(e.get("work_to"), (int, float)))
+
+
+def work_pauses(spans: list[tuple[float, float, float, int]], start: float, end: float,
+                budget: int) -> tuple[float, float] | None:
+    """(pause, gap before) between units of work (a closure, a sync step) rather than progress
+    lines: the longest time the leader collected no work from the drain's start until WINDOW s
+    after its end (a window's own longest gap, or the time from one window's last unit to the
+    next one's first, a restarted process's included), and the same in the WINDOW s before.
+    None without spans (a trainer older than the fields)."""
+    spans = [span for span in spans if span[3] < budget]
+    if not spans:
+        return None
+
+    def longest(lo: float, hi: float, spill: bool) -> float:
+        inside = [span for span in spans if span[1] >= lo and span[0] <= hi]
+        gaps = [gap for first, _, gap, _ in inside if first > lo]           # the gap into a unit after lo
+        gaps += [b[0] - a[1] for a, b in zip(spans, spans[1:]) if b[0] > lo and a[1] < hi and (spill or b[0] <= hi)]
+        later = [span for span in spans if span[0] > hi] if spill else []
+        if inside and later:     # the job went on only after the window: its first unit then
+            gaps.append(later[0][0] - max(span[1] for span in inside))
+        elif not inside and later:
+            gaps.append(later[0][0] - lo)
+        return max(gaps, default=0.0)
+    return round(longest(start, end + WINDOW, True), 2), round(longest(start - WINDOW, start, False), 2)
+
+
 def chief_membership_seconds(state: dict[str, Any], what: str = "moved") -> list[float]:
     """The seconds of each in-place ps move the async chief made (its ``membership`` events with
     ``moved``: from its drain of the closures in flight to its functions traced again), the
@@ -188,13 +223,17 @@ def resized_after_the_end(row: dict[str, Any]) -> bool:
 
 
 def summarize(row: dict[str, Any], report: dict[str, Any], progress: list[tuple[float, int]],
-              drain_stderr: str) -> dict[str, Any]:
+              drain_stderr: str, work: list[tuple[float, float, float, int]] | None = None) -> dict[str, Any]:
     """Fill ``row`` (its role, drain_ts, drain_end_ts, drain_rc, drain_s, budget, deadline_s) with
     what a trial's report, the leader's progress and the drain's output say (module docstring)."""
     budget = row["budget"]
     said = " ".join(drain_stderr.split())
     row["before_deadline"] = row["drain_rc"] == 0 and row["drain_s"] <= row["deadline_s"]
     row["pause"], row["gap_before"] = pauses(progress, row["drain_ts"], row["drain_end_ts"], budget)
+    finer = work_pauses(work or [], row["drain_ts"], row["drain_end_ts"], budget)
+    if finer is not None:       # between units of work: the reporting gap no longer hides the pause
+        row["report_pause"], row["report_gap_before"] = row["pause"], row["gap_before"]
+        row["pause"], row["gap_before"] = finer
     checkpointed = _CHECKPOINTED.search(said)
     own = _DRAINED_IN.search(said)
     row["drain_own_s"] = float(own.group(1)) if own else None      # its own count, the CLI's start left out
@@ -286,7 +325,8 @@ def trial(work: Path, number: int, role: str, rng: random.Random, *, steps: int 
                 report = json.loads(out_path.read_text())
             except ValueError:
                 pass
-        summarize(row, report, leader_progress(_state(state_file), mode), drain_err)
+        summarize(row, report, leader_progress(_state(state_file), mode), drain_err,
+                  leader_work(_state(state_file), mode))
         if role == "ps":
             row["chief_move_s"] = max(chief_membership_seconds(_state(state_file)), default=None)
         if role == "async-worker":
@@ -387,7 +427,7 @@ def print_trials(rows: list[dict[str, Any]]) -> int:
     if holds:
         print(f"note   async worker host: the chief held the drained worker back {holds[0]:.2f}-{holds[-1]:.2f} s "
               f"(median {statistics.median(holds):.2f} s) until its closure in flight ended, the other workers "
-              f"training meanwhile; the pause is measured only down to the reporting gap")
+              f"training meanwhile")
     moves = sorted(r["chief_move_s"] for r in rows if r.get("chief_move_s") is not None)
     if moves:
         print(f"note   ps host, in place: the chief's move (its own count: closures in flight ended, variables "

@@ -27,7 +27,10 @@ Field meanings:
   the previous progress event (sync workers: over their own batches);
   ``examples_per_second`` the job's rate over that window; ``per_worker`` the rate
   per worker task as far as this process can tell (async: every worker, from which
-  worker ran each closure; sync: this worker only).
+  worker ran each closure; sync: this worker only). Optional ``work_from``/``work_to``: the
+  wall times of the first and the last unit of work collected in the window, and ``gap`` the
+  longest time between two units collected one after the other (the one before the window's
+  first included): a pause finer than the reporting interval (benchmarks/drain.py).
 * ``eval``: the chief's test-set evaluation at ``step``: every ``--eval-every`` steps
   and once at the end (the same numbers as ``done``); the trainer adds ``epoch``. In async mode training goes on
   while the chief evaluates, so ``step`` is the step when evaluation began. The side-car

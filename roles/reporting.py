@@ -88,15 +88,29 @@ class TaskReporter:
             self.summaries.eval(step, val_loss, val_accuracy)
 
     def progress(self, step: int, loss: float | None, examples_per_second: float | None,
-                 per_worker: dict[str, float]) -> None:
+                 per_worker: dict[str, float], work: "WorkSpan | None" = None) -> None:
+        extra = {} if work is None else {"work_from": round(work.first, 3), "work_to": round(work.last, 3),
+                                         "gap": round(work.gap, 3)}
         self.writer.emit("progress", step=step, steps_total=self.plan.steps_total,
                          epoch=_round(self.plan.epoch_at(step), 4), loss=_round(loss, 5),
                          examples_per_second=_round(examples_per_second, 1),
-                         per_worker={k: round(v, 1) for k, v in per_worker.items()})
+                         per_worker={k: round(v, 1) for k, v in per_worker.items()}, **extra)
 
 
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(float(value), digits)
+
+
+@dataclass(frozen=True)
+class WorkSpan:
+    """When the work of one progress window came in (wall clock): the first and the last unit
+    collected in it, and the longest time between two units collected one after the other, the
+    one before the window's first included (issue 44: a pause finer than the reporting interval;
+    across a restart, the next process's ``first`` against this one's ``last``)."""
+
+    first: float
+    last: float
+    gap: float
 
 
 class ProgressMeter:
@@ -112,10 +126,13 @@ class ProgressMeter:
     """
 
     def __init__(self, reporter: TaskReporter, interval: float = PROGRESS_INTERVAL_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
         self._reporter = reporter
         self._interval = interval
         self._clock = clock
+        self._wall = wall
+        self._unit_last: float | None = None      # wall time of the last unit added
+        self._span: WorkSpan | None = None        # this window's (None: no unit yet)
         self._started = clock()
         self._window_start = self._started
         self._window_examples = 0
@@ -131,7 +148,10 @@ class ProgressMeter:
 
     def first_unit(self, step: int, loss: float | None) -> None:
         """The first unit of work reached ``step``: reported without rates (none are known)."""
-        self._reporter.progress(step, loss, None, {})
+        now = self._wall()
+        self._unit_last = now
+        self._reporter.progress(step=step, loss=loss, examples_per_second=None, per_worker={},
+                                work=WorkSpan(now, now, 0.0))
 
     def restart_clock(self) -> None:
         """Starts measuring now (after compilation / first step, say)."""
@@ -146,6 +166,11 @@ class ProgressMeter:
         self.total_steps += steps
         self.total_examples += examples
         self._window_examples += examples
+        now = self._wall()
+        gap = 0.0 if self._unit_last is None else max(0.0, now - self._unit_last)
+        self._unit_last = now
+        self._span = (WorkSpan(now, now, gap) if self._span is None else
+                      WorkSpan(self._span.first, now, max(self._span.gap, gap)))
         for name, n in workers:
             self._window_by_worker[name] = self._window_by_worker.get(name, 0) + n
             self.total_by_worker[name] = self.total_by_worker.get(name, 0) + n
@@ -179,7 +204,8 @@ class ProgressMeter:
         self._reporter.progress(
             step=step, loss=loss,
             examples_per_second=examples / seconds,
-            per_worker={k: v / seconds for k, v in sorted(by_worker.items())})
+            per_worker={k: v / seconds for k, v in sorted(by_worker.items())}, work=self._span)
+        self._span = None
         self._last_window = (seconds, examples, by_worker)
         self._window_start = now
         self._window_examples = 0

@@ -257,6 +257,23 @@ def test_drain_trial_summary_counts_steps_past_the_budget_and_the_pause_around_t
     assert any(g.startswith("MISSED sync worker host: pause") for g in drain.goals([end]))
 
 
+def test_drain_pause_between_units_of_work_is_finer_than_the_reporting_gap():
+    """The pause is counted between collected units (progress events' work_from/work_to/gap):
+    inside a window, across two windows, and across a restart (the new process's first unit)."""
+    from benchmarks import drain
+    spans = [(96.0, 97.4, 0.3, 100), (97.6, 98.3, 0.4, 200),        # before the drain (at 100)
+             (98.5, 100.2, 0.2, 300), (100.3, 101.5, 0.9, 400),     # 0.9 s inside a window after it
+             (102.7, 103.0, 0.1, 500),                                # 1.2 s between two windows
+             (200.0, 201.0, 0.1, 2000)]                               # past the budget: left out
+    assert drain.work_pauses(spans, 100.0, 101.0, 1000) == (1.2, 0.4)
+    restart = spans[:3] + [(104.5, 104.5, 0.0, 300), (104.6, 106.0, 0.2, 400)]   # the next process's first unit
+    assert drain.work_pauses(restart, 100.0, 101.0, 1000) == (4.3, 0.4)
+    assert drain.work_pauses([], 100.0, 101.0, 1000) is None
+    row = drain.summarize(_drain_row("async-worker"), {"global_step": 1000, "val_accuracy": 0.97},
+                          [(99.0, 300), (102.0, 400), (104.0, 500)], "", spans)
+    assert (row["pause"], row["gap_before"], row["report_pause"]) == (1.2, 0.4, 2.0)
+
+
 def test_drain_paper_inventories_plan_and_drain_in_place_or_by_resize():
     from benchmarks import drain
     results = {r["mode"]: r for r in drain.paper([16], 1)}

@@ -55,3 +55,28 @@ def test_collector_prefers_the_leaders_overall_split():
     assert collector.per_worker(["worker:0", "worker:1"], overall={"worker:0": 120.0}) == \
         {"worker:0": 120.0, "worker:1": 0.0}
     assert collector.per_worker(["worker:0"]) == {"worker:0": pytest.approx(49_550.0)}   # the fallback
+
+
+def test_each_window_says_when_its_work_came_and_the_longest_gap_between_two_units():
+    """Issue 44: the chief's pause is measured between collected units (a closure), not between
+    progress lines (1.5 s apart): each line carries its first and last unit's wall time and the
+    longest gap, the gap into the window included; the first unit after a (re)start carries its
+    own time, so a restart's pause is the next process's first against this one's last."""
+    clock, wall, reporter = _Clock(), _Clock(), _Reporter()
+    meter = ProgressMeter(reporter, interval=5.0, clock=clock, wall=wall)
+    meter.first_unit(10, 0.9)
+    assert reporter.events[-1]["work"].first == reporter.events[-1]["work"].last == 100.0
+    for delay in (0.2, 0.3, 2.5, 0.2):          # a 2.5 s pause inside the window
+        clock.now += delay
+        wall.now += delay
+        meter.add(10, 1280, 0.5, [("worker:0", 1280)])
+    meter.maybe_emit(50, force=True)
+    work = reporter.events[-1]["work"]
+    assert (work.first, work.last, work.gap) == pytest.approx((100.2, 103.2, 2.5))
+    clock.now += 4.0                             # the pause falls between two windows
+    wall.now += 4.0
+    meter.add(10, 1280, 0.5, [("worker:0", 1280)])
+    meter.maybe_emit(60, force=True)
+    work = reporter.events[-1]["work"]
+    assert (work.first, work.last, work.gap) == pytest.approx((107.2, 107.2, 4.0))
+    assert not meter.maybe_emit(60, force=True)   # no new unit: no line, and no stale span

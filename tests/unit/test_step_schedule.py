@@ -88,7 +88,7 @@ class _Progress:
     def __init__(self):
         self.events: list[tuple] = []
 
-    def progress(self, step, loss, examples_per_second, per_worker):
+    def progress(self, step, loss, examples_per_second, per_worker, work=None):
         self.events.append((step, loss, examples_per_second, per_worker))
 
 
