@@ -41,7 +41,7 @@ LOST_HOST_GRACE = 3.0   # the leader's time to save when a resize leaves a lost 
 IN_PLACE_TIMEOUT = 60.0  # for the async chief to take a change in place (it looks between closures)
 STANDBY_WAIT = 60.0      # for the standbys of a resize's relaunch to import TensorFlow (then: started afresh)
 RETIRE_TIMEOUT = 10.0    # for the async chief to say a drained worker's last closure ended (one closure)
-WARM_STANDBYS_AFTER = 30.0  # sync: seconds of training before the group's standbys are started again
+WARM_STANDBYS_AFTER = 10.0  # sync: seconds of training before the group's standbys are started again
 RESIZE_RESERVE = 6.0     # of a drain's budget, kept for the usual path (checkpoint, stop, apply, launch: 1-3 s)
 HANDOVER_TIMEOUT = 30.0  # sync: for the old workers to release their ports (one unit of work each; roles/handover.py)
 
@@ -158,9 +158,10 @@ class Resizer:
         elif ex.plan.mode == Mode.SYNC:
             # Any sync resize restarts the whole group, and a drain (a notice may come to any job)
             # starts the new workers while the old ones train only in standbys that are ready:
-            # without them the pause was 4.3-7.1 s, not 0.8-1.4 (benchmarks.drain). Not at once:
-            # a short job (most of the suite's) does not pay for their import. sync-ps has no
-            # such overlap.
+            # without them the pause was 4.3-7.1 s, not 0.8-1.4 (benchmarks.drain). Not at once,
+            # beside the job's own start; 10 s, not later: with 30 s a drain in a job's first ~45 s
+            # took the usual path, and the suite was no faster for it (ci1 16.2 min of local lane
+            # with 10 s, ci2 16.7 with 30 s, docs/testing.md). sync-ps has no such overlap.
             self.train.refill_once_trained(ex, after=WARM_STANDBYS_AFTER)
         if not self.asked:
             return
