@@ -11,8 +11,9 @@
 #
 # The unit tests run first, on two xdist workers (they wait more than they compute). The rest
 # runs in two lanes (docs/testing.md): "local" (tests/local) and "hosts" (tests/docker, then
-# tests/lab: a Docker engine must not meet a lab's bridges); tests/slurm, the fault benchmark and
-# each file of tests/faults go to whichever lane is free first (floating). By default the two
+# tests/lab: a Docker engine must not meet a lab's bridges); the fault benchmark and each file of
+# tests/faults go to whichever lane is free first (floating); tests/slurm runs beside both once
+# the Docker tests are done (mostly idle: it waits on Slurm's timers). By default the two
 # lanes run at once: since standing servers load only
 # TensorFlow's server modules the suite left a third of 2 cores idle (68 % busy, one lane after
 # the other), and a clean-clone .ci/run took 26.2 min with the lanes at once against 31.4 one
@@ -83,19 +84,28 @@ hosts() {
   touch runs/docker.done
   lane hosts 1 tests/lab
 }
-# The fault benchmark's short form, the Slurm tests and each file of tests/faults float: each goes
-# to whichever of the two lanes is free first (mkdir is the claim), once the Docker tests are done,
+# The fault benchmark's short form and each file of tests/faults float (and the Slurm tests, one
+# lane after the other): each goes to whichever of the two lanes is free first (mkdir is the
+# claim), once the Docker tests are done,
 # the longest first. Which lane ends first differs from machine to machine (CI's run of 6a56567:
 # local 15.8 min, Docker + hosts 21.8; the clean clone of the same commit here: 20.8 and 23.8), so
 # a fixed split left one lane idle for minutes; parts of 1.5-3.5 minutes end the two lanes within
 # about a minute of each other (twentieth session; pytest starts in under a second).
-declare -A float_file=()     # a floating part of tests/faults -> its file
+declare -A float_file=()     # a floating part of tests/faults (or of tests/local) -> its file
 for file in tests/faults/test_*.py; do
   float_file[faults-$(basename "$file" .py | sed 's/^test_//; s/_faults$//')]=$file
 done
+# Two files of tests/local float too (3.3 of its 18.3 minutes in the twenty-sixth session's first
+# clean clone): the local lane ended 5 minutes after the other, which then waited on it.
+local_floats=(tests/local/test_resize.py tests/local/test_drain.py)
+local_ignore=()
+for file in "${local_floats[@]}"; do
+  float_file[local-$(basename "$file" .py | sed 's/^test_//')]=$file
+  local_ignore+=("--ignore=$file")
+done
 floats=()
-for part in faults-cluster faults slurm faults-sync "${!float_file[@]}"; do     # the longest first
-  [[ $part != faults-* || -n ${float_file[$part]:-} ]] || continue               # a file that is gone
+for part in faults-cluster local-resize faults slurm faults-sync "${!float_file[@]}"; do     # the longest first
+  [[ $part != faults-* && $part != local-* || -n ${float_file[$part]:-} ]] || continue     # a file that is gone
   [[ " ${floats[*]} " == *" $part "* ]] || floats+=("$part")
 done
 float_part() {   # float_part NAME INDEX: run one floating part in lane INDEX
@@ -105,9 +115,12 @@ float_part() {   # float_part NAME INDEX: run one floating part in lane INDEX
     *) lane "$1" "$2" "${float_file[$1]}" ;;
   esac
 }
+docker_done() {  # wait until the Docker tests are done (or the hosts lane ended without them)
+  while [ ! -e runs/docker.done ] && { [ -z "${hosts_pid:-}" ] || kill -0 "$hosts_pid" 2>/dev/null; }; do sleep 1; done
+}
 floating() {     # floating INDEX: the floating parts this lane claims, in the order of $floats
   local index=$1 part
-  while [ ! -e runs/docker.done ] && { [ -z "${hosts_pid:-}" ] || kill -0 "$hosts_pid" 2>/dev/null; }; do sleep 1; done
+  docker_done
   for part in "${floats[@]}"; do
     if mkdir "runs/claim-$part" 2>/dev/null; then float_part "$part" "$index"; fi
   done
@@ -117,13 +130,19 @@ floating() {     # floating INDEX: the floating parts this lane claims, in the o
 # min, more than the 86 s they saved (twenty-first session, docs/testing.md).
 lane unit "" -n 2 tests/unit     # no lane index: each xdist worker takes its own range (gw0, gw1)
 if [ "$lanes" = 1 ]; then
-  lane local 0 tests/local
+  lane local 0 tests/local "${local_ignore[@]}"
   hosts
   floating 1
 else
   ( hosts; floating 1 ) &
   hosts_pid=$!
-  ( lane local 0 tests/local; floating 0 ) &
+  # The Slurm tests, a lane of their own beside the two once the Docker tests are done: most
+  # of their minutes wait on Slurm's own timers (SlurmdTimeout 30 s, a healed node's
+  # registration, 1-2 min), mostly idle, which as a floating part held a lane for 6.4 minutes
+  # (twenty-sixth session, docs/testing.md).
+  mkdir runs/claim-slurm
+  ( docker_done; float_part slurm 2 ) &
+  ( lane local 0 tests/local "${local_ignore[@]}"; floating 0 ) &
   wait
 fi
 status=0
@@ -136,7 +155,7 @@ for name in unit local docker hosts "${floats[@]}"; do
 done
 echo "==================================================================================="
 xmls=(runs/suite-unit.xml runs/suite-local.xml runs/suite-docker.xml runs/suite-hosts.xml runs/suite-slurm.xml)
-for part in "${floats[@]}"; do [[ $part != faults-* ]] || xmls+=("runs/suite-$part.xml"); done
+for part in "${floats[@]}"; do [[ $part != faults-* && $part != local-* ]] || xmls+=("runs/suite-$part.xml"); done
 .venv/bin/python scripts/suite_times.py "${xmls[@]}" || status=1
 .venv/bin/python scripts/suite_times.py --summary "${xmls[@]}" || status=1
 exit "$status"
