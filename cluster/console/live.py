@@ -348,8 +348,15 @@ class ProgramOutput(Reporter):
     def handle(self, kind: str, **data: Any) -> None:
         self._follow(kind, data)
         if kind == "output":
-            prefix = Text(_plain(f"[{data['task']}@{data['host']}] "), style=self._style(data["task"]))
-            self._line(prefix + Text.from_ansi(data["line"]), self.out)
+            line, prefix_text = str(data["line"]), _plain(f"[{data['task']}@{data['host']}] ")
+            if self._live is None and not self.out.is_terminal and line.isprintable():
+                # Piped, and nothing to decode (no escape, no tab): the line as rich would print
+                # it, without its rendering (a line a second from each of 64 hosts' programs
+                # was the most of the supervisor's main thread, issue 46).
+                self.out.file.write(f"{prefix_text}{line}\n")
+                self.out.file.flush()
+                return
+            self._line(Text(prefix_text, style=self._style(data["task"])) + Text.from_ansi(line), self.out)
         elif kind == "phase":
             self._line(Text(f"▸ {data['name']} ", "bold cyan") + Text(_plain(data.get("detail", ""))))
         elif kind == "message":

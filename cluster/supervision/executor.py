@@ -303,9 +303,11 @@ class JobExecutor(Generic[K]):
             turn = now
             self.kind.between_turns(self)
             updates = self.read_streams(now)
-            # Coalesced: a turn that heard nothing and lost no host decides again only every
-            # DECIDE_SECONDS (the time-based checks: frozen, start timeout, stall, linger, all
-            # of seconds); every update is still acted on in the turn it arrives (issue 46).
+            # Coalesced: a turn that heard nothing that matters (a heartbeat, a program's output)
+            # and lost no host decides again only every DECIDE_SECONDS (the time-based checks:
+            # frozen, start timeout, stall, linger, all of seconds); a changed state or a
+            # trainer's event is acted on in the turn it arrives (issue 46: with a program's line
+            # a second from every host, every turn decided over every process).
             quiet = not updates and now - self._decided < DECIDE_SECONDS and all(
                 link.lost_since is None for link in self.links.values())
             if not quiet:
@@ -329,19 +331,23 @@ class JobExecutor(Generic[K]):
 
     def read_streams(self, now: float) -> int:
         """What every host's watch stream said since the last turn (exits, events, output);
-        how many updates that was."""
+        how many of those updates matter to :meth:`decide` (:meth:`absorb`)."""
         count = 0
         for link in list(self.links.values()):
             for update in link.poll(now):
-                self.absorb(update, now)
-                count += 1
+                count += self.absorb(update, now)
         return count
 
-    def absorb(self, update: hostops.WatchUpdate, now: float) -> None:
+    def absorb(self, update: hostops.WatchUpdate, now: float) -> bool:
+        """Take in one update; whether it matters to :meth:`decide` now: a process's state, exit
+        or signal changed, or a process other than a program's got bytes (a trainer's events)."""
+        matters = False
         for key, status in update.states.items():
             watched = self.watched.get(key)
             if watched is None:
                 continue
+            matters = matters or (watched.state.value, watched.exit_code, watched.signal) != \
+                (status.state, status.exit_code, status.signal)
             watched.state = ProcState(status.state)
             watched.exit_code, watched.signal = status.exit_code, status.signal
             watched.frozen_since = (watched.frozen_since or now) if watched.state is ProcState.FROZEN else None
@@ -350,12 +356,14 @@ class JobExecutor(Generic[K]):
                 continue        # from a stream opened before the last chunk was consumed: already seen
             self.offsets[chunk.path] = chunk.end
             for watched in self.watchers_of(chunk.path):
+                matters = matters or watched.kind is not ProcessKind.PROGRAM
                 self.kind.on_chunk(self, watched, chunk, now)
         for key, status in update.states.items():      # after the chunks: a final event comes first
             watched = self.watched.get(key)
             if watched is not None and watched.ended_at is None and watched.state in (ProcState.EXITED, ProcState.GONE):
                 watched.ended_at = now
                 self.kind.on_exit(self, watched, now)
+        return matters
 
     def watchers_of(self, path: str) -> list[Watched]:
         """The watched processes that read ``path`` (their ``files``), in the order they were watched."""

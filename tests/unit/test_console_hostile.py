@@ -14,6 +14,7 @@ import io
 
 import pytest
 from rich.console import Console
+from rich.text import Text
 
 from cluster import console as ui
 from cluster.errors import UsageError
@@ -167,3 +168,19 @@ def test_logs_shows_control_characters_visibly(monkeypatch, tmp_path):
               store=StateStore(tmp_path), pool_factory=lambda: contextlib.nullcontext())
     assert cli.run(["logs", "--name", "c1"], env=env) == 0
     assert out.getvalue() == "[worker:0@a] step 1\\x1b]0;owned\\x07\\x1b[2J\\x0d\tok\n"
+
+
+@pytest.mark.parametrize("line", ["plain", "unicode é ✓ 日本", "  spaces around  ", "[bold]markup[/bold] :fire:",
+                                  "", "x" * 500])
+def test_piped_program_output_is_written_as_rich_would_print_it(line):
+    """Issue 46: a piped `run` writes a printable line directly (rich's rendering of a line a second
+    from every host was the most of the supervisor's main thread); the text is the same."""
+    def narrow() -> tuple[Console, io.StringIO]:     # a pipe's console is 80 columns: no wrapping either way
+        buffer = io.StringIO()
+        return Console(file=buffer, width=40, color_system=None, highlight=False, emoji=False), buffer
+    out, buffer = narrow()
+    out.print = lambda *args, **kwargs: pytest.fail("rendered by rich")     # type: ignore[method-assign]
+    ui.ProgramOutput(out, out).handle("output", task="worker:3", host="node-7", line=line)
+    reference, expected = narrow()
+    reference.print(Text("[worker:3@node-7] ") + Text.from_ansi(line), soft_wrap=True, highlight=False)
+    assert buffer.getvalue() == expected.getvalue()

@@ -52,3 +52,27 @@ def test_writer_reads_the_state_back_only_when_another_command_wrote_it(tmp_path
     store.save(other)                              # the same cluster, written by someone else
     writer.change(lambda s: None)
     assert len(loads) == 2
+
+
+def test_a_records_json_form_is_kept_while_the_same_record_is_in_the_state(tmp_path):
+    """Issue 46: a supervisor writes every record once a second; a frozen record's form is built
+    once, a replaced record's again, and a record that left the state is forgotten."""
+    import dataclasses
+
+    from cluster.contracts import ProcessKind
+    from cluster.state import ProcessRecord, records_to_json
+
+    first = ProcessRecord.for_task("worker:0", "h1", ProcessKind.TRAIN, 1, "/l/w0.log", job=1)
+    second = ProcessRecord.for_task("ps:0", "h2", ProcessKind.SERVER, 1, "/l/p0.log")
+    forms = records_to_json([first, second])
+    assert forms == [dataclasses.asdict(first), dataclasses.asdict(second)]
+    again = records_to_json([first, second])
+    assert again[0] is forms[0] and again[1] is forms[1]
+    moved = dataclasses.replace(second, pid=42)
+    third = records_to_json([first, moved])
+    assert third[0] is forms[0] and third[1] == dataclasses.asdict(moved) and third[1]["pid"] == 42
+    plan = plan_cluster(load_inventory(str(INVENTORIES / "local.yaml")),
+                        PlanOptions(local_python="python3", local_workdir="/w"))
+    store = StateStore(tmp_path)
+    store.save(RunState(name=plan.name, plan=plan, processes=[first, moved]))
+    assert store.load(plan.name).processes == [first, moved]

@@ -263,3 +263,30 @@ def test_a_chunk_goes_to_the_processes_that_read_its_file_and_to_none_forgotten(
     executor.watched[late.key] = Watched(made[0].task, late, ProcessKind.PROGRAM, launched=100.0, files=("/l1",))
     executor.absorb(chunk("/l1", "again", offset=3), 100.0)   # put in directly, not through adopt: found too
     assert heard[2:] == [("late#x", "again")]
+
+
+def test_only_a_changed_state_or_a_trainers_bytes_make_the_turn_decide_at_once(job):
+    """Issue 46: a heartbeat or a program's output line does not make the loop decide over every
+    process at once (it decides every DECIDE_SECONDS anyway); a state that changed, an exit, or a
+    trainer's events do."""
+    from cluster.hosts.hostops import FileChunk, TaskStatus, WatchUpdate
+    executor, _, _ = job
+    executor.kind.on_chunk = lambda ex, watched, chunk, now: None
+    executor.kind.on_exit = lambda ex, watched, now: None
+    task, trainer_task = executor.plan.tasks[:2]
+    program = executor.adopt(task, ProcessRecord(key="p#x", task=task.name, host=task.host, kind="run", attempt=1,
+                                                 log="/p", exit_file="/p.exit"), ProcessKind.PROGRAM, files=("/p",))
+    executor.adopt(trainer_task, ProcessRecord(key="t#x", task=trainer_task.name, host=trainer_task.host, kind="train",
+                                               attempt=1, log="/t", exit_file="/t.exit", events="/e"),
+                   ProcessKind.TRAIN, files=("/e",))
+
+    def update(states=None, path=None, data="x", offset=0):
+        reads = () if path is None else (FileChunk(True, 9, offset, offset + len(data), data, path),)
+        return WatchUpdate(ts=0.0, states=states or {}, reads=reads)
+    running = {"p#x": TaskStatus(key="p#x", state="running")}
+    assert executor.absorb(update(running), 100.0) is False                  # a heartbeat: nothing changed
+    assert executor.absorb(update(running, "/p", "line\n"), 100.0) is False  # a program's output
+    assert executor.absorb(update(running, "/e", "{}\n"), 100.0) is True     # a trainer's event
+    exited = {"p#x": TaskStatus(key="p#x", state="exited", exit_code=0)}
+    assert executor.absorb(update(exited), 100.0) is True and program.state.value == "exited"
+    assert executor.absorb(update(exited), 100.0) is False
