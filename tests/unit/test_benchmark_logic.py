@@ -295,3 +295,22 @@ def test_the_fault_benchmark_holds_a_restore_after_a_save_to_that_save(restored,
     [line] = [line for line in goals([row]) if "restore after a save" in line]
     assert line.startswith("MET " if met else "MISS"), line
     assert ("saved 900, restored" in line) is not met
+
+
+def test_supervisor_cost_builds_its_state_and_compares_the_two_writes(tmp_path, capsys):
+    """benchmarks.supervisor_cost: a state of N hosts (a ps and a program each), and both ways
+    of writing it give the same document."""
+    import json as _json
+
+    from benchmarks import supervisor_cost
+    from cluster.state import StateStore
+    state = supervisor_cost.synthetic_state(5, tmp_path)
+    assert len(state.plan.hosts) == 5 and len(state.processes) == 11     # the chief and 5 ps + 5 workers
+    store = StateStore(tmp_path / "state")
+    store.save(state)
+    new = _json.loads(store.path("many").read_text())
+    supervisor_cost.write_old(store, state)
+    old = _json.loads(store.path("many").read_text())
+    assert {k: v for k, v in old.items() if k != "updated"} == {k: v for k, v in new.items() if k != "updated"}
+    assert supervisor_cost.main(["--hosts", "4", "--repeat", "1", "--lines", "5"]) == 0
+    assert "write ms old" in capsys.readouterr().out
