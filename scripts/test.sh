@@ -114,12 +114,9 @@ float_part() {   # float_part NAME INDEX: run one floating part in lane INDEX
     *) lane "$1" "$2" "${float_file[$1]}" ;;
   esac
 }
-docker_done() {  # wait until the Docker tests are done (or the hosts lane ended without them)
-  while [ ! -e runs/docker.done ] && { [ -z "${hosts_pid:-}" ] || kill -0 "$hosts_pid" 2>/dev/null; }; do sleep 1; done
-}
 floating() {     # floating INDEX: the floating parts this lane claims, in the order of $floats
   local index=$1 part
-  docker_done
+  while [ ! -e runs/docker.done ] && { [ -z "${hosts_pid:-}" ] || kill -0 "$hosts_pid" 2>/dev/null; }; do sleep 1; done
   for part in "${floats[@]}"; do
     if mkdir "runs/claim-$part" 2>/dev/null; then float_part "$part" "$index"; fi
   done
