@@ -20,6 +20,9 @@ ps             the async cluster with a second ps on ``main``: ``p1`` drained, i
 ps-one         the async cluster (one ps, on ``p1``): ``p1`` drained, its ps moves to ``main``
                (the chief's host: no other ps host), the job checkpoints at one step and its
                chief restarts there
+ps-idle        the async cluster with ``pscluster_idle_ps: 1`` and the idle ps:1 on ``main``:
+               ps:0 on ``p1`` holds every variable (the only ps that does); ``p1`` drained, its
+               variables move to the idle ps in place
 chief          the async cluster's ``main`` drained: the job checkpoints instead (exit 1)
 =============  ===========================================================================
 
@@ -43,7 +46,7 @@ Goals (issue 44): async worker host: 0 steps lost, pause <= 1 s, every drain bef
 deadline; sync: 0 steps lost, pause <= the planned resize's (1.9 s); ps host: 0 steps lost, pause
 <= 5 s, before the deadline; nothing left after ``down``.
 
-Usage: ``python -m benchmarks.drain [--trials 3] [--roles async-worker,sync-worker,ps,ps-one,chief]
+Usage: ``python -m benchmarks.drain [--trials 3] [--roles async-worker,sync-worker,ps,ps-one,ps-idle,chief]
 [--steps N] [--deadline 30s] [--seed N] [--record FILE] [--lab]``; ``python -m benchmarks.drain --paper
 [--hosts 16,64,256,1000] [--repeat 5]``; ``python -m benchmarks.drain --report FILE...``.
 """
@@ -69,7 +72,8 @@ sys.path.insert(0, str(REPO))
 from benchmarks.common import cli, down_counting_left, print_columns, stop_train  # noqa: E402
 from benchmarks.faults import WINDOW, pauses  # noqa: E402
 
-ROLES = ("async-worker", "sync-worker", "ps", "ps-one", "chief")
+ROLES = ("async-worker", "sync-worker", "ps", "ps-one", "ps-idle", "chief")
+PS_ROLES = ("ps", "ps-one", "ps-idle")
 # benchmarks/faults.py's MLP budget in async; in sync three times its 800: the resize starts the
 # new workers while the old ones train, ~20 s on this 2-core machine, and 800 steps were over by then.
 BUDGET = {"async": 1500, "sync": 2400}
@@ -87,13 +91,16 @@ def inventory_text(role: str, port_base: int) -> str:
     port base of its own (20 ports apart from ``port_base``)."""
     sync = role == "sync-worker"
     hosts = ["w1", "w2", "w3"] if sync else ["main", "p1", "w1", "w2"]
-    ps_hosts = ["main", "p1"] if role == "ps" else ["p1"]       # ps: another ps to move to in place
+    # ps: another ps to move to in place; ps-idle: one that holds nothing until then (listed last)
+    ps_hosts = {"ps": ["main", "p1"], "ps-idle": ["p1", "main"]}.get(role, ["p1"])
 
     def host(name: str) -> str:
         number = hosts.index(name)
         return "%s: {ansible_host: 127.0.0.%d, pscluster_port_base: %d}" % (name, 2 + number, port_base + 20 * number)
     lines = ["all:", "  vars:", "    ansible_connection: local", f"    pscluster_mode: {'sync' if sync else 'async'}",
              "    pscluster_env: {OMP_NUM_THREADS: 1, MNIST_MODEL: mlp}", "  children:"]
+    if role == "ps-idle":
+        lines.insert(-2, "    pscluster_idle_ps: 1")
     if not sync:
         lines += ["    chief: {hosts: {%s}}" % host("main"), "    ps: {hosts: {%s}}" % ", ".join(map(host, ps_hosts))]
     lines += ["    worker:", "      hosts:"] + [f"        {host(h)}" for h in hosts if h.startswith("w")]
@@ -107,6 +114,7 @@ LAB_GROUPS = {
     "sync-worker": ({"worker": ["node-1", "node-2", "node-3"]}, ["node-2", "node-3"]),
     "ps": ({"chief": ["node-1"], "ps": ["node-1", "node-2"], "worker": ["node-2", "node-3"]}, ["node-2"]),
     "ps-one": ({"chief": ["node-1"], "ps": ["node-2"], "worker": ["node-2", "node-3"]}, ["node-2"]),
+    "ps-idle": ({"chief": ["node-1"], "ps": ["node-2", "node-1"], "worker": ["node-2", "node-3"]}, ["node-2"]),
     "chief": ({"chief": ["node-1"], "ps": ["node-1"], "worker": ["node-2", "node-3"]}, ["node-1"]),
 }
 
@@ -116,13 +124,14 @@ def write_lab_inventory(lab: Any, path: Path, role: str, port_base: int) -> Path
     mode = "sync" if role == "sync-worker" else "async"
     return write_inventory(lab, path, LAB_GROUPS[role][0], {
         "pscluster_port_base": port_base, "pscluster_mode": mode, "pscluster_intra_op_threads": 1,
-        "pscluster_env": {"OMP_NUM_THREADS": 1, "MNIST_MODEL": "mlp"}})
+        "pscluster_env": {"OMP_NUM_THREADS": 1, "MNIST_MODEL": "mlp"},
+        **({"pscluster_idle_ps": 1} if role == "ps-idle" else {})})
 
 
 def drained_host(role: str, rng: random.Random, lab: Any = None) -> str:
     if lab is not None:
         return rng.choice(LAB_GROUPS[role][1])
-    if role in ("ps", "ps-one"):
+    if role in PS_ROLES:
         return "p1"
     if role == "chief":
         return "main"
@@ -215,7 +224,7 @@ def resized_after_the_end(row: dict[str, Any]) -> bool:
     """A drain whose resize (sync, or a ps move) saved at the budget's last step: the job trained
     to its end with every worker, so there was no pause to measure (and the host was not free
     before the end). Marks ``row`` so (its outcome, no pause)."""
-    if row["role"] not in ("sync-worker", "ps", "ps-one") or (row.get("restored_step") or 0) < row["budget"]:
+    if row["role"] not in ("sync-worker", *PS_ROLES) or (row.get("restored_step") or 0) < row["budget"]:
         return False
     row["outcome"] = "resized after the end" + ("" if row["drain_rc"] == 0 else f" (drain exit {row['drain_rc']})")
     row["pause"] = None
@@ -251,7 +260,7 @@ def summarize(row: dict[str, Any], report: dict[str, Any], progress: list[tuple[
         row["outcome"] = "job failed"
         return row
     row["restored_step"] = report.get("restored_step") or 0
-    over = max(0, (report.get("global_step") or budget) - budget) if row["role"] in ("async-worker", "ps", "ps-one") \
+    over = max(0, (report.get("global_step") or budget) - budget) if row["role"] in ("async-worker", *PS_ROLES) \
         else 0
     row["steps_lost"] = (report.get("steps_redone") or 0) + over
     row["global_step"] = report.get("global_step")
@@ -327,7 +336,7 @@ def trial(work: Path, number: int, role: str, rng: random.Random, *, steps: int 
                 pass
         summarize(row, report, leader_progress(_state(state_file), mode), drain_err,
                   leader_work(_state(state_file), mode))
-        if role == "ps":
+        if role in ("ps", "ps-idle"):
             row["chief_move_s"] = max(chief_membership_seconds(_state(state_file)), default=None)
         if role == "async-worker":
             row["chief_hold_s"] = max(chief_membership_seconds(_state(state_file), "retired"), default=None)
@@ -377,7 +386,8 @@ def goals(rows: list[dict[str, Any]]) -> list[str]:
     def line(ok: bool, text: str) -> None:
         lines.append(f"{'MET   ' if ok else 'MISSED'} {text}")
     for role, goal, bound in (("async-worker", "async worker host", ASYNC_GOAL), ("ps", "ps host", PS_GOAL),
-                              ("ps-one", "the only ps's host", PS_GOAL)):
+                              ("ps-one", "the only ps's host", PS_GOAL),
+                              ("ps-idle", "the only ps's host, an idle ps in the cluster", PS_GOAL)):
         group = [r for r in rows if r["role"] == role]
         if not group:
             continue

@@ -153,6 +153,9 @@ class ClusterPlan:
     # sha256 of the inventory (cluster.inventory.source.inventory_digest) when `up`/`scale` pinned it,
     # with inventory_path made absolute: re-plans refuse another content (issue 42, M3).
     inventory_sha256: str | None = None
+    # pscluster_idle_ps (async): the chief keeps the last ``idle_ps`` ps tasks free of variables
+    # (its PSCLUSTER_IDLE_PS), so that a drain can move the only other ps onto one in place.
+    idle_ps: int = 0
 
     @property
     def auto_gpu_hosts(self) -> tuple[str, ...]:
@@ -258,6 +261,7 @@ class ClusterPlan:
             } for host in self.hosts],
             "unused": [{"role": role, "reason": reason} for role, reason in self.unused],
             "notify": [mask_url(url) for url in self.notify],
+            "idle_ps": self.idle_ps,
         }
 
 
@@ -318,6 +322,7 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
                      for slot in slots if slot.role == role))
         for role, _ in role_table if role != EVALUATOR
     )
+    idle_ps = _idle_ps(inventory, slots, mode) if options.roles is None else 0
     tasks = []
     for slot in slots:
         if slot.role not in used_roles:
@@ -327,6 +332,8 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
         standing = used_roles[slot.role]
         layout = HostLayout(host.workdir, name)
         env = _task_env(slot.role, slot.index, slot.gpus, slot.host, name)
+        if idle_ps and slot.role == "chief":
+            env += (("PSCLUSTER_IDLE_PS", str(idle_ps)),)
         if options.roles is not None:
             argv: tuple[str, ...] = ()        # the user's program, given to `run`
         elif standing:
@@ -351,7 +358,28 @@ def plan_cluster(inventory: Inventory, options: PlanOptions) -> ClusterPlan:
     return ClusterPlan(
         name=name, mode=mode, inventory_path=inventory.path, cluster=cluster, tasks=tuple(tasks),
         hosts=tuple(spec for host_name, spec in host_specs.items() if host_name in used_hosts),
-        unused=unused, firewall=inventory.firewall, notify=inventory.notify)
+        unused=unused, firewall=inventory.firewall, notify=inventory.notify, idle_ps=idle_ps)
+
+
+def _idle_ps(inventory: Inventory, slots: list[_Slot], mode: str) -> int:
+    """``pscluster_idle_ps`` checked against the cluster: async only, and some ps left for the
+    variables.
+
+    Raises:
+        InventoryError: another mode, or as many idle ps as ps tasks (named by file and line).
+    """
+    if not inventory.idle_ps or inventory.idle_ps_origin is None:
+        return 0
+    origin = inventory.idle_ps_origin
+    if mode != "async":
+        raise origin.error(f"idle ps tasks are for mode async (ParameterServerStrategy); this cluster runs {mode}",
+                           hint="remove pscluster_idle_ps, or run the cluster in mode async")
+    ps = sum(1 for slot in slots if slot.role == "ps")
+    if inventory.idle_ps >= ps:
+        raise origin.error(f"{inventory.idle_ps} idle ps of {ps} ps task(s) leave none for the variables",
+                           hint=f"add a ps host (the idle ones are the last {inventory.idle_ps} of the ps group), "
+                                f"or set it below {ps}")
+    return inventory.idle_ps
 
 
 def _host_spec(host: HostConfig, options: PlanOptions) -> HostSpec:

@@ -191,6 +191,8 @@ def plan_to_json(plan: ClusterPlan) -> dict:
     if _last_plan and _last_plan[0][0] is plan:
         return _last_plan[0][1]
     data = dataclasses.asdict(plan)
+    if not data["idle_ps"]:
+        del data["idle_ps"]         # as the states of earlier versions, which had no idle ps
     _last_plan[:] = [(plan, data)]
     return data
 
@@ -226,7 +228,7 @@ def plan_from_json(data: dict) -> ClusterPlan:
     return ClusterPlan(name=data["name"], mode=data["mode"], inventory_path=data["inventory_path"],
                        cluster=cluster, tasks=tasks, hosts=hosts, unused=unused,
                        firewall=data.get("firewall", False), notify=tuple(data.get("notify", ())),
-                       inventory_sha256=data.get("inventory_sha256"))
+                       inventory_sha256=data.get("inventory_sha256"), idle_ps=int(data.get("idle_ps", 0)))
 
 
 def host_from_json(host: dict) -> HostSpec:

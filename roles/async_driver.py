@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import time
 from typing import Any
 
@@ -83,6 +84,16 @@ SNAPSHOT_AFTER_LOSS = 30.0      # seconds after a worker went out before the chi
 # out the stop's grace.
 STOP_DRAIN_SECONDS = 2.0
 WAIT_SLICE = 0.2
+
+
+def keep_idle(strategy: Any, num_ps: int) -> None:
+    """Before the variables exist: the last :func:`psmove.idle_count` ps tasks get none, so that a
+    drain of another ps host moves its variables onto one of them in place (roles/psmove.py)."""
+    idle = psmove.idle_count(num_ps, os.environ)
+    if idle:
+        psmove.keep_spares_idle(strategy, idle)
+        log.info("ps task(s) %s kept idle: a drained ps's variables move there in place",
+                 ", ".join(f"ps:{index}" for index in range(num_ps - idle, num_ps)))
 
 
 def drain_limit(slowest: float) -> float:
@@ -145,6 +156,7 @@ class AsyncTrainer:
         self.resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         self.strategy = tf.distribute.ParameterServerStrategy(self.resolver)
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
+        keep_idle(self.strategy, task.num_ps)
         self._build_model()
         self.keeper, self.restored_step = self._restore(task)
 

@@ -216,6 +216,19 @@ def _rehome(tf: Any, variable: Any, value: Any, device: str) -> None:
     fresh._handle_deleter = None        # noqa: SLF001 - the resource is the old object's now
 
 
+def idle_count(num_ps: int, environ: Mapping[str, str]) -> int:
+    """How many of the last ps tasks the chief keeps free of variables: ``PSCLUSTER_IDLE_PS``
+    (the inventory's ``pscluster_idle_ps``), at most all but one (a re-planned cluster may have
+    fewer ps than the inventory asked for); 0 when unset or not a whole number."""
+    text = environ.get("PSCLUSTER_IDLE_PS") or "0"
+    try:
+        asked = int(text)
+    except ValueError:
+        log.warning("PSCLUSTER_IDLE_PS=%r is not a whole number: no ps is kept idle", text)
+        return 0
+    return max(0, min(asked, num_ps - 1))
+
+
 def keep_spares_idle(strategy: Any, spares: int) -> None:
     """Place no variable on the last ``spares`` ps tasks: ParameterServerStrategy puts variables
     round robin on ps:0..N-1, N its ``_num_ps``; call before the variables are created. A spare in

@@ -42,6 +42,10 @@ def render_plan(console: Console, plan: ClusterPlan, *, secret_names: Sequence[s
         console.file.write("\n".join(lines) + "\n")
     for role, reason in plan.unused:
         console.print(Text(_plain(f"{role} tasks in the inventory are not used: {reason}"), "dim"))
+    if plan.idle_ps:
+        idle = [task.name for task in plan.tasks_of("ps")][-plan.idle_ps:]
+        console.print(Text(_plain(f"{', '.join(idle)} kept idle by the chief (pscluster_idle_ps): a drained ps's "
+                                  "variables move there in place")))
     if plan.notify:
         console.print(Text(_plain("notify (pscluster_notify): " + ", ".join(mask_url(url) for url in plan.notify))))
     console.print("[bold]hosts[/] (how each is reached; where the inventory set it)")

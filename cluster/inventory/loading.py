@@ -33,7 +33,7 @@ from .values import PSCLUSTER_KEYS, Validator, _as_int, _boolean, _gpu_mask, _ur
 
 
 # Settings of the whole cluster: only `all.vars` may set them.
-CLUSTER_WIDE_KEYS = ("pscluster_mode", "pscluster_firewall", "pscluster_notify")
+CLUSTER_WIDE_KEYS = ("pscluster_mode", "pscluster_firewall", "pscluster_notify", "pscluster_idle_ps")
 
 
 def _check_key(raw: _Raw, key: str, path: KeyPath, value: Any = None) -> None:
@@ -159,10 +159,14 @@ def load_inventory(path: str, *, display_name: str | None = None) -> Inventory:
     firewall = _boolean(raw, firewall_item[1], firewall_item[0]) if firewall_item else False
     notify_item = cluster_vars.get("pscluster_notify")
     notify = _url_list(raw, notify_item[1], notify_item[0]) if notify_item and notify_item[0] is not None else ()
+    idle_item = cluster_vars.get("pscluster_idle_ps")
+    idle_ps = PSCLUSTER_KEYS["pscluster_idle_ps"](raw, idle_item[1], idle_item[0]) \
+        if idle_item and idle_item[0] is not None else 0
     return Inventory(path=display_name or path, name=inventory_source.name, hosts=tuple(hosts), role_hosts=role_hosts,
                      mode=mode, mode_origin=mode_origin, firewall=firewall, warnings=tuple(raw.warnings),
                      groups=_ansible_groups(raw, explicit_all_children, groups_by_host), notify=notify,
-                     defined=tuple(raw.host_first))
+                     defined=tuple(raw.host_first), idle_ps=idle_ps,
+                     idle_ps_origin=_origin(raw, idle_item[1]) if idle_item else None)
 
 
 def _parse_documents(raw: _Raw, inventory_source: InventorySource) -> None:

@@ -146,6 +146,10 @@ class Inventory:
     # The roles of the whole inventory when --limit selected a part: the default mode comes from
     # them (a limit that leaves out the chief must not turn async into sync-ps).
     unlimited_roles: tuple[str, ...] | None = None
+    # pscluster_idle_ps (async): how many of the last ps tasks the chief keeps free of variables,
+    # and where the inventory says so (a plan that cannot have them names it).
+    idle_ps: int = 0
+    idle_ps_origin: Origin | None = None
 
     def host(self, name: str) -> HostConfig:
         return self._by_name[name]

@@ -122,6 +122,19 @@ def ps_move(plan: ClusterPlan, task: str, *, job_live: bool) -> TaskMove:
     return TaskMove(task, "ps", CHECKPOINT, why)
 
 
+def ps_target(candidates: list[int], held: dict[int, int], moving: int) -> int:
+    """Which ps (an index of ``candidates``) takes the variables of a ps that moves in place: the
+    one that holds the fewest (``held``: variables per ps task, from the chief's newest
+    ``placement`` event; an idle ps of ``pscluster_idle_ps`` holds none), the lowest index among
+    equals. ``moving``: how many the moving ps holds (added to the winner's count in ``held``,
+    so that the next ps of the same host goes elsewhere when that is emptier)."""
+    if not candidates:
+        raise ValueError("no ps to move to")
+    chosen = min(candidates, key=lambda index: (held.get(index, 0), index))
+    held[chosen] = held.get(chosen, 0) + moving
+    return chosen
+
+
 def plan_drain(plan: ClusterPlan, host: str, *, job_live: bool, drained: tuple[str, ...] = ()) -> DrainPlan:
     """What ``drain host`` does with each of its tasks (module docstring).
 

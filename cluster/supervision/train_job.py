@@ -26,6 +26,7 @@ Job states (``state.job.state``): starting, running, restarting, done, failed, s
 """
 from __future__ import annotations
 
+import re
 import signal
 from contextlib import contextmanager
 from dataclasses import replace
@@ -56,6 +57,15 @@ from ..transport import TransportPool
 __all__ = ["TrainJob", "train_executor"]
 
 
+_PS_DEVICE = re.compile(r"/job:ps/(?:replica:\d+/)?task:(\d+)(?:/|$)")
+
+
+def ps_index(device: str) -> int | None:
+    """The ps task of a variable's device (``/job:ps/replica:0/task:1/device:CPU:0`` -> 1)."""
+    found = _PS_DEVICE.search(device)
+    return int(found.group(1)) if found else None
+
+
 class TrainJob(JobKind):
     """The ``train`` job kind (:class:`~cluster.supervision.jobkind.JobKind`): one training job,
     which the executor runs to its end: done, failed for good, or interrupted."""
@@ -72,6 +82,9 @@ class TrainJob(JobKind):
         self.last_step = 0
         self.steps_redone = 0
         self.placement_shown = False
+        # Variables per ps task index, from the chief's newest "placement" event (an in-place ps
+        # move sends one): where a drained ps's variables go (drain.ps_target).
+        self.ps_variables: dict[int, int] = {}
         self.evals: list[dict[str, Any]] = []       # {"step", "val_loss", "val_accuracy", "seconds", "task"} from "eval" events
         self.leader_done_at: float | None = None
         self.trainer_options = options    # what the trainers are told (with_evaluator when there is one)
@@ -432,6 +445,12 @@ class TrainJob(JobKind):
 
     def _on_placement(self, ex: JobExecutor[Any], watched: Watched, event: dict[str, Any], now: float,
                       is_leader: bool) -> None:
+        held: dict[int, int] = {}
+        for variable in event.get("variables", []):
+            index = ps_index(str(variable.get("device") or ""))
+            if index is not None:
+                held[index] = held.get(index, 0) + 1
+        self.ps_variables = held
         if self.placement_shown:
             return
         self.placement_shown = True

@@ -21,7 +21,7 @@ from ..hosts import hostops
 from ..hosts.codesync import sync_new_hosts
 from ..hosts.probe import Prober
 from ..layout import gate_file, ready_file
-from ..lifecycle import resize
+from ..lifecycle import drain, resize
 from ..lifecycle.resize import PlanDiff
 from ..lifecycle.resize_request import ResizeRequest, post_result, take_request
 from .elastic import DEFAULT_NOTICE_DEADLINE, Discovery, Elastic
@@ -63,6 +63,11 @@ class TrainSide(Protocol):
     @property
     def stop_grace(self) -> float:
         """``--stop-grace``: the leader's time to checkpoint when asked to stop."""
+        ...
+
+    @property
+    def ps_variables(self) -> dict[int, int]:
+        """Variables per ps task index, from the chief's newest placement (empty before one)."""
         ...
 
     def follow_plan(self, plan: ClusterPlan) -> None:
@@ -366,8 +371,11 @@ class Resizer:
         first = self.retire_first(ex, workers, request.within) if workers else ""
         timeout = RETIRE_TIMEOUT * 3 if request.within is None else max(1.0, min(RETIRE_TIMEOUT * 3, request.within / 2))
         moved: dict[str, str] = {}
+        held = dict(self.train.ps_variables)
+        idle = {t.name for t in targets if held and not held.get(t.index)}
+        by_index = {t.index: t for t in targets}
         for ps in (t for t in tasks if t.role == "ps"):
-            to = min(targets, key=lambda t: (sum(1 for d in moved.values() if d == t.name), t.index))
+            to = by_index[drain.ps_target(sorted(by_index), held, held.get(ps.index, 0))]
             seq = self.next_seq()
             try:
                 hostops.tell(ex.pool.get(ex.plan.host(chief.task.host)), chief.record.events,
@@ -388,7 +396,8 @@ class Resizer:
         self.ps_in_place[host] = sorted(moved)
         left = self.leave_in_place(ex, host)
         seconds = ex.clock() - began
-        where = ", ".join(f"{name} moved to {to} ({ex.plan.task(to).host})" for name, to in moved.items())
+        where = ", ".join(f"{name} moved to {to} ({ex.plan.task(to).host}{', idle until then' if to in idle else ''})"
+                          for name, to in moved.items())
         text = (f"resized ({request.reason}) in place: {where}" +
                 (f"; {', '.join(t.name for t in workers)} left{first}" if workers else "") +
                 f"; training goes on with {left} worker(s), nothing restored ({seconds:.2f} s)")

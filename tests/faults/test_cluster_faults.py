@@ -147,22 +147,28 @@ def test_a_ps_host_lost_for_good_moves_its_ps_and_the_job_finishes(fault_cluster
     assert "node-3 runs a ps and does not answer: a standby for chief:0 imports TensorFlow" in said, training.stderr
 
 
-def test_drain_of_a_ps_host_moves_its_ps_in_place_and_the_next_job_replans_it(fault_cluster):
-    """Issue 44: `pscluster drain node-3` (ps:1 and worker:1) under a running async job. worker:1
-    ends its closure and leaves, then the chief moves ps:1's variables to ps:0 (node-1, a ps since
-    its start) in place (roles/psmove.py): exit 0 before the deadline, nothing restored or
-    restarted, training goes on, nothing of the cluster left running on node-3, marked drained.
-    The next job (`train --resume`) re-plans ps:1 onto node-1 first (its server is gone from
-    node-3) and resumes from the stopped job's checkpoint. Stopped by state, not by a budget."""
+PS_IDLE_ON_NODE_1 = {"chief": ["node-1"], "ps": ["node-3", "node-1"], "worker": ["node-2", "node-3"]}
+
+
+def test_drain_of_the_only_ps_moves_it_in_place_to_the_idle_ps_and_the_next_job_replans_it(fault_cluster):
+    """Issue 44: ps:0 (node-3) holds every variable; ps:1 (node-1) is idle
+    (``pscluster_idle_ps: 1``: in the chief's cluster from its start, holding nothing).
+    `pscluster drain node-3` under a running async job: worker:1 ends its closure and leaves, then
+    the chief moves ps:0's variables to the idle ps:1 in place (roles/psmove.py): exit 0 before
+    the deadline, nothing restored or restarted, training goes on, nothing of the cluster left
+    running on node-3, marked drained. The next job (`train --resume`) re-plans ps:0 onto node-1
+    first (its server is gone from node-3) and resumes from the stopped job's checkpoint. Stopped
+    by state, not by a budget."""
     cluster = fault_cluster()
-    cluster.up(PS_ON_NODE_3, "async")
+    cluster.up(PS_IDLE_ON_NODE_1, "async", pscluster_idle_ps=1)
     training = cluster.train("--steps", 100000, "--checkpoint-every", 50)
     training.wait_step(200)
     drain = cluster.cli("drain", "node-3", "--deadline", "60s", "--name", cluster.name)
     assert drain.returncode == 0, drain.stderr
     said = " ".join((drain.stdout + drain.stderr).split())
     print(said)
-    assert "node-3 drained in" in said and "in place: ps:1 moved to ps:0 (node-1)" in said, said
+    # "idle until then": the chief's placement put no variable on ps:1 before the move
+    assert "node-3 drained in" in said and "in place: ps:0 moved to ps:1 (node-1, idle until then)" in said, said
     assert "worker:1 left after their closures ended" in said, said
     moved_at = training.job()["step"]
     job = training.wait_for(lambda job: (job.get("step") or 0) >= moved_at + 200, what="training on after the move")
@@ -171,20 +177,21 @@ def test_drain_of_a_ps_host_moves_its_ps_in_place_and_the_next_job_replans_it(fa
     assert stop.returncode == 0, stop.stderr
     code, _ = training.finish()
     assert code == 143, training.stderr
-    assert "ps moved in place: {'ps:1': 'ps:0'}" in _chief_log(cluster), "the chief's log says nothing of the move"
+    chief_log = _chief_log(cluster)
+    assert "ps task(s) ps:1 kept idle" in chief_log and "ps moved in place: {'ps:0': 'ps:1'}" in chief_log, chief_log
     state = cluster.state()
     assert state["drained"] == {"node-3": "drained"} and state["job"]["state"] == "stopped"
     assert not [r for r in state["processes"] if r["host"] == "node-3" and not r["stopped"]]
-    assert _placed(cluster)["ps:1"] == "node-3"       # in the plan still, no server: the next job moves it
+    assert _placed(cluster)["ps:0"] == "node-3"       # in the plan still, no server: the next job moves it
     stopped_at = state["job"]["checkpoint_step"]
     again = cluster.train("--steps", stopped_at + 100, "--resume")
     code, report = again.finish()
     assert code == 0, again.stderr
     said = " ".join(again.stderr.split())
-    assert "node-3 is drained: ps:1 moved to node-1 before the job starts" in said, said
+    assert "node-3 is drained: ps:0 moved to node-1 before the job starts" in said, said
     assert report["restored_step"] == stopped_at and report["global_step"] >= stopped_at + 100, report
     placed = _placed(cluster)
-    assert placed["ps:1"] == "node-1" and "node-3" not in placed.values(), placed
+    assert placed["ps:0"] == "node-1" and "node-3" not in placed.values(), placed
 
 
 def _chief_log(cluster) -> str:

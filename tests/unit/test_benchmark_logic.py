@@ -314,3 +314,15 @@ def test_supervisor_cost_builds_its_state_and_compares_the_two_writes(tmp_path, 
     assert {k: v for k, v in old.items() if k != "updated"} == {k: v for k, v in new.items() if k != "updated"}
     assert supervisor_cost.main(["--hosts", "4", "--repeat", "1", "--lines", "5"]) == 0
     assert "write ms old" in capsys.readouterr().out
+
+
+def test_the_drain_benchmarks_idle_ps_trial_drains_the_only_ps_that_holds_variables(tmp_path):
+    """benchmarks.drain --roles ps-idle: ps:0 on p1 (drained), ps:1 idle on main, which stays."""
+    import random
+    from benchmarks import drain
+    path = tmp_path / "idle.yaml"
+    path.write_text(drain.inventory_text("ps-idle", 30000))
+    plan = plan_cluster(load_inventory(str(path)), PlanOptions(local_python="python3", local_workdir=str(tmp_path)))
+    assert plan.idle_ps == 1 and [(t.name, t.host) for t in plan.tasks_of("ps")] == [("ps:0", "p1"), ("ps:1", "main")]
+    assert drain.drained_host("ps-idle", random.Random(0)) == "p1"
+    assert drain.LAB_GROUPS["ps-idle"][0]["ps"][-1] == "node-1" and drain.LAB_GROUPS["ps-idle"][1] == ["node-2"]

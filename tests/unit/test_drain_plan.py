@@ -206,3 +206,86 @@ def test_a_move_that_does_not_come_in_time_leaves_time_to_checkpoint_instead(tmp
     assert asked["grace"] == drain_job.CHECKPOINT_RESERVE        # what is left of the deadline
     assert not result.ok and "checkpointed at step 640" in result.message and result.left == ("worker:1",)
     assert drain_job.checkpoint_reserve(6) == 2                  # a short deadline keeps a third
+
+
+IDLE_PS = PS_HOSTS.replace("MODE", "async").replace(
+    "pscluster_mode: async}", "pscluster_mode: async, pscluster_idle_ps: 1}").replace(
+    "ps: {hosts: {h1: {ansible_host: 127.77.0.2}, h2: {ansible_host: 127.77.0.3}, h4: {ansible_host: 127.77.0.5}}}",
+    "ps: {hosts: {h4: {ansible_host: 127.77.0.5}, h2: {ansible_host: 127.77.0.3}}}")
+
+
+def test_the_only_ps_with_an_idle_ps_moves_in_place(write_inventory):
+    """pscluster_idle_ps: 1 puts ps:1 (h2) in the chief's cluster from its start holding nothing
+    (the chief is told PSCLUSTER_IDLE_PS): h4's ps, the only one that holds variables, then
+    moves in place instead of through a restart, and the plan says which ps is idle."""
+    from .test_plan import plan_text
+    plan = plan_text(write_inventory, IDLE_PS, name="lab")
+    assert plan.idle_ps == 1 and [t.host for t in plan.tasks_of("ps")] == ["h4", "h2"]
+    assert dict(plan.task("chief:0").env)["PSCLUSTER_IDLE_PS"] == "1"
+    assert not [t for t in plan.tasks if t.role != "chief" and "PSCLUSTER_IDLE_PS" in dict(t.env)]
+    drain = plan_drain(plan, "h4", job_live=True)
+    assert drain.action == PS_MOVE and "another ps in place" in drain.describe(), drain.describe()
+    assert plan.to_json()["idle_ps"] == 1
+    import io
+    from rich.console import Console
+    from cluster.console.tables import render_plan
+    text = io.StringIO()
+    render_plan(Console(file=text, width=300, color_system=None), plan)
+    assert "ps:1 kept idle by the chief (pscluster_idle_ps)" in text.getvalue(), text.getvalue()
+
+
+@pytest.mark.parametrize("change, said", [
+    ("pscluster_mode: async, pscluster_idle_ps: 1", "idle ps tasks are for mode async"),
+    ("pscluster_mode: async, pscluster_idle_ps: 2", "2 idle ps of 2 ps task(s) leave none for the variables"),
+    ("pscluster_mode: async, pscluster_idle_ps: -1", "expected a ps task count"),
+    ("pscluster_mode: async, pscluster_idle_ps: yes", "expected a ps task count"),
+])
+def test_idle_ps_that_cannot_be_are_refused_naming_the_key(write_inventory, change, said):
+    from cluster.errors import InventoryError
+    from .test_plan import plan_text
+    text = IDLE_PS.replace("pscluster_mode: async, pscluster_idle_ps: 1", change)
+    if "for mode async" in said:
+        text = text.replace("pscluster_mode: async", "pscluster_mode: sync-ps")
+    with pytest.raises(InventoryError, match=r"pscluster_idle_ps") as raised:
+        plan_text(write_inventory, text, name="lab")
+    assert said in str(raised.value) and raised.value.exit_code == 2
+
+
+def test_idle_ps_is_set_for_the_whole_cluster_only(write_inventory):
+    from cluster.errors import InventoryError
+    from .test_plan import plan_text
+    text = IDLE_PS.replace("pscluster_idle_ps: 1}", "}").replace(
+        "h2: {ansible_host: 127.77.0.3}}}", "h2: {ansible_host: 127.77.0.3, pscluster_idle_ps: 1}}}", 1)
+    with pytest.raises(InventoryError, match="applies to the whole cluster"):
+        plan_text(write_inventory, text, name="lab")
+
+
+def test_the_idle_ps_survives_the_state_and_a_one_shot_run_has_none(write_inventory):
+    from cluster.state import plan_from_json, plan_to_json
+    from .test_plan import plan_text
+    plan = plan_text(write_inventory, IDLE_PS, name="lab")
+    assert plan_from_json(json.loads(json.dumps(plan_to_json(plan)))).idle_ps == 1
+    old = plan_to_json(plan)
+    del old["idle_ps"]
+    assert plan_from_json(old).idle_ps == 0        # a state of an earlier version
+    run = plan_text(write_inventory, IDLE_PS, name="lab", roles=("chief", "ps", "worker"))
+    assert run.idle_ps == 0 and "PSCLUSTER_IDLE_PS" not in dict(run.task("chief:0").env)
+
+
+def test_a_moving_ps_goes_to_the_ps_that_holds_the_fewest_variables():
+    from cluster.lifecycle.drain import ps_target
+    held = {0: 6, 1: 0, 2: 3}
+    assert ps_target([1, 2], held, 6) == 1          # the idle one, not the lowest index holding some
+    assert held == {0: 6, 1: 6, 2: 3}
+    assert ps_target([1, 2], held, 4) == 2          # the next one goes where there is less now
+    assert ps_target([2, 1], {}, 0) == 1            # no placement heard: the lowest index
+    with pytest.raises(ValueError):
+        ps_target([], {}, 1)
+
+
+def test_the_placement_event_says_how_many_variables_each_ps_holds():
+    from cluster.supervision.train_job import ps_index
+    assert ps_index("/job:ps/replica:0/task:1/device:CPU:0") == 1
+    assert ps_index("/job:ps/task:12") == 12
+    assert ps_index("/job:worker/replica:0/task:1/device:CPU:0") is None
+    assert ps_index("/job:psx/task:1") is None and ps_index("") is None

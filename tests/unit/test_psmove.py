@@ -106,3 +106,13 @@ def test_the_chiefs_cluster_after_moves_in_place_lists_no_ps_that_moved_away():
     # a second move: ps:0 onto ps:2 (the request names tasks of the effective cluster)
     again = psmove.plan_request(moved, {"ps": 0, "to": 2})
     assert again.destination == {0: 2} and again.cluster["ps"] == {2: "p2:1"}
+
+
+@pytest.mark.parametrize("env, num_ps, idle", [
+    ({}, 2, 0), ({"PSCLUSTER_IDLE_PS": "1"}, 2, 1), ({"PSCLUSTER_IDLE_PS": "3"}, 2, 1),
+    ({"PSCLUSTER_IDLE_PS": "1"}, 1, 0), ({"PSCLUSTER_IDLE_PS": "one"}, 3, 0), ({"PSCLUSTER_IDLE_PS": "-2"}, 3, 0),
+])
+def test_the_chief_keeps_idle_what_it_was_told_and_never_every_ps(env, num_ps, idle):
+    """PSCLUSTER_IDLE_PS (the plan's pscluster_idle_ps): a re-planned cluster with fewer ps, or a
+    value that is not a count, never leaves the variables without a ps."""
+    assert psmove.idle_count(num_ps, env) == idle
