@@ -21,7 +21,8 @@ from ..hosts import hostops
 from ..hosts.codesync import sync_new_hosts
 from ..hosts.probe import Prober
 from ..layout import gate_file, ready_file
-from ..lifecycle import drain, resize
+from ..lifecycle import resize
+from ..lifecycle.drain import ps_target
 from ..lifecycle.resize import PlanDiff
 from ..lifecycle.resize_request import ResizeRequest, post_result, take_request
 from .elastic import DEFAULT_NOTICE_DEADLINE, Discovery, Elastic
@@ -375,7 +376,7 @@ class Resizer:
         idle = {t.name for t in targets if held and not held.get(t.index)}
         by_index = {t.index: t for t in targets}
         for ps in (t for t in tasks if t.role == "ps"):
-            to = by_index[drain.ps_target(sorted(by_index), held, held.get(ps.index, 0))]
+            to = by_index[ps_target(sorted(by_index), held, held.get(ps.index, 0))]
             seq = self.next_seq()
             try:
                 hostops.tell(ex.pool.get(ex.plan.host(chief.task.host)), chief.record.events,
