@@ -149,10 +149,14 @@ def train(tf, args: argparse.Namespace, cluster, server) -> None:
             # Asynchronous training would otherwise start with the chief alone: the other workers
             # import TensorFlow and load the data later, and on a loaded 2-core machine the chief
             # finished short jobs (700 steps, ~5 s) before worker 1 ran a single step.
+            # The workers that joined train meanwhile, and may finish the job first: each run
+            # here passes the stop hook, and a monitored session refuses any run after it fired.
             deadline = time.monotonic() + args.join_timeout
-            while session.run(joined) < workers and time.monotonic() < deadline:
+            count = session.run(joined)
+            while count < workers and time.monotonic() < deadline and not session.should_stop():
                 time.sleep(0.1)
-            print(f"worker 0: {min(session.run(joined), workers)} of {workers} workers joined, training", flush=True)
+                count = session.run(joined)
+            print(f"worker 0: {min(count, workers)} of {workers} workers joined, training", flush=True)
         while not session.should_stop():
             batch = rng.integers(0, len(x_train), args.batch_size)
             _, step, value = session.run([train_op, global_step, loss],
