@@ -43,39 +43,67 @@ class CommandResult:
 
 
 class Stream:
-    """Lines from a long-running command, collected by a reader thread.
+    """Lines from a long-running command.
 
     ``lines()`` never blocks; ``closed`` turns true when the command's output ended or the
-    connection broke (``error`` then says why).
+    connection broke (``error`` then says why). Pushed (no ``ready``): a reader thread collects
+    the lines as they come. Pulled (``ready`` says whether ``read_chunk`` would return at once):
+    ``lines()`` reads what has come, in the caller's thread, and ``closed`` is current as of the
+    last ``lines()``: an SSH watch stream is read so, since a thread per host cost a thread
+    switch per line and 1 of the 2.2 threads a host (issue 46, docs/benchmarks.md "Scale").
     """
 
-    def __init__(self, read_chunk: Callable[[], bytes], close: Callable[[], None]):
+    def __init__(self, read_chunk: Callable[[], bytes], close: Callable[[], None], *,
+                 ready: Callable[[], bool] | None = None):
         self._read_chunk = read_chunk
         self._close = close
+        self._ready = ready
         self._queue: queue.Queue[str] = queue.Queue()
+        self._buffer = b""
+        self._pulling = threading.Lock()     # (the supervisor's thread alone pulls; a lock costs nothing)
         self.closed = False
         self.closed_here = False        # closed by :meth:`close` (not by its command's end)
         self.error: str | None = None
-        self._thread = threading.Thread(target=self._pump, daemon=True)
-        self._thread.start()
+        if ready is None:
+            self._thread: threading.Thread | None = threading.Thread(target=self._pump, daemon=True)
+            self._thread.start()
+        else:
+            self._thread = None
+
+    def _feed(self, chunk: bytes) -> None:
+        self._buffer += chunk
+        *complete, self._buffer = self._buffer.split(b"\n")
+        for line in complete:
+            self._queue.put(line.decode("utf-8", "replace"))
 
     def _pump(self) -> None:
-        buffer = b""
         try:
             while True:
                 chunk = self._read_chunk()
                 if not chunk:
                     break
-                buffer += chunk
-                *complete, buffer = buffer.split(b"\n")
-                for line in complete:
-                    self._queue.put(line.decode("utf-8", "replace"))
+                self._feed(chunk)
         except Exception as exc:   # a broken connection ends the stream, whatever the exception
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
             self.closed = True
 
+    def _pull(self, ready: Callable[[], bool]) -> None:
+        try:
+            while not self.closed and ready():
+                chunk = self._read_chunk()
+                if not chunk:
+                    self.closed = True
+                    return
+                self._feed(chunk)
+        except Exception as exc:   # as in _pump
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.closed = True
+
     def lines(self) -> list[str]:
+        if self._ready is not None:
+            with self._pulling:
+                self._pull(self._ready)
         found = []
         while True:
             try:

@@ -558,7 +558,11 @@ class SSHTransport(Transport):
             if chunk:
                 heard(transport, time.monotonic())     # the watchdog asks it nothing meanwhile
             return chunk
-        return Stream(read, channel.close)
+
+        def ready() -> bool:        # read() would not wait: data, its end, or the channel closed
+            return bool(channel.recv_ready() or channel.eof_received or channel.closed)
+        # Pulled by the supervisor's turns (every 0.1 s), not pumped by a thread per host (issue 46).
+        return Stream(read, channel.close, ready=ready)
 
     def tunnel(self, address: str, port: int) -> str | None:
         """Behind a jump host, TF ports are probed through this SSH connection (a direct-tcpip

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import pathlib
 import socket
+import time
 
 import pytest
 
@@ -70,6 +71,14 @@ def test_max_sessions_1_up_status_and_down_work_and_a_held_stream_takes_a_second
             assert transport.run(["true"], timeout=30).exit_code == 0
             assert len(transport._more) == 1        # and the next one reuses it
             stream.close()
+            # A watch stream is pulled by the supervisor's turns, with no thread of its own (issue 46).
+            pulled = transport.stream(["sh", "-c", "echo one; echo two; sleep 0.3; echo three"])
+            assert pulled._thread is None
+            got, deadline = [], time.monotonic() + 30
+            while not pulled.closed and time.monotonic() < deadline:
+                got += pulled.lines()
+                time.sleep(0.05)
+            assert pulled.closed and pulled.error is None and got + pulled.lines() == ["one", "two", "three"]
         finally:
             transport.close()
     assert lab.leftovers() == []
