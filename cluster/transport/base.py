@@ -70,11 +70,11 @@ class Stream:
         else:
             self._thread = None
 
-    def _feed(self, chunk: bytes) -> None:
+    def _feed(self, chunk: bytes) -> list[str]:
+        """The lines ``chunk`` completes (a line's start waits in the buffer for its end)."""
         self._buffer += chunk
         *complete, self._buffer = self._buffer.split(b"\n")
-        for line in complete:
-            self._queue.put(line.decode("utf-8", "replace"))
+        return [line.decode("utf-8", "replace") for line in complete]
 
     def _pump(self) -> None:
         try:
@@ -82,28 +82,32 @@ class Stream:
                 chunk = self._read_chunk()
                 if not chunk:
                     break
-                self._feed(chunk)
+                for line in self._feed(chunk):
+                    self._queue.put(line)
         except Exception as exc:   # a broken connection ends the stream, whatever the exception
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
             self.closed = True
 
-    def _pull(self, ready: Callable[[], bool]) -> None:
+    def _pull(self, ready: Callable[[], bool]) -> list[str]:
+        """What has come, read in the caller's thread (no queue: the caller takes it now)."""
+        found: list[str] = []
         try:
             while not self.closed and ready():
                 chunk = self._read_chunk()
                 if not chunk:
                     self.closed = True
-                    return
-                self._feed(chunk)
+                    break
+                found += self._feed(chunk)
         except Exception as exc:   # as in _pump
             self.error = f"{type(exc).__name__}: {exc}"
             self.closed = True
+        return found
 
     def lines(self) -> list[str]:
         if self._ready is not None:
             with self._pulling:
-                self._pull(self._ready)
+                return self._pull(self._ready)
         found = []
         while True:
             try:
