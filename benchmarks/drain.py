@@ -5,7 +5,7 @@ what a drain's planning costs the orchestrator at 1,000 hosts.
 as tests/local/test_drain.py does; with ``--lab``, the 3-host SSH lab of testbed/netlab.py, root:
 ``LAB_GROUPS`` gives each role's cluster there). Each trial is what a user types: ``up``, ``train
 distributed_mnist --steps N --json`` (the MLP, MNIST_MODEL=mlp), ``drain HOST --deadline 30s``
-once the job record's step passed a random step (20-60 % of the budget), the job's end, then
+once the job record's step passed a random step (20-60 % of the budget; ``--at``), the job's end, then
 ``down``. The roles (``--roles``):
 
 =============  ===========================================================================
@@ -47,7 +47,7 @@ deadline; sync: 0 steps lost, pause <= the planned resize's (1.9 s); ps host: 0 
 <= 5 s, before the deadline; nothing left after ``down``.
 
 Usage: ``python -m benchmarks.drain [--trials 3] [--roles async-worker,sync-worker,ps,ps-one,ps-idle,chief]
-[--steps N] [--deadline 30s] [--seed N] [--record FILE] [--lab]``; ``python -m benchmarks.drain --paper
+[--steps N] [--deadline 30s] [--at 0.2-0.6] [--seed N] [--record FILE] [--lab]``; ``python -m benchmarks.drain --paper
 [--hosts 16,64,256,1000] [--repeat 5]``; ``python -m benchmarks.drain --report FILE...``.
 """
 from __future__ import annotations
@@ -277,7 +277,7 @@ def summarize(row: dict[str, Any], report: dict[str, Any], progress: list[tuple[
 
 
 def trial(work: Path, number: int, role: str, rng: random.Random, *, steps: int | None, deadline: str,
-          limit: float, lab: Any = None) -> dict[str, Any]:
+          limit: float, lab: Any = None, at: tuple[float, float] = (0.2, 0.6)) -> dict[str, Any]:
     mode = "sync" if role == "sync-worker" else "async"
     name = f"drain-{os.getpid()}-{number}"
     state_dir = work / "state"
@@ -302,7 +302,7 @@ def trial(work: Path, number: int, role: str, rng: random.Random, *, steps: int 
             "--steps", str(budget), "--checkpoint-dir", str(work / f"{name}-ckpt")]
     env = dict(os.environ, PSCLUSTER_STATE_DIR=str(state_dir), NO_COLOR="1", COLUMNS="200")
     out_path, err_path = work / f"{name}.out", work / f"{name}.err"
-    trigger = int(budget * rng.uniform(0.2, 0.6))
+    trigger = int(budget * rng.uniform(*at))
     drain_err = ""
     with open(out_path, "w") as out, open(err_path, "w") as err:
         train = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=err, text=True)
@@ -514,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", default=DEADLINE, help=f"drain --deadline (default {DEADLINE})")
     parser.add_argument("--limit", type=float, default=300.0, help="seconds a drain or the job's end may take")
     parser.add_argument("--seed", type=int)
+    parser.add_argument("--at", default="0.2-0.6", metavar="LOW[-HIGH]",
+                        help="the drain's moment, a fraction of the step budget (default 0.2-0.6, at random)")
     parser.add_argument("--record", type=Path, help="append every trial here as a JSON line")
     parser.add_argument("--work", type=Path)
     parser.add_argument("--report", type=Path, nargs="+", metavar="FILE", help="print the table of recorded trials")
@@ -555,6 +557,14 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         parser.error(str(exc))
 
+    try:
+        low, _, high = args.at.partition("-")
+        at = (float(low), float(high or low))
+    except ValueError:
+        at = (-1.0, -1.0)
+    if not 0 < at[0] <= at[1] < 1:
+        parser.error(f"--at {args.at!r}: a fraction of the budget, or a range of them, e.g. 0.2 or 0.2-0.6")
+
     def interrupted(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, interrupted)     # the trial in flight ends through its cleanup
@@ -569,7 +579,8 @@ def main(argv: list[str] | None = None) -> int:
     def run_trials(lab: Any = None) -> None:
         for number, role in enumerate(order, 1):
             began = time.monotonic()
-            row = trial(work, number, role, rng, steps=args.steps, deadline=args.deadline, limit=args.limit, lab=lab)
+            row = trial(work, number, role, rng, steps=args.steps, deadline=args.deadline, limit=args.limit, lab=lab,
+                        at=at)
             row["seconds"] = round(time.monotonic() - began)
             rows.append(row)
             with open(record, "a") as handle:

@@ -42,9 +42,23 @@ LOST_HOST_GRACE = 3.0   # the leader's time to save when a resize leaves a lost 
 IN_PLACE_TIMEOUT = 60.0  # for the async chief to take a change in place (it looks between closures)
 STANDBY_WAIT = 60.0      # for the standbys of a resize's relaunch to import TensorFlow (then: started afresh)
 RETIRE_TIMEOUT = 10.0    # for the async chief to say a drained worker's last closure ended (one closure)
-WARM_STANDBYS_AFTER = 10.0  # sync: seconds of training before the group's standbys are started again
+WARM_STANDBYS_AFTER = 3.0   # sync: seconds of training before the group's standbys are started again
 RESIZE_RESERVE = 6.0     # of a drain's budget, kept for the usual path (checkpoint, stop, apply, launch: 1-3 s)
+OVERLAP_NEEDS = 4.0      # of a drain's budget, after the standbys are ready: the release and the gates (1-3 s)
 HANDOVER_TIMEOUT = 30.0  # sync: for the old workers to release their ports (one unit of work each; roles/handover.py)
+
+
+def drain_standby_wait(within: float | None, overlap: bool) -> float:
+    """How long a resize waits for its relaunch's standbys (still importing TensorFlow): up to
+    STANDBY_WAIT; for a drain (``within``: its budget), a third of it, and with the overlap
+    (sync) until it would no longer fit before the usual path's reserve. A drain in a sync job's
+    first seconds meets standbys that are still importing (10-15 s on a loaded machine): with a
+    third of a 20-s budget they were ready too late for the overlap in 4 of 20 lab trials
+    (benchmarks.drain). Without the overlap (an async ps's drain) a restart follows, which
+    needs more of the budget than the reserve."""
+    if within is None:
+        return STANDBY_WAIT
+    return min(STANDBY_WAIT, max(within / 3, within - RESIZE_RESERVE - OVERLAP_NEEDS if overlap else 0.0))
 
 
 def _until(deadline: float, by: float | None) -> float:
@@ -213,8 +227,7 @@ class Resizer:
                 return text
         # While the job still trains: standbys for the relaunch, so that it skips TensorFlow's import
         # (not for a lost host: the job is stuck until the restart, which a wait would only delay).
-        ready = self.standbys_for(ex, new, wait=STANDBY_WAIT if request.within is None else
-                                  min(STANDBY_WAIT, request.within / 3)) if not unreachable else []
+        ready = self.standbys_for(ex, new, wait=drain_standby_wait(request.within, overlap=new.mode == Mode.SYNC)) if not unreachable else []
         workers_before, workers_after = len(old.tasks_of("worker")), len(new.tasks_of("worker"))
         if new.mode != Mode.ASYNC and not request.keep_global_batch and workers_after != workers_before:
             # Each worker keeps its batch (torchrun's model): the global batch follows the size.
@@ -458,8 +471,9 @@ class Resizer:
         and the new ones start on them, in their standbys, up to the gate before their restore
         (roles/handover.py). {task name: (task, record, events file)} of the processes started,
         which wait there for :meth:`resize`'s go; empty when the resize takes the usual path
-        (not sync, a standby missing, a release or a start that failed, or not ready ``by`` then
-        (a drain's budget): said in a warning)."""
+        (not sync, a standby missing, a release or a start that failed: said in a warning). With
+        a drain's budget (``by``) the release is waited for until then, and new workers not at
+        their gates by then go on their way (:meth:`wait_at_gates`)."""
         old = ex.plan
         standbys = resize.match_standbys(new.training_tasks, ex.state.processes)
         running = self.overlap_candidates(ex, new, diff, standbys)
@@ -476,7 +490,10 @@ class Resizer:
                 started = start_task(ex.writer, ex.pool, new, task, record, argv=argv, env=env,
                                      reporter=ex.reporter, standby=standbys[task.name])
                 following[task.name] = (task, started, events)
-            self.wait_at_gates(ex, new, following, by=by)
+            late = self.wait_at_gates(ex, new, following, by=by)
+            if late:
+                ex.reporter.emit("message", text=f"{', '.join(late)} not at the gate by the drain's budget: "
+                                                 "the old workers stop now, the new ones go once there")
         except PsclusterError as exc:
             records = [record for _, record, _ in following.values()]
             if records:
@@ -526,9 +543,14 @@ class Resizer:
         return None
 
     def wait_at_gates(self, ex: JobExecutor[Any], new: ClusterPlan,
-                      following: dict[str, tuple[TaskSpec, ProcessRecord, str]], *, by: float | None = None) -> None:
+                      following: dict[str, tuple[TaskSpec, ProcessRecord, str]], *, by: float | None = None
+                      ) -> list[str]:
         """Wait until every new worker waits at its gate; PsclusterError if one ended first or
-        they were not all there within STANDBY_WAIT."""
+        they were not all there within STANDBY_WAIT. A drain's budget (``by``) that ends first
+        leaves the late ones running (their names): they are past TensorFlow's import and
+        building, and their ``go`` waits for them in their control file, so the old workers
+        stop in time and the new ones pass when there (started afresh instead, a drain in a
+        sync job's first seconds paused 4.8 s here, benchmarks.drain --at 0.2)."""
         pending, ready_by = dict(following), _until(ex.clock() + STANDBY_WAIT, by)
         while pending:
             for name, (task, record, events) in list(pending.items()):
@@ -538,11 +560,13 @@ class Resizer:
                 elif hostops.read(transport, record.exit_file, limit=16).exists:
                     raise PsclusterError(f"{name} ended before it was ready (see {record.log} on {task.host})")
             if pending and ex.clock() > ready_by:
-                raise PsclusterError(f"{', '.join(sorted(pending))} not ready in time" +
-                                     (" for the drain's deadline" if by is not None else f" ({STANDBY_WAIT:g} s)"))
+                if by is not None and ready_by == by:
+                    return sorted(pending)
+                raise PsclusterError(f"{', '.join(sorted(pending))} not ready in time ({STANDBY_WAIT:g} s)")
             self.pump(ex)
             if pending:
                 ex.sleep(LOOP_SECONDS)
+        return []
 
     @staticmethod
     def standby_gpus(ex: JobExecutor[Any], plan: ClusterPlan, standby: ProcessRecord | None) -> int | None:
