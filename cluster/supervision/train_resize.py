@@ -45,6 +45,7 @@ RETIRE_TIMEOUT = 10.0    # for the async chief to say a drained worker's last cl
 WARM_STANDBYS_AFTER = 3.0   # sync: seconds of training before the group's standbys are started again
 RESIZE_RESERVE = 6.0     # of a drain's budget, kept for the usual path (checkpoint, stop, apply, launch: 1-3 s)
 OVERLAP_NEEDS = 4.0      # of a drain's budget, after the standbys are ready: the release and the gates (1-3 s)
+GATE_RESERVE = 3.0       # of a drain's budget, once the new workers started: the old ones' checkpoint and stop (0.5-1.8 s)
 HANDOVER_TIMEOUT = 30.0  # sync: for the old workers to release their ports (one unit of work each; roles/handover.py)
 
 
@@ -212,6 +213,7 @@ class Resizer:
         old, new = ex.plan, request.plan
         # A drain's budget: the overlap below gives way in time for the usual path to fit in it.
         by = None if request.within is None else ex.clock() + request.within - RESIZE_RESERVE
+        gates_by = None if request.within is None else ex.clock() + request.within - GATE_RESERVE
         diff = resize.restarting(resize.diff_plans(old, new), restart)
         resize.check_resize(old, new, diff, job_live=True)
         ex.use_secrets(request.secrets_for(ex.secrets))     # the new plan's scope, keyed by its host names
@@ -236,7 +238,7 @@ class Resizer:
                 per_worker = max(1, global_batch // workers_before)
                 self.train.set_batch_size(per_worker * workers_after)
         # Sync: the new workers start in those standbys while the old ones train (roles/handover.py).
-        following = self.start_next(ex, new, diff, by=by) if not unreachable else {}
+        following = self.start_next(ex, new, diff, by=by, gates_by=gates_by) if not unreachable else {}
         ex.reporter.emit("message", text=f"resizing: {resize.describe(diff, new)}; "
                                          f"the job checkpoints first (up to {self.train.stop_grace:g} s)")
         began = ex.clock()        # the pause: from here to the relaunch
@@ -465,15 +467,17 @@ class Resizer:
                               "in flight there runs again on another worker")
         return f" (a closure in flight there runs again: {why})"
 
-    def start_next(self, ex: JobExecutor[Any], new: ClusterPlan, diff: PlanDiff, *, by: float | None = None
-                   ) -> dict[str, tuple[TaskSpec, ProcessRecord, str]]:
+    def start_next(self, ex: JobExecutor[Any], new: ClusterPlan, diff: PlanDiff, *, by: float | None = None,
+                   gates_by: float | None = None) -> dict[str, tuple[TaskSpec, ProcessRecord, str]]:
         """Sync to sync with every new worker's standby ready: the old workers release their ports
         and the new ones start on them, in their standbys, up to the gate before their restore
         (roles/handover.py). {task name: (task, record, events file)} of the processes started,
         which wait there for :meth:`resize`'s go; empty when the resize takes the usual path
         (not sync, a standby missing, a release or a start that failed: said in a warning). With
-        a drain's budget (``by``) the release is waited for until then, and new workers not at
-        their gates by then go on their way (:meth:`wait_at_gates`)."""
+        a drain's budget, the release is waited for until ``by`` (the usual path's reserve
+        before its end), the gates until ``gates_by`` (once the new workers started, only the old
+        ones' checkpoint and stop is left to fit), and new workers not at their gates by then go
+        on their way (:meth:`wait_at_gates`)."""
         old = ex.plan
         standbys = resize.match_standbys(new.training_tasks, ex.state.processes)
         running = self.overlap_candidates(ex, new, diff, standbys)
@@ -490,7 +494,7 @@ class Resizer:
                 started = start_task(ex.writer, ex.pool, new, task, record, argv=argv, env=env,
                                      reporter=ex.reporter, standby=standbys[task.name])
                 following[task.name] = (task, started, events)
-            late = self.wait_at_gates(ex, new, following, by=by)
+            late = self.wait_at_gates(ex, new, following, by=by if gates_by is None else gates_by)
             if late:
                 ex.reporter.emit("message", text=f"{', '.join(late)} not at the gate by the drain's budget: "
                                                  "the old workers stop now, the new ones go once there")
