@@ -180,9 +180,10 @@ class Resizer:
             # Any sync resize restarts the whole group, and a drain (a notice may come to any job)
             # starts the new workers while the old ones train only in standbys that are ready:
             # without them the pause was 4.3-7.1 s, not 0.8-1.4 (benchmarks.drain). Not at once,
-            # beside the job's own start; 10 s, not later: with 30 s a drain in a job's first ~45 s
-            # took the usual path, and the suite was no faster for it (ci1 16.2 min of local lane
-            # with 10 s, ci2 16.7 with 30 s, docs/testing.md). sync-ps has no such overlap.
+            # beside the job's own start; 3 s, not later: with 10 s a drain in a job's first ~20 s
+            # found them importing (4 of 20 lab trials), with 30 s in its first ~45 s, and the
+            # suite was no faster for 30 (ci1 16.2 min of local lane with 10 s, ci2 16.7 with 30 s,
+            # docs/testing.md). sync-ps has no such overlap.
             self.train.refill_once_trained(ex, after=WARM_STANDBYS_AFTER)
         if not self.asked:
             return
