@@ -59,9 +59,11 @@ class Training:
         raise AssertionError(f"{what} not reached in {timeout} s; job: {self.job()}")
 
     def record(self, task: str, kind: str | None = None) -> dict:
-        """The newest live process record of ``task``."""
+        """The newest live process record of ``task`` (of ``kind``; none: not a standby, which a
+        sync job refills a few seconds into training and which is not the task's process yet)."""
         records = [r for r in self.cluster.state()["processes"]
-                   if r["task"] == task and not r["stopped"] and r["pid"] and (kind is None or r["kind"] == kind)]
+                   if r["task"] == task and not r["stopped"] and r["pid"]
+                   and (r["kind"] != "standby" if kind is None else r["kind"] == kind)]
         assert records, f"no live record for {task}"
         return records[-1]
 
