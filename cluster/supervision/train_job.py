@@ -95,6 +95,7 @@ class TrainJob(JobKind):
         # take the CPU a relaunch's start needs (the pause of a resize).
         self.trained_since_launch = False
         self.trained_from: float | None = None    # when the leader first reported a step after that launch
+        self.trained_from_step: int | None = None  # and that step
         self.resizer = Resizer(self, elastic)     # `pscluster scale`, --min-workers, --hosts-from
         self.told_lost: set[str] = set()          # hosts whose loss the async chief was told of
         # The stall watch (core.stall_limit): the longest gap between two of the leader's events
@@ -229,16 +230,32 @@ class TrainJob(JobKind):
             ex.reporter.emit("phase", name="sync", detail=f"job {self.job.name}")
         sync_files(plan, ex.pool, ex.reporter, job_files(self.job, plan), ex.root)
 
-    def refill_once_trained(self, ex: JobExecutor[Any], after: float = 0.0) -> None:
+    def refill_once_trained(self, ex: JobExecutor[Any], after: float = 0.0, *, worth: float = 0.0,
+                            latest: float = 0.0) -> None:
         """Once the leader trains again after a launch that took standbys (not inside a
         relaunch's pause, where their import would slow the new processes' start), and has for
         ``after`` seconds: a standby for each such task's next relaunch, which then skips
-        TensorFlow's import."""
+        TensorFlow's import. ``worth``: before ``latest`` seconds of training, only if the job
+        has that many seconds left at its rate since then (a job about to end would not use
+        them, and their import would only slow it)."""
         if after and (self.trained_from is None or ex.clock() - self.trained_from < after):
+            return
+        if worth and ex.clock() - (self.trained_from or 0.0) < latest and self.seconds_left(ex) < worth:
             return
         if self.standby_tasks and self.trained_since_launch:
             self.refill_standbys(ex)
             self.standby_tasks.clear()
+
+    def seconds_left(self, ex: JobExecutor[Any]) -> float:
+        """The job's seconds to its last step at the leader's rate since it trained again
+        (infinite when unknown: no total, no step yet)."""
+        total = ex.state.job.steps_total if ex.state.job else None
+        if not total or self.trained_from is None or self.trained_from_step is None:
+            return float("inf")
+        done, took = self.last_step - self.trained_from_step, ex.clock() - self.trained_from
+        if done <= 0 or took <= 0:
+            return float("inf")
+        return max(0, total - self.last_step) * took / done
 
     def relaunch(self, ex: JobExecutor[Any], task: TaskSpec) -> Watched:
         return self.launch_train(ex, task, resume=True)
@@ -469,7 +486,7 @@ class TrainJob(JobKind):
         if is_leader:
             self.last_step = max(self.last_step, step)
             if not self.trained_since_launch:
-                self.trained_from = now
+                self.trained_from, self.trained_from_step = now, step
             self.trained_since_launch = True
             ex.set_job(state="running", step=step, steps_total=event.get("steps_total"),
                        epoch=event.get("epoch"), loss=event.get("loss"),

@@ -42,7 +42,9 @@ LOST_HOST_GRACE = 3.0   # the leader's time to save when a resize leaves a lost 
 IN_PLACE_TIMEOUT = 60.0  # for the async chief to take a change in place (it looks between closures)
 STANDBY_WAIT = 60.0      # for the standbys of a resize's relaunch to import TensorFlow (then: started afresh)
 RETIRE_TIMEOUT = 10.0    # for the async chief to say a drained worker's last closure ended (one closure)
-WARM_STANDBYS_AFTER = 3.0   # sync: seconds of training before the group's standbys are started again
+WARM_STANDBYS_AFTER = 3.0   # sync: seconds of training before the group's standbys are started again,
+WARM_STANDBYS_WORTH = 15.0  # if the job has this many seconds left (a standby imports 10-15 s here),
+WARM_STANDBYS_LATEST = 10.0  # else after this long (the next `train` finds them imported)
 RESIZE_RESERVE = 6.0     # of a drain's budget, kept for the usual path (checkpoint, stop, apply, launch: 1-3 s)
 OVERLAP_NEEDS = 4.0      # of a drain's budget, after the standbys are ready: the release and the gates (1-3 s)
 GATE_RESERVE = 3.0       # of a drain's budget, once the new workers started: the old ones' checkpoint and stop (0.5-1.8 s)
@@ -95,8 +97,10 @@ class TrainSide(Protocol):
     def sync_job_files(self, ex: JobExecutor[Any], plan: ClusterPlan) -> None:
         """The job's own files on the hosts of ``plan`` that need them."""
 
-    def refill_once_trained(self, ex: JobExecutor[Any], after: float = 0.0) -> None:
-        """New standbys for the tasks a launch took theirs from, once the leader trains again."""
+    def refill_once_trained(self, ex: JobExecutor[Any], after: float = 0.0, *, worth: float = 0.0,
+                            latest: float = 0.0) -> None:
+        """New standbys for the tasks a launch took theirs from, once the leader trains again
+        (for ``after`` s; before ``latest`` s, only with ``worth`` s of the job left)."""
 
     def read_final_events(self, ex: JobExecutor[Any], records: list[ProcessRecord]) -> None:
         """The last events of stopped ``records`` (the leader's checkpoint), into the job record."""
@@ -183,8 +187,10 @@ class Resizer:
             # beside the job's own start; 3 s, not later: with 10 s a drain in a job's first ~20 s
             # found them importing (4 of 20 lab trials), with 30 s in its first ~45 s, and the
             # suite was no faster for 30 (ci1 16.2 min of local lane with 10 s, ci2 16.7 with 30 s,
-            # docs/testing.md). sync-ps has no such overlap.
-            self.train.refill_once_trained(ex, after=WARM_STANDBYS_AFTER)
+            # docs/testing.md); a job that ends within 15 s at its rate gets them at 10 s, as
+            # before (a short job does not pay for their import). sync-ps has no such overlap.
+            self.train.refill_once_trained(ex, after=WARM_STANDBYS_AFTER, worth=WARM_STANDBYS_WORTH,
+                                           latest=WARM_STANDBYS_LATEST)
         if not self.asked:
             return
         self.asked = False

@@ -407,3 +407,30 @@ def test_a_sync_job_starts_its_standbys_again_only_after_it_trained_a_while(tmp_
         assert refilled == ([clock[0]] if refills else []), mode
         sup.kind.between_turns(sup)
         assert len(refilled) == (1 if refills else 0)     # once
+
+
+def test_a_sync_job_about_to_end_starts_its_standbys_only_at_the_latest(tmp_path, monkeypatch):
+    """train_resize.WARM_STANDBYS_WORTH: a job that, at its rate, ends before a standby could be
+    of use gets its refill at WARM_STANDBYS_LATEST (as before the early refill), a long one at
+    WARM_STANDBYS_AFTER."""
+    from cluster.supervision import train_resize
+    after, latest = train_resize.WARM_STANDBYS_AFTER, train_resize.WARM_STANDBYS_LATEST
+    for total, refill_at in ((400, latest), (100_000, after)):
+        sup = idle_supervisor(tmp_path / str(total), name=f"ending-{total}", mode="sync")
+        refilled = []
+        monkeypatch.setattr(sup.kind, "refill_standbys", lambda ex, seen=refilled: seen.append(ex.clock()))
+        sup.kind.standby_tasks = {"worker:0"}
+        leader = _leader(sup)
+        clock = [100.0]
+        sup.clock = lambda: clock[0]
+        sup.kind.on_event(sup, leader, {"event": "progress", "step": 10, "steps_total": total}, now=100.0)
+        clock[0] = 100.0 + after
+        # 100 steps a second: 400 steps end 0.9 s from here, 100,000 in about 1,000 s
+        sup.kind.on_event(sup, leader, {"event": "progress", "step": 310, "steps_total": total}, now=clock[0])
+        assert sup.kind.seconds_left(sup) == pytest.approx((total - 310) / 100.0)
+        sup.kind.between_turns(sup)
+        clock[0] = 100.0 + latest - 0.5
+        sup.kind.between_turns(sup)
+        clock[0] = 100.0 + latest
+        sup.kind.between_turns(sup)
+        assert refilled == [100.0 + refill_at], total
