@@ -382,19 +382,25 @@ def test_a_ps_that_ends_or_a_ps_host_lost_starts_a_standby_for_the_chiefs_restar
     assert len(started) == 2
 
 
+def _refilling(path, name, mode, monkeypatch):
+    """An idle supervisor of ``mode`` whose launch took worker:0's standby, on a clock the test
+    moves (at 100 s), recording when it would start standbys again."""
+    sup = idle_supervisor(path, name=name, mode=mode)
+    refilled = []
+    monkeypatch.setattr(sup.kind, "refill_standbys", lambda ex: refilled.append(ex.clock()))
+    sup.kind.standby_tasks = {"worker:0"}
+    clock = [100.0]
+    sup.clock = lambda: clock[0]
+    return sup, _leader(sup), clock, refilled
+
+
 def test_a_sync_job_starts_its_standbys_again_only_after_it_trained_a_while(tmp_path, monkeypatch):
     """A sync drain's overlap needs the group's standbys ready (train_resize.WARM_STANDBYS_AFTER):
     a sync job started from its standbys starts new ones once its leader trained that long,
     not at its first step (a short job does not pay for their import); an async job not at all."""
     from cluster.supervision import train_resize
     for mode, refills in (("sync", True), ("async", False)):
-        sup = idle_supervisor(tmp_path / mode, name=f"warm-{mode}", mode=mode)
-        refilled = []
-        monkeypatch.setattr(sup.kind, "refill_standbys", lambda ex, seen=refilled: seen.append(ex.clock()))
-        sup.kind.standby_tasks = {"worker:0"}
-        leader = _leader(sup)
-        clock = [100.0]
-        sup.clock = lambda: clock[0]
+        sup, leader, clock, refilled = _refilling(tmp_path / mode, f"warm-{mode}", mode, monkeypatch)
         sup.kind.on_event(sup, leader, {"event": "progress", "step": 10}, now=100.0)
         sup.kind.between_turns(sup)
         assert refilled == []                             # trained, but not for long
@@ -416,13 +422,7 @@ def test_a_sync_job_about_to_end_starts_its_standbys_only_at_the_latest(tmp_path
     from cluster.supervision import train_resize
     after, latest = train_resize.WARM_STANDBYS_AFTER, train_resize.WARM_STANDBYS_LATEST
     for total, refill_at in ((400, latest), (100_000, after)):
-        sup = idle_supervisor(tmp_path / str(total), name=f"ending-{total}", mode="sync")
-        refilled = []
-        monkeypatch.setattr(sup.kind, "refill_standbys", lambda ex, seen=refilled: seen.append(ex.clock()))
-        sup.kind.standby_tasks = {"worker:0"}
-        leader = _leader(sup)
-        clock = [100.0]
-        sup.clock = lambda: clock[0]
+        sup, leader, clock, refilled = _refilling(tmp_path / str(total), f"ending-{total}", "sync", monkeypatch)
         sup.kind.on_event(sup, leader, {"event": "progress", "step": 10, "steps_total": total}, now=100.0)
         clock[0] = 100.0 + after
         # 100 steps a second: 400 steps end 0.9 s from here, 100,000 in about 1,000 s
