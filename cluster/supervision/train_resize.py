@@ -236,7 +236,8 @@ class Resizer:
                 return text
         # While the job still trains: standbys for the relaunch, so that it skips TensorFlow's import
         # (not for a lost host: the job is stuck until the restart, which a wait would only delay).
-        ready = self.standbys_for(ex, new, wait=drain_standby_wait(request.within, overlap=new.mode == Mode.SYNC)) if not unreachable else []
+        wait = drain_standby_wait(request.within, overlap=new.mode == Mode.SYNC)
+        ready = self.standbys_for(ex, new, wait=wait) if not unreachable else []
         workers_before, workers_after = len(old.tasks_of("worker")), len(new.tasks_of("worker"))
         if new.mode != Mode.ASYNC and not request.keep_global_batch and workers_after != workers_before:
             # Each worker keeps its batch (torchrun's model): the global batch follows the size.
@@ -501,7 +502,7 @@ class Resizer:
                 started = start_task(ex.writer, ex.pool, new, task, record, argv=argv, env=env,
                                      reporter=ex.reporter, standby=standbys[task.name])
                 following[task.name] = (task, started, events)
-            late = self.wait_at_gates(ex, new, following, by=by if gates_by is None else gates_by)
+            late = self.wait_at_gates(ex, new, following, by=gates_by)     # (None with by: not a drain)
             if late:
                 ex.reporter.emit("message", text=f"{', '.join(late)} not at the gate by the drain's budget: "
                                                  "the old workers stop now, the new ones go once there")
