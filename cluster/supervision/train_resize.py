@@ -46,7 +46,7 @@ WARM_STANDBYS_AFTER = 3.0   # sync: seconds of training before the group's stand
 WARM_STANDBYS_WORTH = 15.0  # if the job has this many seconds left (a standby imports 10-15 s here),
 WARM_STANDBYS_LATEST = 10.0  # else after this long (the next `train` finds them imported)
 RESIZE_RESERVE = 6.0     # of a drain's budget, kept for the usual path (checkpoint, stop, apply, launch: 1-3 s)
-OVERLAP_NEEDS = 4.0      # of a drain's budget, after the standbys are ready: the release and the gates (1-3 s)
+OVERLAP_NEEDS = 1.5      # of a drain's budget, after the standbys are ready: the release (0.3-1 s; late gates go on)
 GATE_RESERVE = 3.0       # of a drain's budget, once the new workers started: the old ones' checkpoint and stop (0.5-1.8 s)
 HANDOVER_TIMEOUT = 30.0  # sync: for the old workers to release their ports (one unit of work each; roles/handover.py)
 
@@ -57,8 +57,11 @@ def drain_standby_wait(within: float | None, overlap: bool) -> float:
     (sync) until it would no longer fit before the usual path's reserve. A drain in a sync job's
     first seconds meets standbys that are still importing (10-15 s on a loaded machine): with a
     third of a 20-s budget they were ready too late for the overlap in 4 of 20 lab trials
-    (benchmarks.drain). Without the overlap (an async ps's drain) a restart follows, which
-    needs more of the budget than the reserve."""
+    (benchmarks.drain). After the wait only the release must fit before the reserve: new
+    workers late at their gates go on (:meth:`Resizer.wait_at_gates`), and a standby still
+    importing then costs its import inside the pause (7.3 s in one of 20 local trials with 4 s
+    kept here for the gates). Without the overlap (an async ps's drain) a restart follows,
+    which needs more of the budget than the reserve."""
     if within is None:
         return STANDBY_WAIT
     return min(STANDBY_WAIT, max(within / 3, within - RESIZE_RESERVE - OVERLAP_NEEDS if overlap else 0.0))
@@ -604,6 +607,7 @@ class Resizer:
         afresh); the keys of the standbys started, which the resize keeps. Standbys that were
         started already (a sync job refills its own after a while) and are still importing are
         waited for too: a sync overlap needs every one ready."""
+        self.stop_idle_standbys(ex, new)
         names = [task.name for task in new.training_tasks if ex.state.standby(task.name) is None]
         records: dict[str, ProcessRecord] = {}
         if names:
@@ -628,6 +632,21 @@ class Resizer:
             self.pump(ex)
             ex.sleep(0.3)
         return [record.key for record in records.values()]
+
+    @staticmethod
+    def stop_idle_standbys(ex: JobExecutor[Any], new: ClusterPlan) -> None:
+        """Stop now the live standbys on hosts where ``new`` runs no training task (a drained
+        host's): no task can take them (a standby serves a task on its own host:
+        resize.match_standbys), and until :func:`resize.apply_plan` stopped them in the pause they
+        went on importing TensorFlow beside the ones the relaunch waits for (three imports and
+        three trainers on this machine's 2 cores kept one standby 16 s from ready, benchmarks.drain).
+        Best effort: what is not stopped here, apply_plan stops."""
+        hosts = {task.host for task in new.training_tasks}
+        idle = [r for r in ex.state.live_records() if r.kind == ProcessKind.STANDBY and r.host not in hosts]
+        if idle:
+            stopped, _ = stop_records(resize.knowing_hosts(ex.plan, new), idle, ex.pool, ex.reporter,
+                                      grace=DEFAULT_GRACE)
+            ex.writer.change(lambda s: s.replace_records(stopped))
 
     def resize_in_place(self, ex: JobExecutor[Any], request: ResizeRequest, diff: PlanDiff) -> str | None:
         """Async, workers added after the last one or the last ones removed: the running chief takes

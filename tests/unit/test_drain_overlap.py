@@ -4,6 +4,7 @@ the budget ends go on their way instead of being stopped (benchmarks.drain --at 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -18,10 +19,11 @@ from cluster.supervision.train_resize import (OVERLAP_NEEDS, RESIZE_RESERVE, STA
 def test_a_drain_waits_for_standbys_until_its_overlap_would_no_longer_fit():
     assert drain_standby_wait(None, overlap=True) == STANDBY_WAIT            # a scale: the usual wait
     assert drain_standby_wait(None, overlap=False) == STANDBY_WAIT
-    # a 30-s deadline's budget (20 s): sync waits until 6 + 4 s before its end, async a third
+    # a 30-s deadline's budget (20 s): sync waits until 6 + 1.5 s before its end, async a third
     assert drain_standby_wait(20.0, overlap=True) == pytest.approx(20.0 - RESIZE_RESERVE - OVERLAP_NEEDS)
     assert drain_standby_wait(20.0, overlap=False) == pytest.approx(20.0 / 3)
     # a short budget: never less than a third; a long one: never more than STANDBY_WAIT
+    assert drain_standby_wait(12.0, overlap=True) == pytest.approx(4.5)
     assert drain_standby_wait(9.0, overlap=True) == pytest.approx(3.0)
     assert drain_standby_wait(600.0, overlap=True) == STANDBY_WAIT
 
@@ -84,3 +86,40 @@ def test_without_a_budget_or_with_one_ended_a_late_worker_is_an_error(gates):
     open(following["worker:1"][1].exit_file, "w").close()
     with pytest.raises(PsclusterError, match="worker:1 ended before it was ready"):
         resizer.wait_at_gates(_Ex(), ex.plan, following, by=200.0)
+
+
+def test_the_standbys_of_a_host_left_without_training_tasks_stop_before_the_wait(monkeypatch):
+    """A drained host's standby can serve no task of the new plan: it is stopped before the
+    resize waits for the others, not in the pause (it imported beside them: benchmarks.drain)."""
+    from cluster.state import ProcessKind, ProcessRecord
+    def record(task, host, kind, attempt=1):
+        return ProcessRecord.for_task(task, host, kind, attempt, f"/tmp/{task}-{host}-{kind.value}.log",
+                                      job=1 if kind == ProcessKind.TRAIN else None)
+    kept = record("worker:0", "w1", ProcessKind.STANDBY)
+    renumbered = record("worker:2", "w3", ProcessKind.STANDBY)       # worker:1@w3 takes it
+    drained = record("worker:1", "w2", ProcessKind.STANDBY)
+    trainer = record("worker:1", "w2", ProcessKind.TRAIN)            # the job's: stopped by the resize itself
+    state = SimpleNamespace(processes=[kept, renumbered, drained, trainer])
+    state.live_records = lambda: [r for r in state.processes if not r.stopped]
+
+    def replace_records(records):
+        by_key = {r.key: r for r in records}
+        state.processes = [by_key.get(r.key, r) for r in state.processes]
+    state.replace_records = replace_records
+    asked = []
+
+    def stop_records(plan, records, pool, reporter, *, grace):
+        asked.extend(r.key for r in records)
+        return [replace(r, stopped=True) for r in records], {}
+    monkeypatch.setattr(train_resize, "stop_records", stop_records)
+    monkeypatch.setattr(train_resize.resize, "knowing_hosts", lambda old, new: new)
+    new = SimpleNamespace(training_tasks=[SimpleNamespace(name="worker:0", host="w1"),
+                                          SimpleNamespace(name="worker:1", host="w3")])
+    ex = SimpleNamespace(state=state, plan=None, pool=None, reporter=None,
+                         writer=SimpleNamespace(change=lambda fn: fn(state)))
+    Resizer.stop_idle_standbys(ex, new)
+    assert asked == [drained.key]
+    assert [r.stopped for r in state.processes] == [False, False, True, False]
+    asked.clear()
+    Resizer.stop_idle_standbys(ex, new)           # nothing left to stop: no call
+    assert asked == []
