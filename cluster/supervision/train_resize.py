@@ -227,9 +227,11 @@ class Resizer:
         diff = resize.restarting(resize.diff_plans(old, new), restart)
         resize.check_resize(old, new, diff, job_live=True)
         ex.use_secrets(request.secrets_for(ex.secrets))     # the new plan's scope, keyed by its host names
-        # Servers started again (a ps moved) start with the new ones, in one wait: the job is stuck
-        # meanwhile, and one after the other took 2.3 s + 2.4 s on the lab (benchmarks.faults).
-        early = resize.early_servers(old, new, diff, unreachable) if not restart else []
+        # Servers started again (a ps moved from a lost host) start with the new ones, in one wait:
+        # the job is stuck meanwhile, and one after the other took 2.3 s + 2.4 s on the lab
+        # (benchmarks.faults). A planned move (a drain: no host lost) trains on meanwhile, so the
+        # moved ps starts now, and only the servers that keep their port start in the pause.
+        early = resize.early_servers(old, new, diff, unreachable) if not restart or not unreachable else []
         if early:      # while the job still trains: their import stays out of the pause
             resize.start_early(ex.writer, ex.pool, ex.reporter, new, early, ex.secrets, root=ex.root,
                                idle=lambda: self.pump(ex))
