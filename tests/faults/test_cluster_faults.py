@@ -194,6 +194,44 @@ def test_drain_of_the_only_ps_moves_it_in_place_to_the_idle_ps_and_the_next_job_
     assert placed["ps:0"] == "node-1" and "node-3" not in placed.values(), placed
 
 
+
+ONLY_PS_ON_NODE_3 = {"chief": ["node-1"], "ps": ["node-3"], "worker": ["node-2", "node-3"]}
+
+
+def test_drain_of_the_only_ps_without_an_idle_ps_moves_it_through_a_restart_and_loses_no_step(fault_cluster):
+    """Issue 44, the fallback where TensorFlow cannot move a ps in place (docs/platform-notes.md
+    TF13): ps:0 is the only ps (node-3, with worker:1) and no ps is idle. `pscluster drain node-3`
+    says so before anything moves, starts the moved ps on node-1 while the job still trains, then
+    the job saves at one step and restarts there with one worker: exit 0 before the deadline, the
+    restart resumes at or past the step the job had reached when the drain began (no periodic
+    checkpoint in between: nothing trained is lost), training goes on, nothing left on node-3,
+    marked drained. Stopped by state, not by a budget."""
+    cluster = fault_cluster()
+    cluster.up(ONLY_PS_ON_NODE_3, "async")
+    training = cluster.train("--steps", 100000, "--checkpoint-every", 100000)
+    before = training.wait_for(lambda job: (job.get("step") or 0) >= 200, what="step 200")["step"]
+    drain = cluster.cli("drain", "node-3", "--deadline", "60s", "--name", cluster.name)
+    assert drain.returncode == 0, drain.stderr
+    said = " ".join((drain.stdout + drain.stderr).split())
+    print(said)
+    assert "node-3 drained in" in said and "ps:0 moved from node-3 to node-1" in said, said
+    job = training.wait_for(lambda job: (job.get("restored_step") or 0) > 0
+                            and (job.get("step") or 0) >= job["restored_step"] + 100, what="training on after the restart")
+    assert job["restored_step"] >= before and job["workers"] == 1, (before, job)
+    stop = cluster.cli("stop-job", "--name", cluster.name)
+    assert stop.returncode == 0, stop.stderr
+    code, _ = training.finish()
+    assert code == 143, training.stderr
+    err = " ".join(training.stderr.split())
+    # said before anything moved, and the moved ps started before the job stopped for the restart
+    assert "cannot move in place" in err and "the job checkpoints at one step and restarts there" in err, err[-3000:]
+    assert err.index("start 1 new server(s)") < err.index("resizing:"), err[-3000:]
+    state = cluster.state()
+    assert state["drained"] == {"node-3": "drained"} and state["job"]["state"] == "stopped"
+    assert not [r for r in state["processes"] if r["host"] == "node-3" and not r["stopped"]]
+    placed = _placed(cluster)
+    assert placed["ps:0"] == "node-1" and "node-3" not in placed.values(), placed
+
 def _chief_log(cluster) -> str:
     logs = cluster.cli("logs", "chief:0")
     return logs.stdout + logs.stderr
