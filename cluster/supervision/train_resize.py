@@ -642,9 +642,12 @@ class Resizer:
         resize.match_standbys), and until :func:`resize.apply_plan` stopped them in the pause they
         went on importing TensorFlow beside the ones the relaunch waits for (three imports and
         three trainers on this machine's 2 cores kept one standby 16 s from ready, benchmarks.drain).
-        Best effort: what is not stopped here, apply_plan stops."""
+        Best effort: what is not stopped here, apply_plan stops (a host that does not answer now
+        is left to it, not waited on while the budget runs)."""
         hosts = {task.host for task in new.training_tasks}
-        idle = [r for r in ex.state.live_records() if r.kind == ProcessKind.STANDBY and r.host not in hosts]
+        lost = {name for name, link in ex.links.items() if link.lost_since is not None}
+        idle = [r for r in ex.state.live_records()
+                if r.kind == ProcessKind.STANDBY and r.host not in hosts and r.host not in lost]
         if idle:
             stopped, _ = stop_records(resize.knowing_hosts(ex.plan, new), idle, ex.pool, ex.reporter,
                                       grace=DEFAULT_GRACE)

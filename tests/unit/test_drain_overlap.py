@@ -115,11 +115,14 @@ def test_the_standbys_of_a_host_left_without_training_tasks_stop_before_the_wait
     monkeypatch.setattr(train_resize.resize, "knowing_hosts", lambda old, new: new)
     new = SimpleNamespace(training_tasks=[SimpleNamespace(name="worker:0", host="w1"),
                                           SimpleNamespace(name="worker:1", host="w3")])
+    lost = record("worker:3", "w4", ProcessKind.STANDBY)             # its host does not answer: left to apply_plan
+    state.processes.append(lost)
     ex = SimpleNamespace(state=state, plan=None, pool=None, reporter=None,
+                         links={"w4": SimpleNamespace(lost_since=5.0), "w2": SimpleNamespace(lost_since=None)},
                          writer=SimpleNamespace(change=lambda fn: fn(state)))
     Resizer.stop_idle_standbys(ex, new)
     assert asked == [drained.key]
-    assert [r.stopped for r in state.processes] == [False, False, True, False]
+    assert [r.stopped for r in state.processes] == [False, False, True, False, False]
     asked.clear()
     Resizer.stop_idle_standbys(ex, new)           # nothing left to stop: no call
     assert asked == []
