@@ -644,6 +644,10 @@ class JobExecutor(Generic[K]):
                 self.announce("restarted", {"task": task.name, "host": task.host, "reason": "does not answer",
                                             "restart": used + 1, "max_restarts": self.rules.max_restarts})
 
+    def lost_hosts(self) -> set[str]:
+        """The hosts whose link is lost now (silent past the host timeout's start: links.py)."""
+        return {name for name, link in self.links.items() if link.lost_since is not None}
+
     def current(self, task_name: str) -> Watched | None:
         found = [w for w in self.watched.values() if w.task.name == task_name]
         return found[-1] if found else None

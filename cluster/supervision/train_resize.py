@@ -383,7 +383,7 @@ class Resizer:
         not answer: said), and :meth:`drain_ps` moves the ps through a restart instead."""
         tasks = [t for t in ex.plan.tasks if t.host == host]
         chief = ex.current(self.train.leader_name)
-        gone = {h for h, link in ex.links.items() if link.lost_since is not None} | set(self.dropped) | \
+        gone = ex.lost_hosts() | set(self.dropped) | \
             set(self.away) | set(ex.state.drained) | set(self.ps_in_place) | {host}
         targets = [t for t in ex.plan.tasks_of("ps") if t.host not in gone]
         if any(t.role not in ("ps", "worker") for t in tasks):
@@ -645,7 +645,7 @@ class Resizer:
         Best effort: what is not stopped here, apply_plan stops (a host that does not answer now
         is left to it, not waited on while the budget runs)."""
         hosts = {task.host for task in new.training_tasks}
-        lost = {name for name, link in ex.links.items() if link.lost_since is not None}
+        lost = ex.lost_hosts()
         idle = [r for r in ex.state.live_records()
                 if r.kind == ProcessKind.STANDBY and r.host not in hosts and r.host not in lost]
         if idle:
@@ -817,7 +817,7 @@ class Resizer:
         ``refuse(reason)`` when no host can take them, too few workers would be left, or the
         inventory cannot be re-planned."""
         # (a drained host takes no ps either: it is about to go)
-        lost = {h for h, link in ex.links.items() if link.lost_since is not None} | set(self.dropped) | \
+        lost = ex.lost_hosts() | set(self.dropped) | \
             set(self.away) | set(ex.state.drained) | set(self.ps_in_place)
         try:
             spares = resize.ps_spares(ex.plan)

@@ -194,7 +194,6 @@ def test_drain_of_the_only_ps_moves_it_in_place_to_the_idle_ps_and_the_next_job_
     assert placed["ps:0"] == "node-1" and "node-3" not in placed.values(), placed
 
 
-
 ONLY_PS_ON_NODE_3 = {"chief": ["node-1"], "ps": ["node-3"], "worker": ["node-2", "node-3"]}
 
 
@@ -231,6 +230,7 @@ def test_drain_of_the_only_ps_without_an_idle_ps_moves_it_through_a_restart_and_
     assert not [r for r in state["processes"] if r["host"] == "node-3" and not r["stopped"]]
     placed = _placed(cluster)
     assert placed["ps:0"] == "node-1" and "node-3" not in placed.values(), placed
+
 
 def _chief_log(cluster) -> str:
     logs = cluster.cli("logs", "chief:0")

@@ -118,7 +118,7 @@ def test_the_standbys_of_a_host_left_without_training_tasks_stop_before_the_wait
     lost = record("worker:3", "w4", ProcessKind.STANDBY)             # its host does not answer: left to apply_plan
     state.processes.append(lost)
     ex = SimpleNamespace(state=state, plan=None, pool=None, reporter=None,
-                         links={"w4": SimpleNamespace(lost_since=5.0), "w2": SimpleNamespace(lost_since=None)},
+                         lost_hosts=lambda: {"w4"},
                          writer=SimpleNamespace(change=lambda fn: fn(state)))
     Resizer.stop_idle_standbys(ex, new)
     assert asked == [drained.key]
