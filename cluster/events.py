@@ -47,6 +47,8 @@ class Sync:
     unchanged: int
     skipped: bool
     shared_with: str | None = None    # another host of the same filesystem copied for this one
+    relayed_from: str | None = None   # the host it fetched the files from (the relay, issue 46)
+    relay_error: str | None = None    # its relay failed: synced directly, this is why
 
 
 @dataclass(frozen=True)

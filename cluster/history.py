@@ -83,7 +83,10 @@ class RunRecord:
         return sorted(newest.values(), key=lambda log: _task_order(log.task))
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        from .state import host_json_defaults
+        data = dataclasses.asdict(self)
+        data["hosts"] = [host_json_defaults(host) for host in data["hosts"]]
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> "RunRecord":

@@ -100,6 +100,7 @@ class HostSpec:
     # A standby (roles/standby.py) for this host's training tasks: pscluster_standby, never on
     # Slurm (a step's cgroup and GPUs are fixed when it starts, before the job is known).
     standby: bool = True
+    sync_relay: bool = True       # pscluster_sync_relay: fetch the code from peers (cluster/hosts/relay.py)
     # pscluster_keras: "legacy" gives `run` programs here TF_USE_LEGACY_KERAS=1 (cluster.program.runspec);
     # `train` and the standing servers keep Keras 3 (roles/ is written for it).
     keras: str = "keras3"
@@ -393,6 +394,7 @@ def _host_spec(host: HostConfig, options: PlanOptions) -> HostSpec:
                     secret_env_roles=host.secret_env_roles, jump=host.jump, become_user=host.become_user,
                     docker_args=host.docker_args,
                     gpu_busy_mib=host.gpu_busy_mib, standby=host.standby and host.connection != "slurm",
+                    sync_relay=host.sync_relay,
                     keras=host.keras,
                     origins=tuple((key, f"{origin.file}:{origin.line}" if origin.line else origin.file)
                                   for key, origin in host.origins))

@@ -193,6 +193,8 @@ def plan_to_json(plan: ClusterPlan) -> dict:
     data = dataclasses.asdict(plan)
     if not data["idle_ps"]:
         del data["idle_ps"]         # as the states of earlier versions, which had no idle ps
+    for host in data["hosts"]:
+        host_json_defaults(host)
     _last_plan[:] = [(plan, data)]
     return data
 
@@ -229,6 +231,14 @@ def plan_from_json(data: dict) -> ClusterPlan:
                        cluster=cluster, tasks=tasks, hosts=hosts, unused=unused,
                        firewall=data.get("firewall", False), notify=tuple(data.get("notify", ())),
                        inventory_sha256=data.get("inventory_sha256"), idle_ps=int(data.get("idle_ps", 0)))
+
+
+def host_json_defaults(host: dict) -> dict:
+    """A host's ``dataclasses.asdict`` form without the fields that earlier versions' states did
+    not have, where they hold their default: an old state is written again byte for byte."""
+    if host.get("sync_relay") is True:
+        del host["sync_relay"]
+    return host
 
 
 def host_from_json(host: dict) -> HostSpec:
@@ -430,28 +440,51 @@ class StateStore:
 
 
 class StateWriter:
-    """Serialises changes to one :class:`RunState` from several threads, saving each at once."""
+    """Serialises changes to one :class:`RunState` from several threads; each :meth:`change`
+    returns once a save that holds it is on disk.
+
+    Saves are group commits: the changes other threads made while one save was being written
+    go to disk in the next save together, not one save each. A fan-out's threads recorded each
+    host's start in a save of its own, the whole state each time: O(N²) bytes for N hosts, 2N
+    saves of up to 2.4 MB (44 ms each) at 1,000 hosts (issue 46)."""
 
     def __init__(self, store: StateStore, state: RunState, *, expect_phase: Phase | None = None):
         self.store = store
         self.state = state
         self.expect_phase = expect_phase
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()       # the state in memory, and the file
+        self._saving = threading.Lock()     # one saver at a time; the others' changes wait for it
+        self._changed = 0                   # changes made in memory
+        self._on_disk = 0                   # of those, the ones the file holds
         self._saved: tuple[int, int, int] | None = None     # the file as this writer last left it
+        self.saves = 0
+
+    def _check(self) -> None:
+        # Skip reading the state back when the file is still the one this writer saved (no
+        # other command wrote it since): a supervisor writes once a second, and re-reading
+        # the whole state each time grew with the cluster (issue 46).
+        if self.expect_phase is not None and (self._saved is None or self._file_id() != self._saved):
+            on_disk = self.store.load(self.state.name)
+            # A later `up` of the same name has a new state: this command's cluster is gone too.
+            if on_disk is None or on_disk.phase != self.expect_phase or on_disk.created != self.state.created:
+                raise Aborted(f"cluster {self.state.name!r} was taken down by another command")
+            self._saved = self._file_id()       # read and found ours: no need to read it again
 
     def change(self, mutate: Callable[[RunState], None]) -> None:
         with self._lock, self.store.lock(self.state.name):
-            # Skip reading the state back when the file is still the one this writer saved (no
-            # other command wrote it since): a supervisor writes once a second, and re-reading
-            # the whole state each time grew with the cluster (issue 46).
-            if self.expect_phase is not None and (self._saved is None or self._file_id() != self._saved):
-                on_disk = self.store.load(self.state.name)
-                # A later `up` of the same name has a new state: this command's cluster is gone too.
-                if on_disk is None or on_disk.phase != self.expect_phase or on_disk.created != self.state.created:
-                    raise Aborted(f"cluster {self.state.name!r} was taken down by another command")
+            self._check()
             mutate(self.state)
-            self.store.save(self.state)
-            self._saved = self._file_id()
+            self._changed += 1
+            mine = self._changed
+        with self._saving:
+            if self._on_disk >= mine:
+                return          # a save that began after this change held it
+            with self._lock, self.store.lock(self.state.name):
+                self._check()
+                self.store.save(self.state)
+                self._saved = self._file_id()
+                self._on_disk = self._changed
+                self.saves += 1
 
     def _file_id(self) -> tuple[int, int, int] | None:
         try:

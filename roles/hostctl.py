@@ -38,6 +38,8 @@ nothing secret is on a command line); the answer is one JSON object on stdout. O
             imports (``importlib.util.find_spec`` from its folder), tf-keras for legacy Keras.
 ``nft``     apply or delete an nftables ruleset (the firewall feature).
 ``resolve`` every address of host names, as this host resolves them (firewall members).
+``relay``   code sync through peers: fetch the files that differ from hosts already synced
+            (sha256-checked), then serve this host's copies to others while the reader stays.
 """
 import json
 import os
@@ -857,11 +859,7 @@ def op_hashes(req):
     result = {}
     shared = []
     for rel in req["files"]:
-        # A name that normalizes out of the workdir (../x, /etc/x) is refused, never read (issue 42, M2).
-        normal = os.path.normpath(rel) if isinstance(rel, str) and rel else ".."
-        if os.path.isabs(normal) or normal == ".." or normal.startswith("../") or "\0" in normal:
-            raise ValueError("refusing %r: not below the workdir %s" % (rel, root))
-        path = os.path.join(root, normal)
+        path = _below(root, rel)     # ../x or /etc/x is refused, never read (issue 42, M2)
         try:
             with open(path, "rb") as handle:
                 result[rel] = hashlib.sha256(handle.read()).hexdigest()
@@ -893,6 +891,243 @@ def op_fsid(req):
             os.unlink(tmp)
     with open(marker) as handle:
         return {"root": root, "fsid": handle.read().strip()}
+
+
+RELAY_BEAT = 1.0              # seconds between a relay's lines: a closed reader ends it within one
+RELAY_NOT_HERE = (1 << 64) - 1   # the length a relay sends for a digest it does not serve
+
+
+def _below(root, rel):
+    """``root/rel`` for a name that stays below ``root`` (issue 42, M2); ValueError otherwise."""
+    normal = os.path.normpath(rel) if isinstance(rel, str) and rel else ".."
+    if os.path.isabs(normal) or normal == ".." or normal.startswith("../") or "\0" in normal:
+        raise ValueError("refusing %r: not below the workdir %s" % (rel, root))
+    return os.path.join(root, normal)
+
+
+def _file_digest(path):
+    import hashlib
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _recv_exact(sock, size):
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(min(size - len(data), 1 << 20))
+        if not chunk:
+            raise EOFError("the peer closed the connection")
+        data += chunk
+    return bytes(data)
+
+
+def _relay_fetch(sock, sha, size, path):
+    """One file from a relay peer into ``path`` (a temporary name, then renamed): the peer's
+    bytes are kept only when they are exactly ``size`` bytes with the manifest's sha256."""
+    import hashlib
+    import struct
+    sock.sendall(sha.encode())
+    (length,) = struct.unpack(">Q", _recv_exact(sock, 8))
+    if length == RELAY_NOT_HERE:
+        raise LookupError("the peer does not have it")
+    if length != size:
+        raise ValueError("the peer offered %d bytes, the manifest says %d" % (length, size))
+    digest = hashlib.sha256()
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    tmp = "%s.pscluster-tmp-%d" % (path, os.getpid())
+    try:
+        with open(tmp, "wb") as handle:
+            left = length
+            while left:
+                chunk = sock.recv(min(left, 1 << 20))
+                if not chunk:
+                    raise EOFError("the peer closed the connection")
+                digest.update(chunk)
+                handle.write(chunk)
+                left -= len(chunk)
+        if digest.hexdigest() != sha:
+            raise ValueError("the peer's bytes do not match the manifest's sha256")
+        return tmp
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _relay_connect(address, port, token, timeout):
+    """A connection to a relay peer, authenticated: its nonce answered with HMAC-SHA256(token)."""
+    import hashlib
+    import hmac
+    import socket
+    sock = socket.create_connection((address, port), timeout=timeout)
+    try:
+        nonce = _recv_exact(sock, 16)
+        sock.sendall(hmac.new(token, nonce, hashlib.sha256).digest())
+        return sock
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _relay_serve(listener, token, served):
+    """Accept relay peers until the process ends: each connection must answer a nonce with
+    HMAC-SHA256(token) and then asks for files by their sha256; only the digests of ``served``
+    (this host's verified copies) are answered."""
+    import hashlib
+    import hmac
+    import struct
+    import threading
+
+    def handle(conn):
+        try:
+            conn.settimeout(60)
+            nonce = os.urandom(16)
+            conn.sendall(nonce)
+            if not hmac.compare_digest(_recv_exact(conn, 32), hmac.new(token, nonce, hashlib.sha256).digest()):
+                return
+            while True:
+                try:
+                    wanted = _recv_exact(conn, 64).decode("ascii", "replace")
+                except EOFError:
+                    return
+                path = served.get(wanted)
+                if path is None:
+                    conn.sendall(struct.pack(">Q", RELAY_NOT_HERE))
+                    continue
+                with open(path, "rb") as handle:
+                    size = os.fstat(handle.fileno()).st_size
+                    conn.sendall(struct.pack(">Q", size))
+                    conn.sendfile(handle)
+        except (OSError, EOFError):
+            pass
+        finally:
+            conn.close()
+
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+
+def op_relay(req):
+    """Code sync through peers (issue 46): bring ``files`` (``[rel, sha256, size, mode]``) up to
+    date under ``root`` from the relay ``peers`` (``[address, port]``, tried in order; none: the
+    files must be here already, a seed the orchestrator copied to), then, with ``serve``, serve
+    this host's verified copies to other hosts on an ephemeral port. One JSON line says what
+    happened (``fetched``, ``bytes``, ``unchanged``, ``port``; or ``error``); then it serves until
+    the reader goes away (the orchestrator closed the channel, or its connection broke: the
+    pipe's hang-up ends it at once, a failed heartbeat line every ``RELAY_BEAT`` at the latest)
+    or ``seconds`` passed. A peer is trusted with nothing: its
+    bytes are kept only with the manifest's size and sha256, and a peer that fails is left for
+    the next. Only a client that proves the ``token`` (HMAC of a nonce) is served."""
+    try:
+        result, listener = _relay_fetch_all(req)
+    except Exception as exc:  # one line the orchestrator reads, never a traceback
+        result, listener = {"error": "%s: %s" % (type(exc).__name__, exc)}, None
+    deadline = time.monotonic() + float(req.get("seconds", 600))
+    line = json.dumps(result)
+    while True:
+        try:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+        except (BrokenPipeError, OSError):
+            os._exit(0)
+        if listener is None or time.monotonic() >= deadline or _reader_gone(RELAY_BEAT):
+            os._exit(0)
+        line = json.dumps({"beat": time.time()})
+
+
+def _reader_gone(seconds):
+    """Whether stdout's reader went away, waiting up to ``seconds`` for it to (a closed pipe or
+    socket shows as an error or hang-up at once, not at the next write)."""
+    import select
+    poller = select.poll()
+    poller.register(sys.stdout.fileno(), select.POLLERR | select.POLLHUP)
+    try:
+        return any(events & (select.POLLERR | select.POLLHUP | select.POLLNVAL)
+                   for _, events in poller.poll(seconds * 1000))
+    except InterruptedError:
+        return False
+
+
+def _relay_fetch_all(req):
+    """``op_relay``'s fetch, and its listener when it serves: (the result line, the listener)."""
+    import socket
+    import threading
+    root = _expand(req["root"])
+    token = bytes.fromhex(req["token"])
+    timeout = float(req.get("timeout", 5))
+    wanted, served, unchanged = [], {}, 0
+    for rel, sha, size, mode in req["files"]:
+        path = _below(root, rel)
+        try:
+            same = os.path.getsize(path) == size and _file_digest(path) == sha
+        except OSError:
+            same = False
+        if same:
+            unchanged += 1
+            if mode is not None and _stat_mode(path) != mode:
+                os.chmod(path, mode)
+            served[sha] = path
+        else:
+            wanted.append((rel, sha, int(size), mode, path))
+    fetched, moved, used, errors = 0, 0, None, []
+    peers = [tuple(peer) for peer in req.get("peers", [])]
+    if wanted and not peers:
+        return {"error": "%d file(s) missing or different here, and no peer to fetch them from" % len(wanted)}, None
+    sock = None
+    for rel, sha, size, mode, path in wanted:
+        while True:
+            if sock is None:
+                if not peers:
+                    return {"error": "no relay peer could send %s: %s" % (rel, "; ".join(errors[-3:]))}, None
+                address, port = peers[0]
+                try:
+                    sock = _relay_connect(address, port, token, timeout)
+                    used = "%s:%d" % (address, port)
+                except (OSError, EOFError) as exc:
+                    errors.append("%s:%d %s" % (address, port, exc))
+                    peers.pop(0)
+                    continue
+            try:
+                tmp = _relay_fetch(sock, sha, size, path)
+            except (OSError, EOFError, LookupError, ValueError) as exc:
+                errors.append("%s %s: %s" % (used, rel, exc))
+                sock.close()
+                sock = None
+                peers.pop(0)
+                continue
+            os.chmod(tmp, mode if mode is not None else 0o644)
+            os.rename(tmp, path)
+            served[sha] = path
+            fetched += 1
+            moved += size
+            break
+    if sock is not None:
+        sock.close()
+    result = {"fetched": fetched, "bytes": moved, "unchanged": unchanged, "peer": used, "skipped_peers": errors}
+    listener = None
+    if req.get("serve"):
+        bind = req.get("bind", "")
+        listener = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET)
+        listener.bind((bind, 0))
+        listener.listen(64)
+        result["port"] = listener.getsockname()[1]
+        threading.Thread(target=_relay_serve, args=(listener, token, served), daemon=True).start()
+    return result, listener
+
+
+def _stat_mode(path):
+    import stat
+    return stat.S_IMODE(os.stat(path).st_mode)
 
 
 # Run by the host's interpreter with its site-packages (hostctl itself runs with -I -S) in the
@@ -1175,7 +1410,7 @@ OPERATIONS = {"facts": op_facts, "program": op_program, "start": op_start, "adop
               "signal": op_signal, "read": op_read, "find": op_find, "hashes": op_hashes, "remove": op_remove,
               "remove_job_dirs": op_remove_job_dirs, "fsid": op_fsid, "listen": op_listen,
               "connect": op_connect, "unlisten": op_unlisten, "tell": op_tell,
-              "nft": op_nft, "watch": op_watch, "resolve": op_resolve, "addresses": op_addresses}
+              "nft": op_nft, "watch": op_watch, "relay": op_relay, "resolve": op_resolve, "addresses": op_addresses}
 
 
 def main():

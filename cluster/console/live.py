@@ -82,13 +82,17 @@ class RichReporter(Reporter):
         self._checks.append(check)
 
     def _on_sync(self, host: str, files: int, bytes: int, unchanged: int, skipped: bool,
-                 shared_with: str | None = None) -> None:
+                 shared_with: str | None = None, relayed_from: str | None = None,
+                 relay_error: str | None = None) -> None:
         if shared_with:
             self._say(f"  {escape(host)}: shares {escape(shared_with)}'s copy (same filesystem)")
         elif skipped:
             self._say(f"  {escape(host)}: uses this machine's checkout (nothing to copy)")
         else:
-            self._say(f"  {escape(host)}: {files} file(s) sent ({bytes / 1e6:.1f} MB), {unchanged} unchanged")
+            via = f" from {escape(relayed_from)}" if relayed_from else ""
+            self._say(f"  {escape(host)}: {files} file(s) sent{via} ({bytes / 1e6:.1f} MB), {unchanged} unchanged")
+        if relay_error:
+            self._say(f"  [yellow]{escape(host)}: the relay failed, sent directly: {escape(relay_error)}[/]")
 
     def _row(self, task: str, host: str) -> TaskID:
         progress = self._ensure_progress()
@@ -370,4 +374,8 @@ class ProgramOutput(Reporter):
             where = f"{data.get('task')}@{data.get('host')}" if data.get("task") else str(data.get("host"))
             self._line(Text(_plain(f"{kind}: {where}: {detail}"), "yellow"))
         elif kind == "sync" and not data.get("skipped"):
-            self._line(Text(_plain(f"  {data['host']}: {data['files']} file(s) sent, {data['unchanged']} unchanged")))
+            via = f" from {data['relayed_from']}" if data.get("relayed_from") else ""
+            self._line(Text(_plain(f"  {data['host']}: {data['files']} file(s) sent{via}, {data['unchanged']} unchanged")))
+            if data.get("relay_error"):
+                self._line(Text(_plain(f"  {data['host']}: the relay failed, sent directly: {data['relay_error']}"),
+                                "yellow"))

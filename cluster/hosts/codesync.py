@@ -1,7 +1,8 @@
 """Code sync: put ``roles/`` and ``examples/`` (and a user's job) into each host's workdir.
 
 Only files whose sha256 differs from the host's copy travel (SFTP over the host's existing SSH
-connection, or a local copy), each written to a temporary name and renamed into place. A host
+connection, or a local copy), each written to a temporary name and renamed into place. At
+many hosts most hosts fetch them from hosts already synced instead (cluster/hosts/relay.py). A host
 whose ``pscluster_workdir`` is this machine's checkout is assumed to see it already (a shared
 filesystem, or this machine itself) and is skipped.
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import hostops
+from . import hostops, relay
 from ..errors import HostError, MultiHostError
 from ..events import Reporter
 from ..fanout import fan_out
@@ -112,6 +113,8 @@ class SyncResult:
     bytes: int
     unchanged: int
     skipped: bool
+    relayed_from: str | None = None     # the peer host it fetched from (cluster/hosts/relay.py)
+    relay_error: str | None = None      # why a relay failed and this host was synced directly
 
 
 def sync_files(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, files: list[LocalFile],
@@ -153,7 +156,10 @@ def sync_files(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, files
                                 root=workdir, mode=mode)
         return SyncResult(host.name, len(changed), sum(f.size for f in changed), len(files) - len(changed), False)
 
-    copied = fan_out(list(writers.values()), one, name="sync copy", catch=HostError)
+    if relay.use_relay(list(writers.values())):
+        copied = relay.RelaySync(plan, pool, files, destination, one).run(list(writers.values()))
+    else:
+        copied = fan_out(list(writers.values()), one, name="sync copy", catch=HostError)
     failures += copied.failures
     by_name = copied.ok
     results = []
@@ -168,7 +174,8 @@ def sync_files(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, files
             continue
         results.append(result)
         reporter.emit("sync", host=host.name, files=result.sent, bytes=result.bytes,
-                      unchanged=result.unchanged, skipped=result.skipped, shared_with=shared_with.get(host.name))
+                      unchanged=result.unchanged, skipped=result.skipped, shared_with=shared_with.get(host.name),
+                      relayed_from=result.relayed_from, relay_error=result.relay_error)
     if failures:
         raise MultiHostError(f"code sync failed on {len(failures)} host(s)", failures)
     return results

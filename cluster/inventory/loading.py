@@ -281,6 +281,7 @@ def _host_config(raw: _Raw, host: str, merged: dict[str, tuple[Any, KeyPath]], r
         docker_args=get("ansible_docker_extra_args", CONNECTION_KEYS, ()),
         gpu_busy_mib=get("pscluster_gpu_busy_mib", PSCLUSTER_KEYS, 1024),
         standby=get("pscluster_standby", PSCLUSTER_KEYS, True),
+        sync_relay=get("pscluster_sync_relay", PSCLUSTER_KEYS, True),
         keras=get("pscluster_keras", PSCLUSTER_KEYS, "keras3"),
         origins=tuple((key, _origin(raw, merged[key][1])) for key in ORIGIN_KEYS
                       if merged.get(key) is not None and merged[key][0] is not None),

@@ -110,6 +110,8 @@ class HostConfig:
     secret_env_roles: tuple[str, ...] = ()
     # pscluster_standby: `up` starts a standby (TensorFlow imported) for this host's training tasks.
     standby: bool = True
+    # pscluster_sync_relay: at many hosts, this host fetches the code from peers and serves it to them.
+    sync_relay: bool = True
     # pscluster_keras: the Keras of `run` programs on this host (KERAS_CHOICES).
     keras: str = "keras3"
     # Where each connection and placement setting of this host was written (ORIGIN_KEYS), for

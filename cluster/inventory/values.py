@@ -161,6 +161,7 @@ PSCLUSTER_KEYS: dict[str, Validator] = {
     "pscluster_connect_timeout": lambda raw, path, value: _as_int(raw, path, value, 1, 600, "seconds"),
     "pscluster_gpu_busy_mib": lambda raw, path, value: _as_int(raw, path, value, 0, 10_000_000, "MiB"),
     "pscluster_standby": _boolean,
+    "pscluster_sync_relay": _boolean,
     # async: the last N ps tasks hold no variable until a drain moves a ps's variables onto one
     # (roles/psmove.py: TensorFlow moves a ps in place only to a ps the chief had from its start).
     "pscluster_idle_ps": lambda raw, path, value: _as_int(raw, path, value, 0, 1000, "a ps task count"),

@@ -33,7 +33,7 @@ def test_reporters_receive_validated_events_and_a_bad_one_reaches_none():
         tee.emit("sync", host="h", files=2)
     assert [e.kind for e in first.events] == [e.kind for e in second.events] == ["sync"]
     assert first.events[0].data == {"host": "h", "files": 2, "bytes": 10, "unchanged": 1, "skipped": False,
-                                    "shared_with": None}
+                                    "shared_with": None, "relayed_from": None, "relay_error": None}
     with pytest.raises(UnknownEvent):
         Reporter().emit("nonsense")
 
