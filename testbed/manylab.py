@@ -165,11 +165,12 @@ def inventory_groups(names: Sequence[str], *, ps_every: int = 1) -> dict[str, li
 
 
 def write_inventory(lab: ManyLab, path: pathlib.Path, *, hosts: int | None = None, port_base: int = 42000,
-                    ps_every: int = 1, workdirs: str = "work") -> pathlib.Path:
+                    ps_every: int = 1, workdirs: str = "work",
+                    extra_vars: Mapping[str, object] | None = None) -> pathlib.Path:
     """A sync-ps inventory of the lab's first ``hosts`` hosts (default all): interpreter the
     lab's wrapper, no standbys, a workdir of its own per host (as hosts with their own disks:
     the code sync copies to each), under the lab's folder ``workdirs`` (another folder: hosts
-    that have no code yet)."""
+    that have no code yet); ``extra_vars``: more cluster-wide settings (``pscluster_sync_relay``)."""
     names = lab.names[:hosts]
     groups: dict[str, object] = dict(inventory_groups(names, ps_every=ps_every))
     groups["worker"] = {name: {"pscluster_workdir": str(lab.root_dir / workdirs / name)} for name in names}
@@ -178,6 +179,7 @@ def write_inventory(lab: ManyLab, path: pathlib.Path, *, hosts: int | None = Non
         "pscluster_mode": "sync-ps",
         "pscluster_standby": False,
         "pscluster_port_base": port_base,
+        **(extra_vars or {}),
     })
 
 

@@ -1,0 +1,106 @@
+"""What ``up`` costs the control process per phase, the code sync direct against through the
+relay (cluster/hosts/relay.py, issue 46), measured in one run.
+
+A many-hosts lab (testbed/manylab.py, root) of N hosts with stand-in servers; ``bring_up`` runs
+in this process on them (the CLI's own start-up left out), each host's workdir empty (11.9 MB
+of ``roles/`` and ``examples/`` to copy), alternately with ``pscluster_sync_relay: false``
+(``direct``: every host copied to over its SSH connection) and the default (``relay``), then
+``down``. Per run: this process's CPU seconds (every thread) and wall seconds per phase of
+``up`` (preflight, sync, start, ready: from its ``phase`` events), and their totals. Prints each
+run, then the medians and the ratio relay / direct.
+
+Usage (root): ``python -m benchmarks.up_cost [--hosts 64] [--pairs 2]``.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.common import print_columns  # noqa: E402
+from testbed import manylab  # noqa: E402
+
+from cluster.cli.base import _plan  # noqa: E402
+from cluster.events import Reporter  # noqa: E402
+from cluster.lifecycle.updown import bring_down, bring_up  # noqa: E402
+from cluster.state import StateStore  # noqa: E402
+from cluster.transport import TransportPool  # noqa: E402
+
+
+class PhaseClock(Reporter):
+    """CPU and wall seconds of this process at each ``phase`` event."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[str, float, float]] = [("begin", time.process_time(), time.monotonic())]
+
+    def handle(self, kind: str, **data: Any) -> None:
+        if kind == "phase":
+            self.marks.append((str(data.get("name")), time.process_time(), time.monotonic()))
+
+    def phases(self) -> dict[str, tuple[float, float]]:
+        """phase -> (CPU s, wall s) from its event to the next."""
+        spans: dict[str, tuple[float, float]] = {}
+        marks = [*self.marks, ("end", time.process_time(), time.monotonic())]
+        for (name, cpu, wall), (_, cpu_next, wall_next) in zip(marks[1:], marks[2:]):
+            before = spans.get(name, (0.0, 0.0))
+            spans[name] = (before[0] + cpu_next - cpu, before[1] + wall_next - wall)
+        spans["all"] = (marks[-1][1] - marks[0][1], marks[-1][2] - marks[0][2])
+        return spans
+
+
+def one_up(lab: manylab.ManyLab, n: int, work: Path, way: str, run: int) -> dict[str, tuple[float, float]]:
+    name = f"cost{run}"
+    inventory = manylab.write_inventory(lab, work / f"{name}.yaml", hosts=n, workdirs=f"work-{name}",
+                                        extra_vars={"pscluster_sync_relay": way == "relay"})
+    store = StateStore(work / "state")
+    clock = PhaseClock()
+    with TransportPool() as pool:
+        plan = _plan(str(inventory), name=name, mode=None, port_base=None)
+        try:
+            bring_up(plan, store=store, reporter=clock, pool=pool)
+            return clock.phases()
+        finally:
+            bring_down(name, store=store, reporter=Reporter(), grace=2, pool=pool)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.up_cost", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", type=int, default=64)
+    parser.add_argument("--pairs", type=int, default=2, help="direct/relay pairs, alternated (default 2)")
+    args = parser.parse_args(argv)
+    order = [way for pair in range(args.pairs) for way in (("direct", "relay") if pair % 2 == 0 else ("relay", "direct"))]
+    results: dict[str, list[dict[str, tuple[float, float]]]] = {"direct": [], "relay": []}
+    phases = ("preflight", "sync", "start", "ready", "all")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pscluster-upcost-") as tmp:
+        work = Path(tmp)
+        with manylab.ManyLab(args.hosts, work / "lab") as lab:
+            for run, way in enumerate(order):
+                spans = one_up(lab, args.hosts, work, way, run)
+                results[way].append(spans)
+                rows.append([str(run + 1), way, *(f"{spans.get(p, (0, 0))[0]:.2f} / {spans.get(p, (0, 0))[1]:.1f}"
+                                                  for p in phases)])
+                print(f"  run {run + 1} {way}: {spans['all'][0]:.2f} CPU-s, {spans['all'][1]:.1f} s", file=sys.stderr,
+                      flush=True)
+    print(f"up of {args.hosts} hosts, CPU s / wall s of this process per phase")
+    print_columns(["run", "sync", *phases], rows)
+    print()
+    medians = []
+    for phase in phases:
+        direct = statistics.median(s.get(phase, (0.0, 0.0))[0] for s in results["direct"])
+        relayed = statistics.median(s.get(phase, (0.0, 0.0))[0] for s in results["relay"])
+        medians.append([phase, f"{direct:.2f}", f"{relayed:.2f}", f"{relayed / direct:.2f}" if direct else "-",
+                        f"{(direct - relayed) / args.hosts * 1000:.1f}"])
+    print_columns(["phase", "CPU s, direct", "CPU s, relay", "ratio relay/direct", "ms saved a host"], medians)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
