@@ -1,15 +1,19 @@
-"""What ``up`` costs the control process per phase, the code sync direct against through the
-relay (cluster/hosts/relay.py, issue 46), measured in one run.
+"""What ``up`` costs the control process per phase, two ways alternated in one run (issue 46):
+``--compare sync`` (default), the code sync direct against through the relay
+(cluster/hosts/relay.py); ``--compare probes``, readiness probes of every pending server each
+round against once its host says its port listens (cluster/lifecycle/tasks.py ``wait_ready``).
 
 A many-hosts lab (testbed/manylab.py, root) of N hosts with stand-in servers; ``bring_up`` runs
 in this process on them (the CLI's own start-up left out), each host's workdir empty (11.9 MB
 of ``roles/`` and ``examples/`` to copy), alternately with ``pscluster_sync_relay: false``
 (``direct``: every host copied to over its SSH connection) and the default (``relay``), then
-``down``. Per run: this process's CPU seconds (every thread) and wall seconds per phase of
-``up`` (preflight, sync, start, ready: from its ``phase`` events), and their totals. Prints each
-run, then the medians and the ratio relay / direct.
+``down``. With ``--compare probes`` both ways relay, and ``every-round`` sets
+``PROBE_EVERY_ROUND`` above the host count (every pending server probed every round, as before)
+against the default (``heard``). Per run: this process's CPU seconds (every thread) and wall
+seconds per phase of ``up`` (preflight, sync, start, ready: from its ``phase`` events), and their
+totals. Prints each run, then the medians and the ratio of the second way to the first.
 
-Usage (root): ``python -m benchmarks.up_cost [--hosts 64] [--pairs 2]``.
+Usage (root): ``python -m benchmarks.up_cost [--hosts 64] [--pairs 2] [--compare sync|probes]``.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ from testbed import manylab  # noqa: E402
 
 from cluster.cli.base import _plan  # noqa: E402
 from cluster.events import Reporter  # noqa: E402
+from cluster.lifecycle import tasks  # noqa: E402
 from cluster.lifecycle.updown import bring_down, bring_up  # noqa: E402
 from cluster.state import StateStore  # noqa: E402
 from cluster.transport import TransportPool  # noqa: E402
@@ -58,25 +63,31 @@ class PhaseClock(Reporter):
 def one_up(lab: manylab.ManyLab, n: int, work: Path, way: str, run: int) -> dict[str, tuple[float, float]]:
     name = f"cost{run}"
     inventory = manylab.write_inventory(lab, work / f"{name}.yaml", hosts=n, workdirs=f"work-{name}",
-                                        extra_vars={"pscluster_sync_relay": way == "relay"})
+                                        extra_vars={"pscluster_sync_relay": way != "direct"})
     store = StateStore(work / "state")
     clock = PhaseClock()
+    every_round = tasks.PROBE_EVERY_ROUND
     with TransportPool() as pool:
         plan = _plan(str(inventory), name=name, mode=None, port_base=None)
         try:
+            if way == "every-round":
+                tasks.PROBE_EVERY_ROUND = n + 1
             bring_up(plan, store=store, reporter=clock, pool=pool)
             return clock.phases()
         finally:
+            tasks.PROBE_EVERY_ROUND = every_round
             bring_down(name, store=store, reporter=Reporter(), grace=2, pool=pool)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.up_cost", description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, default=64)
-    parser.add_argument("--pairs", type=int, default=2, help="direct/relay pairs, alternated (default 2)")
+    parser.add_argument("--pairs", type=int, default=2, help="pairs of runs, alternated (default 2)")
+    parser.add_argument("--compare", choices=("sync", "probes"), default="sync")
     args = parser.parse_args(argv)
-    order = [way for pair in range(args.pairs) for way in (("direct", "relay") if pair % 2 == 0 else ("relay", "direct"))]
-    results: dict[str, list[dict[str, tuple[float, float]]]] = {"direct": [], "relay": []}
+    first, second = ("direct", "relay") if args.compare == "sync" else ("every-round", "heard")
+    order = [way for pair in range(args.pairs) for way in ((first, second) if pair % 2 == 0 else (second, first))]
+    results: dict[str, list[dict[str, tuple[float, float]]]] = {first: [], second: []}
     phases = ("preflight", "sync", "start", "ready", "all")
     rows = []
     with tempfile.TemporaryDirectory(prefix="pscluster-upcost-") as tmp:
@@ -90,15 +101,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"  run {run + 1} {way}: {spans['all'][0]:.2f} CPU-s, {spans['all'][1]:.1f} s", file=sys.stderr,
                       flush=True)
     print(f"up of {args.hosts} hosts, CPU s / wall s of this process per phase")
-    print_columns(["run", "sync", *phases], rows)
+    print_columns(["run", args.compare, *phases], rows)
     print()
     medians = []
     for phase in phases:
-        direct = statistics.median(s.get(phase, (0.0, 0.0))[0] for s in results["direct"])
-        relayed = statistics.median(s.get(phase, (0.0, 0.0))[0] for s in results["relay"])
-        medians.append([phase, f"{direct:.2f}", f"{relayed:.2f}", f"{relayed / direct:.2f}" if direct else "-",
-                        f"{(direct - relayed) / args.hosts * 1000:.1f}"])
-    print_columns(["phase", "CPU s, direct", "CPU s, relay", "ratio relay/direct", "ms saved a host"], medians)
+        before = statistics.median(s.get(phase, (0.0, 0.0))[0] for s in results[first])
+        after = statistics.median(s.get(phase, (0.0, 0.0))[0] for s in results[second])
+        medians.append([phase, f"{before:.2f}", f"{after:.2f}", f"{after / before:.2f}" if before else "-",
+                        f"{(before - after) / args.hosts * 1000:.1f}"])
+    print_columns(["phase", f"CPU s, {first}", f"CPU s, {second}", f"ratio {second}/{first}", "ms saved a host"],
+                  medians)
     return 0
 
 

@@ -598,12 +598,44 @@ def op_status(req):
     return result
 
 
+def _listening_ports():
+    """The TCP ports something listens on in this host's network namespace (/proc/net/tcp and
+    tcp6, state 0A): a watch says when a task's port opened, so the orchestrator's readiness
+    probes go to servers that listen rather than round after round to all (issue 46)."""
+    found = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as handle:
+                next(handle, None)
+                for line in handle:
+                    fields = line.split()
+                    if len(fields) > 3 and fields[3] == "0A":
+                        found.add(int(fields[1].rsplit(":", 1)[1], 16))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _mark_listening(states, ports, heard):
+    """``listening`` in each state whose key has a port (``heard``: the keys seen so far)."""
+    if not ports:
+        return
+    if len(heard) < len(ports):
+        open_ports = _listening_ports()
+        heard.update(key for key, port in ports.items() if port in open_ports)
+    for item in states:
+        if item["key"] in ports:
+            item["listening"] = item["key"] in heard
+
+
 def op_watch(req):
     """Stream task states and new file bytes as JSON lines until the reader goes away.
 
     A line goes out when a state changes, a watched file grew, or ``heartbeat`` seconds
     passed; the orchestrator treats a silent channel as a lost host. Ends when stdout is
     closed (EPIPE), so it never outlives the orchestrator's connection by more than a beat.
+    With ``ports`` (key -> port), each task's state says whether its port listens yet
+    (``listening``): `up` probes a server once it does.
 
     The host's own shutdown (SIGTERM) and Slurm's usual ``--signal`` (SIGUSR1, e.g. ``scancel
     --signal=USR1`` to this step) are notices: one line with ``"notice": {"signal": NAME}`` goes
@@ -615,6 +647,8 @@ def op_watch(req):
     import select
     interval = float(req.get("interval", 0.5))
     heartbeat = float(req.get("heartbeat", 1.0))
+    ports = {str(key): int(port) for key, port in (req.get("ports") or {}).items()}
+    heard = set()           # keys whose port was seen listening (stays so: the server's probe says more)
     offsets = {item["path"]: int(item.get("offset", 0)) for item in req.get("files", [])}
     previous = None
     last_sent = 0.0
@@ -630,6 +664,7 @@ def op_watch(req):
         states = [dict(_task_state(rec, now), key=rec["key"]) for rec in req.get("tasks", [])]
         for item in states:
             item.pop("uptime", None)      # changes every beat: not a reason to send
+        _mark_listening(states, ports, heard)
         reads = []
         for path, offset in offsets.items():
             try:

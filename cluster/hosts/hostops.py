@@ -243,6 +243,7 @@ class TaskStatus:
     signal: int | None = None
     uptime: float | None = None
     never_started: bool = False
+    listening: bool | None = None       # its port listens on its host (a watch asked with ports)
 
     def describe(self) -> str:
         if self.state == "exited":
@@ -391,12 +392,15 @@ class WatchUpdate:
 
 
 def watch(transport: Transport, records: Sequence[ProcessRecord], files: Sequence[tuple[str, int]], *,
-          interval: float = 0.25, heartbeat: float = 1.0):
-    """Start the host-side watch loop; returns a :class:`~cluster.transport.base.Stream`."""
+          interval: float = 0.25, heartbeat: float = 1.0, ports: Mapping[str, int] | None = None):
+    """Start the host-side watch loop; returns a :class:`~cluster.transport.base.Stream`.
+    ``ports`` (record key -> port): each state says whether that port listens yet."""
     program = packed_source()
-    request = {"tasks": [record.to_hostctl() for record in records],
-               "files": [{"path": path, "offset": offset} for path, offset in files],
-               "interval": interval, "heartbeat": heartbeat}
+    request: dict = {"tasks": [record.to_hostctl() for record in records],
+                     "files": [{"path": path, "offset": offset} for path, offset in files],
+                     "interval": interval, "heartbeat": heartbeat}
+    if ports:
+        request["ports"] = dict(ports)
     # As the become user too: it reads that user's 0700 run folders (N14: without the prefix,
     # become clusters could not be supervised).
     return transport.stream(hostctl_argv(transport, "watch", program), stdin=program + json.dumps(request).encode())
@@ -410,7 +414,9 @@ def parse_watch_line(line: str) -> WatchUpdate | None:
     if not isinstance(data, dict) or "tasks" not in data:
         return None
     states = {item["key"]: TaskStatus(key=item["key"], state=item["state"], exit_code=item.get("exit_code"),
-                                      signal=item.get("signal"), never_started=bool(item.get("never_started")))
+                                      signal=item.get("signal"), never_started=bool(item.get("never_started")),
+                                      listening=item.get("listening") if isinstance(item.get("listening"), bool)
+                                      else None)
               for item in data["tasks"]}
     reads = tuple(FileChunk(r["exists"], r["size"], r["offset"], r["end"], r["data"], r["path"])
                   for r in data["reads"])

@@ -19,6 +19,7 @@ from ..hosts.probe import Prober
 from ..secrets import Secrets
 from ..state import ProcessRecord, RunState, StateWriter
 from ..transport import TransportPool
+from ..transport.base import Stream
 
 
 DEFAULT_READY_TIMEOUT = 120.0
@@ -185,10 +186,47 @@ def check_ports_free(tasks: Iterable[TaskSpec], pool: TransportPool, plan: Clust
                             hint="another job or program holds them; stop it or change the ports")
 
 
+PROBE_EVERY_ROUND = 16     # pending servers up to which each is probed every round, as it ever was
+PROBE_UNHEARD = 2.0        # above that, seconds between probes of a server whose port its host has not seen listen
+PROBE_BACKOFF = (0.1, 1.0)  # a listening server that does not answer yet: again after 0.1 s, doubling to 1 s
+
+
+class _ProbeSchedule:
+    """When each pending server of :func:`wait_ready` is probed next."""
+
+    def __init__(self, names: Collection[str]):
+        self.due = {name: 0.0 for name in names}
+        self.listening: set[str] = set()
+        self.backoff: dict[str, float] = {}
+
+    def now(self, name: str, pending: int) -> bool:
+        return pending <= PROBE_EVERY_ROUND or time.monotonic() >= self.due[name]
+
+    def failed(self, name: str) -> None:
+        if name in self.listening:
+            step = self.backoff.get(name, PROBE_BACKOFF[0])
+            self.backoff[name] = min(step * 2, PROBE_BACKOFF[1])
+        else:
+            step = PROBE_UNHEARD
+        self.due[name] = time.monotonic() + step
+
+    def heard(self, name: str) -> None:
+        """Its port listens on its host: probed in the next round."""
+        if name not in self.listening:
+            self.listening.add(name)
+            self.due[name] = 0.0
+
+
 def wait_ready(plan: ClusterPlan, records: dict[str, ProcessRecord], pool: TransportPool, prober: Prober,
                reporter: Reporter, *, timeout: float, idle: Callable[[], None] | None = None) -> dict[str, tuple[str, ...]]:
     """Wait until every task in ``records`` answers the gRPC probe; ``idle`` runs between two
     rounds of probes (a running job's supervisor reads its streams there).
+
+    Each host's watch stream says when a task's port listens there. With more than
+    :data:`PROBE_EVERY_ROUND` servers pending, a server is probed once its port listens (then
+    with a backoff until it answers), and every :data:`PROBE_UNHEARD` seconds before: probing
+    every pending server in turn each round cost the control process CPU for every second the
+    servers took to start (issue 46: 256 hosts starting on a loaded machine).
 
     Returns:
         the devices each task reported, by task name.
@@ -200,34 +238,29 @@ def wait_ready(plan: ClusterPlan, records: dict[str, ProcessRecord], pool: Trans
     started = time.monotonic()
     pending = dict(records)
     devices: dict[str, tuple[str, ...]] = {}
+    schedule = _ProbeSchedule(pending)
     # One watch stream per host reports exits as they happen, at almost no cost on the hosts
     # (polling would start an interpreter per host per second while TensorFlow starts there).
-    streams = {host: hostops.watch(pool.get(plan.host(host)), host_records, [], interval=0.25)
+    streams = {host: hostops.watch(pool.get(plan.host(host)), host_records, [], interval=0.25,
+                                   ports={record.key: plan.task(record.task).port for record in host_records})
                for host, host_records in records_by_host(list(records.values())).items()}
     try:
         while pending:
             for name in list(pending):
+                if not schedule.now(name, len(pending)):
+                    continue
                 task = plan.task(name)
                 result = prober.probe(task.target, timeout=1.0, via=pool.get(plan.host(task.host)))
-                if result.ok:
-                    devices[name] = tuple(device.name for device in result.devices)
-                    reporter.emit("task-ready", task=name, host=task.host, devices=devices[name],
-                                  seconds=time.monotonic() - started)
-                    del pending[name]
+                if not result.ok:
+                    schedule.failed(name)
+                    continue
+                devices[name] = tuple(device.name for device in result.devices)
+                reporter.emit("task-ready", task=name, host=task.host, devices=devices[name],
+                              seconds=time.monotonic() - started)
+                del pending[name]
             if not pending:
                 break
-            for host, stream in streams.items():
-                for line in stream.lines():
-                    update = hostops.parse_watch_line(line)
-                    for key, status in (update.states.items() if update else ()):
-                        record = next((r for r in pending.values() if r.key == key), None)
-                        if record is not None and status.state not in ("running", "frozen"):
-                            transport = pool.get(plan.host(host))
-                            raise TaskError(record.task, host, f"exited before it was ready ({status.describe()})",
-                                            exit_code=status.exit_code,
-                                            log_tail=hostops.log_tail(transport, record.log), log_path=record.log,
-                                            hint="the log above says why; 'pscluster logs " + record.task +
-                                                 "' shows all")
+            _read_watches(plan, pool, streams, pending, schedule)
             if time.monotonic() > deadline:
                 name, record = next(iter(pending.items()))
                 transport = pool.get(plan.host(record.host))
@@ -242,6 +275,29 @@ def wait_ready(plan: ClusterPlan, records: dict[str, ProcessRecord], pool: Trans
         for stream in streams.values():
             stream.close()
     return devices
+
+
+def _read_watches(plan: ClusterPlan, pool: TransportPool, streams: dict[str, Stream],
+                  pending: dict[str, ProcessRecord], schedule: _ProbeSchedule) -> None:
+    """What the hosts' watch streams said of the pending servers: a port that listens, or a
+    server that exited (:class:`TaskError`, with its log's tail)."""
+    by_key = {record.key: record for record in pending.values()}
+    for host, stream in streams.items():
+        for line in stream.lines():
+            update = hostops.parse_watch_line(line)
+            for key, status in (update.states.items() if update else ()):
+                record = by_key.get(key)
+                if record is None:
+                    continue
+                if status.state not in ("running", "frozen"):
+                    transport = pool.get(plan.host(host))
+                    raise TaskError(record.task, host, f"exited before it was ready ({status.describe()})",
+                                    exit_code=status.exit_code,
+                                    log_tail=hostops.log_tail(transport, record.log), log_path=record.log,
+                                    hint="the log above says why; 'pscluster logs " + record.task +
+                                         "' shows all")
+                if status.listening:
+                    schedule.heard(record.task)
 
 
 def stop_records(plan: ClusterPlan, records: Sequence[ProcessRecord], pool: TransportPool, reporter: Reporter,

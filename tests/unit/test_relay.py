@@ -258,3 +258,4 @@ def test_a_sync_uses_the_relay_only_from_enough_ssh_hosts():
     assert not relay.use_relay(ssh[:-1])
     assert not relay.use_relay([dataclasses.replace(h, connection="local") for h in ssh])
     assert not relay.use_relay([dataclasses.replace(h, sync_relay=False) for h in ssh])
+    assert not relay.use_relay([dataclasses.replace(h, become_user="trainer") for h in ssh])
