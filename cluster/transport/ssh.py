@@ -44,7 +44,7 @@ import stat as stat_module
 import tempfile
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import fabric
 import paramiko
@@ -117,32 +117,37 @@ def _config_lookup(address: str, config_path: str | None) -> dict:
     return dict(found)
 
 
+def _per_version(cache: dict, lock: threading.Lock, path: str, load: Callable[[str], Any]) -> Any:
+    """``load(path)``, kept in ``cache`` while the file keeps its mtime and size; None when there
+    is no such file."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    stamp = (found.st_mtime_ns, found.st_size)
+    with lock:
+        kept = cache.get(path)
+        if kept is None or kept[0] != stamp:
+            kept = cache[path] = (stamp, load(path))
+        return kept[1]
+
+
 _KEYS: dict[str, tuple[tuple[int, int], paramiko.PKey | None]] = {}
+_KEYS_LOCK = threading.Lock()
+
+
+def _load_key(path: str) -> paramiko.PKey | None:
+    try:
+        return paramiko.PKey.from_path(path)
+    except Exception:   # encrypted, or a format only paramiko's own file loading knows: let it
+        return None
 
 
 def _private_key(path: str) -> paramiko.PKey | None:
     """The key in ``path``, read once per file version and process (reading and parsing it was
     8 % of a connection's CPU, issue 46); None for a key this cannot read without help (a
     passphrase): paramiko then reads the file itself, as before."""
-    try:
-        found = os.stat(path)
-    except OSError:
-        return None
-    stamp = (found.st_mtime_ns, found.st_size)
-    with _KEYS_LOCK:
-        kept = _KEYS.get(path)
-    if kept is not None and kept[0] == stamp:
-        return kept[1]
-    try:
-        key: paramiko.PKey | None = paramiko.PKey.from_path(path)
-    except Exception:   # encrypted, or a format only paramiko's own file loading knows: let it
-        key = None
-    with _KEYS_LOCK:
-        _KEYS[path] = (stamp, key)
-    return key
-
-
-_KEYS_LOCK = threading.Lock()
+    return _per_version(_KEYS, _KEYS_LOCK, path, _load_key)
 
 
 _HOST_KEYS: dict[str, tuple[tuple[int, int], paramiko.HostKeys]] = {}
@@ -151,17 +156,7 @@ _HOST_KEYS: dict[str, tuple[tuple[int, int], paramiko.HostKeys]] = {}
 def _known_host_keys(path: str) -> paramiko.HostKeys | None:
     """known_hosts parsed once per file version and shared by every connection of this process:
     parsing it per connection made a fan-out to N hosts parse N x N keys."""
-    try:
-        stat = os.stat(path)
-    except FileNotFoundError:
-        return None
-    stamp = (stat.st_mtime_ns, stat.st_size)
-    with _KNOWN_HOSTS_LOCK:
-        cached = _HOST_KEYS.get(path)
-        if cached is None or cached[0] != stamp:
-            cached = (stamp, paramiko.HostKeys(path))
-            _HOST_KEYS[path] = cached
-        return cached[1]
+    return _per_version(_HOST_KEYS, _KNOWN_HOSTS_LOCK, path, paramiko.HostKeys)
 
 
 # One known_hosts line: [@marker] hostnames keytype base64-key [comment] (sshd(8), "SSH_KNOWN_HOSTS
