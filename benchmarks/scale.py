@@ -19,7 +19,8 @@ projections reach first.
 seconds against the all-fast pass (issue 46: "hosts that answer slowly").
 
 Usage (root): ``python -m benchmarks.scale --hosts 4,16,64 [--watch 60] [--throttle 0.1 [--rate 8mbit]]
-[--json] [--out F] [--profile DIR]``.
+[--json] [--out F] [--profile DIR] [--idle-us US]``; ``--from F [--idle-us US]`` reports a saved run
+(``--idle-us``: also ``up`` projected for 1,000 real hosts, benchmarks/scalefit.py ``project_up``).
 The lab has max(N)+1 hosts and is removed at the end, whatever happens.
 """
 from __future__ import annotations
@@ -310,7 +311,7 @@ def slow_ratios(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[st
             "rc (slow)"], body
 
 
-def report(rows: Sequence[dict[str, Any]]) -> None:
+def report(rows: Sequence[dict[str, Any]], idle_us: float | None = None) -> None:
     print_columns(*scalefit.table(rows))
     slow = slow_ratios(rows)
     if slow[1]:
@@ -323,6 +324,11 @@ def report(rows: Sequence[dict[str, Any]]) -> None:
         at = "never" if found.hosts is None else f"N ≈ {found.hosts:,.0f}"
         print(f"  {found.limit.phase:<7} {found.limit.metric:<8} reaches {found.limit.what}: {at} "
               f"({found.fit.describe()})")
+    projected = scalefit.project_up(rows, idle_us) if idle_us is not None else None
+    if projected is not None:
+        print(f"\n  up of {projected.hosts:,} real hosts: {projected.wall:.1f} s against {projected.base} hosts' "
+              f"{projected.base_wall:.2f} s, ratio {projected.ratio:.1f} (goal <= 3; {projected.per_host * 1000:.1f} "
+              f"control CPU-ms a host of work, {idle_us:.0f} CPU-µs a host and second of waiting)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -340,7 +346,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out")
     parser.add_argument("--profile", metavar="DIR",
                         help="run the watch phase under cProfile, its stats in DIR (its CPU figures are then inflated)")
+    parser.add_argument("--from", dest="saved", metavar="FILE",
+                        help="report a run saved with --out instead of measuring (no lab)")
+    parser.add_argument("--idle-us", type=float, metavar="US",
+                        help="CPU-µs a silent connection costs per second (benchmarks.up_cost --idle): "
+                             "also project `up` for 1,000 real hosts with it")
     args = parser.parse_args(argv)
+    if args.saved:
+        report(json.loads(Path(args.saved).read_text())["rows"], idle_us=args.idle_us)
+        return 0
     sizes = sorted({int(s) for s in args.hosts.split(",") if s.strip()})
     if not sizes or sizes[0] < 1 or sizes[-1] + 1 > manylab.MAX_HOSTS:
         raise SystemExit(f"--hosts: sizes from 1 to {manylab.MAX_HOSTS - 1}")
@@ -361,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps(document, indent=1))
     else:
-        report(rows)
+        report(rows, idle_us=args.idle_us)
     return 0
 
 

@@ -147,3 +147,37 @@ def projection_table(rows: Sequence[Mapping], targets: Sequence[int] = (1000, 10
             if fit is not None:
                 body.append([phase, metric, fit.describe(), *(_cell(fit.at(n)) for n in targets)])
     return header, body
+
+
+@dataclass(frozen=True)
+class UpProjection:
+    """``up`` at ``hosts`` real hosts against ``base`` hosts (issue 46's "≤ 3× the 16-host time")."""
+    hosts: int
+    base: int
+    base_wall: float        # s: the measured ``up`` of ``base`` hosts
+    per_host: float         # control CPU-s a host of work (the wait's share taken out)
+    wall: float             # s: projected
+    ratio: float
+
+
+def project_up(rows: Sequence[Mapping], idle_us: float, *, hosts: int = 1000, base: int = 16) -> UpProjection | None:
+    """``up`` of ``hosts`` real hosts, from the measured sizes: each host's own work runs on that
+    host, so what grows is this machine's CPU. A phase's CPU is its work plus what its open
+    connections cost while it waits (``idle_us`` CPU-µs per host and second: keepalives,
+    paramiko's readers; benchmarks.up_cost --idle); on this lab the wait is the lab's own (all
+    hosts on this machine's cores), so it is taken out: work(N) = CPU(N) - idle·N·wall(N), fitted
+    by a line from ``base`` hosts up. The projected time W holds its own wait's cost:
+    W = wall(base) + slope·(hosts - base) + idle·hosts·W. None without ``base`` and a larger size."""
+    points = {row["hosts"]: row for row in rows if row["phase"] == "up" and row.get("cpu_s") is not None}
+    if base not in points or not any(n > base for n in points):
+        return None
+    idle = idle_us / 1e6
+    sizes = sorted(n for n in points if n >= base)
+    work = [points[n]["cpu_s"] - idle * n * points[n]["wall_s"] for n in sizes]
+    slope = fit_linear([float(n) for n in sizes], work).b if len(sizes) > 1 else 0.0
+    base_wall = points[base]["wall_s"]
+    share = idle * hosts
+    if share >= 1:
+        return UpProjection(hosts, base, base_wall, slope, math.inf, math.inf)
+    wall = (base_wall + slope * (hosts - base)) / (1 - share)
+    return UpProjection(hosts, base, base_wall, slope, wall, wall / base_wall)

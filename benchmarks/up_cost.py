@@ -13,7 +13,11 @@ against the default (``heard``). Per run: this process's CPU seconds (every thre
 seconds per phase of ``up`` (preflight, sync, start, ready: from its ``phase`` events), and their
 totals. Prints each run, then the medians and the ratio of the second way to the first.
 
-Usage (root): ``python -m benchmarks.up_cost [--hosts 64] [--pairs 2] [--compare sync|probes]``.
+``--idle S``: then, on the same lab, one SSH connection to every host held open and silent for S
+seconds, and what they cost this process meanwhile (keepalives, paramiko's readers): the part of
+a phase's CPU that grows with its wall time, not with its work.
+
+Usage (root): ``python -m benchmarks.up_cost [--hosts 64] [--pairs 2] [--compare sync|probes] [--idle 30]``.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from testbed import manylab  # noqa: E402
 
 from cluster.cli.base import _plan  # noqa: E402
 from cluster.events import Reporter  # noqa: E402
+from cluster.fanout import fan_out  # noqa: E402
 from cluster.lifecycle import tasks  # noqa: E402
 from cluster.lifecycle.updown import bring_down, bring_up  # noqa: E402
 from cluster.state import StateStore  # noqa: E402
@@ -79,11 +84,25 @@ def one_up(lab: manylab.ManyLab, n: int, work: Path, way: str, run: int) -> dict
             bring_down(name, store=store, reporter=Reporter(), grace=2, pool=pool)
 
 
+def idle_cost(lab: manylab.ManyLab, n: int, work: Path, seconds: float) -> float:
+    """CPU microseconds per host and second of ``n`` open, silent SSH connections."""
+    inventory = manylab.write_inventory(lab, work / "idle.yaml", hosts=n, workdirs="work-idle")
+    plan = _plan(str(inventory), name="idle", mode=None, port_base=None)
+    with TransportPool() as pool:
+        fan_out(list(plan.hosts), lambda host: pool.get(host).connect(), name="connect")
+        time.sleep(2.0)                    # the connections' own start settled
+        began = time.process_time()
+        time.sleep(seconds)
+        return (time.process_time() - began) / seconds / n * 1e6
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.up_cost", description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, default=64)
     parser.add_argument("--pairs", type=int, default=2, help="pairs of runs, alternated (default 2)")
     parser.add_argument("--compare", choices=("sync", "probes"), default="sync")
+    parser.add_argument("--idle", type=float, default=0.0, metavar="S",
+                        help="then hold a silent connection to every host for S seconds and print its cost")
     args = parser.parse_args(argv)
     first, second = ("direct", "relay") if args.compare == "sync" else ("every-round", "heard")
     order = [way for pair in range(args.pairs) for way in ((first, second) if pair % 2 == 0 else (second, first))]
@@ -100,6 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                   for p in phases)])
                 print(f"  run {run + 1} {way}: {spans['all'][0]:.2f} CPU-s, {spans['all'][1]:.1f} s", file=sys.stderr,
                       flush=True)
+            idle = idle_cost(lab, args.hosts, work, args.idle) if args.idle else None
+    if idle is not None:
+        print(f"{args.hosts} silent connections for {args.idle:g} s: {idle:.0f} CPU-µs per host and second "
+              f"({idle * args.hosts / 1e6:.3f} cores)")
+    if not rows:
+        return 0
     print(f"up of {args.hosts} hosts, CPU s / wall s of this process per phase")
     print_columns(["run", args.compare, *phases], rows)
     print()

@@ -326,3 +326,20 @@ def test_the_drain_benchmarks_idle_ps_trial_drains_the_only_ps_that_holds_variab
     assert plan.idle_ps == 1 and [(t.name, t.host) for t in plan.tasks_of("ps")] == [("ps:0", "p1"), ("ps:1", "main")]
     assert drain.drained_host("ps-idle", random.Random(0)) == "p1"
     assert drain.LAB_GROUPS["ps-idle"][0]["ps"][-1] == "node-1" and drain.LAB_GROUPS["ps-idle"][1] == ["node-2"]
+
+
+def test_up_cost_splits_a_runs_cpu_and_wall_by_phase(monkeypatch):
+    """benchmarks.up_cost: each phase event starts a span that ends at the next one (a phase met
+    twice adds up), and "all" spans from the clock's start to now."""
+    from benchmarks import up_cost
+    ticks = iter([0.0, 1.0, 3.0, 6.0, 10.0])
+    walls = iter([0.0, 2.0, 5.0, 9.0, 20.0])
+    monkeypatch.setattr(up_cost.time, "process_time", lambda: next(ticks))
+    monkeypatch.setattr(up_cost.time, "monotonic", lambda: next(walls))
+    clock = up_cost.PhaseClock()
+    for name in ("preflight", "sync", "preflight"):
+        clock.handle("phase", name=name)
+    clock.handle("check", name="ignored")
+    spans = clock.phases()
+    assert spans["preflight"] == (2.0 + 4.0, 3.0 + 11.0) and spans["sync"] == (3.0, 4.0)
+    assert spans["all"] == (10.0, 20.0)

@@ -2,6 +2,8 @@
 points that lie exactly on a line or a power, projections, the first limit reached, the table."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from benchmarks import scalefit
@@ -117,3 +119,19 @@ def test_an_http2_frame_header_round_trips():
     raw = standin.frame(standin.HEADERS, standin.END_HEADERS, 5, b"abc")
     assert standin._header(raw[:9]) == (3, standin.HEADERS, standin.END_HEADERS, 5)
     assert raw[9:] == b"abc"
+
+
+def test_up_is_projected_from_the_work_per_host_with_the_waits_share_taken_out():
+    """work = CPU - idle·N·wall, a line from 16 hosts up; W = (wall16 + slope·984) / (1 - idle·1000).
+    At 1 ms a host and second the 1,000 hosts' waiting alone takes a core: never done."""
+    rows = [{"hosts": 16, "phase": "up", "cpu_s": 1.0, "wall_s": 5.0},
+            {"hosts": 64, "phase": "up", "cpu_s": 3.0, "wall_s": 20.0},
+            {"hosts": 64, "phase": "check", "cpu_s": 99.0, "wall_s": 99.0}]
+    assert scalefit.project_up(rows, 1000.0).ratio == math.inf
+    projected = scalefit.project_up(rows, 100.0)
+    slope = ((3.0 - 0.0001 * 64 * 20) - (1.0 - 0.0001 * 16 * 5)) / 48
+    assert projected.per_host == pytest.approx(slope)
+    assert projected.wall == pytest.approx((5.0 + slope * 984) / 0.9)
+    assert projected.ratio == pytest.approx(projected.wall / 5.0)
+    assert scalefit.project_up(rows[1:], 100.0) is None            # no 16-host run
+    assert scalefit.project_up(rows[:1], 100.0) is None            # nothing larger
