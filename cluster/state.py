@@ -443,8 +443,9 @@ class StateWriter:
     """Serialises changes to one :class:`RunState` from several threads; each :meth:`change`
     returns once a save that holds it is on disk.
 
-    Saves are group commits: the changes other threads made while one save was being written
-    go to disk in the next save together, not one save each. A fan-out's threads recorded each
+    Saves are group commits: changes made while another thread waited for its turn to save (or
+    wrote its save) go to disk together in the next save, not one save each (32 threads making 8
+    changes each, 3 ms apart: 75-79 saves for 256 changes). A fan-out's threads recorded each
     host's start in a save of its own, the whole state each time: O(N²) bytes for N hosts, 2N
     saves of up to 2.4 MB (44 ms each) at 1,000 hosts (issue 46)."""
 

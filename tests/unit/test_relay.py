@@ -139,9 +139,7 @@ def test_peers_hand_out_the_least_busy_host_and_say_when_none_can_come():
     peers = relay.Peers(pending=1, per_peer=2)
     got: list = []
     waiter = threading.Thread(target=lambda: got.append(peers.take(timeout=30)))
-    waiter.start()                                   # waits: a seed is still syncing
-    time.sleep(0.05)
-    assert waiter.is_alive()
+    waiter.start()                  # a seed is still syncing: take() waits for it, not []
     first = relay.Peer("node-1", "127.0.0.1", 1)
     peers.add(first, seed=True)
     waiter.join(timeout=30)

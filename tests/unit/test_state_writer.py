@@ -12,12 +12,8 @@ from tests.unit.conftest import INVENTORIES
 
 
 def test_writer_aborts_when_down_or_a_new_up_took_the_cluster(tmp_path):
-    plan = plan_cluster(load_inventory(str(INVENTORIES / "local.yaml")),
-                        PlanOptions(local_python="python3", local_workdir="/w"))
-    store = StateStore(tmp_path)
-    mine = RunState(name=plan.name, plan=plan)
-    store.save(mine)
-    writer = StateWriter(store, mine, expect_phase="starting")
+    plan, writer = _a_starting_cluster(tmp_path)
+    store, mine = writer.store, writer.state
     writer.change(lambda s: s.synced.update({"localhost": "synced"}))
     assert store.load(plan.name).synced == {"localhost": "synced"}
 
@@ -35,15 +31,11 @@ def test_writer_aborts_when_down_or_a_new_up_took_the_cluster(tmp_path):
 def test_writer_reads_the_state_back_only_when_another_command_wrote_it(tmp_path, monkeypatch):
     """A supervisor writes once a second: re-reading the whole state each time grew with the
     cluster (issue 46); the file as this writer left it needs no second look."""
-    plan = plan_cluster(load_inventory(str(INVENTORIES / "local.yaml")),
-                        PlanOptions(local_python="python3", local_workdir="/w"))
-    store = StateStore(tmp_path)
-    mine = RunState(name=plan.name, plan=plan)
-    store.save(mine)
+    plan, writer = _a_starting_cluster(tmp_path)
+    store = writer.store
     loads = []
     real_load = store.load
     monkeypatch.setattr(store, "load", lambda name: loads.append(name) or real_load(name))
-    writer = StateWriter(store, mine, expect_phase="starting")
     for _ in range(5):
         writer.change(lambda s: None)
     assert len(loads) == 1                         # the first change only
@@ -76,3 +68,44 @@ def test_a_records_json_form_is_kept_while_the_same_record_is_in_the_state(tmp_p
     store = StateStore(tmp_path)
     store.save(RunState(name=plan.name, plan=plan, processes=[first, moved]))
     assert store.load(plan.name).processes == [first, moved]
+
+
+
+def test_changes_waiting_for_a_save_go_to_disk_together_in_one(tmp_path):
+    """Group commit (issue 46): 15 threads change the state while a save is under way (the test
+    holds the writer's save turn); each change() returns with its change on disk, and the 15
+    changes take one save between them, not 15."""
+    import threading
+
+    plan, writer = _a_starting_cluster(tmp_path)
+    mutated = threading.Semaphore(0)
+    on_disk: dict[int, bool] = {}
+
+    def change(i):
+        def mutate(s):
+            s.synced[f"h{i}"] = "synced"
+            mutated.release()
+        writer.change(mutate)
+        on_disk[i] = f"h{i}" in StateStore(tmp_path).load(plan.name).synced
+
+    with writer._saving:                       # a save under way: every change waits for its turn
+        threads = [threading.Thread(target=change, args=(i,)) for i in range(15)]
+        for thread in threads:
+            thread.start()
+        for _ in threads:
+            assert mutated.acquire(timeout=60)  # all 15 changed the state in memory
+        assert writer.saves == 0 and on_disk == {}
+    for thread in threads:
+        thread.join(60)
+    assert on_disk == {i: True for i in range(15)}
+    assert writer.saves == 1
+
+
+def _a_starting_cluster(tmp_path):
+    """The local inventory's plan, and a writer of its state as `up` has it (phase starting)."""
+    plan = plan_cluster(load_inventory(str(INVENTORIES / "local.yaml")),
+                        PlanOptions(local_python="python3", local_workdir="/w"))
+    store = StateStore(tmp_path)
+    state = RunState(name=plan.name, plan=plan)
+    store.save(state)
+    return plan, StateWriter(store, state, expect_phase="starting")
