@@ -6,6 +6,7 @@ at scale are benchmarks/scale.py's, not this test's."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 import pytest
@@ -43,8 +44,13 @@ def test_eight_hosts_come_up_through_the_relay_grow_by_one_and_go_down(lab_base,
     lab = manylab.ManyLab(hosts + 1, lab_base / f"many-{tmp_path.name}"[:60], subnet=manylab.free_subnet(80))
     with lab:
         base = port_base()
-        inventory = manylab.write_inventory(lab, tmp_path / "many.yaml", hosts=hosts, port_base=base)
-        grown = manylab.write_inventory(lab, tmp_path / "many9.yaml", hosts=hosts + 1, port_base=base)
+        # Workdirs of this run's own: the lab's folder outlives a run (LAB_BASE), and hosts that
+        # have the code already are sent nothing, relay or not.
+        workdirs = f"work-{os.getpid()}"
+        inventory = manylab.write_inventory(lab, tmp_path / "many.yaml", hosts=hosts, port_base=base,
+                                            workdirs=workdirs)
+        grown = manylab.write_inventory(lab, tmp_path / "many9.yaml", hosts=hosts + 1, port_base=base,
+                                        workdirs=workdirs)
         state = tmp_path / "state"
         try:
             up = run_cli(["up", str(inventory), "--name", "many", "--json"], state_dir=state, timeout=240)
@@ -56,7 +62,7 @@ def test_eight_hosts_come_up_through_the_relay_grow_by_one_and_go_down(lab_base,
             assert "relay failed" not in up.stderr
             expected = {f.rel: f.sha256 for f in code_files()}
             for i in range(1, hosts + 1):
-                copied = {f.rel: f.sha256 for f in code_files(lab.root_dir / "work" / f"node-{i}")}
+                copied = {f.rel: f.sha256 for f in code_files(lab.root_dir / workdirs / f"node-{i}")}
                 assert copied == expected, f"node-{i}"
             deadline = time.monotonic() + 15      # they end once up closes their channels
             while _relays() and time.monotonic() < deadline:
@@ -78,6 +84,7 @@ def test_eight_hosts_come_up_through_the_relay_grow_by_one_and_go_down(lab_base,
             assert ready == {i: f"node-{i + 1}" for i in range(hosts + 1)}
         finally:
             down = run_cli(["down", "--name", "many", "--grace", "2"], state_dir=state, timeout=240)
+            shutil.rmtree(lab.root_dir / workdirs, ignore_errors=True)
         assert down.returncode == 0, down.stderr
         assert_no_survivors("many")
     assert lab.leftovers() == []
