@@ -181,3 +181,56 @@ def project_up(rows: Sequence[Mapping], idle_us: float, *, hosts: int = 1000, ba
         return UpProjection(hosts, base, base_wall, slope, math.inf, math.inf)
     wall = (base_wall + slope * (hosts - base)) / (1 - share)
     return UpProjection(hosts, base, base_wall, slope, wall, wall / base_wall)
+
+
+@dataclass(frozen=True)
+class SpreadProjection:
+    """``up`` of ``hosts`` real hosts with the SSH connections in ``helpers`` helper processes
+    (cluster/transport/spread.py): ``parent_slope`` and ``helper_slope`` are CPU seconds per
+    host of the control process and of the helpers (their waiting taken out), ``parent_s`` the
+    control process's CPU beyond the base size's, ``helper_s`` the busiest helper's time for its
+    share, ``wall_s`` the projected time and ``ratio`` it over ``base_wall``."""
+    hosts: int
+    helpers: int
+    base: int
+    base_wall: float
+    parent_slope: float
+    helper_slope: float
+    parent_s: float
+    helper_s: float
+    wall_s: float
+    ratio: float
+
+
+def project_spread_up(base_wall: float, parent: Mapping[int, float], helpers: Mapping[int, tuple[float, float]],
+                      idle_us: float, *, hosts: int = 1000, helper_count: int = 8, base: int = 16) -> SpreadProjection:
+    """``up`` of ``hosts`` real hosts when ``helper_count`` helpers (each on a core of its own)
+    hold the connections, from ``base_wall`` (``up`` of ``base`` hosts, all in one process, as
+    below 128 hosts by default), ``parent`` (hosts -> the control process's CPU seconds in ``up``
+    with helpers) and ``helpers`` (hosts -> (the helpers' CPU seconds together, ``up``'s wall
+    seconds)), at two sizes or more each.
+
+    Each line is fitted over the sizes given. The helpers' connections cost ``idle_us`` while
+    they wait, as in :func:`project_up`, so that part is taken out of their measured CPU and
+    paid again for the projected wait. The control process's own idle cost is small (it holds
+    pipes, not connections) and stays in its slope. The two run at once, so the projected time
+    is the base time plus the longer of the two: the control process's work for the added
+    hosts, or the busiest helper's for its share (``hosts / helper_count`` hosts, all of its
+    work counted, not only the added hosts': on the safe side).
+
+    Raises:
+        ValueError: fewer than two sizes for either line, or ``helper_count`` below 1.
+    """
+    if len(parent) < 2 or len(helpers) < 2 or helper_count < 1:
+        raise ValueError("two sizes or more of each, and at least one helper")
+    idle = idle_us / 1e6
+    parent_fit = fit_linear([float(n) for n in sorted(parent)], [parent[n] for n in sorted(parent)])
+    helper_work = [helpers[n][0] - idle * n * helpers[n][1] for n in sorted(helpers)]
+    helper_fit = fit_linear([float(n) for n in sorted(helpers)], helper_work)
+    share = hosts / helper_count
+    parent_s = max(0.0, parent_fit.b) * (hosts - base)
+    waiting = idle * share
+    helper_s = math.inf if waiting >= 1 else max(0.0, helper_fit.b) * share / (1 - waiting)
+    wall = base_wall + max(parent_s, helper_s)
+    return SpreadProjection(hosts, helper_count, base, base_wall, parent_fit.b, helper_fit.b, parent_s, helper_s,
+                            wall, wall / base_wall)

@@ -1,7 +1,10 @@
 """What ``up`` costs the control process per phase, two ways alternated in one run (issue 46):
 ``--compare sync`` (default), the code sync direct against through the relay
 (cluster/hosts/relay.py); ``--compare probes``, readiness probes of every pending server each
-round against once its host says its port listens (cluster/lifecycle/tasks.py ``wait_ready``).
+round against once its host says its port listens (cluster/lifecycle/tasks.py ``wait_ready``);
+``--compare spread``, every SSH connection in this process (``PSCLUSTER_CONTROL_PROCESSES=0``)
+against held by ``--helpers K`` helper processes (cluster/transport/spread.py): then the table
+adds the helpers' CPU seconds in ``up`` (their sum, and the busiest one's).
 
 A many-hosts lab (testbed/manylab.py, root) of N hosts with stand-in servers; ``bring_up`` runs
 in this process on them (the CLI's own start-up left out), each host's workdir empty (11.9 MB
@@ -17,11 +20,12 @@ totals. Prints each run, then the medians and the ratio of the second way to the
 seconds, and what they cost this process meanwhile (keepalives, paramiko's readers): the part of
 a phase's CPU that grows with its wall time, not with its work.
 
-Usage (root): ``python -m benchmarks.up_cost [--hosts 64] [--pairs 2] [--compare sync|probes] [--idle 30]``.
+Usage (root): ``python -m benchmarks.up_cost [--hosts 64] [--pairs 2] [--compare sync|probes|spread] [--helpers 2] [--idle 30]``.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -41,7 +45,7 @@ from cluster.fanout import fan_out  # noqa: E402
 from cluster.lifecycle import tasks  # noqa: E402
 from cluster.lifecycle.updown import bring_down, bring_up  # noqa: E402
 from cluster.state import StateStore  # noqa: E402
-from cluster.transport import TransportPool  # noqa: E402
+from cluster.transport import TransportPool, spread  # noqa: E402
 
 
 class PhaseClock(Reporter):
@@ -65,23 +69,41 @@ class PhaseClock(Reporter):
         return spans
 
 
-def one_up(lab: manylab.ManyLab, n: int, work: Path, way: str, run: int) -> dict[str, tuple[float, float]]:
+def one_up(lab: manylab.ManyLab, n: int, work: Path, way: str, run: int,
+           helpers: int = 2) -> dict[str, tuple[float, float]]:
     name = f"cost{run}"
     inventory = manylab.write_inventory(lab, work / f"{name}.yaml", hosts=n, workdirs=f"work-{name}",
                                         extra_vars={"pscluster_sync_relay": way != "direct"})
     store = StateStore(work / "state")
     clock = PhaseClock()
     every_round = tasks.PROBE_EVERY_ROUND
+    setting = os.environ.get(spread.ENV)
     with TransportPool() as pool:
         plan = _plan(str(inventory), name=name, mode=None, port_base=None)
         try:
             if way == "every-round":
                 tasks.PROBE_EVERY_ROUND = n + 1
+            if way in ("one", "spread"):
+                os.environ[spread.ENV] = str(helpers if way == "spread" else 0)
             bring_up(plan, store=store, reporter=clock, pool=pool)
-            return clock.phases()
+            spans = clock.phases()
+            cpus = [helper_cpu(pid) for pid in pool.helper_pids()]
+            spans["helpers"] = (sum(cpus), 0.0)
+            spans["busiest"] = (max(cpus, default=0.0), 0.0)
+            return spans
         finally:
             tasks.PROBE_EVERY_ROUND = every_round
+            if setting is None:
+                os.environ.pop(spread.ENV, None)
+            else:
+                os.environ[spread.ENV] = setting
             bring_down(name, store=store, reporter=Reporter(), grace=2, pool=pool)
+
+
+def helper_cpu(pid: int) -> float:
+    """A helper process's CPU seconds so far (user and system, from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def idle_cost(lab: manylab.ManyLab, n: int, work: Path, seconds: float) -> float:
@@ -100,20 +122,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.up_cost", description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, default=64)
     parser.add_argument("--pairs", type=int, default=2, help="pairs of runs, alternated (default 2)")
-    parser.add_argument("--compare", choices=("sync", "probes"), default="sync")
+    parser.add_argument("--compare", choices=("sync", "probes", "spread"), default="sync")
+    parser.add_argument("--helpers", type=int, default=2, help="helper processes with --compare spread (default 2)")
     parser.add_argument("--idle", type=float, default=0.0, metavar="S",
                         help="then hold a silent connection to every host for S seconds and print its cost")
     args = parser.parse_args(argv)
-    first, second = ("direct", "relay") if args.compare == "sync" else ("every-round", "heard")
+    first, second = {"sync": ("direct", "relay"), "probes": ("every-round", "heard"),
+                     "spread": ("one", "spread")}[args.compare]
     order = [way for pair in range(args.pairs) for way in ((first, second) if pair % 2 == 0 else (second, first))]
     results: dict[str, list[dict[str, tuple[float, float]]]] = {first: [], second: []}
-    phases = ("preflight", "sync", "start", "ready", "all")
+    phases: tuple[str, ...] = ("preflight", "sync", "start", "ready", "all")
+    if args.compare == "spread":
+        phases += ("helpers", "busiest")
     rows = []
     with tempfile.TemporaryDirectory(prefix="pscluster-upcost-") as tmp:
         work = Path(tmp)
         with manylab.ManyLab(args.hosts, work / "lab") as lab:
             for run, way in enumerate(order):
-                spans = one_up(lab, args.hosts, work, way, run)
+                spans = one_up(lab, args.hosts, work, way, run, args.helpers)
                 results[way].append(spans)
                 rows.append([str(run + 1), way, *(f"{spans.get(p, (0, 0))[0]:.2f} / {spans.get(p, (0, 0))[1]:.1f}"
                                                   for p in phases)])

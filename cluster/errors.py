@@ -30,6 +30,18 @@ class PsclusterError(Exception):
             text += f"\n  hint: {self.hint}"
         return text
 
+    def __reduce__(self):
+        # Subclasses take other constructor arguments than ``args`` holds, so pickle rebuilds
+        # from the attributes: an error crosses from a helper process (transport/spread.py) whole.
+        return _rebuilt, (type(self), self.args, dict(self.__dict__))
+
+
+def _rebuilt(kind: type[PsclusterError], args: tuple, attributes: dict) -> PsclusterError:
+    error = kind.__new__(kind)
+    Exception.__init__(error, *args)
+    error.__dict__.update(attributes)
+    return error
+
 
 class UsageError(PsclusterError):
     """A command-line request that cannot be honoured (unknown cluster, bad task name)."""

@@ -1263,7 +1263,8 @@ def op_unlisten(req):
 
 
 def op_connect(req):
-    """TCP connections from this host to each ``[address, port]``: "ok", "refused", "timed out"."""
+    """TCP connections from this host to each ``[address, port]``: "ok", "refused", "timed out"
+    (``failed_only``: only the others, and how many were "ok")."""
     import socket
     import threading
     results = {}
@@ -1284,6 +1285,9 @@ def op_connect(req):
         thread.start()
     for thread in threads:
         thread.join()
+    if req.get("failed_only"):      # the "ok"s counted, not listed: N hosts would send N² of them
+        failed = {target: outcome for target, outcome in results.items() if outcome != "ok"}
+        return {"results": failed, "ok": len(results) - len(failed)}
     return {"results": results}
 
 

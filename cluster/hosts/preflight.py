@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Mapping
 from dataclasses import dataclass
 
 from . import gpus, hostops
@@ -19,6 +20,7 @@ from ..inventory import Inventory
 from ..plan import ClusterPlan, HostSpec, TaskSpec, loopback_addresses
 from ..transport import TransportPool
 from ..transport.limits import ensure_open_files
+from ..transport.spread import ENV as _SPREAD_ENV
 
 MIN_TF = (2, 16)        # Keras 3 era; the drivers in roles/ are written against it
 MAX_PARALLEL = 64
@@ -245,29 +247,44 @@ def check_reach(plan: ClusterPlan, pool: TransportPool, hosts: list[HostSpec]) -
         return hostops.call(pool.get(host), "listen", {"ports": ports, "address": address,
                                                        "seconds": listen_seconds(len(hosts))})
 
-    def connect(host: HostSpec):
-        targets = sorted({(task.address, task.port) for task in tasks if task.host != host.name and task.port in
-                          (listening.get(task.host) or {}).get("bound", ())})
-        return hostops.call(pool.get(host), "connect", {"targets": targets, "timeout": REACH_TIMEOUT},
-                            timeout=REACH_TIMEOUT + 60)["results"]
+    def connect(host: HostSpec) -> dict[str, str]:
+        targets = [target for target, owner in bound if owner != host.name]
+        answer = hostops.call(pool.get(host), "connect", {"targets": targets, "timeout": REACH_TIMEOUT,
+                                                          "failed_only": True}, timeout=REACH_TIMEOUT + 60)
+        attempts[host.name] = len(targets)
+        return answer["results"]
 
     # catch=HostError: a host that fails here is left out quietly (its own checks already say why)
     listening = fan_out(hosts, listen, name="reach listen", catch=HostError, max_workers=MAX_PARALLEL).ok
+    # every listening port once, in order, with its host: built once, not per host from every task
+    # (at 1,000 hosts that was 2 million steps here), and the answers name only what failed
+    bound = sorted({(task.address, task.port): task.host for task in tasks
+                    if task.port in (listening.get(task.host) or {}).get("bound", ())}.items())
+    attempts: dict[str, int] = {}
     try:
         reached = fan_out(hosts, connect, name="reach connect", catch=HostError, max_workers=MAX_PARALLEL).ok
     finally:     # the ports must be free again before the servers start
         fan_out([host for host in hosts if listening.get(host.name)],
                 lambda host: hostops.call(pool.get(host), "unlisten", listening[host.name]),
                 name="reach unlisten", catch=HostError, max_workers=MAX_PARALLEL)
-    return reach_results([host.name for host in hosts], tasks, reached)
+    owners: dict[str, int] = {}
+    for (address, port), owner in bound:
+        owners[f"{address}:{port}"] = owner in reached      # it tried no port of its own
+    tried = {target: len(reached) - own for target, own in owners.items()}
+    return reach_results([host.name for host in hosts], tasks, reached, tried=tried,
+                         attempts={source: attempts[source] for source in reached})
 
 
 REACH_NAMED = 5        # blocked peers named in one line; the rest are counted
 
 
-def reach_results(hosts: list[str], tasks: list[TaskSpec], reached: dict[str, dict[str, str]]) -> list[CheckResult]:
+def reach_results(hosts: list[str], tasks: list[TaskSpec], reached: Mapping[str, Mapping[str, str]], *,
+                  tried: Mapping[str, int] | None = None,
+                  attempts: Mapping[str, int] | None = None) -> list[CheckResult]:
     """The reach check's verdicts from each host's connect outcomes (``reached``: host →
-    ``{"address:port": "ok" | "timed out" | "refused" | ...}``), one line per finding:
+    ``{"address:port": "ok" | "timed out" | "refused" | ...}``), one line per finding. With
+    ``tried`` (target → how many hosts tried it) and ``attempts`` (host → how many targets it
+    tried), ``reached`` may hold the failed outcomes only, as ``up`` gets them:
 
     * a port that none of at least two peers reached is blamed on its own host, once
       (``node-12:2222 answered none of its 63 peers (timed out)``): a firewall there;
@@ -276,12 +293,17 @@ def reach_results(hosts: list[str], tasks: list[TaskSpec], reached: dict[str, di
     * a host that reached every peer it tried passes.
     """
     by_target = {task.target: task for task in tasks}
-    tried: dict[str, dict[str, str]] = {}                   # target -> {source: outcome}
+    if tried is None or attempts is None:
+        tried, attempts = {}, {source: len(reached.get(source) or {}) for source in hosts}
+        for source in hosts:
+            for target in reached.get(source) or {}:
+                tried[target] = tried.get(target, 0) + 1
+    failed: dict[str, dict[str, str]] = {}                   # target -> {source: outcome}, not "ok"
     for source in hosts:
         for target, outcome in (reached.get(source) or {}).items():
-            tried.setdefault(target, {})[source] = outcome
-    dead = {target for target, seen in tried.items()
-            if len(seen) >= 2 and all(outcome != "ok" for outcome in seen.values())}
+            if outcome != "ok":
+                failed.setdefault(target, {})[source] = outcome
+    dead = {target for target, seen in failed.items() if tried.get(target, 0) >= 2 and len(seen) >= tried[target]}
 
     def where(target: str) -> str:
         peer = by_target.get(target)
@@ -295,7 +317,7 @@ def reach_results(hosts: list[str], tasks: list[TaskSpec], reached: dict[str, di
         return (order.get(peer.host, len(hosts)), peer.port, target) if peer else (len(hosts), 0, target)
 
     for target in sorted(dead, key=rank):
-        seen = tried[target]
+        seen = failed[target]
         seen_as = ", ".join(sorted(set(seen.values())))
         peer = by_target.get(target)
         owner, port = (peer.host, str(peer.port)) if peer else (target, target.rpartition(":")[2])
@@ -304,10 +326,10 @@ def reach_results(hosts: list[str], tasks: list[TaskSpec], reached: dict[str, di
                                    hint=f"a firewall on {owner} (or its route) blocks port {port}; "
                                         "TensorFlow would hang there"))
     for source in hosts:
-        tried_here = reached.get(source) or {}
+        failed_here = {target: outcome for target, outcome in (reached.get(source) or {}).items() if outcome != "ok"}
         blocked: dict[str, list[str]] = {}
-        for target, outcome in sorted(tried_here.items(), key=lambda item: rank(item[0])):
-            if outcome != "ok" and target not in dead:
+        for target, outcome in sorted(failed_here.items(), key=lambda item: rank(item[0])):
+            if target not in dead:
                 blocked.setdefault(outcome, []).append(where(target))
         for outcome, peers in blocked.items():
             named = ", ".join(peers[:REACH_NAMED]) + (f" and {len(peers) - REACH_NAMED} more"
@@ -315,8 +337,8 @@ def reach_results(hosts: list[str], tasks: list[TaskSpec], reached: dict[str, di
             results.append(CheckResult(source, "reach", False, f"{source} → {named} {outcome}",
                                        hint="a firewall or route between these hosts blocks the port; "
                                             "TensorFlow would hang there"))
-        if tried_here and not blocked and not any(target in dead for target in tried_here):
-            results.append(CheckResult(source, "reach", True, f"reaches {len(tried_here)} peer port(s)"))
+        if attempts.get(source) and not failed_here:
+            results.append(CheckResult(source, "reach", True, f"reaches {attempts[source]} peer port(s)"))
     return results
 
 
@@ -379,6 +401,10 @@ def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, *,
     if plan.auto_gpu_hosts:        # the CLI resolves them first (resolve_auto_gpus): a bug if not
         raise PsclusterError(f"<role>_gpus: auto is not resolved on {', '.join(plan.auto_gpu_hosts)}")
     ensure_open_files(len(plan.hosts))       # before the first connection, not at the 1,000th
+    helpers = pool.spread(plan.hosts)     # many SSH hosts: their connections in helper processes
+    if helpers:
+        reporter.emit("message", text=f"the SSH connections are held by {helpers} helper process(es) "
+                                      f"(transport/spread.py; {_SPREAD_ENV}=0: none)")
     reporter.emit("phase", name="preflight", detail=f"{len(plan.hosts)} host(s)")
 
     def one(host: HostSpec) -> tuple[hostops.HostFacts, float]:

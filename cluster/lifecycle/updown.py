@@ -194,7 +194,9 @@ def bring_down(name: str, *, store: StateStore, reporter: Reporter, grace: float
             if state is None:
                 raise StateError(f"no state for cluster {name!r}")
             # a connection per host to stop on (issue 46), refused before the phase changes
-            ensure_open_files(len(records_by_host(state.live_records())))
+            held = set(records_by_host(state.live_records()))
+            ensure_open_files(len(held))
+            pool.spread([host for host in state.plan.hosts if host.name in held])    # many: helper processes
             state.phase = Phase.STOPPING
             store.save(state)
         # A detached supervisor (train/run --detach) ends too: from now on it can record nothing

@@ -115,6 +115,34 @@ class Stream:
             except queue.Empty:
                 return found
 
+    def wait_lines(self) -> list[str]:
+        """The next lines, waiting until at least one has come or the stream ended (then ``[]``
+        and ``closed``): for one thread that relays a stream whole (transport/spread.py)."""
+        if self._ready is None:
+            while True:
+                try:
+                    found = [self._queue.get(timeout=0.2)]
+                except queue.Empty:
+                    if self.closed and self._queue.empty():
+                        return []
+                    continue
+                return found + self.lines()
+        with self._pulling:
+            while not self.closed:
+                try:
+                    chunk = self._read_chunk()
+                except Exception as exc:   # as in _pump
+                    self.error = f"{type(exc).__name__}: {exc}"
+                    self.closed = True
+                    break
+                if not chunk:
+                    self.closed = True
+                    break
+                found = self._feed(chunk)
+                if found:
+                    return found
+            return []
+
     def close(self) -> None:
         self.closed_here = True     # first: what the command says as it ends (a watch's notice) is ours
         try:

@@ -1,7 +1,8 @@
 """The many-hosts lab (testbed/manylab.py) at its smallest: eight SSH hosts on its /16, whose
 standing servers are stand-ins (testbed/standin.py) reached through ``pscluster_python``, brought
 up (the code through the relay: two seeds copied to, the others fetching from peers, issue 46),
-probed, grown by one host and brought down by the real CLI, leaving nothing behind. The figures
+probed, grown by one host and brought down by the real CLI, leaving nothing behind; ``up`` and
+``down`` with their SSH connections in two helper processes (cluster/transport/spread.py). The figures
 at scale are benchmarks/scale.py's, not this test's."""
 from __future__ import annotations
 
@@ -38,6 +39,19 @@ def _relays() -> list[int]:
     return found
 
 
+def _helpers() -> list[int]:
+    """pscluster's helper processes (cluster/transport/spread.py) alive on this machine."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if "cluster.transport.spread" in _cmdline(int(entry)):
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
 def test_eight_hosts_come_up_through_the_relay_grow_by_one_and_go_down(lab_base, tmp_path):
     hosts = relay.RELAY_MIN_HOSTS
     assert hosts == 8, "the test's lab is the relay's smallest"
@@ -52,9 +66,15 @@ def test_eight_hosts_come_up_through_the_relay_grow_by_one_and_go_down(lab_base,
         grown = manylab.write_inventory(lab, tmp_path / "many9.yaml", hosts=hosts + 1, port_base=base,
                                         workdirs=workdirs)
         state = tmp_path / "state"
+        # the SSH connections in two helper processes (cluster/transport/spread.py; by default
+        # from 128 hosts): the code sync, the starts and the probes go through them
+        helpers = {"PSCLUSTER_CONTROL_PROCESSES": "2"}
         try:
-            up = run_cli(["up", str(inventory), "--name", "many", "--json"], state_dir=state, timeout=240)
+            up = run_cli(["up", str(inventory), "--name", "many", "--json"], state_dir=state, timeout=240,
+                         env=helpers)
             assert up.returncode == 0, up.stderr
+            assert "held by 2 helper process(es)" in up.stderr, up.stderr
+            assert _helpers() == [], "a helper process outlived up"
             sent = {line.split(":")[0].strip(): line for line in up.stderr.splitlines() if "file(s) sent" in line}
             assert sorted(sent) == [f"node-{i}" for i in range(1, hosts + 1)], up.stderr
             seeds = [name for name, line in sent.items() if " from " not in line.split(":", 1)[1]]
@@ -83,8 +103,9 @@ def test_eight_hosts_come_up_through_the_relay_grow_by_one_and_go_down(lab_base,
             ready = {t["index"]: t["host"] for t in status["tasks"] if t["role"] == "ps" and t["state"] == "ready"}
             assert ready == {i: f"node-{i + 1}" for i in range(hosts + 1)}
         finally:
-            down = run_cli(["down", "--name", "many", "--grace", "2"], state_dir=state, timeout=240)
+            down = run_cli(["down", "--name", "many", "--grace", "2"], state_dir=state, timeout=240, env=helpers)
             shutil.rmtree(lab.root_dir / workdirs, ignore_errors=True)
         assert down.returncode == 0, down.stderr
+        assert _helpers() == [], "a helper process outlived down"
         assert_no_survivors("many")
     assert lab.leftovers() == []

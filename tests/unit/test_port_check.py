@@ -41,3 +41,16 @@ def test_a_free_port_is_free():
     with closing(listener(socket.AF_INET, "127.0.0.1")) as sock:
         port = sock.getsockname()[1]
     assert busy(port) == []
+
+
+def test_connect_names_only_the_failures_when_asked_and_counts_the_rest():
+    """The reach check's connects (issue 46): with ``failed_only`` the "ok"s are counted, not listed."""
+    with closing(listener(socket.AF_INET, "127.0.0.1")) as one, closing(listener(socket.AF_INET, "127.0.0.1")) as two:
+        free = listener(socket.AF_INET, "127.0.0.1")
+        closed = free.getsockname()[1]
+        free.close()                 # nothing listens there now: refused
+        targets = [["127.0.0.1", one.getsockname()[1]], ["127.0.0.1", two.getsockname()[1]], ["127.0.0.1", closed]]
+        every = hostctl.op_connect({"targets": targets, "timeout": 5})["results"]
+        assert sorted(every.values()) == ["ok", "ok", "refused"]
+        assert hostctl.op_connect({"targets": targets, "timeout": 5, "failed_only": True}) == \
+            {"results": {f"127.0.0.1:{closed}": "refused"}, "ok": 2}

@@ -267,6 +267,25 @@ def test_reach_many_blocked_paths_make_one_line_per_host_and_outcome():
     assert line == "node-1 → node-2:2222, node-3:2222, node-4:2222, node-5:2222, node-6:2222 and 14 more timed out"
 
 
+@pytest.mark.parametrize("outcome", [
+    lambda s, t: "ok",
+    lambda s, t: "timed out" if (s, t) == (2, 3) else "ok",
+    lambda s, t: "timed out" if t == 4 else "ok",
+    lambda s, t: "refused" if s == 1 and t % 2 else ("timed out" if s == 1 else "ok"),
+])
+def test_reach_verdicts_from_failures_and_counts_are_those_from_every_outcome(outcome):
+    """``up`` asks hosts for their failed connects only, with how many they tried (issue 46: N
+    hosts sent N² "ok"s); the verdicts must not change."""
+    from cluster.hosts.preflight import reach_results
+    hosts = [f"node-{i}" for i in range(1, 9)]
+    every = _all_to_all(8, outcome)
+    failed_only = {source: {t: o for t, o in found.items() if o != "ok"} for source, found in every.items()}
+    tried = {f"127.77.0.{t}:2222": 7 for t in range(1, 9)}
+    attempts = {source: 7 for source in hosts}
+    assert reach_results(hosts, _reach_tasks(8), failed_only, tried=tried, attempts=attempts) == \
+        reach_results(hosts, _reach_tasks(8), every)
+
+
 def test_reach_names_blocked_peers_in_inventory_order_whatever_order_they_answered_in():
     from cluster.hosts.preflight import reach_results
     reached = _all_to_all(4, lambda s, t: "timed out" if s == 1 else "ok")

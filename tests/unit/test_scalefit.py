@@ -135,3 +135,20 @@ def test_up_is_projected_from_the_work_per_host_with_the_waits_share_taken_out()
     assert projected.ratio == pytest.approx(projected.wall / 5.0)
     assert scalefit.project_up(rows[1:], 100.0) is None            # no 16-host run
     assert scalefit.project_up(rows[:1], 100.0) is None            # nothing larger
+
+
+def test_up_with_helpers_is_the_base_time_plus_the_longer_of_the_control_process_and_the_busiest_helper():
+    parent = {64: 0.5 + 0.004 * 64, 256: 0.5 + 0.004 * 256}            # 4 ms a host here
+    # helpers: 20 ms a host of work, plus 100 µs a host and second while up waits 30 s
+    helpers = {64: (0.8 + 0.020 * 64 + 1e-4 * 64 * 30, 30.0), 256: (0.8 + 0.020 * 256 + 1e-4 * 256 * 30, 30.0)}
+    projected = scalefit.project_spread_up(6.0, parent, helpers, 100.0, hosts=1000, helper_count=8)
+    assert projected.parent_slope == pytest.approx(0.004) and projected.helper_slope == pytest.approx(0.020)
+    assert projected.parent_s == pytest.approx(0.004 * 984)
+    assert projected.helper_s == pytest.approx(0.020 * 125 / (1 - 1e-4 * 125))      # its wait paid again
+    assert projected.wall_s == pytest.approx(6.0 + 0.004 * 984)       # the control process is the longer
+    assert projected.ratio == pytest.approx(projected.wall_s / 6.0)
+    one_helper = scalefit.project_spread_up(6.0, parent, helpers, 100.0, hosts=1000, helper_count=1)
+    assert one_helper.wall_s == pytest.approx(6.0 + 0.020 * 1000 / (1 - 0.1))     # the helper is
+    assert scalefit.project_spread_up(6.0, parent, helpers, 1000.0, helper_count=1).wall_s == math.inf
+    with pytest.raises(ValueError):
+        scalefit.project_spread_up(6.0, {64: 1.0}, helpers, 100.0)

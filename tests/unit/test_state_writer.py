@@ -71,6 +71,32 @@ def test_a_records_json_form_is_kept_while_the_same_record_is_in_the_state(tmp_p
 
 
 
+def test_the_saved_text_is_the_states_json_byte_for_byte_as_records_change(tmp_path):
+    """Issue 46: a save joins the kept texts of the plan and of unchanged records; the file must
+    be what ``json.dumps(state.to_json())`` writes, through every kind of change."""
+    import dataclasses
+    import json
+
+    from cluster.contracts import ProcessKind
+    from cluster.state import ProcessRecord
+
+    plan, writer = _a_starting_cluster(tmp_path)
+    path = writer.store.path(plan.name)
+    first = ProcessRecord.for_task("worker:0", "h1", ProcessKind.TRAIN, 1, "/l/w0.log", job=1)
+    second = ProcessRecord.for_task("ps:0", "h2", ProcessKind.SERVER, 1, "/l/p0.log")
+    changes = [lambda s: s.replace_records([first, second]),
+               lambda s: s.replace_record(dataclasses.replace(second, pid=42)),      # one record changes
+               lambda s: setattr(s, "message", 'a "quoted" message\nwith ünïcode'),
+               lambda s: s.synced.update({"h1": "abc"}),
+               lambda s: setattr(s, "processes", [])]
+    for change in changes:
+        writer.change(change)
+        text = path.read_text(encoding="utf-8")
+        assert text == json.dumps(writer.state.to_json())
+        assert json.loads(json.dumps(writer.store.load(plan.name).to_json())) == json.loads(text)
+    assert writer.saves == len(changes)
+
+
 def test_changes_waiting_for_a_save_go_to_disk_together_in_one(tmp_path):
     """Group commit (issue 46): 15 threads change the state while a save is under way (the test
     holds the writer's save turn); each change() returns with its change on disk, and the 15
