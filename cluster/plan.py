@@ -169,6 +169,10 @@ class ClusterPlan:
     def task(self, name: str) -> TaskSpec:
         return self._tasks_by_name[name]
 
+    def tasks_on(self, host: str) -> tuple[TaskSpec, ...]:
+        """The tasks placed on ``host``, in plan order (an index: not a scan of every task per host)."""
+        return self._tasks_by_host.get(host, ())
+
     @property
     def leader(self) -> TaskSpec:
         """The task that drives a training job and keeps its checkpoints: the chief in async mode,
@@ -184,6 +188,13 @@ class ClusterPlan:
     @functools.cached_property
     def _tasks_by_name(self) -> dict[str, TaskSpec]:
         return {task.name: task for task in self.tasks}
+
+    @functools.cached_property
+    def _tasks_by_host(self) -> dict[str, tuple[TaskSpec, ...]]:
+        grouped: dict[str, list[TaskSpec]] = {}
+        for task in self.tasks:
+            grouped.setdefault(task.host, []).append(task)
+        return {host: tuple(tasks) for host, tasks in grouped.items()}
 
     @functools.cached_property
     def _cluster_json(self) -> str:

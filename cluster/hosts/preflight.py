@@ -126,7 +126,7 @@ def check_host(plan: ClusterPlan, host: HostSpec, facts: hostops.HostFacts, conn
                tensorflow: TensorFlowNeed = TensorFlowNeed.REQUIRED) -> list[CheckResult]:
     """The checks of one host, from what it reported (pure)."""
     name = host.name
-    tasks = [task for task in plan.tasks if task.host == name]
+    tasks = list(plan.tasks_on(name))
     results = [
         CheckResult(name, reach_check(host), True, "local (no SSH)" if host.is_local else
                     f"{'docker exec' if host.connection == 'docker' else 'connected'} in {connect_seconds:.2f} s"),
@@ -242,8 +242,8 @@ def check_reach(plan: ClusterPlan, pool: TransportPool, hosts: list[HostSpec]) -
     tasks = [task for task in plan.tasks if task.host in names]
 
     def listen(host: HostSpec):
-        ports = sorted({task.port for task in tasks if task.host == host.name})
-        address = next(task.address for task in tasks if task.host == host.name)   # its family: IPv4 or IPv6
+        ports = sorted({task.port for task in plan.tasks_on(host.name)})
+        address = plan.tasks_on(host.name)[0].address       # its family: IPv4 or IPv6
         return hostops.call(pool.get(host), "listen", {"ports": ports, "address": address,
                                                        "seconds": listen_seconds(len(hosts))})
 
@@ -412,8 +412,8 @@ def run_preflight(plan: ClusterPlan, pool: TransportPool, reporter: Reporter, *,
         began = time.monotonic()
         transport.connect()
         connected = time.monotonic() - began
-        ports = [task.port for task in plan.tasks if task.host == host.name]
-        gpus = any(task.cuda_visible_devices for task in plan.tasks if task.host == host.name)
+        ports = [task.port for task in plan.tasks_on(host.name)]
+        gpus = any(task.cuda_visible_devices for task in plan.tasks_on(host.name))
         return hostops.facts(transport, ports=ports, gpus=gpus, workdir=host.workdir,
                              tools=("nft",) if plan.firewall else (), need_root=plan.firewall,
                              tf_keras=host.keras == "legacy"), connected

@@ -153,7 +153,7 @@ class RelaySync:
 
     def _address(self, host: HostSpec) -> str:
         """Where the other hosts reach it: its tasks' address (the one the cluster uses)."""
-        return next((task.address for task in self.plan.tasks if task.host == host.name), host.address)
+        return next((task.address for task in self.plan.tasks_on(host.name)), host.address)
 
     def _serve(self, host: HostSpec, peers: list[Peer]) -> dict:
         """hostctl ``relay`` on ``host``: fetch from ``peers`` (none: a seed), then serve."""

@@ -178,7 +178,7 @@ def _relayed_sync(tmp_path, monkeypatch, count, direct_copies=True):
                 raise HostError(host.name, f"copying failed: {exc}") from None
         return SyncResult(host.name, len(files), sum(f.size for f in files), 0, False)
 
-    plan = SimpleNamespace(tasks=())
+    plan = SimpleNamespace(tasks=(), tasks_on=lambda host: ())
     destination = {host.name: host.workdir for host in hosts}
     try:
         result = relay.RelaySync(plan, pool, files, destination, one).run(hosts)
