@@ -58,7 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def record(run: int, n: int, way: str, spans: dict) -> dict[str, Any]:
         row = {"hosts": n, "way": way, "cpu_s": spans["all"][0], "wall_s": spans["all"][1],
-               "helpers_cpu_s": spans["helpers"][0], "busiest_cpu_s": spans["busiest"][0]}
+               "helpers_cpu_s": spans["helpers"][0], "busiest_cpu_s": spans["busiest"][0],
+               "phases_cpu_s": {phase: round(cpu, 3) for phase, (cpu, _) in spans.items()
+                                if phase not in ("all", "helpers", "busiest")}}
         rows.append(row)
         print(f"  run {run + 1}: {n} hosts {way}: {row['cpu_s']:.2f} CPU-s here, helpers {row['helpers_cpu_s']:.2f}, "
               f"{row['wall_s']:.1f} s", file=sys.stderr, flush=True)

@@ -21,6 +21,7 @@ Slurm steps are synced directly; fewer than :data:`RELAY_MIN_HOSTS` such writers
 """
 from __future__ import annotations
 
+import heapq
 import json
 import secrets
 import threading
@@ -87,12 +88,11 @@ class Peers:
         deadline = time.monotonic() + timeout
         with self._cond:
             while not self._closed:
-                free = [p for p in self._peers if p.busy < self._per_peer]
-                if free:
-                    chosen = min(free, key=lambda p: (p.busy, p.given))
-                    chosen.busy += 1
-                    others = sorted((p for p in self._peers if p is not chosen), key=lambda p: (p.busy, p.given))
-                    return [chosen, *others[:2]]
+                # the three least busy in one pass (a sort of every peer per take grew as N² log N)
+                best = heapq.nsmallest(3, self._peers, key=lambda p: (p.busy, p.given))
+                if best and best[0].busy < self._per_peer:
+                    best[0].busy += 1
+                    return best
                 waiting = self._pending > 0 or any(p.busy for p in self._peers)
                 left = deadline - time.monotonic()
                 if not waiting or left <= 0:
@@ -127,9 +127,10 @@ def _first_line(stream: Stream, timeout: float) -> dict:
                 return json.loads(line)
         if stream.closed:
             raise OSError(stream.error or "the relay ended without a word")
-        if time.monotonic() > deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:
             raise TimeoutError(f"no answer in {timeout:.0f} s")
-        time.sleep(pause)
+        stream.wait(left, poll=pause)
         pause = min(0.05, pause * 2)
 
 

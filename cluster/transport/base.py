@@ -12,6 +12,7 @@ import os
 import posixpath
 import queue
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -54,10 +55,11 @@ class Stream:
     """
 
     def __init__(self, read_chunk: Callable[[], bytes], close: Callable[[], None], *,
-                 ready: Callable[[], bool] | None = None):
+                 ready: Callable[[], bool] | None = None, wait: Callable[[float], None] | None = None):
         self._read_chunk = read_chunk
         self._close = close
         self._ready = ready
+        self._wait = wait
         self._queue: queue.Queue[str] = queue.Queue()
         self._buffer = b""
         self._pulling = threading.Lock()     # (the supervisor's thread alone pulls; a lock costs nothing)
@@ -114,6 +116,15 @@ class Stream:
                 found.append(self._queue.get_nowait())
             except queue.Empty:
                 return found
+
+    def wait(self, timeout: float, *, poll: float) -> None:
+        """Until output may have come or the stream ended, at most ``timeout`` seconds; a stream
+        that cannot say so (an SSH channel's) sleeps ``poll`` seconds instead: a relayed stream
+        (transport/spread.py) is waited on, not polled, by the many threads of a code sync."""
+        if self._wait is not None:
+            self._wait(timeout)
+        else:
+            time.sleep(max(0.0, min(timeout, poll)))
 
     def wait_lines(self) -> list[str]:
         """The next lines, waiting until at least one has come or the stream ended (then ``[]``

@@ -130,6 +130,11 @@ class _Relayed:
     def ready(self) -> bool:
         return bool(self.chunks) or self.ended
 
+    def wait(self, timeout: float) -> None:
+        with self.arrived:
+            if not self.chunks and not self.ended:
+                self.arrived.wait(timeout)
+
     def read(self) -> bytes:
         with self.arrived:
             while not self.chunks and not self.ended:
@@ -275,7 +280,8 @@ class SpreadTransport(Transport):
     def stream(self, argv: Sequence[str], *, stdin: bytes | None = None) -> Stream:
         relayed = _Relayed()
         ident = self.helper.call(self.host, "stream", tuple(argv), stdin, stream=relayed)
-        return Stream(relayed.read, lambda: self.helper.call(self.host, "close_stream", ident), ready=relayed.ready)
+        return Stream(relayed.read, lambda: self.helper.call(self.host, "close_stream", ident), ready=relayed.ready,
+                      wait=relayed.wait)
 
     def put_files(self, files: Sequence[tuple[str, str]], *, root: str, mode: int | None = None) -> None:
         self.helper.call(self.host, "put_files", tuple(files), root, mode)

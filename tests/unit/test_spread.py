@@ -171,3 +171,21 @@ def test_wait_lines_waits_for_a_pulled_stream_and_sees_its_end():
     assert stream.wait_lines() == ["two"]
     assert stream.wait_lines() == [] and stream.closed and stream.error is None
     assert chunks == [b"never"]      # nothing read after the end
+
+
+def test_a_relayed_stream_is_waited_on_not_polled(helper, tmp_path):
+    """The relay's many threads wait for a first line (cluster/hosts/relay.py ``_first_line``):
+    a relayed stream wakes its waiter when a line comes, well before the wait's limit."""
+    transport = SpreadTransport(host("localhost", tmp_path), helper)
+    stream = transport.stream(["sh", "-c", "read go; echo $go"], stdin=b"now\n")
+    began = time.monotonic()
+    lines: list[str] = []
+    while not lines:
+        stream.wait(60.0, poll=60.0)
+        lines = stream.lines()
+        assert time.monotonic() - began < 50, "the wait ran to its limit: no line woke it"
+    assert lines == ["now"]
+    while not stream.closed:         # its end wakes it too
+        stream.wait(60.0, poll=60.0)
+        assert stream.lines() == []
+        assert time.monotonic() - began < 50, "the wait ran to its limit: the end did not wake it"
