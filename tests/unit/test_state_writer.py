@@ -100,6 +100,36 @@ def test_the_saved_text_is_the_states_json_byte_for_byte_as_records_change(tmp_p
     assert writer.saves == len(changes)
 
 
+def test_a_save_right_after_another_waits_for_the_changes_under_way_to_join_it(tmp_path, monkeypatch):
+    """Issue 46: in a burst (a save within COMMIT_BURST of the last), the saver pauses first; the
+    changes other threads make meanwhile go to disk with its own, in one save. Deterministic: the
+    pause is the test's, and returns once the other changes are made."""
+    import threading
+
+    from cluster import state as state_module
+
+    plan, writer = _a_starting_cluster(tmp_path)
+    writer.change(lambda s: setattr(s, "message", "first"))      # no burst before it: saved at once
+    assert writer.saves == 1
+    others: list[threading.Thread] = []
+
+    def pause() -> None:
+        for i in range(6):
+            thread = threading.Thread(target=writer.change, args=(lambda s, i=i: s.synced.update({f"h{i}": "x"}),))
+            thread.start()
+            others.append(thread)
+        while writer._changed < 1 + 1 + 6:     # the first, the pausing one's, and the six
+            threading.Event().wait(0.001)
+
+    monkeypatch.setattr(state_module, "_commit_pause", pause)
+    writer.change(lambda s: setattr(s, "message", "second"))
+    for thread in others:
+        thread.join(10)
+    assert writer.saves == 2, "the six changes made during the pause needed saves of their own"
+    on_disk = writer.store.load(plan.name)
+    assert on_disk.message == "second" and on_disk.synced == {f"h{i}": "x" for i in range(6)}
+
+
 def test_changes_waiting_for_a_save_go_to_disk_together_in_one(tmp_path):
     """Group commit (issue 46): 15 threads change the state while a save is under way (the test
     holds the writer's save turn); each change() returns with its change on disk, and the 15
