@@ -40,7 +40,10 @@ from benchmarks.common import print_columns  # noqa: E402
 from testbed import manylab  # noqa: E402
 
 from cluster.cli.base import _plan  # noqa: E402
-from cluster.events import Reporter  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+from cluster.console.live import RichReporter  # noqa: E402
+from cluster.events import Reporter, TeeReporter  # noqa: E402
 from cluster.fanout import fan_out  # noqa: E402
 from cluster.lifecycle import tasks  # noqa: E402
 from cluster.lifecycle.updown import bring_down, bring_up  # noqa: E402
@@ -70,7 +73,9 @@ class PhaseClock(Reporter):
 
 
 def one_up(lab: manylab.ManyLab, n: int, work: Path, way: str, run: int,
-           helpers: int = 2) -> dict[str, tuple[float, float]]:
+           helpers: int = 2, *, display: bool = False) -> dict[str, tuple[float, float]]:
+    """``up`` of ``n`` hosts in this process (``display``: its events also rendered as the CLI
+    renders them, to a file, not a terminal), then ``down``; per phase (CPU s, wall s)."""
     name = f"cost{run}"
     inventory = manylab.write_inventory(lab, work / f"{name}.yaml", hosts=n, workdirs=f"work-{name}",
                                         extra_vars={"pscluster_sync_relay": way != "direct"})
@@ -85,7 +90,15 @@ def one_up(lab: manylab.ManyLab, n: int, work: Path, way: str, run: int,
                 tasks.PROBE_EVERY_ROUND = n + 1
             if way in ("one", "spread"):
                 os.environ[spread.ENV] = str(helpers if way == "spread" else 0)
-            bring_up(plan, store=store, reporter=clock, pool=pool)
+            if display:
+                with open(os.devnull, "w") as sink:
+                    rich = RichReporter(Console(file=sink, no_color=True, highlight=False, emoji=False, width=200))
+                    try:
+                        bring_up(plan, store=store, reporter=TeeReporter(clock, rich), pool=pool)
+                    finally:
+                        rich.close()
+            else:
+                bring_up(plan, store=store, reporter=clock, pool=pool)
             spans = clock.phases()
             cpus = [helper_cpu(pid) for pid in pool.helper_pids()]
             spans["helpers"] = (sum(cpus), 0.0)

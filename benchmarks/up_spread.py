@@ -6,8 +6,8 @@ In one run, on one lab (testbed/manylab.py, stand-in servers, every host's workd
 ``up`` of ``--base`` hosts as a user gets it (below 128 hosts: every connection in the control
 process), then ``up`` of each ``--sizes`` with ``--helpers K`` helpers, then ``up`` of the
 largest size again with every connection in the control process, for the ratio. Each ``up`` runs
-in this process (benchmarks/up_cost.py ``one_up``, the CLI's start-up left out) and is brought
-down after. Per run: this process's CPU seconds, the helpers' (together, and the busiest one's),
+in this process (benchmarks/up_cost.py ``one_up``, the CLI's start-up left out, its progress
+display kept: rendered as ``pscluster up`` renders it into a file) and is brought down after. Per run: this process's CPU seconds, the helpers' (together, and the busiest one's),
 wall seconds.
 
 Then the projection (benchmarks/scalefit.py ``project_spread_up``): a line through the control
@@ -70,12 +70,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = Path(tmp)
         with manylab.ManyLab(max(*sizes, args.base), work / "lab") as lab:
             run = 0
-            base = record(run, args.base, "one", one_up(lab, args.base, work, "one", run))
+            base = record(run, args.base, "one", one_up(lab, args.base, work, "one", run, display=True))
             for n in sizes:
                 run += 1
-                record(run, n, "spread", one_up(lab, n, work, "spread", run, args.helpers))
+                record(run, n, "spread", one_up(lab, n, work, "spread", run, args.helpers, display=True))
             run += 1
-            record(run, sizes[-1], "one", one_up(lab, sizes[-1], work, "one", run))
+            record(run, sizes[-1], "one", one_up(lab, sizes[-1], work, "one", run, display=True))
 
     print(f"up, this process's CPU (every connection here: 'one'; {args.helpers} helpers: 'spread') and the helpers'")
     print_columns(["hosts", "way", "CPU s here", "ms a host", "helpers CPU s", "busiest helper", "wall s"],

@@ -214,7 +214,13 @@ def validated(kind: str, data: Mapping[str, Any]) -> dict[str, Any]:
         event = event_type(**data)
     except TypeError as exc:
         raise UnknownEvent(f"event {kind!r}: {exc}") from None
-    return {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+    names = _FIELD_NAMES.get(event_type)
+    if names is None:       # kept per type: ~10 events a host in `up` (issue 46)
+        names = _FIELD_NAMES[event_type] = tuple(f.name for f in dataclasses.fields(event))
+    return {name: getattr(event, name) for name in names}
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 @dataclass(frozen=True)

@@ -273,6 +273,7 @@ class SpreadTransport(Transport):
     def __init__(self, host: HostSpec, helper: Helper):
         super().__init__(host)
         self.helper = helper
+        self._direct = False
 
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0) -> CommandResult:
         return self.helper.call(self.host, "run", tuple(argv), stdin, timeout)
@@ -290,7 +291,13 @@ class SpreadTransport(Transport):
         raise NotImplementedError("put_files is the helper's")      # never reached: put_files above
 
     def tunnel(self, address: str, port: int) -> str | None:
-        return self.helper.call(self.host, "tunnel", address, port)
+        # None (no jump host: go direct) stays None for the process's life; asked once, not at
+        # every readiness probe. A tunnel's address is asked each time: the helper revives it.
+        if self._direct:
+            return None
+        found = self.helper.call(self.host, "tunnel", address, port)
+        self._direct = found is None
+        return found
 
     def forward(self, address: str, port: int, *, local_port: int = 0) -> str | None:
         return self.helper.call(self.host, "forward", address, port, local_port)

@@ -93,6 +93,7 @@ def test_commands_streams_and_copies_run_in_the_helper(helper, tmp_path):
     assert outside.value.hint and "never written" in outside.value.hint
     assert not (tmp_path.parent / "elsewhere.sh").exists()
     assert transport.describe() is None and transport.ended() is None
+    assert transport.tunnel("127.0.0.1", 2222) is None and transport._direct      # asked once, then known
     transport.reset()
     transport.close()
     assert transport.run(["true"]).ok          # closed transports reconnect, as every transport does
