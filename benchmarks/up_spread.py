@@ -7,8 +7,8 @@ In one run, on one lab (testbed/manylab.py, stand-in servers, every host's workd
 process), then ``up`` of each ``--sizes`` with ``--helpers K`` helpers, then ``up`` of the
 largest size again with every connection in the control process, for the ratio. Each ``up`` runs
 in this process (benchmarks/up_cost.py ``one_up``, the CLI's start-up left out, its progress
-display kept: rendered as ``pscluster up`` renders it into a file) and is brought down after. Per run: this process's CPU seconds, the helpers' (together, and the busiest one's),
-wall seconds.
+display kept: rendered as ``pscluster up`` renders it into a file) and is brought down after.
+Per run: this process's CPU seconds, the helpers' (together, and the busiest one's), wall seconds.
 
 Then the projection (benchmarks/scalefit.py ``project_spread_up``): a line through the control
 process's CPU and one through the helpers' (their waiting, ``--idle-us`` CPU-µs a connection and
