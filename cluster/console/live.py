@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any, Sequence
 
 from rich import box
@@ -22,6 +23,9 @@ from .base import _first_line, _plain, escape
 from .tables import _bench_outcome
 
 
+ROWS_SHOWN = 32      # tasks shown a row each; beyond, one row counts them
+
+
 class RichReporter(Reporter):
     """Live progress for ``up``, ``down``, ``check`` and ``train``."""
 
@@ -31,6 +35,9 @@ class RichReporter(Reporter):
         self._progress: Progress | None = None
         self._rows: dict[str, TaskID] = {}
         self._checks: list[dict] = []
+        self._states: dict[str, str] = {}       # task@host -> starting | waiting | ready, this display's
+        self._counts: Counter[str] = Counter()   # tasks in each state
+        self._summary: TaskID | None = None      # the one row that counts them, past ROWS_SHOWN
 
     # -- task progress rows
     def _ensure_progress(self) -> Progress:
@@ -45,6 +52,9 @@ class RichReporter(Reporter):
             self._progress.stop()
             self._progress = None
             self._rows.clear()
+            self._states.clear()
+            self._counts.clear()
+            self._summary = None
 
     def _say(self, text: str) -> None:
         (self._progress.console if self._progress else self.console).print(text)
@@ -94,24 +104,40 @@ class RichReporter(Reporter):
         if relay_error:
             self._say(f"  [yellow]{escape(host)}: the relay failed, sent directly: {escape(relay_error)}[/]")
 
-    def _row(self, task: str, host: str) -> TaskID:
+    def _row(self, task: str, host: str, state: str, description: str, *, done: bool = False) -> None:
+        """Show ``task@host`` in ``state``: its own row, or past ROWS_SHOWN tasks one row of
+        counts (rich renders every row at each change: N rows cost N² in `up`, issue 46)."""
         progress = self._ensure_progress()
         key = f"{task}@{host}"
+        before = self._states.get(key)
+        if before is not None:
+            self._counts[before] -= 1
+        self._states[key] = state
+        self._counts[state] += 1
+        if self._summary is None and len(self._states) > ROWS_SHOWN:
+            for row in self._rows.values():
+                progress.remove_task(row)
+            self._rows.clear()
+            self._summary = progress.add_task("", total=None)
+        if self._summary is not None:
+            counts = self._counts
+            progress.update(self._summary, total=len(self._states), completed=counts["ready"],
+                            description=f"{len(self._states)} task(s): {counts['ready']} ready, "
+                                        f"{counts['waiting']} started and waiting, {counts['starting']} starting")
+            return
         if key not in self._rows:
             self._rows[key] = progress.add_task(f"{escape(key):<24} starting", total=1)
-        return self._rows[key]
+        progress.update(self._rows[key], description=f"{escape(key):<24} {description}", completed=1 if done else None)
 
     def _on_task_starting(self, task: str, host: str) -> None:
-        self._row(task, host)
+        self._row(task, host, "starting", "starting")
 
     def _on_task_started(self, task: str, host: str, pid: int) -> None:
-        self._ensure_progress().update(self._row(task, host),
-                                       description=f"{escape(task + '@' + host):<24} pid {pid}, waiting")
+        self._row(task, host, "waiting", f"pid {pid}, waiting")
 
     def _on_task_ready(self, task: str, host: str, devices: Sequence[str], seconds: float) -> None:
         shown = ", ".join(device.rsplit("/", 1)[-1] for device in devices)
-        self._ensure_progress().update(self._row(task, host), completed=1,
-                                       description=f"{escape(task + '@' + host):<24} [green]ready[/] ({escape(shown)})")
+        self._row(task, host, "ready", f"[green]ready[/] ({escape(shown)})", done=True)
 
     def _on_task_failed(self, task: str, host: str, error: str) -> None:
         self._say(f"  [red]✗ {escape(task)}@{escape(host)}[/]: {escape(error)}")

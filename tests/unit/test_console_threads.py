@@ -55,3 +55,24 @@ def test_task_started_from_many_threads_at_once_keeps_every_row(monkeypatch):
     assert len(reporter._rows) == 8
     assert sorted(reporter._rows.values()) == sorted(task.id for task in reporter._progress.tasks)
     reporter.close()
+
+
+def test_past_32_tasks_one_row_counts_them_instead_of_a_row_each():
+    """Issue 46: rich renders every row at each change, so a row per task cost N² in `up` of
+    many hosts; past ``ROWS_SHOWN`` tasks the rows give way to one that counts them."""
+    out = io.StringIO()
+    reporter = ui.RichReporter(Console(file=out, force_terminal=False, width=120))
+    for i in range(live.ROWS_SHOWN):
+        reporter.emit("task-starting", task=f"ps:{i}", host=f"node-{i}")
+    assert len(reporter._progress.tasks) == live.ROWS_SHOWN         # few: a row each, as before
+    many = 1000
+    for i in range(live.ROWS_SHOWN, many):
+        reporter.emit("task-starting", task=f"ps:{i}", host=f"node-{i}")
+    for i in range(many):
+        reporter.emit("task-started", task=f"ps:{i}", host=f"node-{i}", pid=1000 + i)
+    for i in range(600):
+        reporter.emit("task-ready", task=f"ps:{i}", host=f"node-{i}", devices=("/device:CPU:0",), seconds=1.0)
+    (row,) = reporter._progress.tasks
+    assert row.description == "1000 task(s): 600 ready, 400 started and waiting, 0 starting"
+    assert (row.completed, row.total) == (600, 1000)
+    reporter.close()
