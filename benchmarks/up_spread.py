@@ -17,14 +17,17 @@ there by default on a control machine of ``--cores`` cores, each helper on a cor
 This machine's 2 cores also run the lab's hosts, so no wall time measured here shows helpers
 working side by side; what the projection takes from here is CPU per host.
 
+``--repeat R``: every size R times, in turn, and the medians.
+
 Usage (root): ``python -m benchmarks.up_spread [--sizes 32,64,128,256] [--base 16] [--helpers 2]
-[--idle-us 203] [--cores 16 4] [--json F]``.
+[--repeat 1] [--idle-us 203] [--cores 16 4] [--json F]``.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -41,6 +44,11 @@ from testbed import manylab  # noqa: E402
 from cluster.transport import spread  # noqa: E402
 
 
+def median_row(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Each figure's median over ``rows`` (runs of one size and way)."""
+    return {key: statistics.median(r[key] for r in rows) for key in ("cpu_s", "wall_s", "helpers_cpu_s", "busiest_cpu_s")}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.up_spread", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="32,64,128,256", help="host counts of the runs with helpers")
@@ -51,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cores", type=int, nargs="+", default=[16, 4],
                         help="control machines' cores to project for (default 16 4)")
     parser.add_argument("--target", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each size, alternated; medians (default 1)")
     parser.add_argument("--json", metavar="F", help="also write the runs and projections to F")
     args = parser.parse_args(argv)
     sizes = sorted({int(size) for size in args.sizes.split(",")})
@@ -70,25 +79,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         work = Path(tmp)
         with manylab.ManyLab(max(*sizes, args.base), work / "lab") as lab:
             run = 0
-            base = record(run, args.base, "one", one_up(lab, args.base, work, "one", run, display=True))
-            for n in sizes:
-                run += 1
-                record(run, n, "spread", one_up(lab, n, work, "spread", run, args.helpers, display=True))
-            run += 1
+            for _ in range(args.repeat):
+                for n in (args.base, *sizes):
+                    way = "one" if n == args.base else "spread"
+                    record(run, n, way, one_up(lab, n, work, way, run, args.helpers, display=True))
+                    run += 1
             record(run, sizes[-1], "one", one_up(lab, sizes[-1], work, "one", run, display=True))
 
     print(f"up, this process's CPU (every connection here: 'one'; {args.helpers} helpers: 'spread') and the helpers'")
     print_columns(["hosts", "way", "CPU s here", "ms a host", "helpers CPU s", "busiest helper", "wall s"],
                   [[str(r["hosts"]), r["way"], f"{r['cpu_s']:.2f}", f"{r['cpu_s'] / r['hosts'] * 1000:.1f}",
                     f"{r['helpers_cpu_s']:.2f}", f"{r['busiest_cpu_s']:.2f}", f"{r['wall_s']:.1f}"] for r in rows])
+    medians = {(n, way): median_row([r for r in rows if (r["hosts"], r["way"]) == (n, way)])
+               for n, way in {(r["hosts"], r["way"]) for r in rows}}
+    if args.repeat > 1:
+        print(f"\nmedians of {args.repeat} runs")
+        print_columns(["hosts", "way", "CPU s here", "ms a host", "helpers CPU s", "busiest helper", "wall s"],
+                      [[str(n), way, f"{r['cpu_s']:.2f}", f"{r['cpu_s'] / n * 1000:.1f}", f"{r['helpers_cpu_s']:.2f}",
+                        f"{r['busiest_cpu_s']:.2f}", f"{r['wall_s']:.1f}"] for (n, way), r in sorted(medians.items())])
     largest = sizes[-1]
-    one = next(r for r in rows if r["hosts"] == largest and r["way"] == "one")
-    spread_row = next(r for r in rows if r["hosts"] == largest and r["way"] == "spread")
+    base = medians[(args.base, "one")]
+    one = medians[(largest, "one")]
+    spread_row = medians[(largest, "spread")]
     print(f"\nat {largest} hosts, this process's CPU with helpers / without: "
           f"{spread_row['cpu_s']:.2f} / {one['cpu_s']:.2f} = {spread_row['cpu_s'] / one['cpu_s']:.2f}; "
           f"all CPU (here + helpers) / without: {(spread_row['cpu_s'] + spread_row['helpers_cpu_s']) / one['cpu_s']:.2f}")
-    parent = {r["hosts"]: r["cpu_s"] for r in rows if r["way"] == "spread"}
-    helpers = {r["hosts"]: (r["helpers_cpu_s"], r["wall_s"]) for r in rows if r["way"] == "spread"}
+    parent = {n: r["cpu_s"] for (n, way), r in medians.items() if way == "spread"}
+    helpers = {n: (r["helpers_cpu_s"], r["wall_s"]) for (n, way), r in medians.items() if way == "spread"}
     projections = []
     for cores in args.cores:
         count = spread.helpers_for(args.target, setting="", cores=cores)
@@ -104,7 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"{p['wall_s']:.1f}", f"{p['ratio']:.2f}"] for p in projections])
     if args.json:
         Path(args.json).write_text(json.dumps({"config": {"sizes": sizes, "base": args.base, "helpers": args.helpers,
-                                                          "idle_us": args.idle_us, "cpus": os.cpu_count()},
+                                                          "idle_us": args.idle_us, "cpus": os.cpu_count(),
+                                                          "repeat": args.repeat},
                                                "runs": rows, "projections": projections}, indent=1) + "\n")
     return 0
 

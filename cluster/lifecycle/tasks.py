@@ -189,6 +189,15 @@ def check_ports_free(tasks: Iterable[TaskSpec], pool: TransportPool, plan: Clust
 PROBE_EVERY_ROUND = 16     # pending servers up to which each is probed every round, as it ever was
 PROBE_UNHEARD = 2.0        # above that, seconds between probes of a server whose port its host has not seen listen
 PROBE_BACKOFF = (0.1, 1.0)  # a listening server that does not answer yet: again after 0.1 s, doubling to 1 s
+# Seconds between two rounds: 0.1, and from ROUND_HOSTS hosts a thousandth of a second per host,
+# up to ROUND_MAX. A round reads every host's watch stream, so at 0.1 s the rounds alone grew with
+# hosts × seconds waited (issue 46); 1,000 hosts then say they are ready within half a second.
+ROUND_PAUSE, ROUND_HOSTS, ROUND_MAX = 0.1, 100, 0.5
+
+
+def round_pause(hosts: int) -> float:
+    """Seconds between two rounds of :func:`wait_ready` over ``hosts`` hosts' watch streams."""
+    return min(ROUND_MAX, max(ROUND_PAUSE, hosts / ROUND_HOSTS * ROUND_PAUSE))
 
 
 class _ProbeSchedule:
@@ -244,6 +253,7 @@ def wait_ready(plan: ClusterPlan, records: dict[str, ProcessRecord], pool: Trans
     streams = {host: hostops.watch(pool.get(plan.host(host)), host_records, [], interval=0.25,
                                    ports={record.key: plan.task(record.task).port for record in host_records})
                for host, host_records in records_by_host(list(records.values())).items()}
+    pause = round_pause(len(streams))
     try:
         while pending:
             for name in list(pending):
@@ -270,7 +280,7 @@ def wait_ready(plan: ClusterPlan, records: dict[str, ProcessRecord], pool: Trans
                                 hint="a slow host may need a longer --timeout; otherwise the log says why")
             if idle is not None:
                 idle()
-            time.sleep(0.1)
+            time.sleep(pause)
     finally:
         for stream in streams.values():
             stream.close()

@@ -141,3 +141,12 @@ def test_the_schedule_backs_off_a_listening_server_that_does_not_answer_yet():
         before = schedule.due["a"]
         schedule.failed("a")
         assert schedule.backoff["a"] == min(want * 2, tasks.PROBE_BACKOFF[1]) and schedule.due["a"] > before
+
+
+def test_rounds_space_out_with_the_hosts_up_to_half_a_second():
+    """Issue 46: a round reads every host's watch stream; 0.1 s apart for up to 100 hosts, then
+    a thousandth of a second a host, at most 0.5 s (1,000 hosts say they are ready within it)."""
+    from cluster.lifecycle.tasks import round_pause
+    assert [round_pause(n) for n in (1, 16, 100)] == [0.1, 0.1, 0.1]
+    assert round_pause(256) == pytest.approx(0.256)
+    assert round_pause(1000) == round_pause(10000) == 0.5
