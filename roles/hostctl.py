@@ -1263,8 +1263,8 @@ def op_unlisten(req):
 
 
 def op_connect(req):
-    """TCP connections from this host to each ``[address, port]``: "ok", "refused", "timed out"
-    (``failed_only``: only the others, and how many were "ok")."""
+    """TCP connections from this host to each ``[address, port]`` but those in ``skip``: "ok",
+    "refused", "timed out" (``failed_only``: only the others, and how many were "ok")."""
     import socket
     import threading
     results = {}
@@ -1280,7 +1280,9 @@ def op_connect(req):
         except OSError as exc:
             results["%s:%d" % (address, port)] = exc.strerror or str(exc)
 
-    threads = [threading.Thread(target=one, args=(address, port)) for address, port in req["targets"]]
+    skip = set((address, port) for address, port in req.get("skip", ()))      # its own ports
+    threads = [threading.Thread(target=one, args=(address, port)) for address, port in req["targets"]
+               if (address, port) not in skip]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -51,8 +51,9 @@ def hostctl_argv(transport: Transport, operation: str, program: bytes) -> list[s
     return ["sudo", "-n", "-H", "-u", become, *argv] if become else argv
 
 
-def call(transport: Transport, operation: str, request: dict, *, timeout: float = 60.0) -> dict:
-    """Run one hostctl operation on the transport's host and return its JSON answer.
+def call(transport: Transport, operation: str, request: dict | bytes, *, timeout: float = 60.0) -> dict:
+    """Run one hostctl operation on the transport's host and return its JSON answer
+    (``request``: a JSON object, or its encoded text when the caller built it).
 
     Raises:
         HostError: the interpreter is missing, the program failed, or it reported an error.
@@ -61,7 +62,8 @@ def call(transport: Transport, operation: str, request: dict, *, timeout: float 
     python = transport.host.python
     program = packed_source()
     argv = hostctl_argv(transport, operation, program)
-    result = transport.run(argv, stdin=program + json.dumps(request).encode(), timeout=timeout)
+    body = request if isinstance(request, bytes) else json.dumps(request).encode()
+    result = transport.run(argv, stdin=program + body, timeout=timeout)
     shown = [python, "-c", "<pscluster hostctl>", operation]
     if result.exit_code == 127 or "No such file or directory" in result.stderr and not result.stdout:
         raise HostError(transport.host.name, f"interpreter {python!r} not found", argv=shown,

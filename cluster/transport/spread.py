@@ -18,8 +18,9 @@ the SSH packets of each command; the helpers' work runs on other cores. Errors c
 they arrive (a thread per open stream in the helper, none here); a tunnel or forward listens in
 the helper, on this machine, so its address works here as it is.
 
-A helper ignores Ctrl-C (this process decides what to stop, and needs the connections for it)
-and ends when this process closes its stdin, or dies: then every transport it held is closed.
+A helper ignores Ctrl-C, SIGTERM and SIGHUP (this process decides what to stop, and needs the
+connections for it: a signal to the process group reaches both) and ends when this process
+closes its stdin, or dies: then every transport it held is closed.
 If a helper dies first, every call to its hosts fails at once with a
 :class:`~cluster.errors.HostError` that says so and quotes the helper's last words.
 
@@ -403,7 +404,11 @@ class _Server:
 
 def main() -> int:
     """Serve calls from stdin until it ends (``python -m cluster.transport.spread``)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is for the control process to act on
+    # Ctrl-C, and SIGTERM/SIGHUP sent to the process group, are for the control process to act on:
+    # it stops what it started through the connections held here (cli/base.py), and then closes
+    # this helper's stdin; its death closes the stdin too.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     # (its open-files limit is the control process's, raised for every host before it spread)
     source: IO[bytes] = sys.stdin.buffer
     out: IO[bytes] = sys.stdout.buffer

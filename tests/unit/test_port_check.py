@@ -54,3 +54,12 @@ def test_connect_names_only_the_failures_when_asked_and_counts_the_rest():
         assert sorted(every.values()) == ["ok", "ok", "refused"]
         assert hostctl.op_connect({"targets": targets, "timeout": 5, "failed_only": True}) == \
             {"results": {f"127.0.0.1:{closed}": "refused"}, "ok": 2}
+
+
+def test_connect_skips_the_hosts_own_ports():
+    """Every host gets one list of every port and skips its own (issue 46: a list per host cost
+    the control process N² to encode)."""
+    with closing(listener(socket.AF_INET, "127.0.0.1")) as mine, closing(listener(socket.AF_INET, "127.0.0.1")) as peer:
+        own, other = ["127.0.0.1", mine.getsockname()[1]], ["127.0.0.1", peer.getsockname()[1]]
+        answer = hostctl.op_connect({"targets": [own, other], "skip": [own], "timeout": 5})
+        assert answer == {"results": {f"127.0.0.1:{other[1]}": "ok"}}

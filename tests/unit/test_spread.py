@@ -136,11 +136,14 @@ def test_a_dead_helper_fails_its_calls_at_once_and_says_so(tmp_path):
         helper.close()
 
 
-def test_a_helper_ignores_ctrl_c_and_ends_with_its_stdin(helper, tmp_path):
+def test_a_helper_ignores_ctrl_c_and_termination_and_ends_with_its_stdin(helper, tmp_path):
+    """A signal to the process group must leave the helper to the control process, which stops
+    what it started through the helper's connections first (cli/base.py)."""
     transport = SpreadTransport(host("localhost", tmp_path), helper)
     assert transport.run(["true"]).ok         # it has started and set its handlers
-    os.kill(helper.process.pid, signal.SIGINT)
-    assert transport.run(["echo", "still here"]).stdout == "still here\n"
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        os.kill(helper.process.pid, sig)
+        assert transport.run(["echo", "still here"]).stdout == "still here\n"
     helper.close()
     assert helper.process.returncode == 0
 
