@@ -345,8 +345,10 @@ class _Server:
             pass
 
     def handle(self, ident: int, op: str, name: str, args: tuple) -> None:
-        transport = self.transports[name]
-        try:
+        try:            # every request is answered, whatever goes wrong: the caller waits for it
+            transport = self.transports.get(name)
+            if transport is None:
+                raise PsclusterError(f"helper: no host {name!r} here (its description never came)")
             if op == "stream":
                 stream = transport.stream(args[0], stdin=args[1])
                 with self._lock:
@@ -421,7 +423,10 @@ def main() -> int:
                 return 0
             ident, op, host, args = message
             if isinstance(host, HostSpec):
-                server.transports[host.name] = server._open(host)
+                try:
+                    server.transports[host.name] = server._open(host)
+                except Exception as exc:    # answered as the call's error (handle finds no transport)
+                    print(f"helper: cannot open a transport to {host.name}: {exc}", file=sys.stderr)
                 host = host.name
             threading.Thread(target=server.handle, args=(ident, op, host, args), daemon=True).start()
     finally:

@@ -193,3 +193,12 @@ def test_a_relayed_stream_is_waited_on_not_polled(helper, tmp_path):
         stream.wait(60.0, poll=60.0)
         assert stream.lines() == []
         assert time.monotonic() - began < 50, "the wait ran to its limit: the end did not wake it"
+
+
+def test_a_call_for_a_host_the_helper_never_heard_of_is_answered_with_an_error(helper, tmp_path):
+    """Every request gets an answer, whatever goes wrong in the helper: the caller waits for it."""
+    from cluster.errors import PsclusterError
+    helper._hosts.add("ghost")          # as if its description had been lost on the way
+    with pytest.raises(PsclusterError, match="no host 'ghost' here"):
+        SpreadTransport(host("ghost", tmp_path), helper).run(["true"])
+    assert SpreadTransport(host("localhost", tmp_path), helper).run(["true"]).ok    # the helper goes on
