@@ -52,6 +52,13 @@ def down_counting_left(name: str, state_dir: Path) -> tuple[subprocess.Completed
     return down, len(cluster_pids(name))
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """A process's CPU seconds so far, its threads' user and system time (from /proc)."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")      # utime, stime
+
+
 def print_columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     """``rows`` under ``header`` in left-aligned columns, with a dashed rule under the header."""
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]

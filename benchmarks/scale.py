@@ -41,14 +41,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks import scalefit  # noqa: E402
-from benchmarks.common import print_columns  # noqa: E402
+from benchmarks.common import print_columns, process_cpu_seconds  # noqa: E402
 from testbed import manylab  # noqa: E402
 from testbed.procs import cluster_pids, socket_inodes  # noqa: E402
 
 from cluster.errors import PsclusterError  # noqa: E402
 from cluster.state import StateStore  # noqa: E402
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 READY_TIMEOUT = 600.0   # seconds for a watch phase's job to have every process running
 READY_EVERY = 1.0       # seconds between looks at the job record for that
 
@@ -56,11 +55,6 @@ READY_EVERY = 1.0       # seconds between looks at the job record for that
 def _read(path: str) -> str:
     with open(path) as handle:
         return handle.read()
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = _read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS      # utime, stime
 
 
 def _established(pid: int, inodes: set[str]) -> int:
@@ -85,7 +79,7 @@ def sample(pid: int) -> dict[str, float] | None:
         sockets = socket_inodes(pid)
         return {"threads": float(status["Threads"]), "fds": float(len(fds)),
                 "conns": float(_established(pid, sockets)),
-                "rss_mb": int(status["VmHWM"].split()[0]) / 1024, "cpu": _cpu_seconds(pid)}
+                "rss_mb": int(status["VmHWM"].split()[0]) / 1024, "cpu": process_cpu_seconds(pid)}
     except (OSError, KeyError, ValueError, IndexError):
         return None         # it ended between two reads
 

@@ -36,7 +36,7 @@ from typing import Any, Sequence
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import print_columns  # noqa: E402
+from benchmarks.common import print_columns, process_cpu_seconds  # noqa: E402
 from testbed import manylab  # noqa: E402
 
 from cluster.cli.base import _plan  # noqa: E402
@@ -100,7 +100,7 @@ def one_up(lab: manylab.ManyLab, n: int, work: Path, way: str, run: int,
             else:
                 bring_up(plan, store=store, reporter=clock, pool=pool)
             spans = clock.phases()
-            cpus = [helper_cpu(pid) for pid in pool.helper_pids()]
+            cpus = [process_cpu_seconds(pid) for pid in pool.helper_pids()]
             spans["helpers"] = (sum(cpus), 0.0)
             spans["busiest"] = (max(cpus, default=0.0), 0.0)
             return spans
@@ -111,12 +111,6 @@ def one_up(lab: manylab.ManyLab, n: int, work: Path, way: str, run: int,
             else:
                 os.environ[spread.ENV] = setting
             bring_down(name, store=store, reporter=Reporter(), grace=2, pool=pool)
-
-
-def helper_cpu(pid: int) -> float:
-    """A helper process's CPU seconds so far (user and system, from /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def idle_cost(lab: manylab.ManyLab, n: int, work: Path, seconds: float) -> float:

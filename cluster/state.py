@@ -202,25 +202,13 @@ def plan_to_json(plan: ClusterPlan) -> dict:
     64-host watch, issue 46)."""
     if _last_plan and _last_plan[0][0] is plan:
         return _last_plan[0][1]
-    data = _as_data(plan)
+    data = dataclasses.asdict(plan)
     if not data["idle_ps"]:
         del data["idle_ps"]         # as the states of earlier versions, which had no idle ps
     for host in data["hosts"]:
         host_json_defaults(host)
     _last_plan[:] = [(plan, data)]
     return data
-
-
-def _as_data(value: Any) -> Any:
-    """``dataclasses.asdict`` without its deep copy of every leaf (the plan's leaves are strings,
-    numbers and tuples of them, immutable): a 1,000-host plan's form took a second (issue 46)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {field.name: _as_data(getattr(value, field.name)) for field in dataclasses.fields(value)}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_as_data(item) for item in value)
-    if isinstance(value, dict):
-        return {key: _as_data(item) for key, item in value.items()}
-    return value
 
 
 _record_json: dict[int, tuple[ProcessRecord, dict]] = {}    # id -> (record, its JSON form), the last written

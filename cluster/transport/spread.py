@@ -43,7 +43,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Any, Sequence
 
-from ..errors import HostError, PsclusterError
+from ..errors import HostError, PsclusterError, UsageError
 from ..plan import HostSpec
 from .base import CommandResult, Stream, Transport
 
@@ -64,7 +64,6 @@ def helpers_for(hosts: int, *, setting: str | None = None, cores: int | None = N
     """
     setting = os.environ.get(ENV) if setting is None else setting
     if setting not in (None, ""):
-        from ..errors import UsageError
         try:
             wanted = int(setting)
         except ValueError:

@@ -36,7 +36,7 @@ def _until_closed(stream: Stream, limit: float = 20.0) -> list[str]:
     while not stream.closed:
         assert time.monotonic() < deadline, f"the stream did not end: {lines}"
         lines += stream.lines()
-        time.sleep(0.01)
+        stream.wait(1.0, poll=0.01)         # a relayed stream wakes this when a line or its end comes
     return lines + stream.lines()
 
 
@@ -107,7 +107,7 @@ def test_closing_a_stream_ends_its_command(helper, tmp_path):
     while not lines:
         assert time.monotonic() < deadline
         lines = stream.lines()
-        time.sleep(0.01)
+        stream.wait(1.0, poll=0.01)
     pid = int(lines[0])
     stream.close()
     assert stream.closed and stream.closed_here
@@ -122,7 +122,7 @@ def test_a_dead_helper_fails_its_calls_at_once_and_says_so(tmp_path):
         deadline = time.monotonic() + 20
         while not (lines := stream.lines()):
             assert time.monotonic() < deadline
-            time.sleep(0.01)
+            stream.wait(1.0, poll=0.01)
         sleeper = int(lines[0])
         helper.process.kill()
         _until_closed(stream)
